@@ -1,0 +1,261 @@
+"""`llm-assets`: the command line for scripts and cron (exit 0 done, 2 gate, 1 error)."""
+
+import datetime as dt
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from llm_assets.settings import Settings
+from llm_assets.spec import PipelineSpec, SpecError, check_specs, load_specs
+
+EXIT_OK, EXIT_ERROR, EXIT_GATE = 0, 1, 2
+
+console = Console(stderr=False)
+err = Console(stderr=True)
+
+
+def _settings() -> Settings:
+    return Settings.from_env()
+
+
+def _instance(settings: Settings) -> Any:
+    """The persistent Dagster instance, so CLI runs show in the UI."""
+    import dagster as dg
+
+    os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))
+    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
+    return dg.DagsterInstance.get()
+
+
+def _spec(settings: Settings, name: str) -> PipelineSpec:
+    try:
+        specs = {s.name: s for s in load_specs(settings.pipelines_dir)}
+    except SpecError as exc:
+        for problem in exc.problems:
+            err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_ERROR)
+    if name not in specs:
+        raise click.UsageError(
+            f"no pipeline {name!r} in {settings.pipelines_dir}; known: {', '.join(sorted(specs))}"
+        )
+    return specs[name]
+
+
+def _date(value: str | None) -> dt.date | None:
+    if value is None:
+        return None
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is not a date like 2026-11-01") from exc
+
+
+@click.group()
+def main() -> None:
+    """Offline LLM batch work as Dagster assets."""
+
+
+@main.command("validate-spec")
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+def validate_spec(path: Path | None) -> None:
+    """Check pipeline specs (a file or folder; default LLM_ASSETS_PIPELINES)."""
+    target = path or _settings().pipelines_dir
+    try:
+        specs, problems = check_specs(target)
+    except SpecError as exc:
+        specs, problems = [], exc.problems
+    for problem in problems:
+        err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
+    if problems:
+        err.print(f"{len(problems)} problem(s) in {target}")
+        sys.exit(EXIT_ERROR)
+    for spec in specs:
+        console.print(f"ok {spec.path}: pipeline {spec.name}", highlight=False)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+        disable=not err.is_terminal,
+    )
+
+
+def run_days(
+    settings: Settings,
+    spec: PipelineSpec,
+    days: list[dt.date],
+    *,
+    wait: bool,
+    approve_budget: bool,
+) -> list[Any]:
+    from llm_assets.runner import PartitionRunner
+
+    runner = PartitionRunner(settings, spec, _instance(settings), approve_budget=approve_budget)
+    outcomes = []
+    with _progress() as progress:
+        for day in days:
+            task = progress.add_task(f"{spec.name} {day}", total=None)
+
+            def report(stage: str, done: int, total: int, task: Any = task, day: dt.date = day) -> None:
+                progress.update(
+                    task, description=f"{spec.name} {day} {stage}", completed=done, total=total
+                )
+
+            outcomes.append(runner.run_day(day, wait=wait, progress=report))
+            progress.update(task, description=f"{spec.name} {day} done")
+    return outcomes
+
+
+def _outcome_table(outcomes: list[Any]) -> Table:
+    table = Table(title="llm-assets run")
+    for column in ("pipeline", "date", "items", "succeeded", "dead letters", "open", "cost USD"):
+        table.add_column(column)
+    for o in outcomes:
+        classes = ", ".join(f"{k}={v}" for k, v in sorted(o.dead_letters_by_class.items()))
+        table.add_row(
+            o.pipeline,
+            o.date.isoformat(),
+            str(o.total),
+            str(o.succeeded),
+            f"{o.dead_letters} ({classes})" if classes else "0",
+            str(o.open_items),
+            f"{o.cost_usd:.4f}",
+        )
+    return table
+
+
+@main.command()
+@click.argument("pipeline")
+@click.option("--date", "date_", required=True, help="Partition date, e.g. 2026-11-01.")
+@click.option("--to", "to_", default=None, help="Last date of a range (inclusive).")
+@click.option("--wait", is_flag=True, help="Drive each day until every item is terminal.")
+@click.option("--approve-budget", is_flag=True, help="Submit even above the budget gate.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def run(
+    pipeline: str, date_: str, to_: str | None, wait: bool, approve_budget: bool, as_json: bool
+) -> None:
+    """Materialize a pipeline for a day or a range of days through Dagster."""
+    from llm_assets.runner import StepFailed, date_range
+
+    settings = _settings()
+    spec = _spec(settings, pipeline)
+    start = _date(date_)
+    assert start is not None
+    try:
+        days = date_range(start, _date(to_))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    try:
+        outcomes = run_days(settings, spec, days, wait=wait, approve_budget=approve_budget)
+    except StepFailed as exc:
+        err.print(f"[red]{'blocked' if exc.gate else 'failed'}[/red]: {exc}", highlight=False)
+        sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
+    if as_json:
+        click.echo(json.dumps([o.model_dump(mode="json") for o in outcomes], indent=2))
+    else:
+        console.print(_outcome_table(outcomes))
+    if wait and any(not o.done for o in outcomes):
+        err.print("some items are still open; see `llm-assets status`")
+        sys.exit(EXIT_ERROR)
+
+
+@main.command()
+@click.argument("pipeline")
+@click.option("--date", "date_", required=True)
+@click.option("--json", "as_json", is_flag=True)
+def status(pipeline: str, date_: str, as_json: bool) -> None:
+    """Jobs, shards and item counts of one partition, from the ledger."""
+    from llm_assets.resources import build_resources
+
+    settings = _settings()
+    spec = _spec(settings, pipeline)
+    day = _date(date_)
+    assert day is not None
+    ledger = build_resources(settings)["ledger"]
+    jobs = []
+    for job in ledger.jobs_for_partition(spec.name, day):
+        counts = ledger.counts(job.job_id)
+        jobs.append(
+            {
+                "job_id": job.job_id,
+                "prompt_version": job.prompt_version,
+                "provider": job.provider,
+                "model": job.model_name,
+                "status": "completed" if counts.total and counts.open == 0 else job.status,
+                "current": job.prompt_version == spec.prompt.version
+                and job.model_name == spec.model.name,
+                "items": counts.total,
+                "by_status": counts.by_status,
+                "dead_letters_by_class": counts.dead_letters_by_class,
+                "input_tokens": counts.input_tokens,
+                "output_tokens": counts.output_tokens,
+                "cost_usd": round(counts.cost_usd, 6),
+                "shards": [
+                    {
+                        "shard_id": s.shard_id,
+                        "status": s.status,
+                        "provider_batch_id": s.provider_batch_id,
+                        "requests": s.item_count,
+                        "completed_requests": s.completed_requests,
+                        "failed_requests": s.failed_requests,
+                    }
+                    for s in ledger.shards(job.job_id)
+                ],
+            }
+        )
+    if as_json:
+        click.echo(json.dumps({"pipeline": spec.name, "date": day.isoformat(), "jobs": jobs}, indent=2))
+        return
+    if not jobs:
+        console.print(f"{spec.name} {day}: nothing has run for this partition yet")
+        return
+    for job in jobs:
+        table = Table(title=f"{spec.name} {day} — job {job['job_id']} ({job['status']})")
+        for column in ("shard", "status", "provider batch", "requests", "done"):
+            table.add_column(column)
+        for s in job["shards"]:
+            table.add_row(
+                s["shard_id"],
+                s["status"],
+                s["provider_batch_id"] or "-",
+                str(s["requests"]),
+                str(s["completed_requests"] + s["failed_requests"]),
+            )
+        console.print(table)
+        console.print(
+            f"items {job['items']}  by status {job['by_status']}  dead letters by class "
+            f"{job['dead_letters_by_class']}  tokens {job['input_tokens']}/{job['output_tokens']}"
+            f"  cost ${job['cost_usd']:.4f}",
+            highlight=False,
+        )
+
+
+@main.command()
+@click.option("--days", default=3, show_default=True, help="How many days of tickets.")
+@click.option("--per-day", default=120, show_default=True, help="Tickets per day.")
+def demo(days: int, per_day: int) -> None:
+    """Generate support tickets and run the demo pipeline end to end on the local provider."""
+    from llm_assets.demo import run_demo
+    from llm_assets.runner import StepFailed
+
+    try:
+        run_demo(_settings(), days=days, per_day=per_day, console=console, progress=_progress())
+    except StepFailed as exc:
+        err.print(f"[red]failed[/red]: {exc}", highlight=False)
+        sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
+
+
+if __name__ == "__main__":
+    main()

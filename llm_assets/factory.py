@@ -1,0 +1,320 @@
+"""The asset factory: one Dagster group of daily-partitioned assets per pipeline spec."""
+
+import datetime as dt
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dagster as dg
+
+from llm_assets import steps
+from llm_assets.resources.ledger import LedgerResource
+from llm_assets.resources.providers import provider_resource_key
+from llm_assets.resources.providers.base import BatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.settings import Settings
+from llm_assets.spec import PipelineSpec
+
+STEPS = (
+    "input_snapshot",
+    "request_shards",
+    "provider_batches",
+    "batch_results",
+    "validated_outputs",
+    "dead_letter",
+    "cost_report",
+)
+APPROVE_BUDGET_TAG = "llm_assets/approve_budget"
+CREATED_BY_TAG = "llm_assets/created_by"
+_OWNER = re.compile(r"^(team:[A-Za-z0-9_-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
+
+
+def asset_key(spec: PipelineSpec, step: str) -> dg.AssetKey:
+    return dg.AssetKey([spec.name, step])
+
+
+def partitions_for(spec: PipelineSpec) -> dg.DailyPartitionsDefinition:
+    return dg.DailyPartitionsDefinition(
+        start_date=spec.partitions.start_date.isoformat(),
+        timezone=spec.partitions.timezone,
+        end_offset=spec.partitions.end_offset,
+    )
+
+
+def _md_table(rows: Sequence[dict[str, Any]], limit: int = 10) -> str:
+    if not rows:
+        return "_none_"
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows[:limit]:
+        cells = [str(row.get(c, "")).replace("|", "\\|").replace("\n", " ")[:120] for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _run_step(fn: Callable[[], Any]) -> Any:
+    """Turn our own errors into Dagster failures that explain themselves in the UI."""
+    try:
+        return fn()
+    except steps.GateBlocked as exc:
+        raise dg.Failure(
+            description=str(exc),
+            metadata={"gate": exc.gate, "reason": exc.reason},
+            allow_retries=False,
+        ) from exc
+    except steps.MissingPrerequisite as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+
+
+def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.AssetsDefinition]:
+    """The seven step assets of DESIGN §2 for one spec."""
+    partitions_def = partitions_for(spec)
+    provider_key = provider_resource_key(spec.model.provider)
+    source_uri = settings.resolve_source_uri(spec.source.uri)
+    lineage = {
+        "pipeline": spec.name,
+        "prompt_version": spec.prompt.version,
+        "model": spec.model.name,
+        "provider": spec.model.provider,
+    }
+    common: dict[str, Any] = {
+        "partitions_def": partitions_def,
+        "group_name": spec.name,
+        "tags": spec.tags,
+        "owners": [spec.owner] if _OWNER.match(spec.owner or "") else None,
+    }
+
+    def day_of(context: dg.AssetExecutionContext) -> dt.date:
+        return dt.date.fromisoformat(context.partition_key)
+
+    def provider_of(context: dg.AssetExecutionContext) -> BatchProvider:
+        return getattr(context.resources, provider_key)
+
+    def ledger_of(context: dg.AssetExecutionContext) -> LedgerResource:
+        return context.resources.ledger
+
+    def storage_of(context: dg.AssetExecutionContext) -> ArtifactStorage:
+        return context.resources.storage
+
+    @dg.asset(
+        key=asset_key(spec, "input_snapshot"),
+        description=f"Immutable, content-hashed snapshot of {spec.name}'s source rows for the day.",
+        kinds={"jsonl"},
+        **common,
+    )
+    def input_snapshot(
+        context: dg.AssetExecutionContext, storage: ArtifactStorage
+    ) -> dg.MaterializeResult:
+        result = _run_step(lambda: steps.take_snapshot(spec, day_of(context), source_uri, storage))
+        return dg.MaterializeResult(
+            metadata={
+                **lineage,
+                "dagster/row_count": result.rows,
+                "uri": dg.MetadataValue.path(result.uri),
+                "content_sha256": result.sha256,
+                "unreadable_rows": result.unreadable_rows,
+                "source_files": result.files,
+                "reused_existing_snapshot": result.reused,
+            },
+            data_version=dg.DataVersion(result.sha256[:20]),
+        )
+
+    @dg.asset(
+        key=asset_key(spec, "request_shards"),
+        deps=[input_snapshot],
+        description="JSONL request shards with stable custom_ids; bad input is dead-lettered here.",
+        kinds={"jsonl", spec.model.provider},
+        code_version=spec.prompt_code_version,
+        required_resource_keys={"ledger", "storage", provider_key},
+        **common,
+    )
+    def request_shards(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ledger, storage = ledger_of(context), storage_of(context)
+        created_by = context.run.tags.get(CREATED_BY_TAG, "dagster")
+        result: steps.ShardsResult = _run_step(
+            lambda: steps.build_shards(
+                spec, day_of(context), ledger, storage, provider_of(context), created_by
+            )
+        )
+        context.log.info(
+            f"{result.job_id}: {result.new_items} new items, {len(result.shards_created)} "
+            f"shards, {sum(result.input_dead_letters.values())} input dead letters"
+        )
+        return dg.MaterializeResult(
+            metadata={
+                **lineage,
+                "job_id": result.job_id,
+                "code_version": spec.prompt_code_version,
+                "snapshot_rows": result.snapshot_rows,
+                "new_items": result.new_items,
+                "already_in_ledger": result.already_known,
+                "input_dead_letters": sum(result.input_dead_letters.values()),
+                "input_dead_letters_by_reason": result.input_dead_letters,
+                "shards_created": len(result.shards_created),
+                "shard_uris": result.shard_uris[:20],
+                "estimated_input_tokens": result.estimated_input_tokens,
+                "estimated_cost_usd": result.estimated_cost_usd,
+                "estimated_cost_upper_bound_usd": result.estimated_cost_upper_usd,
+            }
+        )
+
+    @dg.asset(
+        key=asset_key(spec, "provider_batches"),
+        deps=[request_shards],
+        description="Submits shards to the provider (never twice); returns without waiting.",
+        kinds={spec.model.provider},
+        required_resource_keys={"ledger", "storage", provider_key},
+        pool=f"llm_provider_{spec.model.provider}",
+        **common,
+    )
+    def provider_batches(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ledger, storage = ledger_of(context), storage_of(context)
+        approved = context.run.tags.get(APPROVE_BUDGET_TAG, "").lower() in ("1", "true", "yes")
+        result: steps.SubmitResult = _run_step(
+            lambda: steps.submit_shards(
+                spec, day_of(context), ledger, storage, provider_of(context), approve_budget=approved
+            )
+        )
+        return dg.MaterializeResult(
+            metadata={
+                **lineage,
+                "job_id": result.job_id,
+                "submitted_shards": len(result.submitted),
+                "provider_batch_ids": list(result.submitted.values())[:20],
+                "in_flight_shards": result.in_flight,
+                "estimated_cost_upper_bound_usd": result.estimated_cost_upper_usd,
+            }
+        )
+
+    @dg.asset(
+        key=asset_key(spec, "batch_results"),
+        deps=[provider_batches],
+        description="Imports ended batches by custom_id and plans retries of what is still open.",
+        kinds={spec.model.provider},
+        required_resource_keys={"ledger", "storage", provider_key},
+        **common,
+    )
+    def batch_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ledger, storage = ledger_of(context), storage_of(context)
+        result: steps.ImportResult = _run_step(
+            lambda: steps.import_results(
+                spec, day_of(context), ledger, storage, provider_of(context)
+            )
+        )
+        counts = result.counts
+        return dg.MaterializeResult(
+            metadata={
+                **lineage,
+                "job_id": result.job_id,
+                "imported_shards": len(result.imported_shards),
+                "in_flight_shards": result.in_flight_shards,
+                "result_lines": result.lines.received,
+                "applied": result.lines.applied,
+                "duplicate_lines": result.lines.duplicates,
+                "unknown_custom_ids": result.lines.unknown,
+                "already_terminal": result.lines.already_terminal,
+                "missing_results": result.missing,
+                "retry_shards_planned": len(result.retry_shards),
+                "gave_up": result.gave_up,
+                "dagster/row_count": counts.total,
+                "succeeded": counts.succeeded,
+                "dead_letters": counts.dead_letters,
+                "open_items": counts.open,
+                "input_tokens": counts.input_tokens,
+                "output_tokens": counts.output_tokens,
+                "cost_usd": counts.cost_usd,
+            }
+        )
+
+    @dg.asset(
+        key=asset_key(spec, "validated_outputs"),
+        deps=[batch_results],
+        description="Results that parse against the output schema, as Parquet with lineage.",
+        kinds={"parquet"},
+        **common,
+    )
+    def validated_outputs(
+        context: dg.AssetExecutionContext, ledger: LedgerResource, storage: ArtifactStorage
+    ) -> dg.MaterializeResult:
+        result: steps.ValidateResult = _run_step(
+            lambda: steps.validate_outputs(spec, day_of(context), ledger, storage)
+        )
+        return dg.MaterializeResult(
+            metadata={
+                **lineage,
+                "job_id": result.job_id,
+                "dagster/row_count": result.valid_rows,
+                "uri": dg.MetadataValue.path(result.uri),
+                "quality_dead_letters": sum(result.quality_failures.values()),
+                "quality_failures_by_rule": result.quality_failures,
+                "open_items": result.open_items,
+                "preview": dg.MetadataValue.md(_md_table(result.preview)),
+            }
+        )
+
+    @dg.asset(
+        key=asset_key(spec, "dead_letter"),
+        deps=[request_shards, batch_results, validated_outputs],
+        description="Every item that will not succeed, with its class and reason.",
+        kinds={"jsonl"},
+        **common,
+    )
+    def dead_letter(
+        context: dg.AssetExecutionContext, ledger: LedgerResource, storage: ArtifactStorage
+    ) -> dg.MaterializeResult:
+        result: steps.DeadLetterResult = _run_step(
+            lambda: steps.export_dead_letters(spec, day_of(context), ledger, storage)
+        )
+        return dg.MaterializeResult(
+            metadata={
+                **lineage,
+                "job_id": result.job_id,
+                "dagster/row_count": result.rows,
+                "uri": dg.MetadataValue.path(result.uri),
+                "by_class": result.by_class,
+                "preview": dg.MetadataValue.md(_md_table(result.preview, limit=20)),
+            }
+        )
+
+    @dg.asset(
+        key=asset_key(spec, "cost_report"),
+        deps=[validated_outputs, dead_letter],
+        description="Tokens and cost per item, shard and job, with the batch discount applied.",
+        kinds={"json"},
+        **common,
+    )
+    def cost_report(
+        context: dg.AssetExecutionContext, ledger: LedgerResource, storage: ArtifactStorage
+    ) -> dg.MaterializeResult:
+        report: steps.CostReport = _run_step(
+            lambda: steps.cost_report(spec, day_of(context), ledger, storage)
+        )
+        per_1k = report.cost_usd / report.succeeded * 1000 if report.succeeded else 0.0
+        return dg.MaterializeResult(
+            metadata={
+                **lineage,
+                "job_id": report.job_id,
+                "uri": dg.MetadataValue.path(report.uri),
+                "items": report.items,
+                "succeeded": report.succeeded,
+                "dead_letters": report.dead_letters,
+                "open_items": report.open_items,
+                "input_tokens": report.input_tokens,
+                "output_tokens": report.output_tokens,
+                "cost_usd": report.cost_usd,
+                "cost_per_1k_items_usd": per_1k,
+                "estimated_cost_upper_bound_usd": report.estimated_cost_upper_usd or 0.0,
+                "prices_as_of": steps.load_price_table().prices_as_of,
+                "shards": dg.MetadataValue.md(_md_table(report.shards, limit=50)),
+            }
+        )
+
+    return [
+        input_snapshot,
+        request_shards,
+        provider_batches,
+        batch_results,
+        validated_outputs,
+        dead_letter,
+        cost_report,
+    ]

@@ -1,0 +1,36 @@
+"""Where every identifier is made: jobs, shards and item custom_ids.
+
+custom_ids are deterministic from (pipeline, partition date, source id) and use only
+`[A-Za-z0-9_-]`, at most 64 characters, so the same id is valid for every provider and safe
+in paths and SQL. The business key stays in the ledger's `source_id`.
+"""
+
+import datetime as dt
+import hashlib
+import re
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9]+")
+
+
+def _digest(*parts: str, length: int) -> str:
+    joined = "\x1f".join(parts).encode("utf-8", errors="surrogatepass")
+    return hashlib.sha256(joined).hexdigest()[:length]
+
+
+def slug(value: str, max_len: int) -> str:
+    return _UNSAFE.sub("-", value).strip("-")[:max_len].strip("-") or "x"
+
+
+def custom_id(pipeline: str, date: dt.date, source_key: str) -> str:
+    """`<yyyymmdd>_<readable part of the id>_<hash>`, at most 64 characters."""
+    digest = _digest(pipeline, date.isoformat(), source_key, length=20)
+    return f"{date:%Y%m%d}_{slug(source_key, 30)}_{digest}"
+
+
+def job_id(pipeline: str, date: dt.date, prompt_version: str, provider: str, model: str) -> str:
+    digest = _digest(pipeline, date.isoformat(), prompt_version, provider, model, length=10)
+    return f"{slug(pipeline, 40)}-{date:%Y%m%d}-{digest}"
+
+
+def shard_id(job: str, round_no: int, index: int) -> str:
+    return f"{job}-r{round_no:02d}-s{index:05d}"

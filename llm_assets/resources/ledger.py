@@ -1,0 +1,755 @@
+"""The SQL ledger: the source of truth for jobs, shards and every item's state.
+
+SQLAlchemy Core on SQLite (default) or PostgreSQL. Every write is either an insert that
+ignores what already exists or an upsert keyed by `(job_id, custom_id)` that never touches a
+terminal row, so re-running any step adds nothing twice and loses nothing.
+"""
+
+import datetime as dt
+import functools
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, PrivateAttr
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+SCHEMA_VERSION = 1
+CHUNK = 5_000
+
+PENDING = "pending"
+SUBMITTED = "submitted"
+RETRY = "retry"
+SUCCEEDED = "succeeded"
+DEAD_LETTER = "dead_letter"
+TERMINAL = (SUCCEEDED, DEAD_LETTER)
+
+metadata = sa.MetaData()
+_BigInt = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+_Now = sa.DateTime(timezone=True)
+
+schema_version = sa.Table(
+    "llm_schema_version",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("applied_at", _Now, nullable=False),
+)
+
+job_table = sa.Table(
+    "llm_batch_job",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("pipeline", sa.String(128), nullable=False),
+    sa.Column("partition_date", sa.Date, nullable=False),
+    sa.Column("task_type", sa.String(32), nullable=False),
+    sa.Column("provider", sa.String(32), nullable=False),
+    sa.Column("model_name", sa.String(128), nullable=False),
+    sa.Column("prompt_version", sa.String(64), nullable=False),
+    sa.Column("code_version", sa.String(128), nullable=False),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("total_items", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("succeeded_items", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("failed_items", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("expired_items", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("input_tokens", _BigInt, nullable=False, server_default="0"),
+    sa.Column("output_tokens", _BigInt, nullable=False, server_default="0"),
+    sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("estimated_cost_usd", sa.Float, nullable=True),
+    sa.Column("snapshot_uri", sa.Text, nullable=True),
+    sa.Column("created_by", sa.String(128), nullable=False),
+    sa.Column("created_at", _Now, nullable=False),
+    sa.Column("updated_at", _Now, nullable=False),
+    sa.UniqueConstraint(
+        "pipeline", "partition_date", "prompt_version", "provider", "model_name", name="uq_job_key"
+    ),
+)
+
+shard_table = sa.Table(
+    "llm_batch_shard",
+    metadata,
+    sa.Column("shard_id", sa.String(160), primary_key=True),
+    sa.Column("job_id", sa.String(128), sa.ForeignKey("llm_batch_job.job_id"), nullable=False),
+    sa.Column("round", sa.Integer, nullable=False),
+    sa.Column("shard_index", sa.Integer, nullable=False),
+    sa.Column("input_uri", sa.Text, nullable=False),
+    sa.Column("item_count", sa.Integer, nullable=False),
+    sa.Column("size_bytes", _BigInt, nullable=False),
+    sa.Column("content_sha256", sa.String(64), nullable=False),
+    sa.Column("provider", sa.String(32), nullable=False),
+    sa.Column("provider_batch_id", sa.String(256), nullable=True),
+    sa.Column("output_uri", sa.Text, nullable=True),
+    sa.Column("error_uri", sa.Text, nullable=True),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("raw_status", sa.String(64), nullable=True),
+    sa.Column("message", sa.Text, nullable=True),
+    sa.Column("retry_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("completed_requests", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("failed_requests", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("submit_intent_at", _Now, nullable=True),
+    sa.Column("submitted_at", _Now, nullable=True),
+    sa.Column("ended_at", _Now, nullable=True),
+    sa.Column("imported_at", _Now, nullable=True),
+    sa.Column("created_at", _Now, nullable=False),
+    sa.Column("updated_at", _Now, nullable=False),
+    sa.Index("ix_shard_job_status", "job_id", "status"),
+)
+
+result_table = sa.Table(
+    "llm_batch_result",
+    metadata,
+    sa.Column("id", _BigInt, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(128), sa.ForeignKey("llm_batch_job.job_id"), nullable=False),
+    sa.Column("custom_id", sa.String(64), nullable=False),
+    sa.Column("source_id", sa.Text, nullable=True),
+    sa.Column("shard_id", sa.String(160), nullable=True),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("error_class", sa.String(32), nullable=True),
+    sa.Column("error_code", sa.String(128), nullable=True),
+    sa.Column("error_message", sa.Text, nullable=True),
+    sa.Column("model_name", sa.String(128), nullable=True),
+    sa.Column("input_tokens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("output_tokens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("finish_reason", sa.String(64), nullable=True),
+    sa.Column("result_json", sa.Text, nullable=True),
+    sa.Column("created_at", _Now, nullable=False),
+    sa.Column("updated_at", _Now, nullable=False),
+    sa.UniqueConstraint("job_id", "custom_id", name="uq_result_job_custom_id"),
+    sa.Index("ix_result_job_status", "job_id", "status"),
+    sa.Index("ix_result_shard", "shard_id"),
+)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class JobRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+    job_id: str
+    pipeline: str
+    partition_date: dt.date
+    task_type: str
+    provider: str
+    model_name: str
+    prompt_version: str
+    code_version: str
+    status: str
+    total_items: int
+    succeeded_items: int
+    failed_items: int
+    expired_items: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    estimated_cost_usd: float | None
+    snapshot_uri: str | None
+    created_by: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class ShardRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+    shard_id: str
+    job_id: str
+    round: int
+    shard_index: int
+    input_uri: str
+    item_count: int
+    size_bytes: int
+    content_sha256: str
+    provider: str
+    provider_batch_id: str | None
+    output_uri: str | None
+    error_uri: str | None
+    status: str
+    raw_status: str | None
+    message: str | None
+    retry_count: int
+    completed_requests: int
+    failed_requests: int
+    submit_intent_at: dt.datetime | None
+    submitted_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    imported_at: dt.datetime | None
+
+
+class JobCounts(BaseModel):
+    """Item counts of one job, by status and by error class."""
+
+    total: int = 0
+    by_status: dict[str, int] = {}
+    dead_letters_by_class: dict[str, int] = {}
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def succeeded(self) -> int:
+        return self.by_status.get(SUCCEEDED, 0)
+
+    @property
+    def dead_letters(self) -> int:
+        return self.by_status.get(DEAD_LETTER, 0)
+
+    @property
+    def terminal(self) -> int:
+        return self.succeeded + self.dead_letters
+
+    @property
+    def open(self) -> int:
+        return self.total - self.terminal
+
+
+class UpsertStats(BaseModel):
+    received: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    unknown: int = 0
+    already_terminal: int = 0
+
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def get_engine(url: str) -> Engine:
+    """One engine per URL per process, with SQLite set up for concurrent runs."""
+    with _engines_lock:
+        engine = _engines.get(url)
+        if engine is None:
+            if url.startswith("sqlite"):
+                path = sa.engine.make_url(url).database
+                if path and path != ":memory:":
+                    import pathlib
+
+                    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+                engine = sa.create_engine(url, connect_args={"timeout": 30})
+                sa.event.listen(engine, "connect", _sqlite_pragmas)
+            else:
+                engine = sa.create_engine(url, pool_pre_ping=True)
+            _engines[url] = engine
+        return engine
+
+
+@functools.cache
+def _schema_ready(url: str) -> bool:
+    engine = get_engine(url)
+    for attempt in range(3):
+        try:
+            metadata.create_all(engine, checkfirst=True)
+            break
+        except sa.exc.DBAPIError:
+            # Two processes racing to create the same table: the loser retries and finds it.
+            if attempt == 2:
+                raise
+    with engine.begin() as conn:
+        found = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
+        if found is None:
+            conn.execute(
+                _insert(conn, schema_version)
+                .values(version=SCHEMA_VERSION, applied_at=utcnow())
+                .on_conflict_do_nothing()
+            )
+        elif found > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"the ledger at {engine.url.render_as_string(hide_password=True)} has schema "
+                f"version {found}, newer than this code's {SCHEMA_VERSION}; upgrade llm-assets"
+            )
+    return True
+
+
+def _status_in(statuses: Iterable[str]) -> Any:
+    """`status IN (...)` with inline constants, usable inside executemany statements."""
+    return result_table.c.status.in_([sa.literal_column(f"'{s}'") for s in statuses])
+
+
+def _insert(conn: Connection, table: sa.Table) -> Any:
+    """A dialect insert that supports ON CONFLICT on both SQLite and PostgreSQL."""
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
+
+
+def _chunks(items: Iterable[Any], size: int = CHUNK) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class LedgerResource(dg.ConfigurableResource):
+    """Typed access to the ledger tables; creates them on first use."""
+
+    database_url: str
+
+    _ready: bool = PrivateAttr(default=False)
+
+    @property
+    def engine(self) -> Engine:
+        if not self._ready:
+            _schema_ready(self.database_url)
+            self._ready = True
+        return get_engine(self.database_url)
+
+    def begin(self) -> Any:
+        return self.engine.begin()
+
+    def schema_version(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar())
+
+    def get_or_create_job(
+        self,
+        *,
+        job_id: str,
+        pipeline: str,
+        partition_date: dt.date,
+        task_type: str,
+        provider: str,
+        model_name: str,
+        prompt_version: str,
+        code_version: str,
+        created_by: str,
+    ) -> JobRecord:
+        now = utcnow()
+        with self.begin() as conn:
+            conn.execute(
+                _insert(conn, job_table)
+                .values(
+                    job_id=job_id,
+                    pipeline=pipeline,
+                    partition_date=partition_date,
+                    task_type=task_type,
+                    provider=provider,
+                    model_name=model_name,
+                    prompt_version=prompt_version,
+                    code_version=code_version,
+                    status="created",
+                    created_by=created_by,
+                    created_at=now,
+                    updated_at=now,
+                )
+                .on_conflict_do_nothing()
+            )
+        job = self.get_job(job_id)
+        assert job is not None
+        return job
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(job_table).where(job_table.c.job_id == job_id)).first()
+        return JobRecord.model_validate(row._mapping) if row else None
+
+    def jobs_for_partition(self, pipeline: str, partition_date: dt.date) -> list[JobRecord]:
+        query = (
+            sa.select(job_table)
+            .where(job_table.c.pipeline == pipeline, job_table.c.partition_date == partition_date)
+            .order_by(job_table.c.created_at)
+        )
+        with self.engine.connect() as conn:
+            return [JobRecord.model_validate(r._mapping) for r in conn.execute(query)]
+
+    def jobs_for_pipeline(self, pipeline: str) -> list[JobRecord]:
+        query = (
+            sa.select(job_table)
+            .where(job_table.c.pipeline == pipeline)
+            .order_by(job_table.c.partition_date, job_table.c.created_at)
+        )
+        with self.engine.connect() as conn:
+            return [JobRecord.model_validate(r._mapping) for r in conn.execute(query)]
+
+    def update_job(self, job_id: str, **values: Any) -> None:
+        with self.begin() as conn:
+            conn.execute(
+                sa.update(job_table)
+                .where(job_table.c.job_id == job_id)
+                .values(**values, updated_at=utcnow())
+            )
+
+    def known_custom_ids(self, job_id: str) -> set[str]:
+        query = sa.select(result_table.c.custom_id).where(result_table.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            return set(conn.execute(query).scalars())
+
+    def add_shard_with_items(self, shard: dict[str, Any], items: Sequence[dict[str, Any]]) -> int:
+        """Record a new shard and its items in one transaction; returns items inserted.
+
+        Items already in the ledger are left alone, so a crash between writing the shard
+        file and this call is repaired by simply running the step again.
+        """
+        now = utcnow()
+        inserted = 0
+        with self.begin() as conn:
+            conn.execute(
+                _insert(conn, shard_table)
+                .values(**shard, status="created", created_at=now, updated_at=now)
+                .on_conflict_do_nothing()
+            )
+            inserted += self._insert_items(conn, items, now)
+        return inserted
+
+    def add_items(self, items: Iterable[dict[str, Any]]) -> int:
+        """Insert item rows (e.g. input dead letters); existing (job_id, custom_id) are kept."""
+        now = utcnow()
+        inserted = 0
+        for chunk in _chunks(items):
+            with self.begin() as conn:
+                inserted += self._insert_items(conn, chunk, now)
+        return inserted
+
+    def _insert_items(self, conn: Connection, items: Sequence[dict[str, Any]], now: Any) -> int:
+        inserted = 0
+        for chunk in _chunks(items):
+            rows = [{**item, "created_at": now, "updated_at": now} for item in chunk]
+            stmt = (
+                _insert(conn, result_table)
+                .on_conflict_do_nothing(index_elements=["job_id", "custom_id"])
+                .returning(result_table.c.custom_id)
+            )
+            inserted += len(conn.execute(stmt, rows).all())
+        return inserted
+
+    def shards(self, job_id: str, statuses: Iterable[str] | None = None) -> list[ShardRecord]:
+        query = sa.select(shard_table).where(shard_table.c.job_id == job_id)
+        if statuses is not None:
+            query = query.where(shard_table.c.status.in_(list(statuses)))
+        query = query.order_by(shard_table.c.round, shard_table.c.shard_index)
+        with self.engine.connect() as conn:
+            return [ShardRecord.model_validate(r._mapping) for r in conn.execute(query)]
+
+    def shards_in_states(
+        self, statuses: Iterable[str], pipeline: str | None = None
+    ) -> list[ShardRecord]:
+        query = sa.select(shard_table).where(shard_table.c.status.in_(list(statuses)))
+        if pipeline is not None:
+            query = query.join(job_table, job_table.c.job_id == shard_table.c.job_id).where(
+                job_table.c.pipeline == pipeline
+            )
+        with self.engine.connect() as conn:
+            return [ShardRecord.model_validate(r._mapping) for r in conn.execute(query)]
+
+    def get_shard(self, shard_id: str) -> ShardRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(shard_table).where(shard_table.c.shard_id == shard_id)
+            ).first()
+        return ShardRecord.model_validate(row._mapping) if row else None
+
+    def next_round(self, job_id: str) -> int:
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                sa.select(sa.func.max(shard_table.c.round)).where(shard_table.c.job_id == job_id)
+            ).scalar()
+        return 0 if found is None else int(found) + 1
+
+    def update_shard(
+        self, shard_id: str, *, expect_status: Iterable[str] | None = None, **values: Any
+    ) -> bool:
+        """Compare-and-set on the shard's status; returns whether the row changed."""
+        query = sa.update(shard_table).where(shard_table.c.shard_id == shard_id)
+        if expect_status is not None:
+            query = query.where(shard_table.c.status.in_(list(expect_status)))
+        with self.begin() as conn:
+            return conn.execute(query.values(**values, updated_at=utcnow())).rowcount > 0
+
+    def mark_submitted(self, shard_id: str, provider_batch_id: str, status: str) -> None:
+        """Record the provider batch and count an attempt for each item, atomically."""
+        now = utcnow()
+        with self.begin() as conn:
+            changed = conn.execute(
+                sa.update(shard_table)
+                .where(
+                    shard_table.c.shard_id == shard_id, shard_table.c.provider_batch_id.is_(None)
+                )
+                .values(
+                    provider_batch_id=provider_batch_id,
+                    status=status,
+                    submitted_at=now,
+                    updated_at=now,
+                )
+            ).rowcount
+            if changed:
+                conn.execute(
+                    sa.update(result_table)
+                    .where(result_table.c.shard_id == shard_id, result_table.c.status == PENDING)
+                    .values(
+                        status=SUBMITTED,
+                        attempts=result_table.c.attempts + 1,
+                        updated_at=now,
+                    )
+                )
+
+    def upsert_results(self, job_id: str, rows: Iterable[dict[str, Any]]) -> UpsertStats:
+        """Apply normalized results by custom_id, in chunks, never over a terminal row.
+
+        Within a chunk a success beats a failure and the first line wins among equals, so
+        duplicated output lines change nothing; across chunks and re-imports the WHERE clause
+        of the upsert protects rows that are already terminal.
+        """
+        stats = UpsertStats()
+        now = utcnow()
+        for chunk in _chunks(rows):
+            stats.received += len(chunk)
+            best: dict[str, dict[str, Any]] = {}
+            for row in chunk:
+                seen = best.get(row["custom_id"])
+                if seen is None:
+                    best[row["custom_id"]] = row
+                    continue
+                stats.duplicates += 1
+                if row["status"] == SUCCEEDED and seen["status"] != SUCCEEDED:
+                    best[row["custom_id"]] = row
+            with self.begin() as conn:
+                current = dict(
+                    conn.execute(
+                        sa.select(result_table.c.custom_id, result_table.c.status).where(
+                            result_table.c.job_id == job_id,
+                            result_table.c.custom_id.in_(list(best)),
+                        )
+                    ).all()
+                )
+                apply = []
+                for custom_id, row in best.items():
+                    status = current.get(custom_id)
+                    if status is None:
+                        stats.unknown += 1
+                    elif status in TERMINAL:
+                        stats.already_terminal += 1
+                    else:
+                        apply.append({**row, "job_id": job_id, "updated_at": now})
+                if not apply:
+                    continue
+                keys = [k for k in apply[0] if k not in ("job_id", "custom_id")]
+                stmt = _insert(conn, result_table)
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=["job_id", "custom_id"],
+                    set_={k: stmt.excluded[k] for k in keys},
+                    where=sa.not_(_status_in(TERMINAL)),
+                ).returning(result_table.c.custom_id)
+                full = [{**row, "created_at": now} for row in apply]
+                stats.applied += len(conn.execute(stmt, full).all())
+        return stats
+
+    def set_item_status(
+        self, job_id: str, custom_ids: Iterable[str], *, from_status: Sequence[str], **values: Any
+    ) -> int:
+        """Move items from one of `from_status` to new values, in chunks; returns rows moved."""
+        moved = 0
+        now = utcnow()
+        for chunk in _chunks(custom_ids):
+            with self.begin() as conn:
+                moved += conn.execute(
+                    sa.update(result_table)
+                    .where(
+                        result_table.c.job_id == job_id,
+                        result_table.c.custom_id.in_(chunk),
+                        result_table.c.status.in_(list(from_status)),
+                    )
+                    .values(**values, updated_at=now)
+                ).rowcount
+        return moved
+
+    def set_item_errors(
+        self, job_id: str, rows: Iterable[dict[str, Any]], *, from_status: Sequence[str]
+    ) -> int:
+        """Per-item updates (different values per row), guarded by the current status."""
+        moved = 0
+        now = utcnow()
+        stmt = sa.update(result_table).where(
+            result_table.c.job_id == job_id,
+            result_table.c.custom_id == sa.bindparam("b_custom_id"),
+            result_table.c.status.in_(list(from_status)),
+        )
+        for chunk in _chunks(rows):
+            params = []
+            for row in chunk:
+                values = {k: v for k, v in row.items() if k != "custom_id"}
+                params.append({"b_custom_id": row["custom_id"], **values, "updated_at": now})
+            keys = [k for k in params[0] if k != "b_custom_id"]
+            with self.begin() as conn:
+                moved += conn.execute(
+                    stmt.values({k: sa.bindparam(k) for k in keys}), params
+                ).rowcount
+        return moved
+
+    def iter_items(
+        self,
+        job_id: str,
+        statuses: Iterable[str] | None = None,
+        *,
+        shard_id: str | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Stream item rows in custom_id order without loading them all."""
+        cols = [result_table.c[c] for c in columns] if columns else [result_table]
+        query = sa.select(*cols).where(result_table.c.job_id == job_id)
+        if statuses is not None:
+            query = query.where(result_table.c.status.in_(list(statuses)))
+        if shard_id is not None:
+            query = query.where(result_table.c.shard_id == shard_id)
+        query = query.order_by(result_table.c.custom_id)
+        with self.engine.connect() as conn:
+            result = conn.execution_options(yield_per=CHUNK).execute(query)
+            for row in result:
+                yield dict(row._mapping)
+
+    def counts(self, job_id: str) -> JobCounts:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(
+                    result_table.c.status,
+                    result_table.c.error_class,
+                    sa.func.count(),
+                    sa.func.coalesce(sa.func.sum(result_table.c.input_tokens), 0),
+                    sa.func.coalesce(sa.func.sum(result_table.c.output_tokens), 0),
+                    sa.func.coalesce(sa.func.sum(result_table.c.cost_usd), 0.0),
+                )
+                .where(result_table.c.job_id == job_id)
+                .group_by(result_table.c.status, result_table.c.error_class)
+            ).all()
+        counts = JobCounts()
+        by_status: dict[str, int] = {}
+        by_class: dict[str, int] = {}
+        for status, error_class, n, tin, tout, cost in rows:
+            counts.total += n
+            by_status[status] = by_status.get(status, 0) + n
+            if status == DEAD_LETTER:
+                key = error_class or "unknown"
+                by_class[key] = by_class.get(key, 0) + n
+            counts.input_tokens += int(tin)
+            counts.output_tokens += int(tout)
+            counts.cost_usd += float(cost)
+        counts.by_status = by_status
+        counts.dead_letters_by_class = by_class
+        return counts
+
+    def refresh_job(self, job_id: str) -> JobCounts:
+        """Recompute a job's totals and status from its items."""
+        counts = self.counts(job_id)
+        shards = self.shards(job_id)
+        if counts.total and counts.open == 0:
+            status = "completed"
+        elif any(s.provider_batch_id for s in shards):
+            status = "running"
+        else:
+            status = "created"
+        self.update_job(
+            job_id,
+            status=status,
+            total_items=counts.total,
+            succeeded_items=counts.succeeded,
+            failed_items=counts.dead_letters,
+            expired_items=counts.dead_letters_by_class.get("expired", 0),
+            input_tokens=counts.input_tokens,
+            output_tokens=counts.output_tokens,
+            cost_usd=counts.cost_usd,
+        )
+        return counts
+
+    def reassign_items_to_shard(
+        self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str]
+    ) -> int:
+        """Record a retry shard and move its items (from `retry`) into it, atomically."""
+        now = utcnow()
+        moved = 0
+        with self.begin() as conn:
+            conn.execute(
+                _insert(conn, shard_table)
+                .values(**shard, status="created", created_at=now, updated_at=now)
+                .on_conflict_do_nothing()
+            )
+            for chunk in _chunks(custom_ids):
+                moved += conn.execute(
+                    sa.update(result_table)
+                    .where(
+                        result_table.c.job_id == job_id,
+                        result_table.c.custom_id.in_(chunk),
+                        result_table.c.status == RETRY,
+                    )
+                    .values(status=PENDING, shard_id=shard["shard_id"], updated_at=now)
+                ).rowcount
+        return moved
+
+    def set_shard_items(self, shard_id: str, *, from_status: Sequence[str], **values: Any) -> int:
+        """Move every item of a shard that is still in one of `from_status`."""
+        with self.begin() as conn:
+            return conn.execute(
+                sa.update(result_table)
+                .where(
+                    result_table.c.shard_id == shard_id,
+                    result_table.c.status.in_(list(from_status)),
+                )
+                .values(**values, updated_at=utcnow())
+            ).rowcount
+
+    def shard_totals(self, job_id: str) -> list[dict[str, Any]]:
+        """Per shard: its state and the items, tokens and cost attributed to it."""
+        totals = (
+            sa.select(
+                result_table.c.shard_id,
+                sa.func.count().label("item_rows"),
+                sa.func.sum(sa.case((result_table.c.status == SUCCEEDED, 1), else_=0)).label(
+                    "succeeded"
+                ),
+                sa.func.coalesce(sa.func.sum(result_table.c.input_tokens), 0).label("input_tokens"),
+                sa.func.coalesce(sa.func.sum(result_table.c.output_tokens), 0).label(
+                    "output_tokens"
+                ),
+                sa.func.coalesce(sa.func.sum(result_table.c.cost_usd), 0.0).label("cost_usd"),
+            )
+            .where(result_table.c.job_id == job_id, result_table.c.shard_id.is_not(None))
+            .group_by(result_table.c.shard_id)
+            .subquery()
+        )
+        query = (
+            sa.select(
+                shard_table.c.shard_id,
+                shard_table.c.round,
+                shard_table.c.status,
+                shard_table.c.provider_batch_id,
+                shard_table.c.item_count,
+                sa.func.coalesce(totals.c.item_rows, 0),
+                sa.func.coalesce(totals.c.succeeded, 0),
+                sa.func.coalesce(totals.c.input_tokens, 0),
+                sa.func.coalesce(totals.c.output_tokens, 0),
+                sa.func.coalesce(totals.c.cost_usd, 0.0),
+            )
+            .select_from(shard_table.outerjoin(totals, totals.c.shard_id == shard_table.c.shard_id))
+            .where(shard_table.c.job_id == job_id)
+            .order_by(shard_table.c.round, shard_table.c.shard_index)
+        )
+        names = [
+            "shard_id",
+            "round",
+            "status",
+            "provider_batch_id",
+            "requests",
+            "items_now",
+            "succeeded",
+            "input_tokens",
+            "output_tokens",
+            "cost_usd",
+        ]
+        with self.engine.connect() as conn:
+            return [dict(zip(names, row, strict=True)) for row in conn.execute(query)]

@@ -1,0 +1,115 @@
+"""The provider interface every adapter implements, and the normalized shapes it speaks.
+
+Adapters translate between the ledger's world (shards of requests keyed by custom_id) and a
+provider's batch API; nothing outside `resources/providers/` talks to a provider SDK.
+"""
+
+from collections.abc import Iterator
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Literal
+
+import dagster as dg
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from llm_assets.resources.storage import ArtifactStorage
+    from llm_assets.spec import PipelineSpec
+
+
+class ShardState(StrEnum):
+    CREATED = "created"
+    UPLOADED = "uploaded"
+    SUBMITTED = "submitted"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    IMPORTED = "imported"
+
+
+IN_FLIGHT_STATES = frozenset({ShardState.SUBMITTED, ShardState.RUNNING})
+ENDED_STATES = frozenset(
+    {ShardState.COMPLETED, ShardState.FAILED, ShardState.EXPIRED, ShardState.CANCELLED}
+)
+
+ErrorClass = Literal["input", "deterministic", "transient", "expired", "quality"]
+
+
+class RequestItem(BaseModel):
+    """One rendered request, before it takes a provider's wire format."""
+
+    model_config = ConfigDict(frozen=True)
+
+    custom_id: str
+    system: str
+    user: str
+
+
+class ShardSubmission(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    shard_id: str
+    job_id: str
+    pipeline: str
+    input_uri: str
+    item_count: int
+
+
+class BatchStatus(BaseModel):
+    """A provider batch's state, mapped onto shard states; raw_status keeps the provider's word."""
+
+    model_config = ConfigDict(frozen=True)
+
+    provider_batch_id: str
+    state: ShardState
+    raw_status: str
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    message: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_STATES
+
+
+class ItemResult(BaseModel):
+    """One normalized result line, whatever the provider's format."""
+
+    model_config = ConfigDict(frozen=True)
+
+    custom_id: str
+    succeeded: bool
+    output_text: str | None = None
+    finish_reason: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    status_code: int | None = None
+    error_class: ErrorClass | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class BatchProvider(dg.ConfigurableResource):
+    """Build request lines, submit a shard, poll it, stream its results, cancel it."""
+
+    def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
+        """What in a spec this provider cannot serve, as (field, reason)."""
+        return []
+
+    def request_line(self, spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def submit(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
+        """Submit once; the same shard submitted again returns the same provider batch id."""
+        raise NotImplementedError
+
+    def poll(self, provider_batch_id: str) -> BatchStatus:
+        raise NotImplementedError
+
+    def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
+        raise NotImplementedError
+
+    def cancel(self, provider_batch_id: str) -> BatchStatus:
+        raise NotImplementedError

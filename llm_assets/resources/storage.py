@@ -1,0 +1,442 @@
+"""Artifact storage: one API over a local folder or an S3 prefix.
+
+Every write is staged in a temp file and published in one step (``os.replace`` locally,
+``upload_file`` on S3), so readers never see a partial artifact, even after a crash.
+"""
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import IO, Any, NamedTuple, Protocol
+
+import boto3
+import dagster as dg
+import pydantic
+from boto3.exceptions import S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
+
+_STAGING_SUFFIX = ".partial"
+_COPY_CHUNK_BYTES = 1024 * 1024
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+_DENIED_CODES = frozenset({"403", "AccessDenied", "Forbidden"})
+
+
+class WrittenArtifact(pydantic.BaseModel):
+    """What was published, so callers can record provenance without re-reading it."""
+
+    model_config = pydantic.ConfigDict(frozen=True)
+
+    uri: str
+    size_bytes: int
+    line_count: int
+    sha256: str
+
+
+class _S3Location(NamedTuple):
+    bucket: str
+    key: str
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+def validate_key(key: str) -> str:
+    """Keys come from partition names and item ids; refuse anything that could escape the base."""
+    if not key:
+        raise ValueError("artifact key must not be empty")
+    if "\\" in key or "\x00" in key:
+        raise ValueError(f"artifact key {key!r} must not contain backslashes or NUL bytes")
+    if key.startswith("/"):
+        raise ValueError(f"artifact key {key!r} must be relative, not absolute")
+    for segment in key.split("/"):
+        if segment in ("", ".", ".."):
+            raise ValueError(
+                f"artifact key {key!r} must not contain empty, '.' or '..' path segments"
+            )
+    return key
+
+
+def _parse_s3(uri: str) -> _S3Location:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise ValueError(f"S3 uri {uri!r} has no bucket")
+    return _S3Location(bucket, key)
+
+
+def _parse_uri(uri: str) -> _S3Location | Path:
+    """Any absolute path or s3 uri is accepted: source data often lives outside base_url."""
+    if uri.startswith("s3://"):
+        location = _parse_s3(uri)
+        if not location.key:
+            raise ValueError(f"S3 uri {uri!r} names a bucket, not an object")
+        return location
+    if _SCHEME.match(uri):
+        raise ValueError(f"unsupported uri {uri!r}: expected a local path or s3://bucket/key")
+    if not uri:
+        raise ValueError("uri must not be empty")
+    return Path(os.path.abspath(uri))
+
+
+def _split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Split on b"\\n" only, so local and S3 reads agree byte for byte (no CR/CRLF magic)."""
+    pending: list[bytes] = []
+    for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            pending.append(chunk[start:end])
+            yield b"".join(pending)
+            pending = []
+            start = end + 1
+        if start < len(chunk):
+            pending.append(chunk[start:])
+    if pending:
+        yield b"".join(pending)
+
+
+def _is_staging_file(name: str) -> bool:
+    return name.startswith(".") and name.endswith(_STAGING_SUFFIX)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable; without this a power loss can undo the publish."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Sink(Protocol):
+    def write(self, data: bytes, /) -> object: ...
+
+
+class _NullSink:
+    """Lets write_file hash an S3-bound source without writing a copy of it."""
+
+    def write(self, data: bytes, /) -> int:
+        return len(data)
+
+
+class _HashingWriter:
+    """Hash and count while writing so nothing has to be read back after publishing."""
+
+    def __init__(self, out: _Sink) -> None:
+        self._out = out
+        self._hash = hashlib.sha256()
+        self.size_bytes = 0
+
+    def write(self, data: bytes) -> None:
+        self._out.write(data)
+        self._hash.update(data)
+        self.size_bytes += len(data)
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+
+def _copy_counting_lines(source: IO[bytes], out: _HashingWriter) -> int:
+    newlines = 0
+    last = b""
+    while chunk := source.read(_COPY_CHUNK_BYTES):
+        out.write(chunk)
+        newlines += chunk.count(b"\n")
+        last = chunk
+    return newlines + (1 if last and not last.endswith(b"\n") else 0)
+
+
+class ArtifactStorage(dg.ConfigurableResource):
+    """Where artifacts live: a local folder or s3://bucket/prefix.
+
+    Assets only ever pass keys, so moving from a laptop to S3 is a config change.
+    """
+
+    base_url: str = pydantic.Field(
+        description=(
+            "Local folder (relative paths resolve against the cwd at use time) "
+            "or s3://bucket[/prefix]."
+        )
+    )
+    multipart_threshold_bytes: int = pydantic.Field(
+        default=8 * 1024 * 1024,
+        description="S3 uploads at least this large use multipart transfer.",
+    )
+    read_chunk_bytes: int = pydantic.Field(
+        default=1024 * 1024,
+        description="Bytes read per chunk when streaming lines; memory stays bounded by this.",
+    )
+
+    _s3_client: Any = pydantic.PrivateAttr(default=None)
+
+    @property
+    def is_s3(self) -> bool:
+        return self.base_url.startswith("s3://")
+
+    def _s3(self) -> Any:
+        """Created on first use so local-only runs never resolve AWS credentials or config."""
+        if self._s3_client is None:
+            self._s3_client = boto3.client("s3")
+        return self._s3_client
+
+    def _transfer_config(self) -> TransferConfig:
+        return TransferConfig(multipart_threshold=self.multipart_threshold_bytes)
+
+    def _base(self) -> _S3Location | Path:
+        if self.is_s3:
+            location = _parse_s3(self.base_url)
+            return _S3Location(location.bucket, location.key.strip("/"))
+        if not self.base_url or _SCHEME.match(self.base_url):
+            raise ValueError(
+                f"storage base_url {self.base_url!r} must be a local folder or s3://bucket[/prefix]"
+            )
+        return Path(os.path.abspath(os.path.expanduser(self.base_url)))
+
+    def uri(self, key: str) -> str:
+        """The stable address recorded in the ledger for an artifact key."""
+        validate_key(key)
+        base = self._base()
+        if isinstance(base, Path):
+            return str(base.joinpath(*PurePosixPath(key).parts))
+        return _S3Location(base.bucket, f"{base.key}/{key}" if base.key else key).uri
+
+    def write_bytes(self, key: str, data: bytes) -> WrittenArtifact:
+        """Publish a blob; line_count is 0 because the bytes are opaque here."""
+
+        def fill(out: _HashingWriter) -> int:
+            out.write(data)
+            return 0
+
+        return self._write(key, fill)
+
+    def write_lines(self, key: str, lines: Iterable[bytes]) -> WrittenArtifact:
+        """Stream lines (without newlines) to storage; an exception leaves nothing published."""
+
+        def fill(out: _HashingWriter) -> int:
+            count = 0
+            for line in lines:
+                if b"\n" in line:
+                    raise ValueError(
+                        f"line {count} for key {key!r} contains a newline; "
+                        "pass lines without line terminators"
+                    )
+                out.write(line)
+                out.write(b"\n")
+                count += 1
+            return count
+
+        return self._write(key, fill)
+
+    def write_file(self, key: str, path: Path) -> WrittenArtifact:
+        """Publish a file built elsewhere; line_count counts lines as open_lines would yield."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"cannot publish {str(path)!r}: no such file")
+        uri = self.uri(key)
+        target = _parse_uri(uri)
+        if isinstance(target, Path):
+            with path.open("rb") as source:
+                return self._write(key, lambda out: _copy_counting_lines(source, out))
+
+        digest = _HashingWriter(_NullSink())
+        with path.open("rb") as source:
+            line_count = _copy_counting_lines(source, digest)
+        self._upload(path, target)
+        return WrittenArtifact(
+            uri=uri, size_bytes=digest.size_bytes, line_count=line_count, sha256=digest.sha256
+        )
+
+    def _write(self, key: str, fill: Callable[[_HashingWriter], int]) -> WrittenArtifact:
+        uri = self.uri(key)
+        target = _parse_uri(uri)
+        if isinstance(target, Path):
+            staging_dir: Path | None = target.parent
+            staging_dir.mkdir(parents=True, exist_ok=True)
+            prefix = f".{target.name}."
+        else:
+            staging_dir = None
+            prefix = "llm-assets-upload-"
+
+        staged_path: Path | None = None
+        try:
+            with tempfile.NamedTemporaryFile(
+                dir=staging_dir, prefix=prefix, suffix=_STAGING_SUFFIX, delete=False
+            ) as staged:
+                staged_path = Path(staged.name)
+                out = _HashingWriter(staged)
+                line_count = fill(out)
+                staged.flush()
+                os.fsync(staged.fileno())
+            if isinstance(target, Path):
+                os.replace(staged_path, target)
+                staged_path = None
+                _fsync_dir(target.parent)
+            else:
+                self._upload(staged_path, target)
+        finally:
+            if staged_path is not None:
+                staged_path.unlink(missing_ok=True)
+        return WrittenArtifact(
+            uri=uri, size_bytes=out.size_bytes, line_count=line_count, sha256=out.sha256
+        )
+
+    def _upload(self, path: Path, target: _S3Location) -> None:
+        try:
+            self._s3().upload_file(
+                str(path), target.bucket, target.key, Config=self._transfer_config()
+            )
+        except ClientError as exc:
+            raise _s3_error(exc, target.uri, "upload") from exc
+        except S3UploadFailedError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, ClientError):
+                raise _s3_error(cause, target.uri, "upload") from exc
+            raise OSError(f"cannot upload {target.uri}: {exc}") from exc
+
+    def open_lines(self, uri: str) -> Iterator[bytes]:
+        """Stream lines without newlines; opens eagerly so a bad uri fails at the call site."""
+        target = _parse_uri(uri)
+        chunk_size = self.read_chunk_bytes
+        if isinstance(target, Path):
+            try:
+                handle = target.open("rb")
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"no such artifact: {uri}") from exc
+            return self._iter_local_lines(handle, chunk_size)
+        body = self._get_object(target, uri)
+        return self._iter_s3_lines(body, chunk_size)
+
+    @staticmethod
+    def _iter_local_lines(handle: IO[bytes], chunk_size: int) -> Iterator[bytes]:
+        with handle:
+            yield from _split_lines(iter(lambda: handle.read(chunk_size), b""))
+
+    @staticmethod
+    def _iter_s3_lines(body: Any, chunk_size: int) -> Iterator[bytes]:
+        try:
+            yield from _split_lines(body.iter_chunks(chunk_size))
+        finally:
+            body.close()
+
+    def _get_object(self, target: _S3Location, uri: str) -> Any:
+        try:
+            return self._s3().get_object(Bucket=target.bucket, Key=target.key)["Body"]
+        except ClientError as exc:
+            raise _s3_error(exc, uri, "read") from exc
+
+    def read_bytes(self, uri: str) -> bytes:
+        """Whole-object read, for small artifacts such as manifests."""
+        target = _parse_uri(uri)
+        if isinstance(target, Path):
+            try:
+                return target.read_bytes()
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"no such artifact: {uri}") from exc
+        body = self._get_object(target, uri)
+        try:
+            return body.read()
+        finally:
+            body.close()
+
+    def exists(self, uri: str) -> bool:
+        """True only for objects/files; a folder or bare prefix is not an artifact."""
+        target = _parse_uri(uri)
+        if isinstance(target, Path):
+            return target.is_file()
+        try:
+            self._s3().head_object(Bucket=target.bucket, Key=target.key)
+        except ClientError as exc:
+            if _error_code(exc) in _NOT_FOUND_CODES:
+                return False
+            raise _s3_error(exc, uri, "check") from exc
+        return True
+
+    def delete(self, uri: str) -> None:
+        """Idempotent, so retried cleanup steps never fail on an already-deleted artifact."""
+        target = _parse_uri(uri)
+        if isinstance(target, Path):
+            target.unlink(missing_ok=True)
+            return
+        try:
+            self._s3().delete_object(Bucket=target.bucket, Key=target.key)
+        except ClientError as exc:
+            raise _s3_error(exc, uri, "delete") from exc
+
+    def list_uris(self, key_prefix: str) -> list[str]:
+        """Sorted uris under base/key_prefix, treated as a folder ("" lists everything)."""
+        prefix = key_prefix.strip("/")
+        if prefix:
+            validate_key(prefix)
+        base = self._base()
+        if isinstance(base, Path):
+            root = base.joinpath(*PurePosixPath(prefix).parts) if prefix else base
+            if not root.is_dir():
+                return []
+            found = [
+                str(Path(directory, name))
+                for directory, _, names in os.walk(root)
+                for name in names
+                if not _is_staging_file(name)
+            ]
+            return sorted(found)
+
+        folder = "/".join(part for part in (base.key, prefix) if part)
+        s3_prefix = f"{folder}/" if folder else ""
+        listing_uri = f"s3://{base.bucket}/{s3_prefix}"
+        found = []
+        try:
+            pages = (
+                self._s3()
+                .get_paginator("list_objects_v2")
+                .paginate(Bucket=base.bucket, Prefix=s3_prefix)
+            )
+            for page in pages:
+                found.extend(
+                    _S3Location(base.bucket, item["Key"]).uri for item in page.get("Contents", [])
+                )
+        except ClientError as exc:
+            raise _s3_error(exc, listing_uri, "list") from exc
+        return sorted(found)
+
+    @contextmanager
+    def local_copy(self, uri: str) -> Iterator[Path]:
+        """A real file path for libraries that cannot read streams (pyarrow, sqlite, ...)."""
+        target = _parse_uri(uri)
+        if isinstance(target, Path):
+            if not target.is_file():
+                raise FileNotFoundError(f"no such artifact: {uri}")
+            yield target
+            return
+        with tempfile.TemporaryDirectory(prefix="llm-assets-download-") as tmp:
+            local = Path(tmp) / (PurePosixPath(target.key).name or "object")
+            try:
+                self._s3().download_file(
+                    target.bucket, target.key, str(local), Config=self._transfer_config()
+                )
+            except ClientError as exc:
+                raise _s3_error(exc, uri, "download") from exc
+            yield local
+
+
+def _error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _s3_error(exc: ClientError, uri: str, action: str) -> OSError:
+    """Turn botocore's generic error into one that names the uri the user asked for."""
+    code = _error_code(exc)
+    if code == "NoSuchBucket":
+        return FileNotFoundError(
+            f"cannot {action} {uri}: bucket {_parse_s3(uri).bucket!r} does not exist"
+        )
+    if code in _NOT_FOUND_CODES:
+        return FileNotFoundError(f"cannot {action} {uri}: no such object")
+    if code in _DENIED_CODES:
+        return PermissionError(f"cannot {action} {uri}: access denied ({exc})")
+    return OSError(f"cannot {action} {uri}: {exc}")

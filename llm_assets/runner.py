@@ -1,0 +1,186 @@
+"""Drive a partition through Dagster from a script: what `llm-assets run --wait` does.
+
+Every step runs as a real Dagster run on a persistent instance, so it shows in the UI. Only
+the waiting happens here: between runs, in-flight batches are polled with cheap status calls
+(the same call the status sensor makes), never from inside an asset.
+"""
+
+import datetime as dt
+import getpass
+import time
+from collections.abc import Callable, Sequence
+
+import dagster as dg
+from pydantic import BaseModel
+
+from llm_assets import steps
+from llm_assets.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG, asset_key, build_pipeline_assets
+from llm_assets.resources import build_resources
+from llm_assets.resources.ledger import LedgerResource
+from llm_assets.resources.providers import provider_resource_key
+from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider
+from llm_assets.settings import Settings
+from llm_assets.spec import PipelineSpec
+
+SUBMIT_STEPS = ("input_snapshot", "request_shards", "provider_batches")
+IMPORT_STEPS = ("batch_results",)
+FINAL_STEPS = ("validated_outputs", "dead_letter", "cost_report")
+
+
+class StepFailed(Exception):
+    """A Dagster run failed; `gate` is set when a gate blocked it (CLI exit code 2)."""
+
+    def __init__(self, message: str, gate: str | None = None) -> None:
+        self.gate = gate
+        super().__init__(message)
+
+
+class DayOutcome(BaseModel):
+    pipeline: str
+    date: dt.date
+    job_id: str | None = None
+    run_ids: list[str] = []
+    total: int = 0
+    succeeded: int = 0
+    dead_letters: int = 0
+    dead_letters_by_class: dict[str, int] = {}
+    open_items: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    done: bool = False
+
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def _failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
+    for event in result.all_events:
+        if not event.is_step_failure:
+            continue
+        data = event.step_failure_data
+        gate = None
+        if data.user_failure_data is not None:
+            gate_value = data.user_failure_data.metadata.get("gate")
+            gate = getattr(gate_value, "value", None) if gate_value is not None else None
+        message = data.user_failure_data.description if data.user_failure_data else None
+        if not message and data.error is not None:
+            message = data.error.message.strip()
+        return StepFailed(f"{event.step_key}: {message}", gate=gate)
+    return StepFailed(f"run {result.run_id} failed")
+
+
+class PartitionRunner:
+    def __init__(
+        self,
+        settings: Settings,
+        spec: PipelineSpec,
+        instance: dg.DagsterInstance,
+        *,
+        approve_budget: bool = False,
+        resources: dict[str, object] | None = None,
+        poll_interval: float = 5.0,
+    ) -> None:
+        self.settings = settings
+        self.spec = spec
+        self.instance = instance
+        self.approve_budget = approve_budget
+        self.resources = resources if resources is not None else build_resources(settings)
+        self.assets = build_pipeline_assets(spec, settings)
+        self.poll_interval = poll_interval
+
+    @property
+    def ledger(self) -> LedgerResource:
+        ledger = self.resources["ledger"]
+        assert isinstance(ledger, LedgerResource)
+        return ledger
+
+    @property
+    def provider(self) -> BatchProvider:
+        provider = self.resources[provider_resource_key(self.spec.model.provider)]
+        assert isinstance(provider, BatchProvider)
+        return provider
+
+    def materialize(self, day: dt.date, step_names: Sequence[str]) -> str:
+        tags = {CREATED_BY_TAG: f"cli:{getpass.getuser()}"}
+        if self.approve_budget:
+            tags[APPROVE_BUDGET_TAG] = "true"
+        result = dg.materialize(
+            self.assets,
+            instance=self.instance,
+            resources=self.resources,
+            partition_key=day.isoformat(),
+            selection=[asset_key(self.spec, s) for s in step_names],
+            tags=tags,
+            raise_on_error=False,
+        )
+        if not result.success:
+            raise _failure_of(result)
+        return result.run_id
+
+    def wait_for_batches(self, day: dt.date, progress: ProgressFn | None = None) -> None:
+        """Poll in-flight shards until none is left; the local provider works when polled."""
+        job = steps.existing_job(self.spec, day, self.ledger)
+        interval = 0.0
+        while True:
+            shards = self.ledger.shards(job.job_id, IN_FLIGHT_STATES)
+            if not shards:
+                return
+            shards = steps.poll_shards(self.ledger, self.provider, shards)
+            total = sum(s.item_count for s in shards)
+            done = sum(s.completed_requests + s.failed_requests for s in shards)
+            if progress is not None:
+                progress("provider", min(done, total), total)
+            if any(s.status in IN_FLIGHT_STATES for s in shards) and self.spec.model.provider != "local":
+                interval = min(max(interval * 2, 1.0), self.poll_interval)
+                time.sleep(interval)
+
+    def outcome(self, day: dt.date, run_ids: list[str]) -> DayOutcome:
+        job = steps.existing_job(self.spec, day, self.ledger)
+        counts = self.ledger.refresh_job(job.job_id)
+        return DayOutcome(
+            pipeline=self.spec.name,
+            date=day,
+            job_id=job.job_id,
+            run_ids=run_ids,
+            total=counts.total,
+            succeeded=counts.succeeded,
+            dead_letters=counts.dead_letters,
+            dead_letters_by_class=counts.dead_letters_by_class,
+            open_items=counts.open,
+            input_tokens=counts.input_tokens,
+            output_tokens=counts.output_tokens,
+            cost_usd=counts.cost_usd,
+            done=counts.open == 0,
+        )
+
+    def run_day(
+        self,
+        day: dt.date,
+        *,
+        wait: bool,
+        progress: ProgressFn | None = None,
+        max_rounds: int = 50,
+    ) -> DayOutcome:
+        """Submit the day; with `wait`, import, retry and finish until every item is terminal."""
+        run_ids = [self.materialize(day, SUBMIT_STEPS)]
+        if progress is not None:
+            progress("submitted", 1, 1)
+        if not wait:
+            return self.outcome(day, run_ids)
+        for _ in range(max_rounds):
+            self.wait_for_batches(day, progress)
+            run_ids.append(self.materialize(day, IMPORT_STEPS))
+            job = steps.existing_job(self.spec, day, self.ledger)
+            if not self.ledger.shards(job.job_id, ["created"]):
+                break
+            run_ids.append(self.materialize(day, ("provider_batches",)))
+        run_ids.append(self.materialize(day, FINAL_STEPS))
+        return self.outcome(day, run_ids)
+
+
+def date_range(start: dt.date, end: dt.date | None) -> list[dt.date]:
+    end = end or start
+    if end < start:
+        raise ValueError(f"--to {end} is before --date {start}")
+    return [start + dt.timedelta(days=n) for n in range((end - start).days + 1)]

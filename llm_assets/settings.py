@@ -1,0 +1,40 @@
+"""The environment contract of DESIGN §6, read in one place."""
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseModel):
+    """Where state, specs and artifacts live; resolved from the environment."""
+
+    model_config = ConfigDict(frozen=True)
+
+    home: Path
+    database_url: str
+    pipelines_dir: Path
+    storage_url: str
+    dagster_home: Path
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
+        env = os.environ if environ is None else environ
+        home = Path(env.get("LLM_ASSETS_HOME") or "./.llm_assets").expanduser().resolve()
+        return cls(
+            home=home,
+            database_url=env.get("LLM_ASSETS_DATABASE_URL") or f"sqlite:///{home / 'ledger.db'}",
+            pipelines_dir=Path(
+                env.get("LLM_ASSETS_PIPELINES") or REPO_ROOT / "pipelines"
+            ).resolve(),
+            storage_url=env.get("LLM_ASSETS_STORAGE_URL") or str(home / "artifacts"),
+            dagster_home=Path(env.get("DAGSTER_HOME") or home / "dagster").resolve(),
+        )
+
+    def resolve_source_uri(self, uri: str) -> str:
+        """Source uris are relative to LLM_ASSETS_HOME unless absolute or s3://."""
+        if uri.startswith("s3://") or Path(uri).is_absolute():
+            return uri
+        return str(self.home / uri)

@@ -1,0 +1,163 @@
+"""Reading a pipeline's source rows for one partition date.
+
+A source is one file or a glob of files (local or s3://) in JSONL, CSV or Parquet. Rows are
+assigned to the date of their `date_field` in the spec's timezone. A row that cannot be
+dated or parsed still belongs somewhere, so it is never dropped: it goes to the date named
+in its file name (`...2026-11-01...`) or, failing that, the earliest date among the file's
+dated rows, and the snapshot carries the reason for the input dead letter.
+"""
+
+import datetime as dt
+import fnmatch
+import json
+import re
+import zoneinfo
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.spec import PipelineSpec
+
+_DATE_IN_NAME = re.compile(r"(\d{4}-\d{2}-\d{2})")
+_GLOB = re.compile(r"[*?\[]")
+
+
+class SourceRow(BaseModel):
+    """One row as read, with where it came from; `error` says why it cannot be used."""
+
+    file: str
+    line: int
+    record: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def list_source_files(uri: str, storage: ArtifactStorage) -> list[str]:
+    """Expand a file, folder or glob into sorted file uris."""
+    if uri.startswith("s3://"):
+        if not _GLOB.search(uri):
+            return [uri] if storage.exists(uri) else []
+        bucket, _, key_pattern = uri[len("s3://") :].partition("/")
+        prefix = _GLOB.split(key_pattern, maxsplit=1)[0]
+        root = f"s3://{bucket}"
+        candidates = ArtifactStorage(base_url=root).list_uris(prefix.rstrip("/") or ".")
+        return sorted(u for u in candidates if fnmatch.fnmatch(u, uri))
+    path = Path(uri)
+    if path.is_dir():
+        return sorted(str(p) for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    if _GLOB.search(uri):
+        anchor = Path(_GLOB.split(uri, maxsplit=1)[0]).parent
+        pattern = str(Path(uri).relative_to(anchor))
+        return sorted(str(p) for p in anchor.glob(pattern) if p.is_file())
+    return [uri] if path.is_file() else []
+
+
+def parse_date(value: Any, tz: zoneinfo.ZoneInfo) -> dt.date | None:
+    """A row's partition date from an ISO date or timestamp (naive timestamps are UTC)."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        stamp = value
+    elif isinstance(value, dt.date):
+        return value
+    else:
+        text = str(value).strip()
+        if not text:
+            return None
+        try:
+            stamp = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if len(text) == 10:
+            return stamp.date()
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.UTC)
+    return stamp.astimezone(tz).date()
+
+
+def _jsonl_rows(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:
+    for number, raw in enumerate(storage.open_lines(uri), start=1):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield SourceRow(file=uri, line=number, error=f"invalid UTF-8 at byte {exc.start}")
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            yield SourceRow(file=uri, line=number, error=f"not valid JSON: {exc.msg}")
+            continue
+        if not isinstance(record, dict):
+            yield SourceRow(file=uri, line=number, error="not a JSON object")
+            continue
+        yield SourceRow(file=uri, line=number, record=record)
+
+
+def _table_rows(uri: str, storage: ArtifactStorage, kind: str) -> Iterator[SourceRow]:
+    import pandas as pd
+
+    with storage.local_copy(uri) as path:
+        if kind == "csv":
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+            first_line = 2  # line 1 is the header
+        else:
+            frame = pd.read_parquet(path)
+            first_line = 1
+    for offset, record in enumerate(frame.to_dict(orient="records")):
+        clean = {k: (None if _is_missing(v) else v) for k, v in record.items()}
+        yield SourceRow(file=uri, line=first_line + offset, record=clean)
+
+
+def _is_missing(value: Any) -> bool:
+    try:
+        import pandas as pd
+
+        return bool(pd.isna(value)) if not isinstance(value, list | dict) else False
+    except (TypeError, ValueError):
+        return False
+
+
+def read_file_rows(uri: str, spec: PipelineSpec, storage: ArtifactStorage) -> Iterator[SourceRow]:
+    if spec.source.kind == "jsonl":
+        return _jsonl_rows(uri, storage)
+    return _table_rows(uri, storage, spec.source.kind)
+
+
+def _date_in_name(uri: str) -> dt.date | None:
+    named = _DATE_IN_NAME.search(Path(uri).name)
+    if named is None:
+        return None
+    try:
+        return dt.date.fromisoformat(named.group(1))
+    except ValueError:
+        return None
+
+
+def rows_for_partition(
+    spec: PipelineSpec, source_uri: str, partition_date: dt.date, storage: ArtifactStorage
+) -> Iterator[SourceRow]:
+    """Every source row that belongs to `partition_date`, in file and line order."""
+    tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
+    for uri in list_source_files(source_uri, storage):
+        undated: list[SourceRow] = []
+        earliest: dt.date | None = None
+        for row in read_file_rows(uri, spec, storage):
+            day = (
+                None
+                if row.record is None
+                else parse_date(row.record.get(spec.source.date_field), tz)
+            )
+            if day is None:
+                undated.append(row)
+                continue
+            earliest = day if earliest is None else min(earliest, day)
+            if day == partition_date:
+                yield row
+        if undated:
+            home = _date_in_name(uri) or earliest
+            if home == partition_date:
+                yield from undated

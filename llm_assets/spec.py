@@ -1,0 +1,298 @@
+"""Pipeline specs: one YAML file describes one pipeline, parsed into pydantic models.
+
+`check_specs` reports every problem it can find (file, field, reason) instead of stopping at
+the first, so `llm-assets validate-spec` can be fixed in one pass.
+"""
+
+import datetime as dt
+import hashlib
+import json
+import re
+import string
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROVIDERS = ("local", "openai", "anthropic", "bedrock", "online")
+FIELD_TYPES = ("str", "int", "float", "bool", "list[str]", "list[float]")
+PIPELINE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceSpec(_Strict):
+    kind: Literal["jsonl", "csv", "parquet"]
+    uri: str = Field(description="Relative to LLM_ASSETS_HOME, absolute, or s3://; globs allowed.")
+    id_field: str
+    date_field: str
+    fields: list[str] = Field(min_length=1)
+    required_fields: list[str] | None = Field(
+        default=None, description="Fields that must be non-blank; default: every field."
+    )
+
+    @property
+    def non_blank_fields(self) -> list[str]:
+        return self.required_fields if self.required_fields is not None else self.fields
+
+
+class PromptSpec(_Strict):
+    version: str = Field(min_length=1)
+    system: str = ""
+    template: str = Field(min_length=1)
+
+    @property
+    def placeholders(self) -> list[str]:
+        return [name for _, name, _, _ in string.Formatter().parse(self.template) if name]
+
+
+class ModelSpec(_Strict):
+    provider: str
+    name: str
+    max_output_tokens: int = Field(default=512, gt=0)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class FieldSpec(_Strict):
+    type: Literal["str", "int", "float", "bool", "list[str]", "list[float]"]
+    description: str = ""
+    nullable: bool = False
+    isin: list[str | int] | None = None
+    min_length: int | None = Field(default=None, ge=0)
+    max_length: int | None = Field(default=None, ge=1)
+    ge: float | None = None
+    le: float | None = None
+    gt: float | None = None
+    lt: float | None = None
+
+    @model_validator(mode="after")
+    def _constraints_fit_the_type(self) -> "FieldSpec":
+        numeric = self.type in ("int", "float")
+        sized = self.type in ("str", "list[str]", "list[float]")
+        if self.isin is not None:
+            if self.type not in ("str", "int"):
+                raise ValueError(f"isin is only allowed on str or int fields, not {self.type}")
+            if not self.isin:
+                raise ValueError("isin must list at least one value")
+            if len(set(map(str, self.isin))) != len(self.isin):
+                raise ValueError("isin lists a value twice")
+        if (self.min_length is not None or self.max_length is not None) and not sized:
+            raise ValueError(f"min_length/max_length apply to str and list fields, not {self.type}")
+        if (
+            self.min_length is not None
+            and self.max_length is not None
+            and self.min_length > self.max_length
+        ):
+            raise ValueError(f"min_length {self.min_length} > max_length {self.max_length}")
+        bounds = {"ge": self.ge, "le": self.le, "gt": self.gt, "lt": self.lt}
+        if any(v is not None for v in bounds.values()) and not numeric:
+            raise ValueError(f"ge/le/gt/lt apply to int and float fields, not {self.type}")
+        lower = self.ge if self.ge is not None else self.gt
+        upper = self.le if self.le is not None else self.lt
+        if lower is not None and upper is not None and lower > upper:
+            raise ValueError(f"lower bound {lower} > upper bound {upper}")
+        return self
+
+
+class OutputSpec(_Strict):
+    format: Literal["json", "text"] = "json"
+    output_schema: dict[str, FieldSpec] = Field(default_factory=dict, alias="schema")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _schema_matches_format(self) -> "OutputSpec":
+        if self.format == "json" and not self.output_schema:
+            raise ValueError("format json needs a schema with at least one field")
+        if self.format == "text" and set(self.output_schema) - {"text"}:
+            raise ValueError("format text takes at most one schema field, named 'text'")
+        return self
+
+
+class QualitySpec(_Strict):
+    max_failure_rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class ShardingSpec(_Strict):
+    max_requests_per_shard: int = Field(default=50_000, gt=0)
+    max_bytes_per_shard: int = Field(default=100 * 1024 * 1024, gt=1024)
+
+
+class RetrySpec(_Strict):
+    max_attempts: int = Field(default=3, ge=1, le=20)
+
+
+class BudgetSpec(_Strict):
+    max_usd_per_partition: float | None = Field(default=None, ge=0.0)
+
+
+class PartitionSpec(_Strict):
+    start_date: dt.date
+    timezone: str = "UTC"
+    end_offset: int = Field(default=0, ge=0, description="Days after today to allow, usually 0.")
+
+
+class PipelineSpec(_Strict):
+    name: Annotated[str, Field(pattern=PIPELINE_NAME.pattern)]
+    description: str = ""
+    owner: str = ""
+    source: SourceSpec
+    prompt: PromptSpec
+    model: ModelSpec
+    output: OutputSpec
+    quality: QualitySpec = QualitySpec()
+    sharding: ShardingSpec = ShardingSpec()
+    retry: RetrySpec = RetrySpec()
+    budget: BudgetSpec = BudgetSpec()
+    partitions: PartitionSpec
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    path: Path | None = Field(default=None, exclude=True)
+
+    @property
+    def prompt_code_version(self) -> str:
+        """Changes whenever what is sent to the model changes, so Dagster marks it stale."""
+        payload = {
+            "prompt": self.prompt.model_dump(),
+            "model": self.model.model_dump(),
+            "output": self.output.model_dump(by_alias=True),
+            "fields": self.source.fields,
+        }
+        digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+        return f"{self.prompt.version}-{digest[:12]}"
+
+
+class SpecProblem(BaseModel):
+    file: str
+    field: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.field}: {self.reason}"
+
+
+class SpecError(Exception):
+    """One or more specs are invalid; `problems` lists every one of them."""
+
+    def __init__(self, problems: list[SpecProblem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+def spec_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.exists():
+        raise SpecError([SpecProblem(file=str(path), field="-", reason="no such file or folder")])
+    return sorted([*path.glob("*.yaml"), *path.glob("*.yml")])
+
+
+def _loc(loc: Iterable[Any]) -> str:
+    parts = [str(p) for p in loc if not str(p).startswith("function-")]
+    return ".".join(parts).replace("output_schema", "schema") or "-"
+
+
+def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
+    from llm_assets.resources.pricing import load_price_table
+    from llm_assets.resources.providers import provider_spec_problems
+
+    problems: list[tuple[str, str]] = []
+    fields = set(spec.source.fields)
+    for name in spec.prompt.placeholders:
+        if not name.isidentifier():
+            problems.append(
+                ("prompt.template", f"placeholder {{{name}}} is not a plain field name")
+            )
+        elif name not in fields:
+            problems.append(
+                (
+                    "prompt.template",
+                    f"placeholder {{{name}}} is not a source field; source.fields is "
+                    f"{sorted(fields)}",
+                )
+            )
+    for name in spec.source.required_fields or []:
+        if name not in fields:
+            problems.append(("source.required_fields", f"{name!r} is not in source.fields"))
+    if spec.model.provider not in PROVIDERS:
+        problems.append(
+            ("model.provider", f"unknown provider {spec.model.provider!r}; one of {PROVIDERS}")
+        )
+        return problems
+    if load_price_table().find(spec.model.provider, spec.model.name) is None:
+        problems.append(
+            (
+                "model.name",
+                f"model {spec.model.name!r} has no entry for provider {spec.model.provider!r} "
+                "in the price table; add it to the price table (see docs) so cost is never a "
+                "silent zero",
+            )
+        )
+    problems.extend(provider_spec_problems(spec))
+    try:
+        import zoneinfo
+
+        zoneinfo.ZoneInfo(spec.partitions.timezone)
+    except Exception:
+        problems.append(("partitions.timezone", f"unknown timezone {spec.partitions.timezone!r}"))
+    return problems
+
+
+def parse_spec(path: Path) -> tuple[PipelineSpec | None, list[SpecProblem]]:
+    """Parse one file; return the spec (if it parsed) and every problem found."""
+    file = str(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        return None, [SpecProblem(file=file, field="-", reason=f"not readable YAML: {exc}")]
+    if not isinstance(raw, dict):
+        return None, [SpecProblem(file=file, field="-", reason="expected a mapping at top level")]
+    try:
+        spec = PipelineSpec.model_validate({**raw, "path": path})
+    except ValidationError as exc:
+        return None, [
+            SpecProblem(file=file, field=_loc(err["loc"]), reason=err["msg"])
+            for err in exc.errors()
+        ]
+    return spec, [
+        SpecProblem(file=file, field=field, reason=reason)
+        for field, reason in _semantic_problems(spec)
+    ]
+
+
+def check_specs(path: Path) -> tuple[list[PipelineSpec], list[SpecProblem]]:
+    """Parse every spec under `path`; problems include duplicate pipeline names."""
+    specs: list[PipelineSpec] = []
+    problems: list[SpecProblem] = []
+    seen: dict[str, Path] = {}
+    for file in spec_files(path):
+        spec, found = parse_spec(file)
+        problems.extend(found)
+        if spec is None:
+            continue
+        if spec.name in seen:
+            problems.append(
+                SpecProblem(
+                    file=str(file),
+                    field="name",
+                    reason=f"pipeline name {spec.name!r} is already used by {seen[spec.name]}",
+                )
+            )
+            continue
+        seen[spec.name] = file
+        specs.append(spec)
+    return specs, problems
+
+
+def load_specs(path: Path) -> list[PipelineSpec]:
+    """All specs under `path`, or SpecError listing every problem."""
+    specs, problems = check_specs(path)
+    if problems:
+        raise SpecError(problems)
+    return specs

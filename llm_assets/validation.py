@@ -1,0 +1,104 @@
+"""From a spec's output schema to the pydantic model each result is parsed with."""
+
+import functools
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from llm_assets.spec import FieldSpec, PipelineSpec
+
+_PY_TYPES: dict[str, Any] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "list[str]": list[str],
+    "list[float]": list[float],
+}
+
+
+def _annotation(field: FieldSpec) -> Any:
+    if field.isin is not None:
+        return Literal[tuple(field.isin)]  # type: ignore[valid-type]
+    return _PY_TYPES[field.type]
+
+
+def _field_info(field: FieldSpec) -> Any:
+    return Field(
+        description=field.description or None,
+        min_length=field.min_length,
+        max_length=field.max_length,
+        ge=field.ge,
+        le=field.le,
+        gt=field.gt,
+        lt=field.lt,
+    )
+
+
+@functools.cache
+def _output_model(spec_json: str, name: str) -> type[BaseModel]:
+    spec = PipelineSpec.model_validate_json(spec_json)
+    fields: dict[str, Any] = {}
+    for field_name, field in spec.output.output_schema.items():
+        annotation = _annotation(field)
+        if field.nullable:
+            annotation = annotation | None
+        fields[field_name] = (annotation, _field_info(field))
+    return create_model(
+        f"{name}_output",
+        __config__=ConfigDict(extra="forbid", strict=False),
+        **fields,
+    )
+
+
+def output_model(spec: PipelineSpec) -> type[BaseModel]:
+    """The pydantic model of one JSON output; built once per spec content."""
+    return _output_model(spec.model_dump_json(by_alias=True), spec.name)
+
+
+def output_json_schema(spec: PipelineSpec) -> dict[str, Any]:
+    """JSON Schema sent to providers that accept structured output."""
+    return output_model(spec).model_json_schema()
+
+
+class ParsedOutput(BaseModel):
+    ok: bool
+    value: dict[str, Any] | None = None
+    rule: str | None = None
+    message: str | None = None
+
+
+def parse_output(spec: PipelineSpec, text: str | None, finish_reason: str | None) -> ParsedOutput:
+    """Parse one result's text; a failure names the rule it broke and the offending value."""
+    if finish_reason == "length":
+        return ParsedOutput(ok=False, rule="truncated", message="output stopped at max tokens")
+    if text is None or not text.strip():
+        return ParsedOutput(ok=False, rule="empty_output", message="the model returned no text")
+    if spec.output.format == "text":
+        field = spec.output.output_schema.get("text")
+        if field is not None:
+            if field.min_length is not None and len(text) < field.min_length:
+                return ParsedOutput(
+                    ok=False, rule="text.min_length", message=f"{len(text)} < {field.min_length}"
+                )
+            if field.max_length is not None and len(text) > field.max_length:
+                return ParsedOutput(
+                    ok=False, rule="text.max_length", message=f"{len(text)} > {field.max_length}"
+                )
+        return ParsedOutput(ok=True, value={"text": text})
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return ParsedOutput(ok=False, rule="invalid_json", message=f"{exc}: {text[:200]!r}")
+    try:
+        value = output_model(spec).model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "-"
+        return ParsedOutput(
+            ok=False,
+            rule=f"{where}.{first['type']}",
+            message=f"{first['msg']}; got {str(first.get('input'))[:200]!r}",
+        )
+    return ParsedOutput(ok=True, value=value.model_dump())

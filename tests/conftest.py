@@ -1,0 +1,60 @@
+"""Shared fixtures: every ledger test runs on SQLite and on PostgreSQL.
+
+PostgreSQL comes from LLM_ASSETS_TEST_DATABASE_URL (set by .ci/run). On a laptop without it
+the PostgreSQL half is skipped with a visible reason; under CI=true it is required.
+"""
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+PG_URL = os.environ.get("LLM_ASSETS_TEST_DATABASE_URL")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if IN_CI and not PG_URL:
+        raise pytest.UsageError(
+            "CI=true but LLM_ASSETS_TEST_DATABASE_URL is not set: the PostgreSQL half of the "
+            "suite is required in CI (.ci/run sets it after starting the server)"
+        )
+
+
+DATABASES = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param(
+        "postgresql",
+        id="postgresql",
+        marks=[]
+        if PG_URL
+        else [pytest.mark.skip(reason="LLM_ASSETS_TEST_DATABASE_URL is not set; PostgreSQL half skipped")],
+    ),
+]
+
+
+@pytest.fixture(params=DATABASES)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty ledger database: a SQLite file, or a new PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    assert PG_URL is not None
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    admin = sa.create_engine(PG_URL)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    url = sa.engine.make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        from llm_assets.resources.ledger import _engines
+
+        for key in [k for k in _engines if schema in k]:
+            _engines.pop(key).dispose()
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()

@@ -1,0 +1,354 @@
+import datetime as dt
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llm_assets import demo_data
+from llm_assets.demo_data import (
+    BAD_ROW_REASONS,
+    CATEGORIES,
+    CHANNELS,
+    MISSING_ID,
+    GeneratedDemo,
+    generate_demo_data,
+)
+
+START = dt.date(2026, 11, 1)
+DAYS = 3
+PER_DAY = 120
+TICKET_KEYS = {"ticket_id", "created_at", "customer", "channel", "subject", "body"}
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+# Words a person would key on; a crude stand-in for "a human can tell the category".
+KEYWORDS: dict[str, tuple[str, ...]] = {
+    "billing": (
+        "charge", "bill", "invoice", "refund", "payment", "paid", "price", "discount", "$",
+        "subscription", "card", "tax", "trial", "prorated",
+    ),
+    "technical_issue": (
+        "crash", "error", "offline", "firmware", "wi-fi", "reboot", "freez", "pair", "battery",
+        "recording", "notification", "automation", "dashboard", "audio", "night vision",
+        "splash", "router", "reinstall",
+    ),
+    "account_access": (
+        "log in", "login", "sign in", "sign-in", "signed", "password", "locked", "two-factor",
+        "verification", "authenticator", "account", "credentials", "reset",
+    ),
+    "shipping": (
+        "order", "deliver", "package", "parcel", "tracking", "courier", "shipping", "ship",
+        "customs", "arrived", "carrier", "sender", "return label",
+    ),
+    "product_feedback": (
+        "love", "would be great", "suggestion", "feature", "wish", "feedback", "design",
+        "thanks", "great job", "would be nice", "i'd love", "happy", "colours", "consider",
+    ),
+}  # fmt: skip
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _bad_kind(row: dict[str, Any]) -> str | None:
+    """Which deliberate defect a first-day row carries, if any."""
+    if "ticket_id" not in row:
+        return "missing_id"
+    if "created_at" not in row:
+        return "missing_date"
+    if not row["body"].strip():
+        return "empty_body"
+    if len(row["body"]) > 10_000:
+        return "oversized_body"
+    return None
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> GeneratedDemo:
+    return generate_demo_data(tmp_path_factory.mktemp("demo"), START, DAYS, PER_DAY, seed=7)
+
+
+@pytest.fixture(scope="module")
+def truth(demo: GeneratedDemo) -> dict[str, str]:
+    rows = _rows(demo.truth_path)
+    mapping = {row["ticket_id"]: row["category"] for row in rows}
+    assert len(mapping) == len(rows), "truth has repeated ticket ids"
+    return mapping
+
+
+@pytest.fixture(scope="module")
+def good(demo: GeneratedDemo, truth: dict[str, str]) -> list[tuple[dt.date, dict[str, Any]]]:
+    """Good tickets in file order; the duplicate row is the later of two rows sharing an id."""
+    out: list[tuple[dt.date, dict[str, Any]]] = []
+    seen: set[str] = set()
+    for index, (day, path) in enumerate(zip(demo.days, demo.files, strict=True)):
+        for row in _rows(path):
+            if index == 0 and _bad_kind(row) is not None:
+                continue
+            if row["ticket_id"] in seen:
+                continue
+            seen.add(row["ticket_id"])
+            if row["ticket_id"] in truth:
+                out.append((day, row))
+    return out
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_layout_and_summary(demo: GeneratedDemo, tmp_path: Path) -> None:
+    assert demo.days == [START + dt.timedelta(days=i) for i in range(DAYS)]
+    assert [p.name for p in demo.files] == [
+        "tickets-2026-11-01.jsonl",
+        "tickets-2026-11-02.jsonl",
+        "tickets-2026-11-03.jsonl",
+    ]
+    assert all(p.parent == demo.inbox_dir and p.is_file() for p in demo.files)
+    assert demo.inbox_dir.name == "inbox"
+    assert demo.truth_path == demo.inbox_dir.parent / "truth.jsonl"
+    assert sorted(p.name for p in demo.inbox_dir.iterdir()) == [p.name for p in demo.files]
+    assert demo.rows_written == sum(len(_rows(p)) for p in demo.files)
+    assert demo.rows_written == DAYS * PER_DAY + len(BAD_ROW_REASONS)
+
+
+def test_same_inputs_give_identical_bytes(tmp_path: Path) -> None:
+    first = generate_demo_data(tmp_path / "a", START, days=2, tickets_per_day=40, seed=11)
+    second = generate_demo_data(tmp_path / "b", START, days=2, tickets_per_day=40, seed=11)
+    a, b = _tree_bytes(tmp_path / "a"), _tree_bytes(tmp_path / "b")
+    assert len(a) == 3
+    assert a == b
+    assert first.bad_rows == second.bad_rows
+    assert first.rows_written == second.rows_written
+
+
+def test_different_seed_gives_different_content(tmp_path: Path) -> None:
+    generate_demo_data(tmp_path / "a", START, days=1, tickets_per_day=40, seed=1)
+    generate_demo_data(tmp_path / "b", START, days=1, tickets_per_day=40, seed=2)
+    name = "inbox/tickets-2026-11-01.jsonl"
+    bodies_a = {row["body"] for row in _rows(tmp_path / "a" / name)}
+    bodies_b = {row["body"] for row in _rows(tmp_path / "b" / name)}
+    assert bodies_a != bodies_b
+    assert len(bodies_a & bodies_b) < 10
+
+
+def test_rerun_overwrites_atomically(tmp_path: Path) -> None:
+    generate_demo_data(tmp_path, START, days=1, tickets_per_day=30, seed=3)
+    before = _tree_bytes(tmp_path)
+    result = generate_demo_data(tmp_path, START, days=1, tickets_per_day=10, seed=4)
+    after = _tree_bytes(tmp_path)
+    assert set(after) == set(before), "re-run should replace files, not add new ones"
+    assert after != before
+    assert len(_rows(result.files[0])) == 10 + len(BAD_ROW_REASONS)
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_every_line_is_json_with_known_fields(demo: GeneratedDemo) -> None:
+    for path in [*demo.files, demo.truth_path]:
+        text = path.read_text(encoding="utf-8")
+        assert text.endswith("\n")
+        for line in text.splitlines():
+            row = json.loads(line)
+            assert isinstance(row, dict)
+            if path != demo.truth_path:
+                assert set(row) <= TICKET_KEYS
+                assert TICKET_KEYS - set(row) <= {"ticket_id", "created_at"}
+                assert row["channel"] in CHANNELS
+                assert row["customer"].strip() and row["subject"].strip()
+
+
+def test_counts_per_day(demo: GeneratedDemo, truth: dict[str, str]) -> None:
+    for index, (day, path) in enumerate(zip(demo.days, demo.files, strict=True)):
+        rows = _rows(path)
+        expected = PER_DAY + (len(BAD_ROW_REASONS) if index == 0 else 0)
+        assert len(rows) == expected
+        prefix = f"T-{day:%Y%m%d}-"
+        day_truth = [tid for tid in truth if tid.startswith(prefix)]
+        assert len(day_truth) == PER_DAY
+    assert len(truth) == DAYS * PER_DAY
+
+
+def test_every_good_ticket_has_truth_in_a_known_category(
+    good: list[tuple[dt.date, dict[str, Any]]], truth: dict[str, str]
+) -> None:
+    assert len(good) == DAYS * PER_DAY
+    assert {row["ticket_id"] for _, row in good} == set(truth)
+    assert set(truth.values()) == set(CATEGORIES)
+
+
+def test_categories_balanced_each_day(
+    good: list[tuple[dt.date, dict[str, Any]]], truth: dict[str, str]
+) -> None:
+    for day in {d for d, _ in good}:
+        counts = Counter(truth[row["ticket_id"]] for d, row in good if d == day)
+        assert set(counts) == set(CATEGORIES)
+        for category in CATEGORIES:
+            share = counts[category] / PER_DAY
+            assert 0.10 <= share <= 0.35, (day, category, share)
+
+
+def test_small_days_still_cover_every_category(tmp_path: Path) -> None:
+    result = generate_demo_data(tmp_path, START, days=2, tickets_per_day=5, seed=5)
+    categories = Counter(row["category"] for row in _rows(result.truth_path))
+    assert categories == dict.fromkeys(CATEGORIES, 2)
+
+
+def test_good_ids_unique_and_well_formed(demo: GeneratedDemo) -> None:
+    ids: list[str] = []
+    for day, path in zip(demo.days, demo.files, strict=True):
+        for row in _rows(path):
+            if "ticket_id" not in row:
+                continue
+            assert re.fullmatch(rf"T-{day:%Y%m%d}-\d{{4}}", row["ticket_id"])
+            ids.append(row["ticket_id"])
+    repeated = [tid for tid, n in Counter(ids).items() if n > 1]
+    assert repeated == demo.bad_rows["duplicate_id"]
+
+
+def test_created_at_inside_its_day_and_ordered(demo: GeneratedDemo) -> None:
+    for day, path in zip(demo.days, demo.files, strict=True):
+        stamps = [row["created_at"] for row in _rows(path) if "created_at" in row]
+        assert stamps == sorted(stamps)
+        for stamp in stamps:
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", stamp)
+            parsed = dt.datetime.fromisoformat(stamp)
+            assert parsed.tzinfo == dt.UTC
+            assert parsed.date() == day
+
+
+def test_bad_rows_exactly_as_described(demo: GeneratedDemo, truth: dict[str, str]) -> None:
+    assert list(demo.bad_rows) == list(BAD_ROW_REASONS)
+    assert all(len(ids) == 1 for ids in demo.bad_rows.values())
+    first = _rows(demo.files[0])
+    by_id: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for position, row in enumerate(first):
+        by_id.setdefault(row.get("ticket_id", MISSING_ID), []).append((position, row))
+
+    (empty_id,) = demo.bad_rows["empty_body"]
+    ((_, empty),) = by_id[empty_id]
+    assert empty["body"] == "   "
+
+    (dup_id,) = demo.bad_rows["duplicate_id"]
+    (pos_a, original), (pos_b, duplicate) = by_id[dup_id]
+    assert pos_a < pos_b
+    assert original["body"].strip() and duplicate["body"].strip()
+    assert original["body"] != duplicate["body"]
+    assert dup_id in truth
+
+    (nodate_id,) = demo.bad_rows["missing_date"]
+    ((_, nodate),) = by_id[nodate_id]
+    assert "created_at" not in nodate and nodate["body"].strip()
+
+    (big_id,) = demo.bad_rows["oversized_body"]
+    ((_, big),) = by_id[big_id]
+    body = big["body"]
+    assert 55_000 <= len(body) <= 65_000
+    assert len(body) / 4 > 8_192, "must exceed an 8k-token window even at 4 chars per token"
+    assert len(body.splitlines()) > 300
+    assert sum("ERROR" in line or "WARN" in line for line in body.splitlines()) > 50
+
+    assert demo.bad_rows["missing_id"] == [MISSING_ID]
+    ((_, noid),) = by_id[MISSING_ID]
+    assert noid["body"].strip() and "created_at" in noid
+
+    bad_ids = {empty_id, nodate_id, big_id}
+    assert not bad_ids & set(truth)
+    kinds = Counter(_bad_kind(row) for row in first)
+    assert kinds == {None: PER_DAY + 1, **dict.fromkeys(set(BAD_ROW_REASONS) - {"duplicate_id"}, 1)}
+
+
+def test_later_days_hold_no_bad_rows(demo: GeneratedDemo) -> None:
+    for path in demo.files[1:]:
+        rows = _rows(path)
+        assert all(set(row) == TICKET_KEYS for row in rows)
+        assert all(row["body"].strip() and len(row["body"]) < 2_000 for row in rows)
+        assert len({row["ticket_id"] for row in rows}) == len(rows)
+
+
+def test_bodies_varied_and_sized(
+    good: list[tuple[dt.date, dict[str, Any]]], truth: dict[str, str]
+) -> None:
+    bodies = [row["body"] for _, row in good]
+    assert len(set(bodies)) == len(good)
+    first_sentences: dict[str, set[str]] = {c: set() for c in CATEGORIES}
+    subjects: dict[str, set[str]] = {c: set() for c in CATEGORIES}
+    for _, row in good:
+        sentences = SENTENCE_END.split(row["body"].strip())
+        assert 2 <= len(sentences) <= 6, row["body"]
+        assert 40 <= len(row["body"]) <= 1_000
+        assert len(row["subject"]) <= 80
+        category = truth[row["ticket_id"]]
+        first_sentences[category].add(sentences[0])
+        subjects[category].add(row["subject"].lower())
+    for category in CATEGORIES:
+        assert len(first_sentences[category]) >= 10, category
+        assert len(subjects[category]) >= 10, category
+    assert len({row["customer"] for _, row in good}) >= 100
+    assert set(Counter(row["channel"] for _, row in good)) == set(CHANNELS)
+
+
+def test_bodies_carry_realistic_details(good: list[tuple[dt.date, dict[str, Any]]]) -> None:
+    text = " ".join(row["body"] for _, row in good)
+    assert len(re.findall(r"\bLM-\d{6}\b", text)) > 30
+    assert len(re.findall(r"\$\d+\.\d\d\b", text)) > 20
+    assert "Lumo" in text and "iOS" in text
+    months = "January|February|March|April|May|June|July|August|September|October|November"
+    assert re.search(rf"\b({months}|December) \d{{1,2}}\b", text)
+
+
+def test_category_recognisable_from_text(
+    good: list[tuple[dt.date, dict[str, Any]]], truth: dict[str, str]
+) -> None:
+    hits = 0
+    for _, row in good:
+        text = f"{row['subject']} {row['body']}".lower()
+        scores = {c: sum(text.count(word) for word in KEYWORDS[c]) for c in CATEGORIES}
+        best = max(CATEGORIES, key=lambda c: scores[c])
+        hits += best == truth[row["ticket_id"]]
+    assert hits / len(good) >= 0.75
+
+
+def test_template_pools_are_wide_and_fill_cleanly() -> None:
+    import random
+
+    for category in CATEGORIES:
+        problems = demo_data._PROBLEMS[category]
+        assert len({template for template, _ in problems}) >= 15, category
+        assert all(subjects for _, subjects in problems)
+        slots = demo_data._Slots(random.Random(0), START, "Ada", "Lovelace")
+        closers = demo_data._FEEDBACK_CLOSERS if category == "product_feedback" else None
+        subject_pools = [
+            [s for _, subjects in problems for s in subjects],
+            demo_data._SUBJECTS[category],
+        ]
+        for pool in subject_pools:
+            for template in pool:
+                filled = template.format_map(slots)
+                assert "{" not in filled and "}" not in filled and filled.strip()
+        body_pools = [
+            [t for t, _ in problems],
+            demo_data._CATEGORY_OPENERS[category],
+            demo_data._DETAILS[category],
+            demo_data._TRIED[category],
+            demo_data._ASIDES[category],
+            *(closers or demo_data._CLOSERS).values(),
+            *demo_data._TONE_OPENERS.values(),
+        ]
+        for pool in body_pools:
+            for template in pool:
+                filled = template.format_map(slots)
+                assert "{" not in filled and "}" not in filled
+                # One sentence each, so body sentence counts stay within 2-6.
+                assert len(SENTENCE_END.split(filled)) == 1, filled
+
+
+@pytest.mark.parametrize(("days", "per_day"), [(0, 10), (1, 0), (-1, 5)])
+def test_rejects_empty_requests(tmp_path: Path, days: int, per_day: int) -> None:
+    with pytest.raises(ValueError):
+        generate_demo_data(tmp_path, START, days=days, tickets_per_day=per_day)
+    assert not (tmp_path / "inbox").exists()

@@ -1,0 +1,948 @@
+"""The SQL ledger on SQLite and PostgreSQL: schema, idempotent writes and the item state machine.
+
+Every test takes the `database_url` fixture (through `ledger`), so each one runs against a fresh
+SQLite file and a fresh PostgreSQL schema.
+"""
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from llm_assets.resources import ledger as L
+from llm_assets.resources.ledger import (
+    DEAD_LETTER,
+    PENDING,
+    RETRY,
+    SCHEMA_VERSION,
+    SUBMITTED,
+    SUCCEEDED,
+    JobRecord,
+    LedgerResource,
+    UpsertStats,
+)
+
+DAY = dt.date(2024, 5, 1)
+JOB = "reviews-20240501-abc"
+TABLES = {"llm_batch_job", "llm_batch_shard", "llm_batch_result", "llm_schema_version"}
+SMALL_CHUNK = 7
+
+
+# --------------------------------------------------------------------------- fixtures / helpers
+
+
+@pytest.fixture
+def ledger(database_url: str) -> Iterator[LedgerResource]:
+    yield LedgerResource(database_url=database_url)
+    # The engine cache is per process; drop this test's engine so no pool outlives the test.
+    engine = L._engines.pop(database_url, None)
+    if engine is not None:
+        engine.dispose()
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Make every chunked loop of the ledger work in chunks of SMALL_CHUNK rows."""
+    monkeypatch.setattr(L, "CHUNK", SMALL_CHUNK)
+    # `_chunks(items, size=CHUNK)` binds its default when the module is imported, so patching
+    # CHUNK alone does not reach it; patch the default as well (harmless once that is fixed).
+    monkeypatch.setattr(L._chunks, "__defaults__", (SMALL_CHUNK,))
+    assert [len(c) for c in L._chunks(range(2 * SMALL_CHUNK + 1))] == [SMALL_CHUNK, SMALL_CHUNK, 1]
+    return SMALL_CHUNK
+
+
+def job_kwargs(job_id: str = JOB, **over: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "job_id": job_id,
+        "pipeline": "reviews",
+        "partition_date": DAY,
+        "task_type": "classify",
+        "provider": "openai",
+        "model_name": "gpt-test",
+        "prompt_version": "v1",
+        "code_version": "code-1",
+        "created_by": "tests",
+    }
+    values.update(over)
+    return values
+
+
+def make_job(ledger: LedgerResource, job_id: str = JOB, **over: Any) -> JobRecord:
+    return ledger.get_or_create_job(**job_kwargs(job_id, **over))
+
+
+def shard_id(round_no: int, index: int, job_id: str = JOB) -> str:
+    return f"{job_id}-r{round_no:02d}-s{index:05d}"
+
+
+def shard_row(
+    round_no: int = 0, index: int = 0, *, item_count: int = 0, job_id: str = JOB
+) -> dict[str, Any]:
+    sid = shard_id(round_no, index, job_id)
+    return {
+        "shard_id": sid,
+        "job_id": job_id,
+        "round": round_no,
+        "shard_index": index,
+        "input_uri": f"file:///shards/{sid}.jsonl",
+        "item_count": item_count,
+        "size_bytes": 100 * item_count,
+        "content_sha256": "0" * 64,
+        "provider": "openai",
+    }
+
+
+def cid(n: int) -> str:
+    return f"20240501_item-{n:03d}"
+
+
+def item_row(
+    custom_id: str,
+    *,
+    shard: str | None = None,
+    status: str = PENDING,
+    job_id: str = JOB,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "custom_id": custom_id,
+        "source_id": f"src-{custom_id}",
+        "shard_id": shard,
+        "status": status,
+        "model_name": "gpt-test",
+        **extra,
+    }
+
+
+def result_row(
+    custom_id: str,
+    status: str,
+    *,
+    text: str | None = None,
+    error_class: str | None = None,
+    error_code: str | None = None,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    cost_usd: float = 0.0,
+) -> dict[str, Any]:
+    """A normalized provider result, with the same keys the import step writes."""
+    return {
+        "custom_id": custom_id,
+        "status": status,
+        "error_class": error_class,
+        "error_code": error_code,
+        "error_message": f"{error_code} for {custom_id}" if error_code else None,
+        "model_name": "gpt-test",
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cost_usd": cost_usd,
+        "finish_reason": "stop" if status == SUCCEEDED else None,
+        "result_json": text,
+    }
+
+
+def ok(custom_id: str, text: str = "fine", tokens: int = 10, cost: float = 0.25) -> dict[str, Any]:
+    return result_row(
+        custom_id,
+        SUCCEEDED,
+        text=text,
+        input_tokens=tokens,
+        output_tokens=tokens // 2,
+        cost_usd=cost,
+    )
+
+
+def dead(custom_id: str, code: str = "bad_request", cls: str = "deterministic") -> dict[str, Any]:
+    return result_row(custom_id, DEAD_LETTER, error_class=cls, error_code=code)
+
+
+def retry(custom_id: str, code: str = "server_error") -> dict[str, Any]:
+    return result_row(custom_id, RETRY, error_class="transient", error_code=code)
+
+
+def add_submitted_shard(
+    ledger: LedgerResource,
+    n: int,
+    *,
+    round_no: int = 0,
+    index: int = 0,
+    first: int = 0,
+    batch_id: str = "batch-0",
+) -> str:
+    """A shard of n items (cid(first)..), uploaded to the provider: items are `submitted`."""
+    sid = shard_id(round_no, index)
+    ids = [cid(i) for i in range(first, first + n)]
+    ledger.add_shard_with_items(
+        shard_row(round_no, index, item_count=n), [item_row(c, shard=sid) for c in ids]
+    )
+    ledger.mark_submitted(sid, batch_id, SUBMITTED)
+    return sid
+
+
+def engine_of(url: str) -> sa.Engine:
+    return L.get_engine(url)
+
+
+def table_rows(url: str, table: sa.Table) -> list[dict[str, Any]]:
+    order = list(table.primary_key.columns)
+    with engine_of(url).connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(sa.select(table).order_by(*order))]
+
+
+def snapshot(url: str) -> dict[str, list[dict[str, Any]]]:
+    """Every row of every ledger table, timestamps included: equal snapshots = nothing changed."""
+    return {t.name: table_rows(url, t) for t in (L.job_table, L.shard_table, L.result_table)}
+
+
+def items_by_id(url: str, job_id: str = JOB) -> dict[str, dict[str, Any]]:
+    return {r["custom_id"]: r for r in table_rows(url, L.result_table) if r["job_id"] == job_id}
+
+
+def state(row: dict[str, Any]) -> dict[str, Any]:
+    """An item's business fields, without surrogate keys and timestamps."""
+    drop = {"id", "job_id", "created_at", "updated_at"}
+    return {k: v for k, v in row.items() if k not in drop}
+
+
+def table_names(url: str) -> set[str]:
+    return set(sa.inspect(engine_of(url)).get_table_names())
+
+
+def assert_accounted(stats: UpsertStats) -> None:
+    """Every received line is applied, a duplicate, unknown or blocked by a terminal row."""
+    assert (
+        stats.applied + stats.duplicates + stats.unknown + stats.already_terminal == stats.received
+    )
+
+
+# ------------------------------------------------------------------------------------- schema
+
+
+def test_schema_is_created_on_first_use(ledger: LedgerResource, database_url: str) -> None:
+    assert not table_names(database_url) & TABLES
+    assert ledger.schema_version() == SCHEMA_VERSION
+    assert table_names(database_url) >= TABLES
+    versions = table_rows(database_url, L.schema_version)
+    assert [v["version"] for v in versions] == [SCHEMA_VERSION]
+
+
+def test_schema_creation_is_idempotent(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    L._schema_ready.cache_clear()  # make the second resource really run the creation again
+    second = LedgerResource(database_url=database_url)
+    assert second.schema_version() == SCHEMA_VERSION
+    assert second.get_job(JOB) == ledger.get_job(JOB)
+    assert [v["version"] for v in table_rows(database_url, L.schema_version)] == [SCHEMA_VERSION]
+
+
+def test_newer_schema_version_is_refused(ledger: LedgerResource, database_url: str) -> None:
+    assert ledger.schema_version() == SCHEMA_VERSION
+    with engine_of(database_url).begin() as conn:
+        conn.execute(
+            sa.insert(L.schema_version).values(version=SCHEMA_VERSION + 1, applied_at=L.utcnow())
+        )
+    L._schema_ready.cache_clear()
+    with pytest.raises(RuntimeError, match="newer than this code") as raised:
+        LedgerResource(database_url=database_url).schema_version()
+    assert f"schema version {SCHEMA_VERSION + 1}" in str(raised.value)
+    assert f"this code's {SCHEMA_VERSION}" in str(raised.value)
+    L._schema_ready.cache_clear()
+
+
+def test_result_unique_constraint_is_in_the_database(
+    ledger: LedgerResource, database_url: str
+) -> None:
+    make_job(ledger)
+    make_job(ledger, "other-job", prompt_version="v2")
+    now = L.utcnow()
+    raw = {"custom_id": cid(1), "status": PENDING, "created_at": now, "updated_at": now}
+    with engine_of(database_url).begin() as conn:
+        conn.execute(sa.insert(L.result_table).values(job_id=JOB, **raw))
+        conn.execute(sa.insert(L.result_table).values(job_id="other-job", **raw))
+    with pytest.raises(sa.exc.IntegrityError), engine_of(database_url).begin() as conn:
+        conn.execute(sa.insert(L.result_table).values(job_id=JOB, **raw))
+    assert len(table_rows(database_url, L.result_table)) == 2
+
+
+# --------------------------------------------------------------------------------------- jobs
+
+
+def test_get_or_create_job_returns_the_same_row(ledger: LedgerResource, database_url: str) -> None:
+    first = make_job(ledger)
+    assert first.status == "created"
+    assert (first.total_items, first.succeeded_items, first.cost_usd) == (0, 0, 0.0)
+    again = make_job(ledger, code_version="code-2", created_by="someone-else")
+    assert again == first  # the existing row wins, nothing is overwritten
+    assert len(table_rows(database_url, L.job_table)) == 1
+    assert ledger.get_job("no-such-job") is None
+
+
+def test_job_key_is_unique(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    variants = {
+        "pipeline": "other-pipeline",
+        "partition_date": DAY + dt.timedelta(days=1),
+        "prompt_version": "v2",
+        "provider": "anthropic",
+        "model_name": "other-model",
+    }
+    for n, (field, value) in enumerate(variants.items()):
+        assert make_job(ledger, f"job-{n}", **{field: value}).job_id == f"job-{n}"
+    assert len(table_rows(database_url, L.job_table)) == 1 + len(variants)
+
+    # Same five-part key under another job_id: refused by the database...
+    now = L.utcnow()
+    clash = {**job_kwargs("clash"), "status": "created", "created_at": now, "updated_at": now}
+    with pytest.raises(sa.exc.IntegrityError), engine_of(database_url).begin() as conn:
+        conn.execute(sa.insert(L.job_table).values(**clash))
+    # ...and by get_or_create_job, which must not hand back a job it did not store.
+    with pytest.raises((AssertionError, ValueError, sa.exc.IntegrityError)):
+        make_job(ledger, "clash", task_type="summarize")
+    assert ledger.get_job("clash") is None
+    assert len(table_rows(database_url, L.job_table)) == 1 + len(variants)
+    same_day = {j.job_id for j in ledger.jobs_for_partition("reviews", DAY)}
+    assert same_day == {JOB, "job-2", "job-3", "job-4"}
+
+
+# ------------------------------------------------------------------------------ shards, items
+
+
+def test_add_shard_with_items_is_idempotent(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    sid = shard_id(0, 0)
+    items = [item_row(cid(i), shard=sid) for i in range(3)]
+    assert ledger.add_shard_with_items(shard_row(item_count=3), items) == 3
+
+    shard = ledger.get_shard(sid)
+    assert shard is not None
+    assert (shard.status, shard.item_count, shard.provider_batch_id) == ("created", 3, None)
+    rows = items_by_id(database_url)
+    assert sorted(rows) == [cid(0), cid(1), cid(2)]
+    for c, row in rows.items():
+        assert (row["shard_id"], row["status"], row["attempts"]) == (sid, PENDING, 0)
+        assert row["source_id"] == f"src-{c}"
+    assert ledger.known_custom_ids(JOB) == set(rows)
+
+    # The shard moves on; replaying the same call (e.g. after a crash) must change nothing.
+    assert ledger.update_shard(sid, status="uploaded")
+    before = snapshot(database_url)
+    assert ledger.add_shard_with_items(shard_row(item_count=3), items) == 0
+    assert snapshot(database_url) == before
+
+
+def test_add_shard_with_items_is_one_transaction(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    bad = [item_row(cid(0), shard=shard_id(0, 0)), item_row(cid(1), job_id="no-such-job")]
+    with pytest.raises(sa.exc.IntegrityError):
+        ledger.add_shard_with_items(shard_row(item_count=2), bad)
+    assert ledger.get_shard(shard_id(0, 0)) is None
+    assert table_rows(database_url, L.result_table) == []
+
+
+def test_add_items_keeps_existing_rows(
+    ledger: LedgerResource, database_url: str, small_chunks: int
+) -> None:
+    make_job(ledger)
+    sid = add_submitted_shard(ledger, 3)
+    before = items_by_id(database_url)
+
+    # Input dead letters: two new ids and two that already exist with other values.
+    new = [cid(i) for i in range(10, 10 + 2 * small_chunks + 1)]
+    rows = [
+        item_row(c, status=DEAD_LETTER, error_class="input", error_code="too_long")
+        for c in [cid(0), *new, cid(2)]
+    ]
+    assert ledger.add_items(rows) == len(new)
+    after = items_by_id(database_url)
+    for c in (cid(0), cid(1), cid(2)):
+        assert after[c] == before[c]
+        assert (after[c]["status"], after[c]["shard_id"]) == (SUBMITTED, sid)
+    for c in new:
+        assert (after[c]["status"], after[c]["error_class"], after[c]["shard_id"]) == (
+            DEAD_LETTER,
+            "input",
+            None,
+        )
+    assert ledger.add_items(rows) == 0
+    assert ledger.add_items([]) == 0
+    assert items_by_id(database_url) == after
+
+
+def test_mark_submitted_counts_one_attempt_once(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    s0, s1 = shard_id(0, 0), shard_id(0, 1)
+    ledger.add_shard_with_items(
+        shard_row(0, 0, item_count=3), [item_row(cid(i), shard=s0) for i in range(3)]
+    )
+    ledger.add_shard_with_items(shard_row(0, 1, item_count=1), [item_row(cid(9), shard=s1)])
+    ledger.add_items([item_row(cid(8), status=DEAD_LETTER, error_class="input")])
+    # An item of the shard that is no longer pending is not counted as sent again.
+    assert ledger.set_item_status(JOB, [cid(2)], from_status=[PENDING], status=RETRY) == 1
+
+    ledger.mark_submitted(s0, "batch-A", SUBMITTED)
+    shard = ledger.get_shard(s0)
+    assert shard is not None
+    assert (shard.provider_batch_id, shard.status) == ("batch-A", SUBMITTED)
+    assert shard.submitted_at is not None
+    items = items_by_id(database_url)
+    assert [(items[c]["status"], items[c]["attempts"]) for c in (cid(0), cid(1))] == [
+        (SUBMITTED, 1),
+        (SUBMITTED, 1),
+    ]
+    assert (items[cid(2)]["status"], items[cid(2)]["attempts"]) == (RETRY, 0)
+    assert (items[cid(9)]["status"], items[cid(9)]["attempts"]) == (PENDING, 0)  # other shard
+    assert (items[cid(8)]["status"], items[cid(8)]["attempts"]) == (DEAD_LETTER, 0)
+
+    # A second call (a retried step, or a second upload) never records another batch.
+    before = snapshot(database_url)
+    ledger.mark_submitted(s0, "batch-A", SUBMITTED)
+    ledger.mark_submitted(s0, "batch-B", "in_progress")
+    assert snapshot(database_url) == before
+    assert ledger.shards(JOB, [SUBMITTED])[0].provider_batch_id == "batch-A"
+
+
+# ------------------------------------------------------------------------------------ results
+
+
+def test_upsert_applies_results_by_custom_id(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    add_submitted_shard(ledger, 6)
+    rows = [
+        ok(cid(0), "zero", tokens=10, cost=0.25),
+        dead(cid(1), "invalid_request"),
+        retry(cid(2), "rate_limited"),
+        ok(cid(3), "three", tokens=20, cost=0.5),
+        dead(cid(4), "content_filter", cls="refused"),
+        retry(cid(5)),
+    ]
+    stats = ledger.upsert_results(JOB, reversed(rows))
+    assert stats == UpsertStats(received=6, applied=6)
+    items = items_by_id(database_url)
+    for row in rows:
+        item = items[row["custom_id"]]
+        assert {k: item[k] for k in row} == row
+        assert item["attempts"] == 1  # results never touch attempts or the shard
+        assert item["shard_id"] == shard_id(0, 0)
+
+
+def test_upsert_result_is_independent_of_line_order(
+    ledger: LedgerResource, database_url: str
+) -> None:
+    rows = [ok(cid(0)), dead(cid(1)), retry(cid(2)), ok(cid(3), "three"), dead(cid(4), "x")]
+    orders = {"job-fwd": rows, "job-rev": rows[::-1], "job-mix": rows[1::2] + rows[::2]}
+    for n, (job_id, ordered) in enumerate(orders.items()):
+        make_job(ledger, job_id, prompt_version=f"v{n}")
+        ledger.add_items([item_row(r["custom_id"], status=SUBMITTED, job_id=job_id) for r in rows])
+        assert ledger.upsert_results(job_id, ordered).applied == len(rows)
+    states = [
+        {c: state(r) for c, r in items_by_id(database_url, job_id).items()} for job_id in orders
+    ]
+    assert states[0] == states[1] == states[2]
+    assert states[0][cid(3)]["result_json"] == "three"
+
+
+def test_upsert_never_overwrites_terminal_rows(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    add_submitted_shard(ledger, 4)
+    first = [ok(cid(0), "kept"), dead(cid(1), "kept_code")]
+    assert ledger.upsert_results(JOB, first) == UpsertStats(received=2, applied=2)
+
+    before = snapshot(database_url)
+    # Re-importing the same lines is a no-op...
+    stats = ledger.upsert_results(JOB, first)
+    assert stats == UpsertStats(received=2, already_terminal=2)
+    assert snapshot(database_url) == before
+    # ...and a later failure (or a later different success) never replaces a terminal row.
+    later = [dead(cid(0), "late_failure"), retry(cid(0)), ok(cid(1), "late_success")]
+    stats = ledger.upsert_results(JOB, later)
+    assert (stats.applied, stats.already_terminal, stats.unknown) == (0, 2, 0)
+    assert_accounted(stats)
+    assert snapshot(database_url) == before
+
+
+def test_upsert_duplicate_lines_success_wins(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    add_submitted_shard(ledger, 5)
+    rows = [
+        dead(cid(0), "first_failure"),
+        ok(cid(0), "success after failure"),
+        ok(cid(1), "success before failure"),
+        dead(cid(1), "late_failure"),
+        retry(cid(1)),
+        dead(cid(2), "first"),
+        dead(cid(2), "second"),
+        ok(cid(3), "first"),
+        ok(cid(3), "second"),
+        retry(cid(4), "first"),
+        retry(cid(4), "second"),
+        ok(cid(4), "finally"),
+    ]
+    stats = ledger.upsert_results(JOB, rows)
+    assert stats == UpsertStats(received=12, applied=5, duplicates=7)
+    items = items_by_id(database_url)
+    got = {c: (r["status"], r["result_json"] or r["error_code"]) for c, r in items.items()}
+    assert got == {
+        cid(0): (SUCCEEDED, "success after failure"),
+        cid(1): (SUCCEEDED, "success before failure"),
+        cid(2): (DEAD_LETTER, "first"),  # among equals the first line wins
+        cid(3): (SUCCEEDED, "first"),
+        cid(4): (SUCCEEDED, "finally"),
+    }
+    assert items[cid(0)]["error_class"] is None  # the winning row is applied whole
+
+
+def test_upsert_unknown_ids_are_counted_not_inserted(
+    ledger: LedgerResource, database_url: str
+) -> None:
+    make_job(ledger)
+    make_job(ledger, "other-job", prompt_version="v2")
+    ledger.add_items([item_row("only-in-other-job", status=SUBMITTED, job_id="other-job")])
+    add_submitted_shard(ledger, 1)
+    before = snapshot(database_url)
+    stats = ledger.upsert_results(
+        JOB, [ok("never-sent"), dead("never-sent-2"), ok("only-in-other-job"), ok(cid(0))]
+    )
+    assert stats == UpsertStats(received=4, applied=1, unknown=3)
+    after = snapshot(database_url)
+    assert len(after["llm_batch_result"]) == len(before["llm_batch_result"])
+    assert items_by_id(database_url, "other-job")["only-in-other-job"]["status"] == SUBMITTED
+    assert ledger.known_custom_ids(JOB) == {cid(0)}
+    assert ledger.upsert_results(JOB, []) == UpsertStats()
+
+
+def test_upsert_applies_to_every_open_status(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    add_submitted_shard(ledger, 3)  # cid(0..2) submitted
+    ledger.set_item_status(JOB, [cid(1)], from_status=[SUBMITTED], status=RETRY)
+    ledger.add_items([item_row(cid(3))])  # still pending
+    stats = ledger.upsert_results(JOB, [ok(cid(0)), ok(cid(1)), dead(cid(2)), ok(cid(3))])
+    assert stats == UpsertStats(received=4, applied=4)
+    items = items_by_id(database_url)
+    assert [items[cid(i)]["status"] for i in range(4)] == [
+        SUCCEEDED,
+        SUCCEEDED,
+        DEAD_LETTER,
+        SUCCEEDED,
+    ]
+    # A retry result for an item already in retry is applied too (the newer error wins).
+    ledger.set_item_status(JOB, [cid(2)], from_status=[DEAD_LETTER], status=RETRY)
+    assert ledger.upsert_results(JOB, [retry(cid(2), "newer")]).applied == 1
+    assert items_by_id(database_url)[cid(2)]["error_code"] == "newer"
+
+
+def test_upsert_across_chunks(ledger: LedgerResource, database_url: str, small_chunks: int) -> None:
+    make_job(ledger)
+    k = small_chunks
+    n = 3 * k + 2
+    add_submitted_shard(ledger, n)
+
+    def expected(i: int) -> str:
+        return (SUCCEEDED, DEAD_LETTER, RETRY)[i % 3]
+
+    def line(i: int) -> dict[str, Any]:
+        return {SUCCEEDED: ok, DEAD_LETTER: dead, RETRY: retry}[expected(i)](cid(i))
+
+    plain = [line(i) for i in reversed(range(4, n))]
+    first_chunk = [
+        ok(cid(0), "early success"),  # its failure comes in the last chunk
+        retry(cid(2)),  # its success comes in the next chunk
+        dead(cid(3), "duplicate_in_chunk"),  # its success comes in the same chunk
+        ok(cid(3), "success in same chunk"),
+        *plain[: k - 5],
+        ok(cid(1), "before boundary"),  # its failure starts the next chunk
+    ]
+    rows = [
+        *first_chunk,
+        dead(cid(1), "after_boundary"),
+        ok(cid(2), "retried"),
+        *plain[k - 5 :],
+        dead(cid(0), "late_failure"),
+    ]
+    assert len(first_chunk) == k
+    assert len(rows) > 3 * k
+    assert (rows[k - 1]["custom_id"], rows[k]["custom_id"]) == (cid(1), cid(1))
+
+    stats = ledger.upsert_results(JOB, rows)
+    assert stats.received == len(rows)
+    assert stats.unknown == 0
+    assert stats.applied >= n
+    assert stats.duplicates >= 1
+    assert_accounted(stats)
+
+    items = items_by_id(database_url)
+    assert len(items) == n
+    final = {i: (items[cid(i)]["status"], items[cid(i)]["result_json"]) for i in range(4)}
+    assert final == {
+        0: (SUCCEEDED, "early success"),
+        1: (SUCCEEDED, "before boundary"),
+        2: (SUCCEEDED, "retried"),
+        3: (SUCCEEDED, "success in same chunk"),
+    }
+    for i in range(4, n):
+        assert items[cid(i)]["status"] == expected(i), i
+
+    # Replaying the whole file changes nothing terminal and finds nothing unknown.
+    before = {c: state(r) for c, r in items.items()}
+    again = ledger.upsert_results(JOB, rows)
+    assert again.unknown == 0
+    assert again.applied == sum(1 for i in range(4, n) if expected(i) == RETRY)
+    assert_accounted(again)
+    assert {c: state(r) for c, r in items_by_id(database_url).items()} == before
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ledger.upsert_results only dedupes within a chunk: a dead_letter line applied in an "
+    "earlier chunk blocks a later success line for the same custom_id in the same call",
+)
+def test_upsert_success_wins_over_failure_in_an_earlier_chunk(
+    ledger: LedgerResource, database_url: str, small_chunks: int
+) -> None:
+    make_job(ledger)
+    add_submitted_shard(ledger, small_chunks + 1)
+    rows = [dead(cid(0), "first_failure")]
+    rows += [ok(cid(i)) for i in range(1, small_chunks + 1)]
+    rows.append(ok(cid(0), "success in the next chunk"))
+    stats = ledger.upsert_results(JOB, rows)
+    assert items_by_id(database_url)[cid(0)]["status"] == SUCCEEDED
+    assert stats.duplicates == 1
+
+
+# -------------------------------------------------------------------------- status transitions
+
+
+def test_set_item_status_moves_only_from_status(
+    ledger: LedgerResource, database_url: str, small_chunks: int
+) -> None:
+    make_job(ledger)
+    n = 2 * small_chunks + 3
+    add_submitted_shard(ledger, n)
+    ledger.upsert_results(JOB, [ok(cid(0)), dead(cid(1)), retry(cid(2)), retry(cid(3))])
+    every = [cid(i) for i in range(n)] + ["no-such-item"]
+
+    moved = ledger.set_item_status(
+        JOB, every, from_status=[RETRY], status=DEAD_LETTER, error_class="gave_up"
+    )
+    assert moved == 2
+    items = items_by_id(database_url)
+    assert [(items[cid(i)]["status"], items[cid(i)]["error_class"]) for i in range(4)] == [
+        (SUCCEEDED, None),
+        (DEAD_LETTER, "deterministic"),
+        (DEAD_LETTER, "gave_up"),
+        (DEAD_LETTER, "gave_up"),
+    ]
+    # Many ids over several chunks, two statuses allowed.
+    moved = ledger.set_item_status(JOB, every, from_status=[SUBMITTED, PENDING], status=RETRY)
+    assert moved == n - 4
+    assert ledger.set_item_status(JOB, every, from_status=[PENDING], status=RETRY) == 0
+    assert ledger.set_item_status(JOB, [], from_status=[RETRY], status=PENDING) == 0
+    statuses = {c: r["status"] for c, r in items_by_id(database_url).items()}
+    assert sum(1 for s in statuses.values() if s == RETRY) == n - 4
+
+
+def test_set_item_errors_guards_on_status(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    add_submitted_shard(ledger, 3)
+    ledger.upsert_results(JOB, [ok(cid(0)), retry(cid(1))])
+    quality = {"status": DEAD_LETTER, "error_class": "quality", "error_code": "json"}
+    # A row whose status is not in from_status is left alone.
+    assert (
+        ledger.set_item_errors(JOB, [{"custom_id": cid(1), **quality}], from_status=[SUCCEEDED])
+        == 0
+    )
+    assert (
+        ledger.set_item_errors(JOB, [{"custom_id": cid(0), **quality}], from_status=[SUCCEEDED])
+        == 1
+    )
+    assert (
+        ledger.set_item_errors(JOB, [{"custom_id": cid(0), **quality}], from_status=[SUCCEEDED])
+        == 0
+    )
+    assert ledger.set_item_errors(JOB, [], from_status=[SUCCEEDED]) == 0
+    items = items_by_id(database_url)
+    assert (items[cid(0)]["status"], items[cid(0)]["error_code"]) == (DEAD_LETTER, "json")
+    assert items[cid(0)]["result_json"] == "fine"  # only the given columns change
+    assert (items[cid(1)]["status"], items[cid(1)]["error_class"]) == (RETRY, "transient")
+    assert items[cid(2)]["status"] == SUBMITTED
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=sa.exc.StatementError,
+    reason="ledger.set_item_errors combines an expanding IN (from_status) with executemany, "
+    "which SQLAlchemy refuses as soon as a chunk has more than one row",
+)
+def test_set_item_errors_many_rows(
+    ledger: LedgerResource, database_url: str, small_chunks: int
+) -> None:
+    make_job(ledger)
+    n = 2 * small_chunks + 1
+    add_submitted_shard(ledger, n)
+    ledger.upsert_results(JOB, [retry(cid(i)) for i in range(n)])
+    ledger.upsert_results(JOB, [ok(cid(0))])  # raced: already terminal, must not move
+    rows = [
+        {"custom_id": cid(i), "status": DEAD_LETTER, "error_message": f"gave up on {i}"}
+        for i in range(n)
+    ]
+    assert ledger.set_item_errors(JOB, rows, from_status=[RETRY]) == n - 1
+    items = items_by_id(database_url)
+    assert items[cid(0)]["status"] == SUCCEEDED
+    for i in range(1, n):
+        assert items[cid(i)]["status"] == DEAD_LETTER
+        assert items[cid(i)]["error_message"] == f"gave up on {i}"
+        assert items[cid(i)]["error_class"] == "transient"  # untouched column
+
+
+def test_set_shard_items_moves_one_shards_open_items(
+    ledger: LedgerResource, database_url: str
+) -> None:
+    make_job(ledger)
+    s0 = add_submitted_shard(ledger, 4)
+    s1 = add_submitted_shard(ledger, 2, index=1, first=10, batch_id="batch-1")
+    ledger.upsert_results(JOB, [ok(cid(0)), dead(cid(1))])
+    moved = ledger.set_shard_items(
+        s0, from_status=[SUBMITTED], status=RETRY, error_class="expired", error_code="missing"
+    )
+    assert moved == 2
+    items = items_by_id(database_url)
+    assert [(items[cid(i)]["status"], items[cid(i)]["error_class"]) for i in range(4)] == [
+        (SUCCEEDED, None),
+        (DEAD_LETTER, "deterministic"),
+        (RETRY, "expired"),
+        (RETRY, "expired"),
+    ]
+    assert {items[c]["status"] for c in (cid(10), cid(11))} == {SUBMITTED}
+    assert ledger.set_shard_items(s0, from_status=[SUBMITTED], status=RETRY) == 0
+    assert ledger.set_shard_items(s1, from_status=[SUBMITTED], status=RETRY) == 2
+
+
+def test_reassign_retry_items_to_a_new_shard(
+    ledger: LedgerResource, database_url: str, small_chunks: int
+) -> None:
+    make_job(ledger)
+    n = 2 * small_chunks + 2
+    s0 = add_submitted_shard(ledger, n)
+    ledger.upsert_results(JOB, [ok(cid(0)), dead(cid(1))])
+    ledger.set_shard_items(s0, from_status=[SUBMITTED], status=RETRY, error_class="transient")
+    assert ledger.next_round(JOB) == 1
+
+    s1 = shard_id(1, 0)
+    everything = [cid(i) for i in range(n)]
+    assert (
+        ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=n - 2), everything) == n - 2
+    )
+    items = items_by_id(database_url)
+    assert (items[cid(0)]["status"], items[cid(0)]["shard_id"]) == (SUCCEEDED, s0)
+    assert (items[cid(1)]["status"], items[cid(1)]["shard_id"]) == (DEAD_LETTER, s0)
+    for i in range(2, n):
+        assert (items[cid(i)]["status"], items[cid(i)]["shard_id"]) == (PENDING, s1)
+        assert items[cid(i)]["attempts"] == 1
+    shard = ledger.get_shard(s1)
+    assert shard is not None
+    assert (shard.round, shard.status, shard.provider_batch_id) == (1, "created", None)
+    assert ledger.next_round(JOB) == 2
+
+    # Replayed: the shard exists and nothing is in retry any more.
+    before = snapshot(database_url)
+    assert ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=n - 2), everything) == 0
+    assert snapshot(database_url) == before
+
+    # The second submission counts a second attempt for exactly the moved items.
+    ledger.mark_submitted(s1, "batch-r1", SUBMITTED)
+    items = items_by_id(database_url)
+    assert {items[cid(i)]["attempts"] for i in range(2, n)} == {2}
+    assert items[cid(0)]["attempts"] == 1
+
+
+# --------------------------------------------------------------------------- counts, reporting
+
+
+def test_counts_and_refresh_job(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    empty = ledger.refresh_job(JOB)
+    assert (empty.total, empty.by_status, empty.open) == (0, {}, 0)
+    assert ledger.get_job(JOB).status == "created"  # type: ignore[union-attr]
+
+    sid = shard_id(0, 0)
+    ledger.add_shard_with_items(
+        shard_row(item_count=7), [item_row(cid(i), shard=sid) for i in range(7)]
+    )
+    ledger.add_items([item_row(cid(20), status=DEAD_LETTER, error_class="input")])
+    assert ledger.refresh_job(JOB).open == 7
+    assert ledger.get_job(JOB).status == "created"  # type: ignore[union-attr]
+
+    ledger.mark_submitted(sid, "batch-0", SUBMITTED)
+    ledger.upsert_results(
+        JOB,
+        [
+            ok(cid(0), tokens=100, cost=0.5),
+            ok(cid(1), tokens=20, cost=0.25),
+            result_row(cid(2), DEAD_LETTER, error_class="expired", error_code="expired"),
+            result_row(cid(3), DEAD_LETTER, error_class=None, error_code="odd"),
+            dead(cid(4), cls="quality"),
+            retry(cid(5)),
+        ],
+    )
+    counts = ledger.counts(JOB)
+    assert counts.total == 8
+    assert counts.by_status == {SUCCEEDED: 2, DEAD_LETTER: 4, RETRY: 1, SUBMITTED: 1}
+    assert counts.dead_letters_by_class == {"expired": 1, "unknown": 1, "quality": 1, "input": 1}
+    assert (counts.succeeded, counts.dead_letters, counts.terminal, counts.open) == (2, 4, 6, 2)
+    assert (counts.input_tokens, counts.output_tokens) == (120, 60)
+    assert counts.cost_usd == pytest.approx(0.75)
+
+    assert ledger.refresh_job(JOB) == counts
+    job = ledger.get_job(JOB)
+    assert job is not None
+    assert job.status == "running"
+    assert (job.total_items, job.succeeded_items, job.failed_items, job.expired_items) == (
+        8,
+        2,
+        4,
+        1,
+    )
+    assert (job.input_tokens, job.output_tokens) == (120, 60)
+    assert job.cost_usd == pytest.approx(0.75)
+
+    # One item still open: not completed. Every item terminal: completed.
+    ledger.upsert_results(JOB, [ok(cid(5), tokens=2, cost=0.125)])
+    assert ledger.refresh_job(JOB).open == 1
+    assert ledger.get_job(JOB).status == "running"  # type: ignore[union-attr]
+    ledger.upsert_results(JOB, [dead(cid(6))])
+    final = ledger.refresh_job(JOB)
+    assert (final.open, final.succeeded, final.dead_letters) == (0, 3, 5)
+    job = ledger.get_job(JOB)
+    assert job is not None
+    assert (job.status, job.total_items, job.succeeded_items, job.failed_items) == (
+        "completed",
+        8,
+        3,
+        5,
+    )
+    assert job.cost_usd == pytest.approx(0.875)
+
+    # Counts belong to their job.
+    make_job(ledger, "other-job", prompt_version="v2")
+    assert ledger.counts("other-job").total == 0
+
+
+def test_iter_items_streams_in_custom_id_order(
+    ledger: LedgerResource, database_url: str, small_chunks: int
+) -> None:
+    make_job(ledger)
+    make_job(ledger, "other-job", prompt_version="v2")
+    n = 3 * small_chunks
+    order = sorted(range(n), key=lambda i: (i * 5) % n)  # inserted out of order
+    s0, s1 = shard_id(0, 0), shard_id(0, 1)
+    ledger.add_shard_with_items(
+        shard_row(0, 0), [item_row(cid(i), shard=s0) for i in order if i % 2]
+    )
+    ledger.add_shard_with_items(
+        shard_row(0, 1), [item_row(cid(i), shard=s1) for i in order if not i % 2]
+    )
+    ledger.add_items([item_row(cid(i), job_id="other-job") for i in range(3)])
+    ledger.upsert_results(JOB, [ok(cid(i)) for i in range(0, n, 3)])
+
+    stream = ledger.iter_items(JOB)
+    assert isinstance(stream, Iterator)
+    everything = list(stream)
+    assert [r["custom_id"] for r in everything] == [cid(i) for i in range(n)]
+    assert {r["job_id"] for r in everything} == {JOB}
+    assert set(everything[0]) == {c.name for c in L.result_table.columns}
+
+    done = list(ledger.iter_items(JOB, [SUCCEEDED]))
+    assert [r["custom_id"] for r in done] == [cid(i) for i in range(0, n, 3)]
+    open_s1 = list(
+        ledger.iter_items(JOB, [PENDING], shard_id=s1, columns=["custom_id", "shard_id"])
+    )
+    assert open_s1 == [
+        {"custom_id": cid(i), "shard_id": s1} for i in range(n) if not i % 2 and i % 3
+    ]
+    assert list(ledger.iter_items(JOB, [], columns=["custom_id"])) == []
+    assert list(ledger.iter_items(JOB, shard_id="no-such-shard")) == []
+
+
+def test_shard_totals_attribute_items_tokens_and_cost(
+    ledger: LedgerResource, database_url: str
+) -> None:
+    make_job(ledger)
+    s0 = add_submitted_shard(ledger, 3)
+    s1 = add_submitted_shard(ledger, 2, index=1, first=10, batch_id="batch-1")
+    ledger.add_items([item_row(cid(50), status=DEAD_LETTER, error_class="input")])  # no shard
+    ledger.upsert_results(
+        JOB,
+        [
+            ok(cid(0), tokens=10, cost=0.25),
+            ok(cid(1), tokens=30, cost=0.5),
+            retry(cid(2)),
+            ok(cid(10), tokens=4, cost=0.125),
+            dead(cid(11)),
+        ],
+    )
+    ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=1), [cid(2)])
+    totals = ledger.shard_totals(JOB)
+    assert [t["shard_id"] for t in totals] == [s0, s1, shard_id(1, 0)]
+    by_id = {t["shard_id"]: t for t in totals}
+    assert by_id[s0] | {"cost_usd": 0} == {
+        "shard_id": s0,
+        "round": 0,
+        "status": SUBMITTED,
+        "provider_batch_id": "batch-0",
+        "requests": 3,
+        "items_now": 2,  # cid(2) moved to the retry shard
+        "succeeded": 2,
+        "input_tokens": 40,
+        "output_tokens": 20,
+        "cost_usd": 0,
+    }
+    assert by_id[s0]["cost_usd"] == pytest.approx(0.75)
+    assert (by_id[s1]["items_now"], by_id[s1]["succeeded"], by_id[s1]["input_tokens"]) == (2, 1, 4)
+    assert by_id[s1]["cost_usd"] == pytest.approx(0.125)
+    retry_shard = by_id[shard_id(1, 0)]
+    assert (retry_shard["round"], retry_shard["status"], retry_shard["provider_batch_id"]) == (
+        1,
+        "created",
+        None,
+    )
+    assert (retry_shard["items_now"], retry_shard["succeeded"], retry_shard["cost_usd"]) == (
+        1,
+        0,
+        0.0,
+    )
+    # A shard with no items left still shows up, with zeros.
+    ledger.add_shard_with_items(shard_row(2, 0), [])
+    assert ledger.shard_totals(JOB)[-1]["items_now"] == 0
+
+
+def test_update_shard_is_compare_and_set(ledger: LedgerResource, database_url: str) -> None:
+    make_job(ledger)
+    sid = add_submitted_shard(ledger, 1)
+    before = snapshot(database_url)
+    assert not ledger.update_shard(sid, expect_status=["ended", "failed"], status="imported")
+    assert not ledger.update_shard(sid, expect_status=[], status="imported")
+    assert not ledger.update_shard("no-such-shard", status="imported")
+    assert snapshot(database_url) == before
+
+    assert ledger.update_shard(
+        sid, expect_status=[SUBMITTED, "in_progress"], status="ended", raw_status="completed"
+    )
+    shard = ledger.get_shard(sid)
+    assert shard is not None
+    assert (shard.status, shard.raw_status, shard.provider_batch_id) == (
+        "ended",
+        "completed",
+        "batch-0",
+    )
+    # Two importers racing: only the first move out of "ended" wins.
+    assert ledger.update_shard(sid, expect_status=["ended"], status="imported")
+    assert not ledger.update_shard(sid, expect_status=["ended"], status="imported", message="again")
+    shard = ledger.get_shard(sid)
+    assert shard is not None
+    assert (shard.status, shard.message) == ("imported", None)
+    # Without expect_status the update is unconditional.
+    assert ledger.update_shard(sid, message="note")
+    assert [s.shard_id for s in ledger.shards_in_states(["imported"], pipeline="reviews")] == [sid]
+    assert ledger.shards_in_states(["imported"], pipeline="other") == []

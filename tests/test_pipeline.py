@@ -1,0 +1,236 @@
+"""The demo pipeline, materialized through Dagster on a real instance, on both databases."""
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from llm_assets import steps
+from llm_assets.demo_data import generate_demo_data
+from llm_assets.factory import STEPS, asset_key, build_pipeline_assets
+from llm_assets.resources.ledger import TERMINAL, LedgerResource, result_table
+from llm_assets.resources.providers.local import LocalProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.settings import REPO_ROOT, Settings
+from llm_assets.spec import PipelineSpec, load_specs
+
+DAY = dt.date(2026, 11, 2)
+PARTITION = DAY.isoformat()
+EXPECTED_INPUT_DEAD_LETTERS = {
+    "empty_body": "empty_field",
+    "duplicate_id": "duplicate_id",
+    "missing_date": "missing_date",
+    "oversized_body": "context_exceeded",
+    "missing_id": "missing_id",
+}
+
+
+class Platform:
+    def __init__(self, home: Path, database_url: str, instance: dg.DagsterInstance) -> None:
+        self.settings = Settings(
+            home=home,
+            database_url=database_url,
+            pipelines_dir=REPO_ROOT / "pipelines",
+            storage_url=str(home / "artifacts"),
+            dagster_home=home / "dagster",
+        )
+        self.spec = next(s for s in load_specs(self.settings.pipelines_dir) if s.name == "support_tickets")
+        self.instance = instance
+        self.ledger = LedgerResource(database_url=database_url)
+        self.storage = ArtifactStorage(base_url=self.settings.storage_url)
+        self.provider = LocalProvider(
+            state_dir=str(home / "local_provider"), work_budget_seconds=600.0
+        )
+        self.generated = generate_demo_data(home / "demo", start=DAY, days=1, tickets_per_day=30)
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        return {"ledger": self.ledger, "storage": self.storage, "local_provider": self.provider}
+
+    def materialize(
+        self, step_names: tuple[str, ...] = STEPS, spec: PipelineSpec | None = None
+    ) -> dg.ExecuteInProcessResult:
+        spec = spec or self.spec
+        result = dg.materialize(
+            build_pipeline_assets(spec, self.settings),
+            instance=self.instance,
+            resources=self.resources,
+            partition_key=PARTITION,
+            selection=[asset_key(spec, s) for s in step_names],
+        )
+        assert result.success
+        return result
+
+    def metadata(self, result: dg.ExecuteInProcessResult, step: str) -> dict[str, Any]:
+        for event in result.get_asset_materialization_events():
+            materialization = event.step_materialization_data.materialization
+            if materialization.asset_key == asset_key(self.spec, step):
+                return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
+        raise AssertionError(f"no materialization of {step}")
+
+    def provider_batches(self) -> list[str]:
+        root = Path(self.provider.state_dir) / "batches"
+        return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+    def rows(self, job_id: str) -> list[dict[str, Any]]:
+        with self.ledger.engine.connect() as conn:
+            query = sa.select(result_table).where(result_table.c.job_id == job_id)
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+
+@pytest.fixture
+def platform(tmp_path: Path, database_url: str) -> Iterator[Platform]:
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        yield Platform(tmp_path / "home", database_url, instance)
+
+
+def source_lines(platform: Platform) -> int:
+    return len(platform.generated.files[0].read_text().splitlines())
+
+
+def test_a_day_end_to_end_leaves_one_terminal_row_per_snapshot_item(platform: Platform) -> None:
+    result = platform.materialize()
+
+    snapshot = platform.metadata(result, "input_snapshot")
+    assert snapshot["dagster/row_count"] == source_lines(platform)
+    job = steps.existing_job(platform.spec, DAY, platform.ledger)
+    rows = platform.rows(job.job_id)
+    assert len(rows) == snapshot["dagster/row_count"]
+    assert len({r["custom_id"] for r in rows}) == len(rows)
+    assert all(r["status"] in TERMINAL for r in rows)
+
+    counts = platform.ledger.counts(job.job_id)
+    imported = platform.metadata(result, "batch_results")
+    assert imported["succeeded"] + imported["dead_letters"] == counts.total
+    assert imported["open_items"] == 0
+    validated = platform.metadata(result, "validated_outputs")
+    report = platform.metadata(result, "cost_report")
+    dead = platform.metadata(result, "dead_letter")
+    assert validated["dagster/row_count"] == counts.succeeded == report["succeeded"]
+    assert dead["dagster/row_count"] == counts.dead_letters == report["dead_letters"]
+    assert report["items"] == counts.total
+    assert report["input_tokens"] == counts.input_tokens > 0
+    assert report["output_tokens"] == counts.output_tokens > 0
+    for step in STEPS:
+        metadata = platform.metadata(result, step)
+        assert metadata["prompt_version"] == "v1"
+        assert metadata["model"] == "all-MiniLM-L6-v2"
+        assert metadata["provider"] == "local"
+
+    succeeded = [r for r in rows if r["status"] == "succeeded"]
+    assert len(succeeded) >= 28
+    for row in succeeded:
+        output = json.loads(row["result_json"])
+        assert output["category"] in platform.spec.output.output_schema["category"].isin
+        assert 0 <= output["confidence"] <= 1
+        assert row["source_id"]
+        assert row["attempts"] == 1
+
+
+def test_bad_rows_end_as_input_dead_letters_with_their_reason(platform: Platform) -> None:
+    platform.materialize()
+    job = steps.existing_job(platform.spec, DAY, platform.ledger)
+    dead = {
+        r["error_code"]: r
+        for r in platform.rows(job.job_id)
+        if r["status"] == "dead_letter" and r["error_class"] == "input"
+    }
+    assert set(dead) == set(EXPECTED_INPUT_DEAD_LETTERS.values())
+    bad = platform.generated.bad_rows
+    assert dead["duplicate_id"]["source_id"] == bad["duplicate_id"][0]
+    assert "already seen at" in dead["duplicate_id"]["error_message"]
+    assert dead["missing_id"]["source_id"] is None
+    assert "ticket_id" in dead["missing_id"]["error_message"]
+    assert dead["empty_field"]["source_id"] == bad["empty_body"][0]
+    assert "body" in dead["empty_field"]["error_message"]
+    assert dead["missing_date"]["source_id"] == bad["missing_date"][0]
+    assert "context window" in dead["context_exceeded"]["error_message"]
+    for row in dead.values():
+        assert row["attempts"] == 0
+        assert row["shard_id"] is None
+        assert platform.generated.files[0].name in row["error_message"]
+
+    exported = platform.storage.open_lines(
+        platform.storage.uri(f"dead_letters/support_tickets/{PARTITION}/{job.job_id}.jsonl")
+    )
+    exported_codes = {json.loads(line)["error_code"] for line in exported}
+    assert set(EXPECTED_INPUT_DEAD_LETTERS.values()) <= exported_codes
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_rematerializing_any_step_changes_nothing(platform: Platform, step: str) -> None:
+    platform.materialize()
+    job = steps.existing_job(platform.spec, DAY, platform.ledger)
+    before = sorted((r["custom_id"], r["status"], r["attempts"]) for r in platform.rows(job.job_id))
+    batches = platform.provider_batches()
+    shards = platform.ledger.shards(job.job_id)
+
+    result = platform.materialize((step,))
+
+    after = sorted((r["custom_id"], r["status"], r["attempts"]) for r in platform.rows(job.job_id))
+    assert after == before
+    assert platform.provider_batches() == batches
+    assert platform.ledger.shards(job.job_id) == shards
+    if step == "request_shards":
+        assert platform.metadata(result, step)["new_items"] == 0
+        assert platform.metadata(result, step)["shards_created"] == 0
+    if step == "provider_batches":
+        assert platform.metadata(result, step)["submitted_shards"] == 0
+    if step == "input_snapshot":
+        assert platform.metadata(result, step)["reused_existing_snapshot"] is True
+
+
+def test_a_new_prompt_version_is_a_new_job_and_keeps_the_old_results(platform: Platform) -> None:
+    platform.materialize()
+    old_job = steps.existing_job(platform.spec, DAY, platform.ledger)
+    old_rows = platform.rows(old_job.job_id)
+
+    v2 = platform.spec.model_copy(
+        update={"prompt": platform.spec.prompt.model_copy(update={"version": "v2"})}
+    )
+    assert v2.prompt_code_version != platform.spec.prompt_code_version
+    platform.materialize(spec=v2)
+
+    new_job = steps.existing_job(v2, DAY, platform.ledger)
+    assert new_job.job_id != old_job.job_id
+    assert platform.rows(old_job.job_id) == old_rows
+    new_rows = platform.rows(new_job.job_id)
+    assert {r["custom_id"] for r in new_rows} == {r["custom_id"] for r in old_rows}
+    assert all(r["status"] in TERMINAL for r in new_rows)
+    assert [j.prompt_version for j in platform.ledger.jobs_for_partition("support_tickets", DAY)] == [
+        "v1",
+        "v2",
+    ]
+
+
+def test_prompt_changes_show_as_a_new_code_version(platform: Platform) -> None:
+    def code_version(spec: PipelineSpec) -> str | None:
+        assets = build_pipeline_assets(spec, platform.settings)
+        shards = next(a for a in assets if a.key == asset_key(spec, "request_shards"))
+        return shards.code_versions_by_key[shards.key]
+
+    changed = platform.spec.model_copy(
+        update={"prompt": platform.spec.prompt.model_copy(update={"template": "{body}"})}
+    )
+    assert code_version(platform.spec) == platform.spec.prompt_code_version
+    assert code_version(changed) != code_version(platform.spec)
+
+
+def test_downstream_steps_explain_a_missing_upstream(platform: Platform) -> None:
+    result = dg.materialize(
+        build_pipeline_assets(platform.spec, platform.settings),
+        instance=platform.instance,
+        resources=platform.resources,
+        partition_key=PARTITION,
+        selection=[asset_key(platform.spec, "batch_results")],
+        raise_on_error=False,
+    )
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "materialize request_shards first" in failure.step_failure_data.user_failure_data.description
