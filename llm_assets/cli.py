@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -17,8 +18,8 @@ from llm_assets.spec import PipelineSpec, SpecError, check_specs, load_specs
 
 EXIT_OK, EXIT_ERROR, EXIT_GATE = 0, 1, 2
 
-console = Console(stderr=False)
-err = Console(stderr=True)
+console = Console(stderr=False, width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
 def _settings() -> Settings:
@@ -30,7 +31,12 @@ def _instance(settings: Settings) -> Any:
     import dagster as dg
 
     os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))
-    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
+    home = Path(os.environ["DAGSTER_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        # A local instance on SQLite under the home; production uses the repo's dagster.yaml.
+        config.write_text("telemetry:\n  enabled: false\n")
     return dg.DagsterInstance.get()
 
 
@@ -39,7 +45,7 @@ def _spec(settings: Settings, name: str) -> PipelineSpec:
         specs = {s.name: s for s in load_specs(settings.pipelines_dir)}
     except SpecError as exc:
         for problem in exc.problems:
-            err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
+            err.print(f"[red]error[/red] {escape(str(problem))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_ERROR)
     if name not in specs:
         raise click.UsageError(
@@ -57,7 +63,24 @@ def _date(value: str | None) -> dt.date | None:
         raise click.BadParameter(f"{value!r} is not a date like 2026-11-01") from exc
 
 
-@click.group()
+class _Cli(click.Group):
+    """Exit 2 means "blocked by a gate" here, so usage errors exit 1 like other errors."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(EXIT_ERROR)
+        except click.exceptions.Abort:
+            err.print("aborted")
+            sys.exit(EXIT_ERROR)
+
+
+@click.group(cls=_Cli)
 def main() -> None:
     """Offline LLM batch work as Dagster assets."""
 
@@ -72,12 +95,14 @@ def validate_spec(path: Path | None) -> None:
     except SpecError as exc:
         specs, problems = [], exc.problems
     for problem in problems:
-        err.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error[/red] {escape(str(problem))}", highlight=False, soft_wrap=True)
     if problems:
         err.print(f"{len(problems)} problem(s) in {target}")
         sys.exit(EXIT_ERROR)
     for spec in specs:
-        console.print(f"ok {spec.path}: pipeline {spec.name}", highlight=False)
+        console.print(
+            escape(f"ok {spec.path}: pipeline {spec.name}"), highlight=False, soft_wrap=True
+        )
 
 
 def _progress() -> Progress:
@@ -108,7 +133,9 @@ def run_days(
         for day in days:
             task = progress.add_task(f"{spec.name} {day}", total=None)
 
-            def report(stage: str, done: int, total: int, task: Any = task, day: dt.date = day) -> None:
+            def report(
+                stage: str, done: int, total: int, task: Any = task, day: dt.date = day
+            ) -> None:
                 progress.update(
                     task, description=f"{spec.name} {day} {stage}", completed=done, total=total
                 )
@@ -157,10 +184,20 @@ def run(
         days = date_range(start, _date(to_))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+    from llm_assets.factory import partitions_for
+
+    partitions = partitions_for(spec)
+    outside = [d for d in days if not partitions.has_partition_key(d.isoformat())]
+    if outside:
+        raise click.BadParameter(
+            f"{outside[0]} is not a partition of {spec.name}: partitions run from "
+            f"{spec.partitions.start_date} to today in {spec.partitions.timezone}"
+        )
     try:
         outcomes = run_days(settings, spec, days, wait=wait, approve_budget=approve_budget)
     except StepFailed as exc:
-        err.print(f"[red]{'blocked' if exc.gate else 'failed'}[/red]: {exc}", highlight=False)
+        label = "blocked" if exc.gate else "failed"
+        err.print(f"[red]{label}[/red]: {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
     if as_json:
         click.echo(json.dumps([o.model_dump(mode="json") for o in outcomes], indent=2))
@@ -216,7 +253,9 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
             }
         )
     if as_json:
-        click.echo(json.dumps({"pipeline": spec.name, "date": day.isoformat(), "jobs": jobs}, indent=2))
+        click.echo(
+            json.dumps({"pipeline": spec.name, "date": day.isoformat(), "jobs": jobs}, indent=2)
+        )
         return
     if not jobs:
         console.print(f"{spec.name} {day}: nothing has run for this partition yet")
@@ -251,7 +290,7 @@ def demo(days: int, per_day: int) -> None:
     from llm_assets.runner import StepFailed
 
     try:
-        run_demo(_settings(), days=days, per_day=per_day, console=console, progress=_progress())
+        run_demo(_settings(), days=days, per_day=per_day, console=console)
     except StepFailed as exc:
         err.print(f"[red]failed[/red]: {exc}", highlight=False)
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)

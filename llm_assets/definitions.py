@@ -8,7 +8,9 @@ from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec, load_specs
 
 
-def build_definitions(settings: Settings, specs: list[PipelineSpec] | None = None) -> dg.Definitions:
+def build_definitions(
+    settings: Settings, specs: list[PipelineSpec] | None = None
+) -> dg.Definitions:
     """Every pipeline spec under LLM_ASSETS_PIPELINES becomes an asset group."""
     specs = load_specs(settings.pipelines_dir) if specs is None else specs
     assets = [asset for spec in specs for asset in build_pipeline_assets(spec, settings)]

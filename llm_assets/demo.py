@@ -5,7 +5,6 @@ import json
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from llm_assets import steps
@@ -43,7 +42,6 @@ def run_demo(
     days: int,
     per_day: int,
     console: Console,
-    progress: Progress,
 ) -> list[dict[str, Any]]:
     from llm_assets.cli import run_days
 

@@ -172,7 +172,12 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
         approved = context.run.tags.get(APPROVE_BUDGET_TAG, "").lower() in ("1", "true", "yes")
         result: steps.SubmitResult = _run_step(
             lambda: steps.submit_shards(
-                spec, day_of(context), ledger, storage, provider_of(context), approve_budget=approved
+                spec,
+                day_of(context),
+                ledger,
+                storage,
+                provider_of(context),
+                approve_budget=approved,
             )
         )
         return dg.MaterializeResult(

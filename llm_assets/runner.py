@@ -80,7 +80,9 @@ class PartitionRunner:
         approve_budget: bool = False,
         resources: dict[str, object] | None = None,
         poll_interval: float = 5.0,
+        log_level: str = "INFO",
     ) -> None:
+        self.log_level = log_level
         self.settings = settings
         self.spec = spec
         self.instance = instance
@@ -107,6 +109,7 @@ class PartitionRunner:
             tags[APPROVE_BUDGET_TAG] = "true"
         result = dg.materialize(
             self.assets,
+            run_config={"loggers": {"console": {"config": {"log_level": self.log_level}}}},
             instance=self.instance,
             resources=self.resources,
             partition_key=day.isoformat(),
@@ -131,7 +134,10 @@ class PartitionRunner:
             done = sum(s.completed_requests + s.failed_requests for s in shards)
             if progress is not None:
                 progress("provider", min(done, total), total)
-            if any(s.status in IN_FLIGHT_STATES for s in shards) and self.spec.model.provider != "local":
+            if (
+                any(s.status in IN_FLIGHT_STATES for s in shards)
+                and self.spec.model.provider != "local"
+            ):
                 interval = min(max(interval * 2, 1.0), self.poll_interval)
                 time.sleep(interval)
 

@@ -47,7 +47,9 @@ class PromptSpec(_Strict):
 
     @property
     def placeholders(self) -> list[str]:
-        return [name for _, name, _, _ in string.Formatter().parse(self.template) if name]
+        return [
+            name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None
+        ]
 
 
 class ModelSpec(_Strict):
@@ -81,6 +83,10 @@ class FieldSpec(_Strict):
                 raise ValueError("isin must list at least one value")
             if len(set(map(str, self.isin))) != len(self.isin):
                 raise ValueError("isin lists a value twice")
+            wanted = str if self.type == "str" else int
+            wrong = [v for v in self.isin if type(v) is not wanted]
+            if wrong:
+                raise ValueError(f"isin values {wrong} are not of the field's type {self.type}")
         if (self.min_length is not None or self.max_length is not None) and not sized:
             raise ValueError(f"min_length/max_length apply to str and list fields, not {self.type}")
         if (
@@ -94,8 +100,13 @@ class FieldSpec(_Strict):
             raise ValueError(f"ge/le/gt/lt apply to int and float fields, not {self.type}")
         lower = self.ge if self.ge is not None else self.gt
         upper = self.le if self.le is not None else self.lt
-        if lower is not None and upper is not None and lower > upper:
-            raise ValueError(f"lower bound {lower} > upper bound {upper}")
+        exclusive = self.gt is not None or self.lt is not None
+        if (
+            lower is not None
+            and upper is not None
+            and (lower > upper or (exclusive and lower >= upper))
+        ):
+            raise ValueError(f"no value fits between lower bound {lower} and upper bound {upper}")
         return self
 
 
@@ -195,7 +206,7 @@ def spec_files(path: Path) -> list[Path]:
 
 def _loc(loc: Iterable[Any]) -> str:
     parts = [str(p) for p in loc if not str(p).startswith("function-")]
-    return ".".join(parts).replace("output_schema", "schema") or "-"
+    return ".".join(parts) or "-"
 
 
 def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
@@ -205,7 +216,9 @@ def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     fields = set(spec.source.fields)
     for name in spec.prompt.placeholders:
-        if not name.isidentifier():
+        if not name:
+            problems.append(("prompt.template", "empty placeholder {}; name a source field"))
+        elif not name.isidentifier():
             problems.append(
                 ("prompt.template", f"placeholder {{{name}}} is not a plain field name")
             )
@@ -224,17 +237,17 @@ def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
         problems.append(
             ("model.provider", f"unknown provider {spec.model.provider!r}; one of {PROVIDERS}")
         )
-        return problems
-    if load_price_table().find(spec.model.provider, spec.model.name) is None:
-        problems.append(
-            (
-                "model.name",
-                f"model {spec.model.name!r} has no entry for provider {spec.model.provider!r} "
-                "in the price table; add it to the price table (see docs) so cost is never a "
-                "silent zero",
+    else:
+        if load_price_table().find(spec.model.provider, spec.model.name) is None:
+            problems.append(
+                (
+                    "model.name",
+                    f"model {spec.model.name!r} has no entry for provider "
+                    f"{spec.model.provider!r} in the price table; add it to the price table "
+                    "(see docs) so cost is never a silent zero",
+                )
             )
-        )
-    problems.extend(provider_spec_problems(spec))
+        problems.extend(provider_spec_problems(spec))
     try:
         import zoneinfo
 
@@ -253,6 +266,8 @@ def parse_spec(path: Path) -> tuple[PipelineSpec | None, list[SpecProblem]]:
         return None, [SpecProblem(file=file, field="-", reason=f"not readable YAML: {exc}")]
     if not isinstance(raw, dict):
         return None, [SpecProblem(file=file, field="-", reason="expected a mapping at top level")]
+    if "path" in raw:
+        return None, [SpecProblem(file=file, field="path", reason="Extra inputs are not permitted")]
     try:
         spec = PipelineSpec.model_validate({**raw, "path": path})
     except ValidationError as exc:
@@ -271,7 +286,12 @@ def check_specs(path: Path) -> tuple[list[PipelineSpec], list[SpecProblem]]:
     specs: list[PipelineSpec] = []
     problems: list[SpecProblem] = []
     seen: dict[str, Path] = {}
-    for file in spec_files(path):
+    files = spec_files(path)
+    if not files:
+        problems.append(
+            SpecProblem(file=str(path), field="-", reason="no pipeline specs (*.yaml, *.yml) here")
+        )
+    for file in files:
         spec, found = parse_spec(file)
         problems.extend(found)
         if spec is None:

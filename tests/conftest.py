@@ -31,7 +31,11 @@ DATABASES = [
         id="postgresql",
         marks=[]
         if PG_URL
-        else [pytest.mark.skip(reason="LLM_ASSETS_TEST_DATABASE_URL is not set; PostgreSQL half skipped")],
+        else [
+            pytest.mark.skip(
+                reason="LLM_ASSETS_TEST_DATABASE_URL is not set; PostgreSQL half skipped"
+            )
+        ],
     ),
 ]
 

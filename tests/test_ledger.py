@@ -593,11 +593,6 @@ def test_upsert_across_chunks(ledger: LedgerResource, database_url: str, small_c
     assert {c: state(r) for c, r in items_by_id(database_url).items()} == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ledger.upsert_results only dedupes within a chunk: a dead_letter line applied in an "
-    "earlier chunk blocks a later success line for the same custom_id in the same call",
-)
 def test_upsert_success_wins_over_failure_in_an_earlier_chunk(
     ledger: LedgerResource, database_url: str, small_chunks: int
 ) -> None:
@@ -669,12 +664,6 @@ def test_set_item_errors_guards_on_status(ledger: LedgerResource, database_url: 
     assert items[cid(2)]["status"] == SUBMITTED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=sa.exc.StatementError,
-    reason="ledger.set_item_errors combines an expanding IN (from_status) with executemany, "
-    "which SQLAlchemy refuses as soon as a chunk has more than one row",
-)
 def test_set_item_errors_many_rows(
     ledger: LedgerResource, database_url: str, small_chunks: int
 ) -> None:
@@ -782,17 +771,20 @@ def test_counts_and_refresh_job(ledger: LedgerResource, database_url: str) -> No
             ok(cid(1), tokens=20, cost=0.25),
             result_row(cid(2), DEAD_LETTER, error_class="expired", error_code="expired"),
             result_row(cid(3), DEAD_LETTER, error_class=None, error_code="odd"),
-            dead(cid(4), cls="quality"),
+            ok(cid(4), tokens=8, cost=0.0625),
             retry(cid(5)),
         ],
     )
+    # A success that fails validation becomes a quality dead letter but keeps its usage.
+    quality = {"custom_id": cid(4), "status": DEAD_LETTER, "error_class": "quality"}
+    assert ledger.set_item_errors(JOB, [quality], from_status=[SUCCEEDED]) == 1
     counts = ledger.counts(JOB)
     assert counts.total == 8
     assert counts.by_status == {SUCCEEDED: 2, DEAD_LETTER: 4, RETRY: 1, SUBMITTED: 1}
     assert counts.dead_letters_by_class == {"expired": 1, "unknown": 1, "quality": 1, "input": 1}
     assert (counts.succeeded, counts.dead_letters, counts.terminal, counts.open) == (2, 4, 6, 2)
-    assert (counts.input_tokens, counts.output_tokens) == (120, 60)
-    assert counts.cost_usd == pytest.approx(0.75)
+    assert (counts.input_tokens, counts.output_tokens) == (128, 64)
+    assert counts.cost_usd == pytest.approx(0.8125)
 
     assert ledger.refresh_job(JOB) == counts
     job = ledger.get_job(JOB)
@@ -804,8 +796,8 @@ def test_counts_and_refresh_job(ledger: LedgerResource, database_url: str) -> No
         4,
         1,
     )
-    assert (job.input_tokens, job.output_tokens) == (120, 60)
-    assert job.cost_usd == pytest.approx(0.75)
+    assert (job.input_tokens, job.output_tokens) == (128, 64)
+    assert job.cost_usd == pytest.approx(0.8125)
 
     # One item still open: not completed. Every item terminal: completed.
     ledger.upsert_results(JOB, [ok(cid(5), tokens=2, cost=0.125)])
@@ -822,7 +814,7 @@ def test_counts_and_refresh_job(ledger: LedgerResource, database_url: str) -> No
         3,
         5,
     )
-    assert job.cost_usd == pytest.approx(0.875)
+    assert job.cost_usd == pytest.approx(0.9375)
 
     # Counts belong to their job.
     make_job(ledger, "other-job", prompt_version="v2")

@@ -39,7 +39,9 @@ class Platform:
             storage_url=str(home / "artifacts"),
             dagster_home=home / "dagster",
         )
-        self.spec = next(s for s in load_specs(self.settings.pipelines_dir) if s.name == "support_tickets")
+        self.spec = next(
+            s for s in load_specs(self.settings.pipelines_dir) if s.name == "support_tickets"
+        )
         self.instance = instance
         self.ledger = LedgerResource(database_url=database_url)
         self.storage = ArtifactStorage(base_url=self.settings.storage_url)
@@ -203,7 +205,9 @@ def test_a_new_prompt_version_is_a_new_job_and_keeps_the_old_results(platform: P
     new_rows = platform.rows(new_job.job_id)
     assert {r["custom_id"] for r in new_rows} == {r["custom_id"] for r in old_rows}
     assert all(r["status"] in TERMINAL for r in new_rows)
-    assert [j.prompt_version for j in platform.ledger.jobs_for_partition("support_tickets", DAY)] == [
+    assert [
+        j.prompt_version for j in platform.ledger.jobs_for_partition("support_tickets", DAY)
+    ] == [
         "v1",
         "v2",
     ]
@@ -233,4 +237,7 @@ def test_downstream_steps_explain_a_missing_upstream(platform: Platform) -> None
     )
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
-    assert "materialize request_shards first" in failure.step_failure_data.user_failure_data.description
+    assert (
+        "materialize request_shards first"
+        in failure.step_failure_data.user_failure_data.description
+    )

@@ -108,9 +108,6 @@ def clean(text: str) -> str:
     return ANSI.sub("", text)
 
 
-# --- valid specs -------------------------------------------------------------------------------
-
-
 def test_shipped_example_specs_are_all_valid() -> None:
     files = sorted([*PIPELINES.glob("*.yaml"), *PIPELINES.glob("*.yml")])
     assert files, f"no example specs in {PIPELINES}"
@@ -144,9 +141,6 @@ def test_the_good_spec_factory_is_valid(tmp_path: Path) -> None:
     assert problems == []
     assert [s.name for s in specs] == ["support_tickets"]
     assert specs[0].path == path
-
-
-# --- prompt_code_version -----------------------------------------------------------------------
 
 
 def _version(spec: dict[str, Any]) -> str:
@@ -209,8 +203,6 @@ def test_prompt_code_version_ignores_documentation_only_changes(
 ) -> None:
     assert _version(mutated(change)) == _version(good_spec())
 
-
-# --- one problem at a time ---------------------------------------------------------------------
 
 CASES: list[Any] = [
     pytest.param(
@@ -497,9 +489,6 @@ def test_distinct_pipeline_names_in_one_folder_are_all_loaded(tmp_path: Path) ->
     assert [s.name for s in specs] == ["support_tickets", "support_tickets_v2"]
 
 
-# --- all problems in one call ------------------------------------------------------------------
-
-
 def test_every_semantic_problem_in_one_file_is_reported(tmp_path: Path) -> None:
     def break_everything(s: dict[str, Any]) -> None:
         s["prompt"]["template"] = "{subject} {customer_name}"
@@ -575,9 +564,6 @@ def test_problems_in_every_file_of_a_folder_are_reported(tmp_path: Path) -> None
     assert sorted(s.name for s in specs) == ["b", "fine", "support_tickets"]
 
 
-# --- the price table ---------------------------------------------------------------------------
-
-
 def _write_prices(folder: Path, provider: str, name: str) -> Path:
     path = folder / "my_prices.yaml"
     table = {
@@ -628,9 +614,6 @@ def test_the_local_provider_runs_only_its_one_model_even_when_priced(
     assert "price table" not in problems[0].reason
     assert "all-MiniLM-L6-v2" in problems[0].reason
     assert "'all-MiniLM-L12-v2'" in problems[0].reason
-
-
-# --- the command line --------------------------------------------------------------------------
 
 
 def _cli(*args: str) -> Any:
@@ -734,3 +717,64 @@ def test_installed_entry_point_exits_non_zero_on_a_broken_spec(tmp_path: Path) -
     assert done.returncode == 1, done.stderr
     assert f"error {path}: model.max_output_tokens: " in clean(done.stderr)
     assert "integer" in clean(done.stderr)
+
+
+def test_an_unknown_provider_does_not_hide_other_problems(tmp_path: Path) -> None:
+    def change(spec: dict[str, Any]) -> None:
+        spec["model"]["provider"] = "openia"
+        spec["partitions"]["timezone"] = "Mars/Olympus"
+
+    _, problems = check_specs(write_spec(tmp_path, mutated(change)))
+
+    assert {p.field for p in problems} == {"model.provider", "partitions.timezone"}
+
+
+@pytest.mark.parametrize("template", ["{} {body}", "{0} {body}"])
+def test_positional_placeholders_are_reported(tmp_path: Path, template: str) -> None:
+    _, problems = check_specs(
+        write_spec(tmp_path, mutated(lambda s: s["prompt"].update(template=template)))
+    )
+
+    assert [p.field for p in problems] == ["prompt.template"]
+
+
+@pytest.mark.parametrize(
+    ("field", "reason"),
+    [
+        ({"type": "int", "isin": ["low", "high"]}, "not of the field's type"),
+        ({"type": "str", "isin": [True, False]}, "not of the field's type"),
+        ({"type": "float", "gt": 1, "lt": 1}, "no value fits"),
+        ({"type": "float", "ge": 1, "lt": 1}, "no value fits"),
+    ],
+)
+def test_constraints_no_value_can_meet_are_reported(
+    tmp_path: Path, field: dict[str, Any], reason: str
+) -> None:
+    _, problems = check_specs(
+        write_spec(tmp_path, mutated(lambda s: s["output"]["schema"].update(extra=field)))
+    )
+
+    assert any(p.field.startswith("output.schema.extra") and reason in p.reason for p in problems)
+
+
+def test_a_path_key_in_yaml_is_an_unknown_key(tmp_path: Path) -> None:
+    _, problems = check_specs(write_spec(tmp_path, mutated(lambda s: s.update(path="x"))))
+
+    assert [(p.field, p.reason) for p in problems] == [("path", "Extra inputs are not permitted")]
+
+
+def test_an_empty_folder_is_a_problem(tmp_path: Path) -> None:
+    _, problems = check_specs(tmp_path)
+
+    assert [p.reason for p in problems] == ["no pipeline specs (*.yaml, *.yml) here"]
+
+
+def test_cli_prints_paths_with_brackets_verbatim(tmp_path: Path) -> None:
+    folder = tmp_path / "[draft]"
+    folder.mkdir()
+    path = write_spec(folder, mutated(lambda s: s["partitions"].update(timezone="Mars/X")))
+
+    result = _cli(str(path))
+
+    assert result.exit_code == 1
+    assert str(path) in clean(result.output)

@@ -277,6 +277,10 @@ def _schema_ready(url: str) -> bool:
 
 def _status_in(statuses: Iterable[str]) -> Any:
     """`status IN (...)` with inline constants, usable inside executemany statements."""
+    known = {PENDING, SUBMITTED, RETRY, SUCCEEDED, DEAD_LETTER}
+    unknown = set(statuses) - known
+    if unknown:
+        raise ValueError(f"unknown item status {sorted(unknown)}")
     return result_table.c.status.in_([sa.literal_column(f"'{s}'") for s in statuses])
 
 
@@ -287,7 +291,8 @@ def _insert(conn: Connection, table: sa.Table) -> Any:
     return sqlite.insert(table)
 
 
-def _chunks(items: Iterable[Any], size: int = CHUNK) -> Iterator[list[Any]]:
+def _chunks(items: Iterable[Any], size: int | None = None) -> Iterator[list[Any]]:
+    size = size or CHUNK
     batch: list[Any] = []
     for item in items:
         batch.append(item)
@@ -350,7 +355,7 @@ class LedgerResource(dg.ConfigurableResource):
                     created_at=now,
                     updated_at=now,
                 )
-                .on_conflict_do_nothing()
+                .on_conflict_do_nothing(index_elements=["job_id"])
             )
         job = self.get_job(job_id)
         assert job is not None
@@ -509,17 +514,32 @@ class LedgerResource(dg.ConfigurableResource):
         """
         stats = UpsertStats()
         now = utcnow()
+        written: dict[str, str] = {}
         for chunk in _chunks(rows):
             stats.received += len(chunk)
             best: dict[str, dict[str, Any]] = {}
+            overrides: list[dict[str, Any]] = []
             for row in chunk:
-                seen = best.get(row["custom_id"])
+                cid = row["custom_id"]
+                if cid in written:
+                    # A duplicate of a line applied earlier in this import: a success still
+                    # replaces the failure this import wrote, nothing else changes.
+                    stats.duplicates += 1
+                    if row["status"] == SUCCEEDED and written[cid] != SUCCEEDED:
+                        overrides.append({**row, "_was": written[cid]})
+                        written[cid] = SUCCEEDED
+                    continue
+                seen = best.get(cid)
                 if seen is None:
-                    best[row["custom_id"]] = row
+                    best[cid] = row
                     continue
                 stats.duplicates += 1
                 if row["status"] == SUCCEEDED and seen["status"] != SUCCEEDED:
-                    best[row["custom_id"]] = row
+                    best[cid] = row
+            if overrides:
+                self._override_failures(job_id, overrides, now)
+            if not best:
+                continue
             with self.begin() as conn:
                 current = dict(
                     conn.execute(
@@ -548,8 +568,24 @@ class LedgerResource(dg.ConfigurableResource):
                     where=sa.not_(_status_in(TERMINAL)),
                 ).returning(result_table.c.custom_id)
                 full = [{**row, "created_at": now} for row in apply]
-                stats.applied += len(conn.execute(stmt, full).all())
+                for (custom_id,) in conn.execute(stmt, full).all():
+                    written[custom_id] = best[custom_id]["status"]
+                    stats.applied += 1
         return stats
+
+    def _override_failures(self, job_id: str, rows: list[dict[str, Any]], now: Any) -> None:
+        with self.begin() as conn:
+            for row in rows:
+                values = {k: v for k, v in row.items() if k not in ("custom_id", "_was")}
+                conn.execute(
+                    sa.update(result_table)
+                    .where(
+                        result_table.c.job_id == job_id,
+                        result_table.c.custom_id == row["custom_id"],
+                        result_table.c.status == row["_was"],
+                    )
+                    .values(**values, updated_at=now)
+                )
 
     def set_item_status(
         self, job_id: str, custom_ids: Iterable[str], *, from_status: Sequence[str], **values: Any
@@ -579,7 +615,7 @@ class LedgerResource(dg.ConfigurableResource):
         stmt = sa.update(result_table).where(
             result_table.c.job_id == job_id,
             result_table.c.custom_id == sa.bindparam("b_custom_id"),
-            result_table.c.status.in_(list(from_status)),
+            _status_in(from_status),
         )
         for chunk in _chunks(rows):
             params = []

@@ -1,0 +1,157 @@
+"""The `llm-assets` command as scripts use it: a real subprocess, a persistent instance."""
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+from dagster._core.instance.ref import InstanceRef
+
+from llm_assets.demo_data import generate_demo_data
+from llm_assets.settings import REPO_ROOT
+
+DAY = dt.date(2026, 11, 2)
+CLI = str(Path(sys.executable).parent / "llm-assets")
+
+
+class Env:
+    def __init__(self, tmp_path: Path, database_url: str) -> None:
+        self.home = tmp_path / "home"
+        self.specs = tmp_path / "specs"
+        self.specs.mkdir()
+        spec = yaml.safe_load((REPO_ROOT / "pipelines" / "support_tickets.yaml").read_text())
+        spec["budget"]["max_usd_per_partition"] = 0.01
+        (self.specs / "support_tickets.yaml").write_text(yaml.safe_dump(spec))
+        # Price the local model so the budget gate and cost attribution have numbers to check.
+        self.prices = tmp_path / "prices.yaml"
+        self.prices.write_text(
+            yaml.safe_dump(
+                {
+                    "prices_as_of": "2026-11-01",
+                    "models": [
+                        {
+                            "provider": "local",
+                            "name": "all-MiniLM-L6-v2",
+                            "input_per_mtok": 100.0,
+                            "output_per_mtok": 200.0,
+                            "batch_discount": 0.5,
+                            "context_window": 8192,
+                        }
+                    ],
+                }
+            )
+        )
+        self.generated = generate_demo_data(
+            self.home / "demo", start=DAY, days=1, tickets_per_day=12
+        )
+        self.vars = {
+            **os.environ,
+            "LLM_ASSETS_HOME": str(self.home),
+            "LLM_ASSETS_DATABASE_URL": database_url,
+            "LLM_ASSETS_PIPELINES": str(self.specs),
+            "LLM_ASSETS_PRICES": str(self.prices),
+            "DAGSTER_HOME": str(tmp_path / "dagster"),
+        }
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [CLI, *args], env=self.vars, capture_output=True, text=True, timeout=600, check=False
+        )
+
+
+@pytest.fixture
+def env(tmp_path: Path, database_url: str) -> Env:
+    return Env(tmp_path, database_url)
+
+
+def test_budget_gate_blocks_with_exit_2_then_approval_runs_the_day(env: Env) -> None:
+    blocked = env.run("run", "support_tickets", "--date", DAY.isoformat(), "--wait")
+    assert blocked.returncode == 2, blocked.stderr
+    assert "budget gate" in blocked.stderr
+    assert "max_usd_per_partition" in blocked.stderr
+    status = json.loads(
+        env.run("status", "support_tickets", "--date", DAY.isoformat(), "--json").stdout
+    )
+    assert all(s["provider_batch_id"] is None for s in status["jobs"][0]["shards"])
+
+    done = env.run(
+        "run", "support_tickets", "--date", DAY.isoformat(), "--wait", "--approve-budget", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    [outcome] = json.loads(done.stdout)
+    rows = len(env.generated.files[0].read_text().splitlines())
+    assert outcome["total"] == rows
+    assert outcome["open_items"] == 0
+    assert outcome["succeeded"] + outcome["dead_letters"] == rows
+    assert outcome["dead_letters_by_class"] == {"input": 5}
+    expected_cost = (outcome["input_tokens"] * 100 + outcome["output_tokens"] * 200) * 0.5 / 1e6
+    assert outcome["cost_usd"] == pytest.approx(expected_cost)
+    assert outcome["cost_usd"] > 0
+
+    status = json.loads(
+        env.run("status", "support_tickets", "--date", DAY.isoformat(), "--json").stdout
+    )
+    [job] = status["jobs"]
+    assert job["status"] == "completed"
+    assert job["items"] == rows
+    assert job["by_status"] == {"succeeded": outcome["succeeded"], "dead_letter": 5}
+    assert all(s["status"] == "imported" for s in job["shards"])
+
+    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(env.vars["DAGSTER_HOME"]))
+    runs = instance.get_runs()
+    assert len(runs) >= 4
+    assert any(r.is_success for r in runs)
+    assert any(r.is_failure for r in runs)
+
+
+def test_run_without_wait_submits_and_a_second_run_sends_nothing_new(env: Env) -> None:
+    first = env.run(
+        "run", "support_tickets", "--date", DAY.isoformat(), "--approve-budget", "--json"
+    )
+    assert first.returncode == 0, first.stderr
+    status = json.loads(
+        env.run("status", "support_tickets", "--date", DAY.isoformat(), "--json").stdout
+    )
+    batches = [s["provider_batch_id"] for s in status["jobs"][0]["shards"]]
+    assert batches and all(batches)
+
+    again = env.run(
+        "run", "support_tickets", "--date", DAY.isoformat(), "--wait", "--approve-budget", "--json"
+    )
+    assert again.returncode == 0, again.stderr
+    status = json.loads(
+        env.run("status", "support_tickets", "--date", DAY.isoformat(), "--json").stdout
+    )
+    assert [s["provider_batch_id"] for s in status["jobs"][0]["shards"]] == batches
+    batch_dirs = list((env.home / "local_provider" / "batches").iterdir())
+    assert len(batch_dirs) == len(batches)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("run", "nope", "--date", "2026-11-02"), "no pipeline 'nope'"),
+        (("run", "support_tickets", "--date", "2026-13-01"), "not a date"),
+        (("run", "support_tickets", "--date", "2020-01-01"), "not a partition"),
+        (("run", "support_tickets", "--date", "2026-11-03", "--to", "2026-11-02"), "before"),
+    ],
+)
+def test_bad_arguments_exit_1_with_the_reason(
+    env: Env, args: tuple[str, ...], message: str
+) -> None:
+    result = env.run(*args)
+
+    assert result.returncode == 1
+    assert message in result.stderr
+
+
+def test_status_of_an_untouched_day_says_so(env: Env) -> None:
+    result = env.run("status", "support_tickets", "--date", "2026-11-05")
+
+    assert result.returncode == 0
+    assert "nothing has run" in result.stdout

@@ -1,0 +1,63 @@
+"""The code location loads: in process and through `dagster definitions validate`."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from llm_assets.definitions import build_definitions
+from llm_assets.factory import STEPS
+from llm_assets.settings import REPO_ROOT, Settings
+
+
+def test_every_spec_becomes_a_partitioned_group_of_the_design_steps(tmp_path: Path) -> None:
+    settings = Settings.from_env({"LLM_ASSETS_HOME": str(tmp_path)})
+    defs = build_definitions(settings)
+
+    graph = defs.resolve_asset_graph()
+    keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
+    assert {f"support_tickets/{step}" for step in STEPS} <= keys
+    for step in STEPS:
+        node = graph.get(dg.AssetKey(["support_tickets", step]))
+        assert node.group_name == "support_tickets"
+        assert isinstance(node.partitions_def, dg.DailyPartitionsDefinition)
+    upstream = graph.get(dg.AssetKey(["support_tickets", "batch_results"])).parent_keys
+    assert upstream == {dg.AssetKey(["support_tickets", "provider_batches"])}
+
+
+def test_dagster_definitions_validate_passes_on_the_workspace(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "LLM_ASSETS_HOME": str(tmp_path / "home"),
+        "DAGSTER_HOME": str(tmp_path / "dagster"),
+    }
+    (tmp_path / "dagster").mkdir()
+    dagster = Path(sys.executable).parent / "dagster"
+    result = subprocess.run(
+        [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "llm_assets" in result.stdout + result.stderr
+
+
+def test_a_broken_spec_folder_fails_the_code_location_with_the_problem(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("name: x\n")
+    settings = Settings.from_env(
+        {"LLM_ASSETS_HOME": str(tmp_path), "LLM_ASSETS_PIPELINES": str(tmp_path)}
+    )
+    try:
+        build_definitions(settings)
+    except Exception as exc:
+        assert "bad.yaml" in str(exc)
+        assert "source" in str(exc)
+    else:
+        raise AssertionError("a broken spec must not load")
