@@ -241,3 +241,83 @@ def test_downstream_steps_explain_a_missing_upstream(platform: Platform) -> None
         "materialize request_shards first"
         in failure.step_failure_data.user_failure_data.description
     )
+
+
+def test_a_cancelled_batch_is_retried_for_its_missing_items_only(platform: Platform) -> None:
+    state_dir = platform.provider.state_dir
+    platform.provider = LocalProvider(state_dir=state_dir, work_budget_seconds=0.0, chunk_size=4)
+    platform.materialize(("input_snapshot", "request_shards", "provider_batches"))
+    job = steps.existing_job(platform.spec, DAY, platform.ledger)
+    [first] = platform.ledger.shards(job.job_id)
+    assert first.provider_batch_id is not None
+    platform.provider.poll(first.provider_batch_id)
+    platform.provider.poll(first.provider_batch_id)
+    platform.provider.cancel(first.provider_batch_id)
+    answered = {r.custom_id for r in platform.provider.results(first.provider_batch_id)}
+    assert 0 < len(answered) < first.item_count
+
+    platform.provider = LocalProvider(state_dir=state_dir, work_budget_seconds=600.0)
+    imported = platform.metadata(platform.materialize(("batch_results",)), "batch_results")
+    assert imported["missing_results"] == first.item_count - len(answered)
+    assert imported["retry_shards_planned"] == 1
+    [retry] = platform.ledger.shards(job.job_id, ["created"])
+    resent = {
+        json.loads(line)["custom_id"] for line in platform.storage.open_lines(retry.input_uri)
+    }
+    assert resent.isdisjoint(answered)
+    assert len(resent) == first.item_count - len(answered)
+
+    platform.materialize(
+        ("provider_batches", "batch_results", "validated_outputs", "dead_letter", "cost_report")
+    )
+    rows = {r["custom_id"]: r for r in platform.rows(job.job_id)}
+    assert all(r["status"] in TERMINAL for r in rows.values())
+    assert all(rows[c]["attempts"] == 1 and rows[c]["shard_id"] == first.shard_id for c in answered)
+    assert all(rows[c]["attempts"] == 2 and rows[c]["shard_id"] == retry.shard_id for c in resent)
+    assert all(rows[c]["status"] == "succeeded" for c in answered | resent)
+    assert len(platform.provider_batches()) == 2
+
+
+def test_results_that_break_the_output_schema_become_quality_dead_letters(
+    platform: Platform,
+) -> None:
+    import pandas as pd
+
+    platform.materialize(("input_snapshot", "request_shards", "provider_batches", "batch_results"))
+    job = steps.existing_job(platform.spec, DAY, platform.ledger)
+    succeeded = sorted(
+        r["custom_id"] for r in platform.rows(job.job_id) if r["status"] == "succeeded"
+    )
+    garbage = {
+        succeeded[0]: "not json at all",
+        succeeded[1]: json.dumps({"category": "weather", "confidence": 0.9, "summary": "x" * 20}),
+        succeeded[2]: json.dumps({"category": "billing", "confidence": 1.5, "summary": "y" * 20}),
+    }
+    with platform.ledger.engine.begin() as conn:
+        for custom_id, text in garbage.items():
+            conn.execute(
+                sa.update(result_table)
+                .where(result_table.c.job_id == job.job_id, result_table.c.custom_id == custom_id)
+                .values(result_json=text)
+            )
+
+    result = platform.materialize(("validated_outputs", "dead_letter"))
+
+    rows = {r["custom_id"]: r for r in platform.rows(job.job_id)}
+    rules = {c: (rows[c]["status"], rows[c]["error_class"], rows[c]["error_code"]) for c in garbage}
+    assert rules == {
+        succeeded[0]: ("dead_letter", "quality", "invalid_json"),
+        succeeded[1]: ("dead_letter", "quality", "category.literal_error"),
+        succeeded[2]: ("dead_letter", "quality", "confidence.less_than_equal"),
+    }
+    assert "weather" in rows[succeeded[1]]["error_message"]
+    validated = platform.metadata(result, "validated_outputs")
+    assert validated["quality_dead_letters"] == 3
+    assert validated["dagster/row_count"] == len(succeeded) - 3
+    uri = platform.storage.uri(f"outputs/support_tickets/{PARTITION}/{job.job_id}.parquet")
+    with platform.storage.local_copy(uri) as path:
+        frame = pd.read_parquet(path)
+    assert len(frame) == len(succeeded) - 3
+    assert set(frame["custom_id"]).isdisjoint(garbage)
+    assert set(frame.columns) >= {"job_id", "custom_id", "source_id", "prompt_version", "model"}
+    assert platform.metadata(result, "dead_letter")["by_class"]["quality"] == 3
