@@ -41,8 +41,8 @@ def list_source_files(uri: str, storage: ArtifactStorage) -> list[str]:
             return [uri] if storage.exists(uri) else []
         bucket, _, key_pattern = uri[len("s3://") :].partition("/")
         prefix = _GLOB.split(key_pattern, maxsplit=1)[0]
-        root = f"s3://{bucket}"
-        candidates = ArtifactStorage(base_url=root).list_uris(prefix.rstrip("/") or ".")
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        candidates = ArtifactStorage(base_url=f"s3://{bucket}").list_uris(folder)
         return sorted(u for u in candidates if fnmatch.fnmatch(u, uri))
     path = Path(uri)
     if path.is_dir():

@@ -321,3 +321,37 @@ def test_results_that_break_the_output_schema_become_quality_dead_letters(
     assert set(frame["custom_id"]).isdisjoint(garbage)
     assert set(frame.columns) >= {"job_id", "custom_id", "source_id", "prompt_version", "model"}
     assert platform.metadata(result, "dead_letter")["by_class"]["quality"] == 3
+
+
+def test_a_day_runs_with_source_and_artifacts_on_s3(
+    tmp_path: Path, moto_s3: Any, database_url: str
+) -> None:
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        platform = Platform(tmp_path / "home", database_url, instance)
+        prefix = f"s3://{moto_s3.bucket}/{tmp_path.name}"
+        client = moto_s3.client()
+        for path in platform.generated.files:
+            client.upload_file(str(path), moto_s3.bucket, f"{tmp_path.name}/inbox/{path.name}")
+        platform.spec = platform.spec.model_copy(
+            update={
+                "source": platform.spec.source.model_copy(
+                    update={"uri": f"{prefix}/inbox/tickets-*.jsonl"}
+                )
+            }
+        )
+        platform.settings = platform.settings.model_copy(
+            update={"storage_url": f"{prefix}/artifacts"}
+        )
+        platform.storage = ArtifactStorage(base_url=f"{prefix}/artifacts")
+
+        result = platform.materialize()
+
+        job = steps.existing_job(platform.spec, DAY, platform.ledger)
+        rows = platform.rows(job.job_id)
+        assert len(rows) == source_lines(platform)
+        assert all(r["status"] in TERMINAL for r in rows)
+        stored = platform.storage.list_uris("")
+        for folder in ("snapshots", "shards", "outputs", "dead_letters", "reports"):
+            assert any(uri.startswith(f"{prefix}/artifacts/{folder}/") for uri in stored), folder
+        assert str(platform.metadata(result, "validated_outputs")["uri"]).startswith("s3://")

@@ -7,47 +7,15 @@ import re
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from llm_assets.resources.storage import ArtifactStorage, WrittenArtifact, validate_key
-from tests.moto_server import start_moto_server
+from tests.conftest import MotoS3
 
 READ_CHUNK = 64
-
-
-@dataclass(frozen=True)
-class MotoS3:
-    endpoint_url: str
-    bucket: str
-
-    def client(self) -> Any:
-        return boto3.client("s3", endpoint_url=self.endpoint_url)
-
-
-@pytest.fixture(scope="session")
-def moto_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
-    endpoint_url, stop = start_moto_server()
-    isolated = tmp_path_factory.mktemp("aws") / "absent"
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-                mp.delenv(name, raising=False)
-            mp.setenv("AWS_CONFIG_FILE", str(isolated))
-            mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(isolated))
-            mp.setenv("AWS_ENDPOINT_URL", endpoint_url)
-            mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-            mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-            mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-            s3 = MotoS3(endpoint_url=endpoint_url, bucket="llm-assets-test")
-            s3.client().create_bucket(Bucket=s3.bucket)
-            yield s3
-    finally:
-        stop()
 
 
 @pytest.fixture(params=["local", "s3"])
