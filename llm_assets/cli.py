@@ -124,10 +124,17 @@ def run_days(
     *,
     wait: bool,
     approve_budget: bool,
+    poll_interval: float = 30.0,
 ) -> list[Any]:
     from llm_assets.runner import PartitionRunner
 
-    runner = PartitionRunner(settings, spec, _instance(settings), approve_budget=approve_budget)
+    runner = PartitionRunner(
+        settings,
+        spec,
+        _instance(settings),
+        approve_budget=approve_budget,
+        poll_interval=poll_interval,
+    )
     outcomes = []
     with _progress() as progress:
         for day in days:
@@ -169,9 +176,22 @@ def _outcome_table(outcomes: list[Any]) -> Table:
 @click.option("--to", "to_", default=None, help="Last date of a range (inclusive).")
 @click.option("--wait", is_flag=True, help="Drive each day until every item is terminal.")
 @click.option("--approve-budget", is_flag=True, help="Submit even above the budget gate.")
+@click.option(
+    "--poll-interval",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="Longest wait between status polls of remote batches with --wait.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def run(
-    pipeline: str, date_: str, to_: str | None, wait: bool, approve_budget: bool, as_json: bool
+    pipeline: str,
+    date_: str,
+    to_: str | None,
+    wait: bool,
+    approve_budget: bool,
+    poll_interval: float,
+    as_json: bool,
 ) -> None:
     """Materialize a pipeline for a day or a range of days through Dagster."""
     from llm_assets.runner import StepFailed, date_range
@@ -194,7 +214,14 @@ def run(
             f"{spec.partitions.start_date} to today in {spec.partitions.timezone}"
         )
     try:
-        outcomes = run_days(settings, spec, days, wait=wait, approve_budget=approve_budget)
+        outcomes = run_days(
+            settings,
+            spec,
+            days,
+            wait=wait,
+            approve_budget=approve_budget,
+            poll_interval=poll_interval,
+        )
     except StepFailed as exc:
         label = "blocked" if exc.gate else "failed"
         err.print(f"[red]{label}[/red]: {escape(str(exc))}", highlight=False, soft_wrap=True)

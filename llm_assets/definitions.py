@@ -4,6 +4,7 @@ import dagster as dg
 
 from llm_assets.factory import build_pipeline_assets
 from llm_assets.resources import build_resources
+from llm_assets.sensors import build_batch_status_sensor
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec, load_specs
 
@@ -14,7 +15,8 @@ def build_definitions(
     """Every pipeline spec under LLM_ASSETS_PIPELINES becomes an asset group."""
     specs = load_specs(settings.pipelines_dir) if specs is None else specs
     assets = [asset for spec in specs for asset in build_pipeline_assets(spec, settings)]
-    return dg.Definitions(assets=assets, resources=build_resources(settings))
+    sensors = [build_batch_status_sensor(spec) for spec in specs]
+    return dg.Definitions(assets=assets, sensors=sensors, resources=build_resources(settings))
 
 
 defs = build_definitions(Settings.from_env())

@@ -10,7 +10,7 @@ import dagster as dg
 from llm_assets import steps
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.providers import provider_resource_key
-from llm_assets.resources.providers.base import BatchProvider
+from llm_assets.resources.providers.base import AmbiguousSubmission, BatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec
@@ -61,6 +61,10 @@ def _run_step(fn: Callable[[], Any]) -> Any:
             description=str(exc),
             metadata={"gate": exc.gate, "reason": exc.reason},
             allow_retries=False,
+        ) from exc
+    except AmbiguousSubmission as exc:
+        raise dg.Failure(
+            description=f"stopped to avoid paying twice: {exc}", allow_retries=False
         ) from exc
     except steps.MissingPrerequisite as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc

@@ -351,7 +351,9 @@ def submit_shards(
         )
     submitted: dict[str, str] = {}
     for shard in to_submit:
-        ledger.update_shard(shard.shard_id, submit_intent_at=utcnow())
+        # The first intent is kept: after a crash, the adapter reconciles from that moment.
+        if shard.submit_intent_at is None:
+            ledger.update_shard(shard.shard_id, submit_intent_at=utcnow())
         batch_id = provider.submit(
             ShardSubmission(
                 shard_id=shard.shard_id,
@@ -359,6 +361,10 @@ def submit_shards(
                 pipeline=spec.name,
                 input_uri=shard.input_uri,
                 item_count=shard.item_count,
+                intent_at=shard.submit_intent_at,
+                known_batch_ids=ledger.recent_provider_batch_ids(
+                    spec.model.provider, utcnow() - dt.timedelta(days=2)
+                ),
             ),
             storage,
         )

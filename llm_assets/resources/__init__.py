@@ -1,17 +1,30 @@
 """The one place that maps the environment to resources."""
 
+import os
 from typing import Any
+
+import dagster as dg
 
 from llm_assets.settings import Settings
 
 
+def _secret(name: str) -> Any:
+    """Keys reach resources only through dg.EnvVar; unset, the SDK reports what is missing."""
+    return dg.EnvVar(name) if os.environ.get(name) else None
+
+
 def build_resources(settings: Settings) -> dict[str, Any]:
     from llm_assets.resources.ledger import LedgerResource
+    from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
     from llm_assets.resources.providers.local import LocalProvider
+    from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
     from llm_assets.resources.storage import ArtifactStorage
 
     return {
         "ledger": LedgerResource(database_url=settings.database_url),
         "storage": ArtifactStorage(base_url=settings.storage_url),
         "local_provider": LocalProvider(state_dir=str(settings.home / "local_provider")),
+        # Base URLs stay unset here so the SDKs read OPENAI_BASE_URL / ANTHROPIC_BASE_URL.
+        "openai_provider": OpenAIBatchProvider(api_key=_secret("OPENAI_API_KEY")),
+        "anthropic_provider": AnthropicBatchProvider(api_key=_secret("ANTHROPIC_API_KEY")),
     }

@@ -789,3 +789,30 @@ class LedgerResource(dg.ConfigurableResource):
         ]
         with self.engine.connect() as conn:
             return [dict(zip(names, row, strict=True)) for row in conn.execute(query)]
+
+    def pipeline_shards(
+        self, pipeline: str, statuses: Iterable[str]
+    ) -> list[tuple[ShardRecord, dt.date]]:
+        """Shards of a pipeline in some states with their partition date, least recently
+        touched first, so a poller cut short by its deadline continues where it stopped."""
+        query = (
+            sa.select(shard_table, job_table.c.partition_date)
+            .join(job_table, job_table.c.job_id == shard_table.c.job_id)
+            .where(job_table.c.pipeline == pipeline, shard_table.c.status.in_(list(statuses)))
+            .order_by(shard_table.c.updated_at, shard_table.c.shard_id)
+        )
+        with self.engine.connect() as conn:
+            return [
+                (ShardRecord.model_validate(row._mapping), row.partition_date)
+                for row in conn.execute(query)
+            ]
+
+    def recent_provider_batch_ids(self, provider: str, since: dt.datetime) -> frozenset[str]:
+        """Provider batch ids recorded for shards submitted since `since`."""
+        query = sa.select(shard_table.c.provider_batch_id).where(
+            shard_table.c.provider == provider,
+            shard_table.c.provider_batch_id.is_not(None),
+            shard_table.c.submitted_at >= since,
+        )
+        with self.engine.connect() as conn:
+            return frozenset(conn.execute(query).scalars())

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from llm_assets.spec import PipelineSpec
 
-IMPLEMENTED = ("local",)
+IMPLEMENTED = ("local", "openai", "anthropic")
 
 
 def provider_resource_key(provider: str) -> str:
@@ -19,12 +19,18 @@ def provider_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
         from llm_assets.resources.providers.local import local_spec_problems
 
         return local_spec_problems(spec)
-    if provider not in IMPLEMENTED:
-        return [
-            (
-                "model.provider",
-                f"provider {provider!r} is not available in this version yet; "
-                f"implemented: {', '.join(IMPLEMENTED)}",
-            )
-        ]
-    return []
+    if provider == "openai":
+        from llm_assets.resources.providers.openai_batch import openai_spec_problems
+
+        return openai_spec_problems(spec)
+    if provider == "anthropic":
+        from llm_assets.resources.providers.anthropic_batch import anthropic_spec_problems
+
+        return anthropic_spec_problems(spec)
+    return [
+        (
+            "model.provider",
+            f"provider {provider!r} is not available in this version yet; "
+            f"implemented: {', '.join(IMPLEMENTED)}",
+        )
+    ]

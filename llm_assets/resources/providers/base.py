@@ -4,6 +4,7 @@ Adapters translate between the ledger's world (shards of requests keyed by custo
 provider's batch API; nothing outside `resources/providers/` talks to a provider SDK.
 """
 
+import datetime as dt
 from collections.abc import Iterator
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
@@ -47,6 +48,13 @@ class RequestItem(BaseModel):
 
 
 class ShardSubmission(BaseModel):
+    """What a provider needs to submit a shard.
+
+    `intent_at` is set when an earlier attempt recorded its intent to submit but not a
+    provider batch id: that attempt may have created a batch before it crashed, so the
+    adapter must look for it before creating another.
+    """
+
     model_config = ConfigDict(frozen=True)
 
     shard_id: str
@@ -54,6 +62,13 @@ class ShardSubmission(BaseModel):
     pipeline: str
     input_uri: str
     item_count: int
+    intent_at: dt.datetime | None = None
+    known_batch_ids: frozenset[str] = frozenset()
+    """Provider batches the ledger already gave to other shards: never this shard's."""
+
+
+class AmbiguousSubmission(Exception):
+    """More than one provider batch could belong to a shard; an operator must decide."""
 
 
 class BatchStatus(BaseModel):

@@ -1,0 +1,255 @@
+"""Anthropic Message Batches through the official SDK.
+
+Requests go inline (`requests[{custom_id, params}]`). Batches carry no metadata, so after a
+crash between create and record the adapter looks for batches created since the recorded
+intent with the shard's request count; more than one candidate stops the run for an
+operator instead of guessing (and never creates another).
+"""
+
+import datetime as dt
+import json
+import re
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+from pydantic import PrivateAttr
+
+from llm_assets.resources.providers.base import (
+    AmbiguousSubmission,
+    BatchProvider,
+    BatchStatus,
+    ItemResult,
+    RequestItem,
+    ShardState,
+    ShardSubmission,
+)
+from llm_assets.resources.providers.retrying import call_with_retries, create_once
+
+if TYPE_CHECKING:
+    from llm_assets.resources.storage import ArtifactStorage
+    from llm_assets.spec import PipelineSpec
+
+MAX_REQUESTS = 100_000
+MAX_BYTES = 256 * 1024 * 1024
+CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_TRANSIENT_ERRORS = {"api_error", "overloaded_error", "rate_limit_error", "timeout_error"}
+
+
+def anthropic_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    unknown = set(spec.model.options) - {"top_p", "top_k", "stop_sequences"}
+    if unknown:
+        problems.append(("model.options", f"unknown option(s) for anthropic: {sorted(unknown)}"))
+    if spec.sharding.max_requests_per_shard > MAX_REQUESTS:
+        problems.append(
+            ("sharding.max_requests_per_shard", f"Anthropic takes at most {MAX_REQUESTS}")
+        )
+    if spec.sharding.max_bytes_per_shard > MAX_BYTES:
+        problems.append(("sharding.max_bytes_per_shard", f"Anthropic takes at most {MAX_BYTES}"))
+    for name, field in spec.output.output_schema.items():
+        if field.type == "list[float]":
+            problems.append((f"output.schema.{name}", "Anthropic produces no embeddings"))
+    return problems
+
+
+def _aware(moment: dt.datetime) -> dt.datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def normalize_result(entry: Any) -> ItemResult:
+    """One `results()` entry (SDK model) → ItemResult."""
+    result = entry.result
+    kind = result.type
+    if kind == "succeeded":
+        message = result.message
+        text = "".join(getattr(block, "text", "") for block in message.content)
+        stop = message.stop_reason
+        return ItemResult(
+            custom_id=entry.custom_id,
+            succeeded=True,
+            status_code=200,
+            output_text=text,
+            finish_reason="length" if stop == "max_tokens" else "stop",
+            input_tokens=message.usage.input_tokens,
+            output_tokens=message.usage.output_tokens,
+        )
+    if kind == "errored":
+        inner = getattr(result.error, "error", None)
+        error_type = getattr(inner, "type", None) or "api_error"
+        return ItemResult(
+            custom_id=entry.custom_id,
+            succeeded=False,
+            error_class="transient" if error_type in _TRANSIENT_ERRORS else "deterministic",
+            error_code=error_type,
+            error_message=getattr(inner, "message", None) or error_type,
+        )
+    if kind == "expired":
+        return ItemResult(
+            custom_id=entry.custom_id,
+            succeeded=False,
+            error_class="expired",
+            error_code="expired",
+            error_message="the batch ended before this request was processed",
+        )
+    return ItemResult(
+        custom_id=entry.custom_id,
+        succeeded=False,
+        error_class="transient",
+        error_code=str(kind),
+        error_message=f"request {kind}",
+    )
+
+
+class AnthropicBatchProvider(BatchProvider):
+    """Message Batches; control-plane calls retried here, not inside the SDK."""
+
+    api_key: str | None = pydantic.Field(
+        default=None, description="Defaults to ANTHROPIC_API_KEY, read by the SDK."
+    )
+    base_url: str | None = pydantic.Field(
+        default=None, description="Defaults to ANTHROPIC_BASE_URL, read by the SDK."
+    )
+    timeout_seconds: float = 60.0
+    max_attempts: int = pydantic.Field(default=6, ge=1)
+    retry_base_seconds: float = 1.0
+    retry_cap_seconds: float = 60.0
+    max_retry_after_seconds: float = 120.0
+    reconcile_page_limit: int = 50
+
+    _client: Any = PrivateAttr(default=None)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import anthropic
+
+            self._client = anthropic.Anthropic(
+                api_key=self.api_key,
+                base_url=self.base_url,
+                timeout=self.timeout_seconds,
+                max_retries=0,
+            )
+        return self._client
+
+    def _call(self, describe: str, fn: Callable[[], Any]) -> Any:
+        return call_with_retries(
+            fn,
+            attempts=self.max_attempts,
+            base_seconds=self.retry_base_seconds,
+            cap_seconds=self.retry_cap_seconds,
+            max_retry_after_seconds=self.max_retry_after_seconds,
+            describe=f"anthropic {describe}",
+        )
+
+    def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
+        return anthropic_spec_problems(spec)
+
+    def request_line(self, spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
+        if not CUSTOM_ID.match(item.custom_id):
+            raise ValueError(f"custom_id {item.custom_id!r} is not valid for Anthropic")
+        params: dict[str, Any] = {
+            "model": spec.model.name,
+            "max_tokens": spec.model.max_output_tokens,
+            "temperature": spec.model.temperature,
+            "messages": [{"role": "user", "content": item.user}],
+        }
+        if item.system:
+            params["system"] = item.system
+        for option in ("top_p", "top_k", "stop_sequences"):
+            if option in spec.model.options:
+                params[option] = spec.model.options[option]
+        return {"custom_id": item.custom_id, "params": params}
+
+    def find_existing(self, shard: ShardSubmission) -> str | None:
+        """A batch created since the intent with this shard's request count, if exactly one."""
+        assert shard.intent_at is not None
+        since = _aware(shard.intent_at) - dt.timedelta(seconds=5)
+        candidates: list[str] = []
+        after: str | None = None
+        for _ in range(self.reconcile_page_limit):
+            kwargs: dict[str, Any] = {"limit": 100}
+            if after:
+                kwargs["after_id"] = after
+            page = self._call(
+                "list batches", lambda kw=kwargs: self.client.messages.batches.list(**kw)
+            )
+            batches = list(page.data)
+            for batch in batches:
+                counts = batch.request_counts
+                total = (
+                    counts.processing
+                    + counts.succeeded
+                    + counts.errored
+                    + counts.canceled
+                    + counts.expired
+                )
+                if (
+                    _aware(batch.created_at) >= since
+                    and total == shard.item_count
+                    and batch.id not in shard.known_batch_ids
+                ):
+                    candidates.append(batch.id)
+            if (
+                not batches
+                or not page.has_more
+                or all(_aware(b.created_at) < since for b in batches)
+            ):
+                break
+            after = batches[-1].id
+        if len(candidates) > 1:
+            raise AmbiguousSubmission(
+                f"shard {shard.shard_id}: {len(candidates)} Anthropic batches created since the "
+                f"submission intent at {shard.intent_at} have {shard.item_count} requests "
+                f"({candidates}); nothing was submitted. Cancel the batches that are not this "
+                "shard's, then run again"
+            )
+        return candidates[0] if candidates else None
+
+    def submit(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
+        if shard.intent_at is not None:
+            existing = self.find_existing(shard)
+            if existing is not None:
+                return existing
+        requests = [json.loads(line) for line in storage.open_lines(shard.input_uri)]
+        attempt_at = dt.datetime.now(dt.UTC)
+        batch_id = create_once(
+            lambda: str(self.client.messages.batches.create(requests=requests).id),
+            lambda: self.find_existing(shard.model_copy(update={"intent_at": attempt_at})),
+            attempts=self.max_attempts,
+            base_seconds=self.retry_base_seconds,
+            cap_seconds=self.retry_cap_seconds,
+            max_retry_after_seconds=self.max_retry_after_seconds,
+        )
+        return batch_id
+
+    def _status(self, batch: Any) -> BatchStatus:
+        counts = batch.request_counts
+        done = counts.succeeded + counts.errored + counts.canceled + counts.expired
+        ended = batch.processing_status == "ended"
+        state = ShardState.COMPLETED if ended else ShardState.RUNNING
+        return BatchStatus(
+            provider_batch_id=batch.id,
+            state=state,
+            raw_status=batch.processing_status,
+            total=done + counts.processing,
+            completed=counts.succeeded,
+            failed=counts.errored + counts.canceled + counts.expired,
+        )
+
+    def poll(self, provider_batch_id: str) -> BatchStatus:
+        batch = self._call(
+            "retrieve", lambda: self.client.messages.batches.retrieve(provider_batch_id)
+        )
+        return self._status(batch)
+
+    def cancel(self, provider_batch_id: str) -> BatchStatus:
+        batch = self._call("cancel", lambda: self.client.messages.batches.cancel(provider_batch_id))
+        return self._status(batch)
+
+    def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
+        stream = self._call(
+            "results", lambda: self.client.messages.batches.results(provider_batch_id)
+        )
+        for entry in stream:
+            yield normalize_result(entry)

@@ -1,0 +1,132 @@
+"""Control-plane retries for provider SDK calls: backoff with jitter, honouring Retry-After.
+
+The SDKs' own retries are switched off (`max_retries=0`) where this wraps them, so a call is
+never retried by two layers at once.
+"""
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import tenacity
+
+T = TypeVar("T")
+
+RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+
+
+def status_of(exc: BaseException) -> int | None:
+    return getattr(exc, "status_code", None)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Connection errors, timeouts, 429 and 5xx from either SDK."""
+    name = type(exc).__name__
+    if name in ("APIConnectionError", "APITimeoutError"):
+        return True
+    status = status_of(exc)
+    return status is not None and status in RETRYABLE_STATUS
+
+
+def retry_after_seconds(exc: BaseException) -> float | None:
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    for name in ("retry-after-ms", "retry-after"):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value)
+        except ValueError:
+            return None
+        return seconds / 1000 if name == "retry-after-ms" else seconds
+    return None
+
+
+def backoff_delay(
+    exc: BaseException | None, attempt: int, base: float, cap: float, max_retry_after: float
+) -> float:
+    """The server's Retry-After when it gives one, else exponential backoff, full jitter."""
+    hinted = retry_after_seconds(exc) if exc is not None else None
+    if hinted is not None:
+        return min(max(hinted, 0.0), max_retry_after)
+    return random.uniform(0, min(cap, base * 2 ** (attempt - 1)))
+
+
+def create_once(
+    create: Callable[[], T],
+    find_existing: Callable[[], T | None],
+    *,
+    attempts: int,
+    base_seconds: float,
+    cap_seconds: float,
+    max_retry_after_seconds: float = 120.0,
+) -> T:
+    """Create a paid resource at most once.
+
+    A create whose answer was lost (reset, timeout, 5xx) may still have happened, so before
+    trying again we look for what it would have created; only a 429, which the provider
+    answers before doing anything, is retried blindly.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return create()
+        except Exception as exc:
+            if not is_transient(exc) or attempt == attempts:
+                raise
+            if status_of(exc) != 429:
+                found = find_existing()
+                if found is not None:
+                    return found
+            time.sleep(
+                backoff_delay(exc, attempt, base_seconds, cap_seconds, max_retry_after_seconds)
+            )
+    raise AssertionError("unreachable")
+
+
+class _Wait(tenacity.wait.wait_base):
+    """Exponential backoff with full jitter, or the server's Retry-After when it gives one."""
+
+    def __init__(self, base: float, cap: float, max_retry_after: float) -> None:
+        self.base = base
+        self.cap = cap
+        self.max_retry_after = max_retry_after
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        return backoff_delay(
+            exc, retry_state.attempt_number, self.base, self.cap, self.max_retry_after
+        )
+
+
+def call_with_retries(
+    fn: Callable[[], T],
+    *,
+    attempts: int,
+    base_seconds: float,
+    cap_seconds: float,
+    max_retry_after_seconds: float = 120.0,
+    describe: str = "provider call",
+    log: Callable[[str], Any] | None = None,
+) -> T:
+    """Run `fn`, retrying transient failures; the last error is re-raised unchanged."""
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        if log is not None and state.outcome is not None:
+            log(
+                f"{describe}: {type(state.outcome.exception()).__name__} on attempt "
+                f"{state.attempt_number}; retrying"
+            )
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=_Wait(base_seconds, cap_seconds, max_retry_after_seconds),
+        retry=tenacity.retry_if_exception(is_transient),
+        reraise=True,
+        before_sleep=before_sleep,
+    )
+    return retrying(fn)

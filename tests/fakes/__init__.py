@@ -1,0 +1,1 @@
+"""Protocol-faithful fake provider servers for the tests: real HTTP on loopback."""

@@ -1,0 +1,153 @@
+"""A review-labelling pipeline for provider tests: data, spec and a Dagster-driven runner."""
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+
+from llm_assets import steps
+from llm_assets.factory import asset_key, build_pipeline_assets
+from llm_assets.resources.ledger import LedgerResource, result_table
+from llm_assets.resources.providers import provider_resource_key
+from llm_assets.resources.providers.base import BatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.runner import DayOutcome, PartitionRunner
+from llm_assets.settings import Settings
+from llm_assets.spec import PipelineSpec
+
+DAY = dt.date(2026, 11, 2)
+POSITIVE = ("good", "great", "love", "excellent")
+_OPENERS = [
+    "The blender is {w} and the motor is quiet.",
+    "Delivery was slow but the kettle itself is {w}.",
+    "I think the headphones are {w} for the price.",
+    "Setup took an hour; overall the router is {w}.",
+    "My kids say the tablet case is {w}.",
+]
+_WORDS = ["good", "terrible", "great", "awful", "excellent", "disappointing", "love-worthy", "bad"]
+
+
+def write_reviews(home: Path, day: dt.date, count: int) -> dict[str, str]:
+    """`count` reviews for `day` under home/reviews; returns review_id -> true label."""
+    folder = home / "reviews"
+    folder.mkdir(parents=True, exist_ok=True)
+    truth: dict[str, str] = {}
+    lines = []
+    for n in range(count):
+        word = _WORDS[n % len(_WORDS)]
+        text = _OPENERS[n % len(_OPENERS)].format(w=word) + f" Order {1000 + n} arrived."
+        review_id = f"R-{day:%Y%m%d}-{n:04d}"
+        truth[review_id] = "positive" if any(p in text.lower() for p in POSITIVE) else "negative"
+        stamp = dt.datetime.combine(day, dt.time(8, 0)) + dt.timedelta(minutes=n)
+        lines.append(
+            json.dumps(
+                {"review_id": review_id, "created_at": stamp.isoformat() + "Z", "text": text}
+            )
+        )
+    (folder / f"reviews-{day.isoformat()}.jsonl").write_text("\n".join(lines) + "\n")
+    return truth
+
+
+def review_spec(provider: str, model: str, **overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": f"reviews_{provider}",
+        "source": {
+            "kind": "jsonl",
+            "uri": "reviews/*.jsonl",
+            "id_field": "review_id",
+            "date_field": "created_at",
+            "fields": ["text"],
+        },
+        "prompt": {
+            "version": "v1",
+            "system": "Label the review as positive or negative. Return JSON.",
+            "template": "{text}",
+        },
+        "model": {"provider": provider, "name": model, "max_output_tokens": 100},
+        "output": {
+            "format": "json",
+            "schema": {
+                "label": {"type": "str", "isin": ["positive", "negative"]},
+                "summary": {"type": "str", "min_length": 1, "max_length": 200},
+            },
+        },
+        "retry": {"max_attempts": 3},
+        "sharding": {"max_requests_per_shard": 10},
+        "partitions": {"start_date": "2026-11-01", "timezone": "UTC"},
+    }
+    for key, value in overrides.items():
+        spec[key] = {**spec[key], **value} if isinstance(value, dict) else value
+    return spec
+
+
+class Harness:
+    """The pipeline on a real Dagster instance, driven day by day like `run --wait`."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        database_url: str,
+        instance: dg.DagsterInstance,
+        spec: dict[str, Any],
+        provider: BatchProvider,
+        reviews: int = 24,
+    ) -> None:
+        self.home = tmp_path / "home"
+        self.settings = Settings(
+            home=self.home,
+            database_url=database_url,
+            pipelines_dir=tmp_path / "specs",
+            storage_url=str(self.home / "artifacts"),
+            dagster_home=tmp_path / "dagster",
+        )
+        self.spec = PipelineSpec.model_validate(spec)
+        self.instance = instance
+        self.ledger = LedgerResource(database_url=database_url)
+        self.storage = ArtifactStorage(base_url=self.settings.storage_url)
+        self.provider = provider
+        self.truth = write_reviews(self.home, DAY, reviews)
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        return {
+            "ledger": self.ledger,
+            "storage": self.storage,
+            provider_resource_key(self.spec.model.provider): self.provider,
+        }
+
+    def runner(self) -> PartitionRunner:
+        return PartitionRunner(
+            self.settings, self.spec, self.instance, resources=self.resources, poll_interval=0.0
+        )
+
+    def run_day(self) -> DayOutcome:
+        return self.runner().run_day(DAY, wait=True)
+
+    def materialize(self, *step_names: str) -> dg.ExecuteInProcessResult:
+        return dg.materialize(
+            build_pipeline_assets(self.spec, self.settings),
+            instance=self.instance,
+            resources=self.resources,
+            partition_key=DAY.isoformat(),
+            selection=[asset_key(self.spec, s) for s in step_names],
+            raise_on_error=False,
+        )
+
+    def job_id(self) -> str:
+        return steps.existing_job(self.spec, DAY, self.ledger).job_id
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        with self.ledger.engine.connect() as conn:
+            query = sa.select(result_table).where(result_table.c.job_id == self.job_id())
+            return {r.custom_id: dict(r._mapping) for r in conn.execute(query)}
+
+    def labels(self) -> dict[str, str]:
+        """source_id -> label of every succeeded item."""
+        return {
+            r["source_id"]: json.loads(r["result_json"])["label"]
+            for r in self.rows().values()
+            if r["status"] == "succeeded"
+        }
