@@ -51,7 +51,7 @@ def write_reviews(home: Path, day: dt.date, count: int) -> dict[str, str]:
     return truth
 
 
-def review_spec(provider: str, model: str, **overrides: Any) -> dict[str, Any]:
+def review_spec(provider: str, model_name: str, **overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": f"reviews_{provider}",
         "source": {
@@ -66,7 +66,7 @@ def review_spec(provider: str, model: str, **overrides: Any) -> dict[str, Any]:
             "system": "Label the review as positive or negative. Return JSON.",
             "template": "{text}",
         },
-        "model": {"provider": provider, "name": model, "max_output_tokens": 100},
+        "model": {"provider": provider, "name": model_name, "max_output_tokens": 100},
         "output": {
             "format": "json",
             "schema": {

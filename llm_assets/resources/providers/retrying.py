@@ -64,6 +64,7 @@ def create_once(
     base_seconds: float,
     cap_seconds: float,
     max_retry_after_seconds: float = 120.0,
+    reconcile_looks: int = 3,
 ) -> T:
     """Create a paid resource at most once.
 
@@ -78,9 +79,13 @@ def create_once(
             if not is_transient(exc) or attempt == attempts:
                 raise
             if status_of(exc) != 429:
-                found = find_existing()
-                if found is not None:
-                    return found
+                # A create that timed out may still land a moment later: look a few times,
+                # further apart each time, before daring another create.
+                for look in range(reconcile_looks):
+                    found = find_existing()
+                    if found is not None:
+                        return found
+                    time.sleep(min(cap_seconds, base_seconds * 2**look))
             time.sleep(
                 backoff_delay(exc, attempt, base_seconds, cap_seconds, max_retry_after_seconds)
             )

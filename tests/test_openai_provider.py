@@ -1,0 +1,310 @@
+"""The openai adapter through the official SDK against the fake Files + Batches server."""
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from llm_assets import steps
+from llm_assets.resources.ledger import TERMINAL, utcnow
+from llm_assets.resources.providers.base import ShardState, ShardSubmission
+from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
+from tests.fakes.common import ControlFault
+from tests.fakes.openai_server import FakeOpenAI, user_text
+from tests.harness import POSITIVE, Harness, review_spec
+
+
+def truthful(body: dict[str, Any]) -> str:
+    """Answers like a good model: the label the review's words imply."""
+    text = user_text(body)
+    label = "positive" if any(word in text.lower() for word in POSITIVE) else "negative"
+    return json.dumps({"label": label, "summary": text.split(".")[0][:200]})
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(tmp_path / "fake_openai") as server:
+        server.responder = truthful
+        yield server
+        assert server.server_errors == []
+
+
+def provider_for(fake: FakeOpenAI) -> OpenAIBatchProvider:
+    return OpenAIBatchProvider(
+        api_key="test-key",
+        base_url=fake.base_url,
+        timeout_seconds=5.0,
+        retry_base_seconds=0.01,
+        retry_cap_seconds=0.05,
+        max_retry_after_seconds=0.05,
+    )
+
+
+def make_harness(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI, **overrides: Any
+) -> Iterator[Harness]:
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        yield Harness(
+            tmp_path,
+            database_url,
+            instance,
+            review_spec("openai", "gpt-4o-mini", **overrides),
+            provider_for(fake),
+        )
+
+
+@pytest.fixture
+def harness(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> Iterator[Harness]:
+    yield from make_harness(tmp_path, database_url, fake)
+
+
+def first_time(faults: dict[int, str]) -> Any:
+    seen: set[str] = set()
+
+    def fault(custom_id: str, body: dict[str, Any]) -> str | None:
+        text = user_text(body)
+        for n, kind in faults.items():
+            if f"Order {1000 + n} " in text and custom_id not in seen:
+                seen.add(custom_id)
+                return kind
+        return None
+
+    return fault
+
+
+def test_a_day_completes_with_line_faults_retrying_only_what_failed(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    transient = first_time({1: "5xx", 2: "missing", 3: "expire", 4: "duplicate"})
+
+    def fault(custom_id: str, body: dict[str, Any]) -> str | None:
+        return "4xx" if "Order 1005 " in user_text(body) else transient(custom_id, body)
+
+    fake.line_fault = fault
+
+    outcome = harness.run_day()
+
+    assert outcome.open_items == 0
+    rows = harness.rows()
+    assert len(rows) == len(harness.truth)
+    assert all(r["status"] in TERMINAL for r in rows.values())
+    by_source = {r["source_id"]: r for r in rows.values()}
+    rejected = by_source["R-20261102-0005"]
+    assert (rejected["status"], rejected["error_class"], rejected["attempts"]) == (
+        "dead_letter",
+        "deterministic",
+        1,
+    )
+    labels = harness.labels()
+    assert len(labels) == len(harness.truth) - 1
+    assert all(labels[s] == harness.truth[s] for s in labels)
+    retried = {f"R-20261102-{n:04d}" for n in (1, 2, 3)}
+    assert {s for s, r in by_source.items() if r["attempts"] == 2} == retried
+    submitted = Counter(fake.submitted_custom_ids())
+    for custom_id, row in rows.items():
+        assert submitted[custom_id] == (2 if row["source_id"] in retried else 1)
+    succeeded = [r for r in rows.values() if r["status"] == "succeeded"]
+    assert all(r["input_tokens"] > 0 and r["output_tokens"] > 0 for r in succeeded)
+    assert all(r["cost_usd"] > 0 for r in succeeded)
+
+
+def test_batches_carry_metadata_and_a_null_error_file_is_fine(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    fake.error_file_when_clean = "null"
+
+    outcome = harness.run_day()
+
+    assert outcome.succeeded == len(harness.truth)
+    shards = harness.ledger.shards(harness.job_id())
+    for shard in shards:
+        batch = fake.batch(shard.provider_batch_id)
+        assert batch is not None
+        assert batch["metadata"] == {
+            "job_id": harness.job_id(),
+            "shard_id": shard.shard_id,
+            "pipeline": harness.spec.name,
+        }
+        assert batch["error_file_id"] is None
+
+
+def test_an_all_failed_batch_with_a_null_output_file_dead_letters_its_lines(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    fake.null_output_file = True
+    fake.line_fault = lambda custom_id, body: "4xx"
+
+    outcome = harness.run_day()
+
+    assert outcome.open_items == 0
+    assert outcome.dead_letters == len(harness.truth)
+    assert outcome.dead_letters_by_class == {"deterministic": len(harness.truth)}
+    assert all(
+        fake.batch(s.provider_batch_id)["output_file_id"] is None
+        for s in harness.ledger.shards(harness.job_id())
+    )
+
+
+def test_a_failed_validation_reports_line_numbers(harness: Harness, fake: FakeOpenAI) -> None:
+    lines = [
+        {
+            "custom_id": "a",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]},
+        },
+        {
+            "custom_id": "a",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "y"}]},
+        },
+        {
+            "custom_id": "b",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "gpt-4o-mini", "input": "z"},
+        },
+    ]
+    written = harness.storage.write_lines(
+        "bad.jsonl", (json.dumps(line).encode() for line in lines)
+    )
+    batch_id = harness.provider.submit(
+        ShardSubmission(
+            shard_id="bad", job_id="j", pipeline="p", input_uri=written.uri, item_count=3
+        ),
+        harness.storage,
+    )
+
+    status = harness.provider.poll(batch_id)
+    while not status.ended:
+        status = harness.provider.poll(batch_id)
+
+    assert status.state == ShardState.FAILED
+    assert "line 2: duplicate_custom_id" in (status.message or "")
+    assert "line 3: invalid_url" in (status.message or "")
+    assert list(harness.provider.results(batch_id)) == []
+
+
+def test_control_plane_429_and_5xx_are_retried_without_a_second_batch(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    fake.faults.add(ControlFault("POST", "/v1/files", status=500, times=1))
+    fake.faults.add(ControlFault("POST", "/v1/batches", status=429, times=2, retry_after=0))
+    fake.faults.add(ControlFault("GET", "/v1/batches/", status=503, times=2))
+    fake.faults.add(ControlFault("GET", "/v1/files/", reset_connection=True, times=1))
+
+    outcome = harness.run_day()
+
+    assert outcome.succeeded == len(harness.truth)
+    shards = harness.ledger.shards(harness.job_id())
+    creates = [
+        c for c in fake.calls.entries() if c["method"] == "POST" and c["path"] == "/v1/batches"
+    ]
+    assert [c["status"] for c in creates].count(429) == 2
+    assert len([c for c in creates if c["status"] == 200]) == len(shards)
+    assert Counter(fake.submitted_custom_ids()) == Counter({cid: 1 for cid in harness.rows()})
+
+
+def test_a_crash_between_create_and_record_is_reconciled_by_metadata(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    assert harness.materialize("input_snapshot", "request_shards").success
+    job_id = harness.job_id()
+    first = harness.ledger.shards(job_id)[0]
+    harness.ledger.update_shard(first.shard_id, submit_intent_at=utcnow())
+    created = harness.provider.submit(
+        ShardSubmission(
+            shard_id=first.shard_id,
+            job_id=job_id,
+            pipeline=harness.spec.name,
+            input_uri=first.input_uri,
+            item_count=first.item_count,
+        ),
+        harness.storage,
+    )
+
+    outcome = harness.run_day()
+
+    assert outcome.succeeded == len(harness.truth)
+    assert harness.ledger.get_shard(first.shard_id).provider_batch_id == created
+    assert Counter(fake.submitted_custom_ids()) == Counter({cid: 1 for cid in harness.rows()})
+
+
+def test_a_lost_create_response_does_not_create_a_second_batch(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    # The create is answered only after the client gave up; it still happens on the server.
+    fake.faults.add(ControlFault("POST", "/v1/batches", status=200, delay_seconds=3.0, times=1))
+    harness.provider = harness.provider.model_copy(
+        update={"timeout_seconds": 2.0, "retry_base_seconds": 1.0, "retry_cap_seconds": 4.0}
+    )
+
+    outcome = harness.run_day()
+
+    assert outcome.succeeded == len(harness.truth)
+    assert Counter(fake.submitted_custom_ids()) == Counter({cid: 1 for cid in harness.rows()})
+
+
+def test_a_server_restart_mid_batch_loses_nothing(harness: Harness, fake: FakeOpenAI) -> None:
+    fake.polls_per_state = 2
+    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+    job_id = harness.job_id()
+    steps.poll_shards(harness.ledger, harness.provider, harness.ledger.shards(job_id))
+    fake.restart()
+
+    outcome = harness.run_day()
+
+    assert outcome.succeeded == len(harness.truth)
+    assert Counter(fake.submitted_custom_ids()) == Counter({cid: 1 for cid in harness.rows()})
+
+
+def test_an_expired_batch_resubmits_only_its_expired_lines(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    expired: list[str] = []
+
+    def outcome_of(batch: dict[str, Any]) -> str:
+        if not expired:
+            expired.append(batch["id"])
+            return "expired"
+        return "completed"
+
+    fake.batch_outcome = outcome_of
+    fake.line_fault = first_time({0: "expire", 1: "expire"})
+
+    outcome = harness.run_day()
+
+    assert outcome.succeeded == len(harness.truth)
+    rows = {r["source_id"]: r for r in harness.rows().values()}
+    assert rows["R-20261102-0000"]["attempts"] == 2
+    assert rows["R-20261102-0001"]["attempts"] == 2
+    submitted = Counter(fake.submitted_custom_ids())
+    assert sorted(submitted.values()).count(2) == 2
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/responses", "/v1/embeddings"])
+def test_the_responses_and_embeddings_endpoints(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI, endpoint: str
+) -> None:
+    overrides: dict[str, Any] = {"model": {"options": {"endpoint": endpoint}}}
+    if endpoint == "/v1/embeddings":
+        overrides["output"] = {"schema": {"embedding": {"type": "list[float]"}}}
+    fake.responder = None if endpoint == "/v1/embeddings" else truthful
+    for harness in make_harness(tmp_path, database_url, fake, **overrides):
+        outcome = harness.run_day()
+
+        assert outcome.succeeded == len(harness.truth)
+        result = harness.materialize("validated_outputs")
+        assert result.success
+        rows = harness.rows()
+        first = json.loads(next(iter(rows.values()))["result_json"])
+        if endpoint == "/v1/embeddings":
+            assert len(first["embedding"]) > 0
+        else:
+            assert harness.labels() == harness.truth

@@ -1,0 +1,113 @@
+"""The batch-status sensor: cheap polls, progress observations, one import run per batch set."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from llm_assets import sensors
+from llm_assets.factory import asset_key, build_pipeline_assets
+from llm_assets.sensors import IMPORT_STEPS, build_batch_status_sensor
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.harness import DAY, Harness, review_spec
+from tests.test_anthropic_provider import first_time, provider_for
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeAnthropic]:
+    with FakeAnthropic(tmp_path / "fake_anthropic") as server:
+        yield server
+
+
+@pytest.fixture
+def harness(tmp_path: Path, database_url: str, fake: FakeAnthropic) -> Iterator[Harness]:
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        yield Harness(
+            tmp_path,
+            database_url,
+            instance,
+            review_spec("anthropic", "claude-haiku-4-5"),
+            provider_for(fake),
+        )
+
+
+def tick(harness: Harness) -> dg.SensorResult:
+    sensor = build_batch_status_sensor(harness.spec)
+    defs = dg.Definitions(
+        assets=build_pipeline_assets(harness.spec, harness.settings),
+        sensors=[sensor],
+        resources=harness.resources,
+    )
+    context = dg.build_sensor_context(
+        instance=harness.instance,
+        resources=harness.resources,
+        definitions=defs,
+        sensor_name=sensor.name,
+    )
+    data = sensor.evaluate_tick(context)
+    return dg.SensorResult(run_requests=data.run_requests, asset_events=data.asset_events)
+
+
+def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
+    harness: Harness, fake: FakeAnthropic
+) -> None:
+    fake.polls_per_state = 2
+    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+    shards = harness.ledger.shards(harness.job_id())
+
+    first = tick(harness)
+
+    assert first.run_requests == []
+    assert len(first.asset_events) == len(shards) == 3
+    for event in first.asset_events:
+        assert isinstance(event, dg.AssetObservation)
+        assert event.asset_key == asset_key(harness.spec, "provider_batches")
+        assert event.partition == DAY.isoformat()
+        assert event.metadata["status"].value == "running"
+
+    while not (result := tick(harness)).run_requests:
+        pass
+
+    [request] = result.run_requests
+    assert request.partition_key == DAY.isoformat()
+    assert request.run_key == ",".join(sorted(s.provider_batch_id for s in shards))
+    assert set(request.asset_selection) == {asset_key(harness.spec, s) for s in IMPORT_STEPS}
+    ended = {
+        e.metadata["shard_id"].value: e.metadata["completed_requests"].value
+        for e in result.asset_events
+    }
+    assert ended == {s.shard_id: s.item_count for s in shards}
+    retrieves = [c for c in fake.calls.entries() if c["method"] == "GET"]
+    assert all("/results" not in c["path"] for c in retrieves)
+
+
+def test_sensor_requests_submission_of_planned_retry_shards(
+    harness: Harness, fake: FakeAnthropic
+) -> None:
+    fake.polls_per_state = 0
+    fake.item_fault = first_time({2: "api_error"})
+    assert harness.materialize(
+        "input_snapshot", "request_shards", "provider_batches", "batch_results"
+    ).success
+    [retry] = harness.ledger.shards(harness.job_id(), ["created"])
+
+    result = tick(harness)
+
+    [request] = result.run_requests
+    assert request.run_key == f"submit:{retry.shard_id}"
+    assert request.asset_selection == [asset_key(harness.spec, "provider_batches")]
+
+
+def test_sensor_stops_polling_at_its_deadline_and_resumes_next_tick(
+    harness: Harness, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.polls_per_state = 5
+    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+    monkeypatch.setattr(sensors, "POLL_DEADLINE_SECONDS", -1.0)
+
+    assert tick(harness).asset_events == []
+
+    monkeypatch.setattr(sensors, "POLL_DEADLINE_SECONDS", 30.0)
+    assert len(tick(harness).asset_events) == 3
