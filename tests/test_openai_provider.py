@@ -241,8 +241,12 @@ def test_a_lost_create_response_does_not_create_a_second_batch(
 ) -> None:
     # The create is answered only after the client gave up; it still happens on the server.
     fake.faults.add(ControlFault("POST", "/v1/batches", status=200, delay_seconds=3.0, times=1))
-    harness.provider = harness.provider.model_copy(
-        update={"timeout_seconds": 2.0, "retry_base_seconds": 1.0, "retry_cap_seconds": 4.0}
+    harness.provider = OpenAIBatchProvider(
+        api_key="test-key",
+        base_url=fake.base_url,
+        timeout_seconds=2.0,
+        retry_base_seconds=1.0,
+        retry_cap_seconds=4.0,
     )
 
     outcome = harness.run_day()

@@ -23,6 +23,7 @@ from llm_assets.resources.providers.base import (
     RequestItem,
     ShardState,
     ShardSubmission,
+    resolve_secret,
 )
 from llm_assets.resources.providers.retrying import call_with_retries, create_once
 
@@ -125,7 +126,7 @@ class AnthropicBatchProvider(BatchProvider):
             import anthropic
 
             self._client = anthropic.Anthropic(
-                api_key=self.api_key,
+                api_key=resolve_secret(self.api_key),
                 base_url=self.base_url,
                 timeout=self.timeout_seconds,
                 max_retries=0,

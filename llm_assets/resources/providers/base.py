@@ -106,6 +106,13 @@ class ItemResult(BaseModel):
     error_message: str | None = None
 
 
+def resolve_secret(value: str | None) -> str | None:
+    """A key given as dg.EnvVar, read when a client is made (also outside a Dagster run)."""
+    if isinstance(value, dg.EnvVar):
+        return value.get_value()
+    return value
+
+
 class BatchProvider(dg.ConfigurableResource):
     """Build request lines, submit a shard, poll it, stream its results, cancel it."""
 

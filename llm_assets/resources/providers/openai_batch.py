@@ -21,6 +21,7 @@ from llm_assets.resources.providers.base import (
     RequestItem,
     ShardState,
     ShardSubmission,
+    resolve_secret,
 )
 from llm_assets.resources.providers.retrying import (
     call_with_retries,
@@ -181,7 +182,7 @@ class OpenAIBatchProvider(BatchProvider):
             import openai
 
             self._client = openai.OpenAI(
-                api_key=self.api_key,
+                api_key=resolve_secret(self.api_key),
                 base_url=self.base_url,
                 timeout=self.timeout_seconds,
                 max_retries=0,

@@ -1,0 +1,135 @@
+"""Acceptance: `llm-assets run ... --wait` against the fake OpenAI and Anthropic servers,
+pointed at them only through OPENAI_BASE_URL / ANTHROPIC_BASE_URL."""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.openai_server import FakeOpenAI
+from tests.harness import DAY, review_spec, write_reviews
+from tests.test_openai_provider import first_time as openai_first_time
+from tests.test_openai_provider import truthful
+
+CLI = str(Path(sys.executable).parent / "llm-assets")
+
+
+def run_cli(tmp_path: Path, database_url: str, spec: dict[str, Any], env: dict[str, str]) -> Any:
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
+    home = tmp_path / "home"
+    truth = write_reviews(home, DAY, 30)
+    variables = {
+        **os.environ,
+        "LLM_ASSETS_HOME": str(home),
+        "LLM_ASSETS_DATABASE_URL": database_url,
+        "LLM_ASSETS_PIPELINES": str(specs),
+        "DAGSTER_HOME": str(tmp_path / "dagster"),
+        **env,
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [CLI, *args], env=variables, capture_output=True, text=True, timeout=600, check=False
+        )
+
+    done = cli(
+        "run",
+        spec["name"],
+        "--date",
+        DAY.isoformat(),
+        "--wait",
+        "--poll-interval",
+        "0.05",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    [outcome] = json.loads(done.stdout)
+    status = json.loads(cli("status", spec["name"], "--date", DAY.isoformat(), "--json").stdout)
+    return truth, outcome, status
+
+
+def assert_sent_once_unless_retried(submitted: list[str], status: dict[str, Any]) -> None:
+    """No custom_id is submitted again after a successful result: the call log shows each id
+    at most once per attempt the ledger counted, and retries only for items that failed."""
+    [job] = status["jobs"]
+    counts = Counter(submitted)
+    rounds = {s["shard_id"]: s for s in job["shards"]}
+    assert sum(counts.values()) == sum(s["requests"] for s in rounds.values())
+
+
+def test_openai_run_wait_ends_with_every_item_terminal_and_correct(
+    tmp_path: Path, database_url: str
+) -> None:
+    with FakeOpenAI(tmp_path / "fake") as fake:
+        fake.responder = truthful
+        fake.line_fault = openai_first_time({3: "5xx", 7: "missing", 11: "expire"})
+        truth, outcome, status = run_cli(
+            tmp_path,
+            database_url,
+            review_spec("openai", "gpt-4o-mini"),
+            {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "test-key"},
+        )
+        submitted = fake.submitted_custom_ids()
+
+    assert outcome["open_items"] == 0
+    assert outcome["succeeded"] == len(truth)
+    [job] = status["jobs"]
+    assert job["by_status"] == {"succeeded": len(truth)}
+    assert [s["status"] for s in job["shards"]] == ["imported"] * len(job["shards"])
+    counts = Counter(submitted)
+    assert sorted(counts.values()).count(2) == 3
+    assert max(counts.values()) == 2
+    assert_sent_once_unless_retried(submitted, status)
+
+
+def test_anthropic_run_wait_ends_with_every_item_terminal_and_correct(
+    tmp_path: Path, database_url: str
+) -> None:
+    with FakeAnthropic(tmp_path / "fake") as fake:
+        seen: set[str] = set()
+
+        def fault(custom_id: str, params: dict[str, Any]) -> str | None:
+            if "Order 1004 " in params["messages"][0]["content"] and custom_id not in seen:
+                seen.add(custom_id)
+                return "overloaded"
+            return None
+
+        fake.item_fault = fault
+        truth, outcome, status = run_cli(
+            tmp_path,
+            database_url,
+            review_spec("anthropic", "claude-haiku-4-5"),
+            {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "test-key"},
+        )
+        submitted = fake.submitted_custom_ids()
+
+    assert outcome["open_items"] == 0
+    assert outcome["succeeded"] == len(truth)
+    counts = Counter(submitted)
+    assert sorted(counts.values()) == [1] * (len(truth) - 1) + [2]
+    assert_sent_once_unless_retried(submitted, status)
+
+
+@pytest.mark.parametrize("variable", ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"])
+def test_keys_never_reach_metadata_or_logs(tmp_path: Path, variable: str) -> None:
+    from llm_assets.resources import build_resources
+    from llm_assets.settings import Settings
+
+    os.environ[variable] = "sk-secret-value"
+    try:
+        resources = build_resources(Settings.from_env({"LLM_ASSETS_HOME": str(tmp_path)}))
+    finally:
+        del os.environ[variable]
+    provider = resources[
+        "openai_provider" if variable.startswith("OPENAI") else "anthropic_provider"
+    ]
+    assert "sk-secret-value" not in repr(provider)
