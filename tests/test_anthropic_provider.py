@@ -234,3 +234,21 @@ def test_an_expired_batch_resubmits_only_its_expired_requests(
     shards = harness.ledger.shards(harness.job_id())
     assert [s.round for s in shards].count(1) == 1
     assert shards[-1].item_count == len(twice)
+
+
+def test_cancel_ends_the_batch_and_retries_its_canceled_requests(
+    harness: Harness, fake: FakeAnthropic
+) -> None:
+    fake.polls_per_state = 2
+    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+    first = harness.ledger.shards(harness.job_id())[0]
+    assert first.provider_batch_id is not None
+
+    status = harness.provider.cancel(first.provider_batch_id)
+    assert status.raw_status == "canceling"
+
+    outcome = harness.run_day()
+
+    assert outcome.succeeded == len(harness.truth)
+    submitted = Counter(fake.submitted_custom_ids())
+    assert sorted(submitted.values()).count(2) == first.item_count - first.item_count // 2

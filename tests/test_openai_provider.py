@@ -312,3 +312,26 @@ def test_the_responses_and_embeddings_endpoints(
             assert len(first["embedding"]) > 0
         else:
             assert harness.labels() == harness.truth
+
+
+def test_cancel_keeps_the_partial_output_and_retries_the_rest(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    fake.polls_per_state = 2
+    fake.error_file_when_clean = "empty_string"
+    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+    first = harness.ledger.shards(harness.job_id())[0]
+    assert first.provider_batch_id is not None
+    while harness.provider.poll(first.provider_batch_id).raw_status != "in_progress":
+        pass
+
+    status = harness.provider.cancel(first.provider_batch_id)
+    assert status.raw_status == "cancelling"
+    assert status.state == ShardState.RUNNING
+
+    outcome = harness.run_day()
+
+    assert outcome.succeeded == len(harness.truth)
+    assert fake.batch(first.provider_batch_id)["status"] == "cancelled"
+    submitted = Counter(fake.submitted_custom_ids())
+    assert sorted(submitted.values()).count(2) == first.item_count - first.item_count // 2

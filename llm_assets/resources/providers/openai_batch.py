@@ -91,11 +91,9 @@ def classify_error(
     if code == "batch_expired":
         return "expired"
     if status_code is None:
-        return (
-            "transient"
-            if code in (None, "server_error", "rate_limit_exceeded")
-            else ("deterministic")
-        )
+        # Lines that never ran (batch cancelled, server trouble) can run again.
+        never_ran = (None, "server_error", "rate_limit_exceeded", "batch_cancelled", "batch_failed")
+        return "transient" if code in never_ran else "deterministic"
     if status_code == 429 or status_code >= 500 or status_code == 408:
         return "transient"
     return "deterministic"
