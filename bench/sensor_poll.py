@@ -64,7 +64,10 @@ def main() -> None:
         with dg.instance_for_test() as instance:
             for tick in range(args.ticks):
                 context = dg.build_sensor_context(
-                    instance=instance, resources=resources, definitions=defs, sensor_name=sensor.name
+                    instance=instance,
+                    resources=resources,
+                    definitions=defs,
+                    sensor_name=sensor.name,
                 )
                 started = time.perf_counter()
                 data = sensor.evaluate_tick(context)
