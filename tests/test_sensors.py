@@ -1,8 +1,5 @@
 """The batch-status sensor: cheap polls, progress observations, one import run per batch set."""
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import dagster as dg
 import pytest
 
@@ -10,27 +7,8 @@ from llm_assets import sensors
 from llm_assets.factory import asset_key, build_pipeline_assets
 from llm_assets.sensors import IMPORT_STEPS, build_batch_status_sensor
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.harness import DAY, Harness, review_spec
-from tests.test_anthropic_provider import first_time, provider_for
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeAnthropic]:
-    with FakeAnthropic(tmp_path / "fake_anthropic") as server:
-        yield server
-
-
-@pytest.fixture
-def harness(tmp_path: Path, database_url: str, fake: FakeAnthropic) -> Iterator[Harness]:
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        yield Harness(
-            tmp_path,
-            database_url,
-            instance,
-            review_spec("anthropic", "claude-haiku-4-5"),
-            provider_for(fake),
-        )
+from tests.harness import DAY, Harness
+from tests.test_anthropic_provider import fake, first_time, harness  # noqa: F401 (fixtures)
 
 
 def tick(harness: Harness) -> dg.SensorResult:

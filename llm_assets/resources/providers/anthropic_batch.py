@@ -9,23 +9,18 @@ operator instead of guessing (and never creates another).
 import datetime as dt
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
-
-import pydantic
-from pydantic import PrivateAttr
 
 from llm_assets.resources.providers.base import (
     AmbiguousSubmission,
-    BatchProvider,
     BatchStatus,
     ItemResult,
     RequestItem,
     ShardState,
     ShardSubmission,
-    resolve_secret,
 )
-from llm_assets.resources.providers.retrying import call_with_retries, create_once
+from llm_assets.resources.providers.remote import RemoteBatchProvider
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -102,45 +97,19 @@ def normalize_result(entry: Any) -> ItemResult:
     )
 
 
-class AnthropicBatchProvider(BatchProvider):
+class AnthropicBatchProvider(RemoteBatchProvider):
     """Message Batches; control-plane calls retried here, not inside the SDK."""
 
-    api_key: str | None = pydantic.Field(
-        default=None, description="Defaults to ANTHROPIC_API_KEY, read by the SDK."
-    )
-    base_url: str | None = pydantic.Field(
-        default=None, description="Defaults to ANTHROPIC_BASE_URL, read by the SDK."
-    )
-    timeout_seconds: float = 60.0
-    max_attempts: int = pydantic.Field(default=6, ge=1)
-    retry_base_seconds: float = 1.0
-    retry_cap_seconds: float = 60.0
-    max_retry_after_seconds: float = 120.0
     reconcile_page_limit: int = 50
 
-    _client: Any = PrivateAttr(default=None)
+    def make_client(self, api_key: str | None) -> Any:
+        import anthropic
 
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            import anthropic
-
-            self._client = anthropic.Anthropic(
-                api_key=resolve_secret(self.api_key),
-                base_url=self.base_url,
-                timeout=self.timeout_seconds,
-                max_retries=0,
-            )
-        return self._client
-
-    def _call(self, describe: str, fn: Callable[[], Any]) -> Any:
-        return call_with_retries(
-            fn,
-            attempts=self.max_attempts,
-            base_seconds=self.retry_base_seconds,
-            cap_seconds=self.retry_cap_seconds,
-            max_retry_after_seconds=self.max_retry_after_seconds,
-            describe=f"anthropic {describe}",
+        return anthropic.Anthropic(
+            api_key=api_key,
+            base_url=self.base_url,
+            timeout=self.timeout_seconds,
+            max_retries=0,
         )
 
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
@@ -172,7 +141,7 @@ class AnthropicBatchProvider(BatchProvider):
             kwargs: dict[str, Any] = {"limit": 100}
             if after:
                 kwargs["after_id"] = after
-            page = self._call(
+            page = self.call(
                 "list batches", lambda kw=kwargs: self.client.messages.batches.list(**kw)
             )
             batches = list(page.data)
@@ -214,13 +183,9 @@ class AnthropicBatchProvider(BatchProvider):
                 return existing
         requests = [json.loads(line) for line in storage.open_lines(shard.input_uri)]
         attempt_at = dt.datetime.now(dt.UTC)
-        batch_id = create_once(
+        batch_id = self.create_once(
             lambda: str(self.client.messages.batches.create(requests=requests).id),
             lambda: self.find_existing(shard.model_copy(update={"intent_at": attempt_at})),
-            attempts=self.max_attempts,
-            base_seconds=self.retry_base_seconds,
-            cap_seconds=self.retry_cap_seconds,
-            max_retry_after_seconds=self.max_retry_after_seconds,
         )
         return batch_id
 
@@ -239,17 +204,17 @@ class AnthropicBatchProvider(BatchProvider):
         )
 
     def poll(self, provider_batch_id: str) -> BatchStatus:
-        batch = self._call(
+        batch = self.call(
             "retrieve", lambda: self.client.messages.batches.retrieve(provider_batch_id)
         )
         return self._status(batch)
 
     def cancel(self, provider_batch_id: str) -> BatchStatus:
-        batch = self._call("cancel", lambda: self.client.messages.batches.cancel(provider_batch_id))
+        batch = self.call("cancel", lambda: self.client.messages.batches.cancel(provider_batch_id))
         return self._status(batch)
 
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
-        stream = self._call(
+        stream = self.call(
             "results", lambda: self.client.messages.batches.results(provider_batch_id)
         )
         for entry in stream:

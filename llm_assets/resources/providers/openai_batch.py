@@ -7,27 +7,19 @@ before a crash can be found again instead of paid for twice.
 
 import datetime as dt
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
-
-import pydantic
-from pydantic import PrivateAttr
 
 from llm_assets.resources.providers.base import (
     AmbiguousSubmission,
-    BatchProvider,
     BatchStatus,
     ItemResult,
     RequestItem,
     ShardState,
     ShardSubmission,
-    resolve_secret,
 )
-from llm_assets.resources.providers.retrying import (
-    call_with_retries,
-    create_once,
-    is_transient,
-)
+from llm_assets.resources.providers.remote import RemoteBatchProvider
+from llm_assets.resources.providers.retrying import is_transient
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -156,45 +148,19 @@ def _content_of(body: dict[str, Any]) -> tuple[str | None, str | None]:
     return None, None
 
 
-class OpenAIBatchProvider(BatchProvider):
+class OpenAIBatchProvider(RemoteBatchProvider):
     """Files + Batches; control-plane calls retried here, not inside the SDK."""
 
-    api_key: str | None = pydantic.Field(
-        default=None, description="Defaults to OPENAI_API_KEY, read by the SDK."
-    )
-    base_url: str | None = pydantic.Field(
-        default=None, description="Defaults to OPENAI_BASE_URL, read by the SDK."
-    )
-    timeout_seconds: float = 60.0
-    max_attempts: int = pydantic.Field(default=6, ge=1)
-    retry_base_seconds: float = 1.0
-    retry_cap_seconds: float = 60.0
-    max_retry_after_seconds: float = 120.0
     reconcile_page_limit: int = 100
 
-    _client: Any = PrivateAttr(default=None)
+    def make_client(self, api_key: str | None) -> Any:
+        import openai
 
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            import openai
-
-            self._client = openai.OpenAI(
-                api_key=resolve_secret(self.api_key),
-                base_url=self.base_url,
-                timeout=self.timeout_seconds,
-                max_retries=0,
-            )
-        return self._client
-
-    def _call(self, describe: str, fn: Callable[[], Any]) -> Any:
-        return call_with_retries(
-            fn,
-            attempts=self.max_attempts,
-            base_seconds=self.retry_base_seconds,
-            cap_seconds=self.retry_cap_seconds,
-            max_retry_after_seconds=self.max_retry_after_seconds,
-            describe=f"openai {describe}",
+        return openai.OpenAI(
+            api_key=api_key,
+            base_url=self.base_url,
+            timeout=self.timeout_seconds,
+            max_retries=0,
         )
 
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
@@ -256,7 +222,7 @@ class OpenAIBatchProvider(BatchProvider):
             kwargs: dict[str, Any] = {"limit": 100}
             if after:
                 kwargs["after"] = after
-            page = self._call("list batches", lambda kw=kwargs: self.client.batches.list(**kw))
+            page = self.call("list batches", lambda kw=kwargs: self.client.batches.list(**kw))
             batches = list(page.data)
             for batch in batches:
                 meta = batch.metadata or {}
@@ -283,15 +249,18 @@ class OpenAIBatchProvider(BatchProvider):
             if existing is not None:
                 return existing
         with storage.local_copy(shard.input_uri) as path:
-            uploaded = self._call(
-                "upload",
-                lambda: self.client.files.create(
-                    file=(f"{shard.shard_id}.jsonl", path.read_bytes()), purpose="batch"
-                ),
-            )
+
+            def upload() -> Any:
+                # Streamed from disk, reopened on every attempt.
+                with path.open("rb") as handle:
+                    return self.client.files.create(
+                        file=(f"{shard.shard_id}.jsonl", handle), purpose="batch"
+                    )
+
+            uploaded = self.call("upload", upload)
         endpoint = self._endpoint_of_file(storage, shard.input_uri)
         attempt_at = dt.datetime.now(dt.UTC)
-        return create_once(
+        return self.create_once(
             lambda: str(
                 self.client.batches.create(
                     input_file_id=uploaded.id,
@@ -305,10 +274,6 @@ class OpenAIBatchProvider(BatchProvider):
                 ).id
             ),
             lambda: self.find_existing(shard.model_copy(update={"intent_at": attempt_at})),
-            attempts=self.max_attempts,
-            base_seconds=self.retry_base_seconds,
-            cap_seconds=self.retry_cap_seconds,
-            max_retry_after_seconds=self.max_retry_after_seconds,
         )
 
     @staticmethod
@@ -337,11 +302,11 @@ class OpenAIBatchProvider(BatchProvider):
         )
 
     def poll(self, provider_batch_id: str) -> BatchStatus:
-        batch = self._call("retrieve", lambda: self.client.batches.retrieve(provider_batch_id))
+        batch = self.call("retrieve", lambda: self.client.batches.retrieve(provider_batch_id))
         return self._status(batch)
 
     def cancel(self, provider_batch_id: str) -> BatchStatus:
-        batch = self._call("cancel", lambda: self.client.batches.cancel(provider_batch_id))
+        batch = self.call("cancel", lambda: self.client.batches.cancel(provider_batch_id))
         return self._status(batch)
 
     def _file_lines(self, file_id: str | None) -> Iterator[bytes]:
@@ -359,7 +324,7 @@ class OpenAIBatchProvider(BatchProvider):
                     raise
 
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
-        batch = self._call("retrieve", lambda: self.client.batches.retrieve(provider_batch_id))
+        batch = self.call("retrieve", lambda: self.client.batches.retrieve(provider_batch_id))
         if STATUS_MAP.get(batch.status) not in (
             ShardState.COMPLETED,
             ShardState.FAILED,
