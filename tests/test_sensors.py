@@ -6,9 +6,13 @@ import pytest
 from llm_assets import sensors
 from llm_assets.factory import asset_key, build_pipeline_assets
 from llm_assets.sensors import IMPORT_STEPS, build_batch_status_sensor
+from tests import test_anthropic_provider as anthropic_tests
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.harness import DAY, Harness
-from tests.test_anthropic_provider import fake, first_time, harness  # noqa: F401 (fixtures)
+from tests.test_anthropic_provider import first_time
+
+fake = anthropic_tests.fake
+harness = anthropic_tests.harness
 
 
 def tick(harness: Harness) -> dg.SensorResult:
