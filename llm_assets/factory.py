@@ -191,6 +191,10 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
                 "submitted_shards": len(result.submitted),
                 "provider_batch_ids": list(result.submitted.values())[:20],
                 "in_flight_shards": result.in_flight,
+                "retry_shards_waiting_for_backoff": result.waiting_for_backoff,
+                "next_submission_at": result.next_submission_at.isoformat()
+                if result.next_submission_at
+                else "",
                 "estimated_cost_upper_bound_usd": result.estimated_cost_upper_usd,
             }
         )

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from llm_assets import steps
 from llm_assets.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG, asset_key, build_pipeline_assets
 from llm_assets.resources import build_resources
-from llm_assets.resources.ledger import LedgerResource
+from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider
 from llm_assets.settings import Settings
@@ -141,6 +141,17 @@ class PartitionRunner:
                 interval = min(max(interval * 2, 1.0), self.poll_interval)
                 time.sleep(interval)
 
+    def wait_for_backoff(self, planned: list[ShardRecord], progress: ProgressFn | None) -> None:
+        """Retry rounds wait out their backoff here, in the CLI, never inside an asset."""
+        due = [s.not_before for s in planned if s.not_before is not None]
+        if not due:
+            return
+        seconds = (steps.aware(min(due)) - utcnow()).total_seconds()
+        if seconds > 0:
+            if progress is not None:
+                progress(f"retry backoff {seconds:.0f}s", 0, 1)
+            time.sleep(seconds)
+
     def outcome(self, day: dt.date, run_ids: list[str]) -> DayOutcome:
         job = steps.existing_job(self.spec, day, self.ledger)
         counts = self.ledger.refresh_job(job.job_id)
@@ -178,8 +189,10 @@ class PartitionRunner:
             self.wait_for_batches(day, progress)
             run_ids.append(self.materialize(day, IMPORT_STEPS))
             job = steps.existing_job(self.spec, day, self.ledger)
-            if not self.ledger.shards(job.job_id, ["created"]):
+            planned = self.ledger.shards(job.job_id, ["created"])
+            if not planned:
                 break
+            self.wait_for_backoff(planned, progress)
             run_ids.append(self.materialize(day, ("provider_batches",)))
         run_ids.append(self.materialize(day, FINAL_STEPS))
         return self.outcome(day, run_ids)

@@ -12,7 +12,7 @@ import dagster as dg
 
 from llm_assets import steps
 from llm_assets.factory import asset_key
-from llm_assets.resources.ledger import LedgerResource, ShardRecord
+from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import ENDED_STATES, IN_FLIGHT_STATES, BatchProvider
 from llm_assets.spec import PipelineSpec
@@ -93,6 +93,7 @@ def build_batch_status_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
             )
             for shard, day in ledger.pipeline_shards(spec.name, ["created"])
             if shard.round > 0
+            and (shard.not_before is None or steps.aware(shard.not_before) <= utcnow())
         ]
         skipped = len(in_flight) - len(polled)
         if skipped:

@@ -137,6 +137,10 @@ class ShardingSpec(_Strict):
 
 class RetrySpec(_Strict):
     max_attempts: int = Field(default=3, ge=1, le=20)
+    backoff_seconds: float = Field(
+        default=60.0, ge=0.0, description="Wait before retry round n: backoff × 2^(n-1), jittered."
+    )
+    max_backoff_seconds: float = Field(default=3600.0, ge=0.0)
 
 
 class BudgetSpec(_Strict):

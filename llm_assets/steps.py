@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -197,6 +198,7 @@ def _write_shard(
     index: int,
     lines: list[tuple[str, bytes]],
     items: list[dict[str, Any]] | None,
+    not_before: dt.datetime | None = None,
 ) -> str:
     written = storage.write_lines(_shard_key(spec, job, shard_id), (line for _, line in lines))
     shard = {
@@ -209,6 +211,7 @@ def _write_shard(
         "size_bytes": written.size_bytes,
         "content_sha256": written.sha256,
         "provider": spec.model.provider,
+        "not_before": not_before,
     }
     if items is not None:
         ledger.add_shard_with_items(shard, items)
@@ -326,6 +329,8 @@ class SubmitResult(BaseModel):
     submitted: dict[str, str]
     in_flight: int
     estimated_cost_upper_usd: float
+    waiting_for_backoff: int = 0
+    next_submission_at: dt.datetime | None = None
 
 
 def submit_shards(
@@ -349,6 +354,9 @@ def submit_shards(
             f"budget.max_usd_per_partition ${limit:.4f}; nothing was submitted. Approve with "
             "`llm-assets run ... --approve-budget` or the run tag llm_assets/approve_budget=true",
         )
+    now = utcnow()
+    waiting = [s for s in to_submit if s.not_before is not None and aware(s.not_before) > now]
+    to_submit = [s for s in to_submit if s not in waiting]
     submitted: dict[str, str] = {}
     for shard in to_submit:
         # The first intent is kept: after a crash, the adapter reconciles from that moment.
@@ -373,8 +381,20 @@ def submit_shards(
     ledger.refresh_job(job.job_id)
     in_flight = len(ledger.shards(job.job_id, IN_FLIGHT_STATES))
     return SubmitResult(
-        job_id=job.job_id, submitted=submitted, in_flight=in_flight, estimated_cost_upper_usd=upper
+        job_id=job.job_id,
+        submitted=submitted,
+        in_flight=in_flight,
+        estimated_cost_upper_usd=upper,
+        waiting_for_backoff=len(waiting),
+        next_submission_at=min(
+            (aware(s.not_before) for s in waiting if s.not_before), default=None
+        ),
     )
+
+
+def aware(moment: dt.datetime) -> dt.datetime:
+    """SQLite hands timestamps back without a zone; the ledger writes UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
 def poll_shards(
@@ -535,6 +555,7 @@ def plan_retries(
                     yield cid, line
 
     created: list[str] = []
+    not_before = utcnow() + dt.timedelta(seconds=retry_backoff(spec, round_no))
     for index, shard_lines in enumerate(
         split_shards(
             retry_lines(),
@@ -543,9 +564,19 @@ def plan_retries(
         )
     ):
         shard_id = ids.shard_id(job.job_id, round_no, index)
-        _write_shard(spec, job, ledger, storage, shard_id, round_no, index, shard_lines, None)
+        _write_shard(
+            spec, job, ledger, storage, shard_id, round_no, index, shard_lines, None, not_before
+        )
         created.append(shard_id)
     return created, gave_up
+
+
+def retry_backoff(spec: PipelineSpec, round_no: int) -> float:
+    """Seconds before retry round `round_no` may be submitted: exponential, jittered."""
+    if spec.retry.backoff_seconds <= 0:
+        return 0.0
+    ceiling = min(spec.retry.max_backoff_seconds, spec.retry.backoff_seconds * 2 ** (round_no - 1))
+    return random.uniform(ceiling / 2, ceiling)
 
 
 class ValidateResult(BaseModel):

@@ -74,7 +74,7 @@ def review_spec(provider: str, model_name: str, **overrides: Any) -> dict[str, A
                 "summary": {"type": "str", "min_length": 1, "max_length": 200},
             },
         },
-        "retry": {"max_attempts": 3},
+        "retry": {"max_attempts": 3, "backoff_seconds": 0},
         "sharding": {"max_requests_per_shard": 10},
         "partitions": {"start_date": "2026-11-01", "timezone": "UTC"},
     }

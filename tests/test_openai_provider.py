@@ -335,3 +335,30 @@ def test_cancel_keeps_the_partial_output_and_retries_the_rest(
     assert fake.batch(first.provider_batch_id)["status"] == "cancelled"
     submitted = Counter(fake.submitted_custom_ids())
     assert sorted(submitted.values()).count(2) == first.item_count - first.item_count // 2
+
+
+def test_retry_rounds_wait_for_their_backoff(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    fake.polls_per_state = 0
+    fake.line_fault = first_time({2: "5xx"})
+    spec = {"retry": {"max_attempts": 3, "backoff_seconds": 600}}
+    for harness in make_harness(tmp_path, database_url, fake, **spec):
+        assert harness.materialize(
+            "input_snapshot", "request_shards", "provider_batches", "batch_results"
+        ).success
+        [retry] = harness.ledger.shards(harness.job_id(), ["created"])
+        assert retry.not_before is not None
+        wait = (steps.aware(retry.not_before) - utcnow()).total_seconds()
+        assert 290 < wait <= 600
+
+        early = harness.materialize("provider_batches")
+        assert early.success
+        assert harness.ledger.get_shard(retry.shard_id).status == "created"
+        [event] = [e for e in early.get_asset_materialization_events()]
+        metadata = event.step_materialization_data.materialization.metadata
+        assert metadata["retry_shards_waiting_for_backoff"].value == 1
+
+        harness.ledger.update_shard(retry.shard_id, not_before=utcnow())
+        assert harness.materialize("provider_batches").success
+        assert harness.ledger.get_shard(retry.shard_id).status == "submitted"

@@ -246,6 +246,9 @@ def test_downstream_steps_explain_a_missing_upstream(platform: Platform) -> None
 def test_a_cancelled_batch_is_retried_for_its_missing_items_only(platform: Platform) -> None:
     state_dir = platform.provider.state_dir
     platform.provider = LocalProvider(state_dir=state_dir, work_budget_seconds=0.0, chunk_size=4)
+    platform.spec = platform.spec.model_copy(
+        update={"retry": platform.spec.retry.model_copy(update={"backoff_seconds": 0.0})}
+    )
     platform.materialize(("input_snapshot", "request_shards", "provider_batches"))
     job = steps.existing_job(platform.spec, DAY, platform.ledger)
     [first] = platform.ledger.shards(job.job_id)

@@ -88,6 +88,7 @@ shard_table = sa.Table(
     sa.Column("retry_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("completed_requests", sa.Integer, nullable=False, server_default="0"),
     sa.Column("failed_requests", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("not_before", _Now, nullable=True),
     sa.Column("submit_intent_at", _Now, nullable=True),
     sa.Column("submitted_at", _Now, nullable=True),
     sa.Column("ended_at", _Now, nullable=True),
@@ -175,6 +176,7 @@ class ShardRecord(BaseModel):
     retry_count: int
     completed_requests: int
     failed_requests: int
+    not_before: dt.datetime | None
     submit_intent_at: dt.datetime | None
     submitted_at: dt.datetime | None
     ended_at: dt.datetime | None
