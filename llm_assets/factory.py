@@ -7,7 +7,7 @@ from typing import Any
 
 import dagster as dg
 
-from llm_assets import steps
+from llm_assets import checks, steps
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import AmbiguousSubmission, BatchProvider
@@ -205,6 +205,7 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
         description="Imports ended batches by custom_id and plans retries of what is still open.",
         kinds={spec.model.provider},
         required_resource_keys={"ledger", "storage", provider_key},
+        check_specs=checks.batch_results_check_specs(asset_key(spec, "batch_results")),
         **common,
     )
     def batch_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
@@ -215,7 +216,12 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
             )
         )
         counts = result.counts
+        missing = ledger.missing_results(result.job_id) if counts.open == 0 else []
         return dg.MaterializeResult(
+            check_results=[
+                checks.missing_results_check(missing, counts),
+                checks.duplicate_results_check(result.lines.duplicates, result.lines.duplicate_ids),
+            ],
             metadata={
                 **lineage,
                 "job_id": result.job_id,
@@ -236,7 +242,7 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
                 "input_tokens": counts.input_tokens,
                 "output_tokens": counts.output_tokens,
                 "cost_usd": counts.cost_usd,
-            }
+            },
         )
 
     @dg.asset(

@@ -483,8 +483,9 @@ def import_results(
             for r in provider.results(shard.provider_batch_id)
         )
         shard_stats = ledger.upsert_results(job.job_id, rows)
-        for field in stats.model_fields:
+        for field in ("received", "applied", "duplicates", "unknown", "already_terminal"):
             setattr(stats, field, getattr(stats, field) + getattr(shard_stats, field))
+        stats.duplicate_ids = (stats.duplicate_ids + shard_stats.duplicate_ids)[:100]
         why = shard.raw_status or shard.status
         if shard.message:
             why = f"{why}: {shard.message}"

@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 
 from llm_assets import steps
+from llm_assets.factory import asset_key
 from llm_assets.resources.ledger import TERMINAL, utcnow
 from llm_assets.resources.providers.base import ShardState, ShardSubmission
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
@@ -362,3 +363,43 @@ def test_retry_rounds_wait_for_their_backoff(
         harness.ledger.update_shard(retry.shard_id, not_before=utcnow())
         assert harness.materialize("provider_batches").success
         assert harness.ledger.get_shard(retry.shard_id).status == "submitted"
+
+
+def test_batch_results_checks_list_missing_and_duplicated_custom_ids(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    fake.polls_per_state = 0
+
+    def fault(custom_id: str, body: dict[str, Any]) -> str | None:
+        text = user_text(body)
+        if "Order 1003 " in text:
+            return "missing"
+        return "duplicate" if "Order 1004 " in text else None
+
+    fake.line_fault = fault
+    for harness in make_harness(tmp_path, database_url, fake, retry={"max_attempts": 2}):
+        harness.run_day()
+        result = harness.materialize("batch_results")
+        assert result.success
+        evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+        rows = {r["source_id"]: r for r in harness.rows().values()}
+        missing = rows["R-20261102-0003"]
+        assert (missing["status"], missing["attempts"]) == ("dead_letter", 2)
+        assert missing["error_code"].startswith("missing_result")
+
+        check = evaluations["no_missing_results"]
+        assert not check.passed
+        assert check.severity == dg.AssetCheckSeverity.ERROR
+        assert missing["custom_id"] in check.metadata["custom_ids"].value
+
+    # The duplicate was seen in the import runs of the day; the check of such a run warns.
+    records = harness.instance.event_log_storage.get_asset_check_execution_history(
+        dg.AssetCheckKey(asset_key(harness.spec, "batch_results"), "no_duplicate_results"),
+        limit=20,
+    )
+    evaluations_seen = [r.event.asset_check_evaluation for r in records if r.event]
+    evaluations_seen = [e for e in evaluations_seen if e is not None]
+    warned = [e for e in evaluations_seen if not e.passed]
+    duplicated = rows["R-20261102-0004"]["custom_id"]
+    assert warned and all(e.severity == dg.AssetCheckSeverity.WARN for e in warned)
+    assert any(duplicated in e.metadata["custom_ids"].value for e in warned)

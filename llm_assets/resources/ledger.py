@@ -216,6 +216,13 @@ class UpsertStats(BaseModel):
     duplicates: int = 0
     unknown: int = 0
     already_terminal: int = 0
+    duplicate_ids: list[str] = []
+    """Up to 100 custom_ids seen more than once in the import, for the duplicates check."""
+
+    def note_duplicate(self, custom_id: str) -> None:
+        self.duplicates += 1
+        if len(self.duplicate_ids) < 100 and custom_id not in self.duplicate_ids:
+            self.duplicate_ids.append(custom_id)
 
 
 _engines: dict[str, Engine] = {}
@@ -526,7 +533,7 @@ class LedgerResource(dg.ConfigurableResource):
                 if cid in written:
                     # A duplicate of a line applied earlier in this import: a success still
                     # replaces the failure this import wrote, nothing else changes.
-                    stats.duplicates += 1
+                    stats.note_duplicate(cid)
                     if row["status"] == SUCCEEDED and written[cid] != SUCCEEDED:
                         overrides.append({**row, "_was": written[cid]})
                         written[cid] = SUCCEEDED
@@ -535,7 +542,7 @@ class LedgerResource(dg.ConfigurableResource):
                 if seen is None:
                     best[cid] = row
                     continue
-                stats.duplicates += 1
+                stats.note_duplicate(cid)
                 if row["status"] == SUCCEEDED and seen["status"] != SUCCEEDED:
                     best[cid] = row
             if overrides:
@@ -818,3 +825,27 @@ class LedgerResource(dg.ConfigurableResource):
         )
         with self.engine.connect() as conn:
             return frozenset(conn.execute(query).scalars())
+
+    def missing_results(self, job_id: str, limit: int = 1000) -> list[str]:
+        """Items sent but never answered: dead letters that ran out of attempts without a
+        result, and items still `submitted` although their shard was imported."""
+        orphaned = sa.and_(
+            result_table.c.status == SUBMITTED,
+            result_table.c.shard_id.in_(
+                sa.select(shard_table.c.shard_id).where(
+                    shard_table.c.job_id == job_id, shard_table.c.status == "imported"
+                )
+            ),
+        )
+        never_answered = sa.and_(
+            result_table.c.status == DEAD_LETTER,
+            result_table.c.error_code.like("missing_result%"),
+        )
+        query = (
+            sa.select(result_table.c.custom_id)
+            .where(result_table.c.job_id == job_id, sa.or_(orphaned, never_answered))
+            .order_by(result_table.c.custom_id)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return list(conn.execute(query).scalars())

@@ -1,0 +1,345 @@
+"""Bad input never vanishes: every source row ends as one ledger row, sent or dead-lettered.
+
+A day of reviews mixes good rows with every kind of bad row (blank or missing text, missing
+ids, repeated ids, text over the context window, invalid UTF-8, lines that are not JSON
+objects, a row without a date) and with ids that try to escape paths or inject SQL. The day
+runs through Dagster against the fake OpenAI server on SQLite and PostgreSQL.
+"""
+
+import datetime as dt
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+import pytest
+import sqlalchemy as sa
+
+from llm_assets import steps
+from llm_assets.factory import asset_key
+from llm_assets.resources.ledger import TERMINAL, metadata, result_table
+from tests import test_openai_provider as openai_tests
+from tests.fakes.openai_server import FakeOpenAI
+from tests.harness import DAY, Harness, review_spec
+from tests.test_openai_provider import provider_for
+
+fake = openai_tests.fake
+
+CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+ARTIFACT_KINDS = {"snapshots", "shards", "outputs", "dead_letters", "reports"}
+STAMP = "2026-11-02T09:30:00Z"
+# gpt-4o-mini has a 128,000-token window and the estimate is about four characters a token.
+OVERSIZED_TEXT = "This blender is great. " * 27_000  # 621,000 characters
+WEIRD_IDS = [
+    "a/b",
+    "../../etc/passwd",
+    "x'; DROP TABLE llm_batch_result; --",
+    '"quoted"',
+    "line\nbreak",
+    "z" * 1000,
+    "ümlaut-ñ",
+]
+
+
+@dataclass(frozen=True)
+class Line:
+    """One physical line of the source file and what must become of it."""
+
+    raw: bytes
+    code: str | None = None  # None: sent and succeeded; "blank": skipped; else input error_code
+    source_id: str | None = None
+    first_line: int | None = None  # duplicates: the line of the row that is kept
+
+
+def review(review_id: Any = ..., text: Any = ..., created_at: Any = STAMP) -> bytes:
+    row: dict[str, Any] = {}
+    if review_id is not ...:
+        row["review_id"] = review_id
+    if created_at is not ...:
+        row["created_at"] = created_at
+    if text is not ...:
+        row["text"] = text
+    return json.dumps(row).encode()
+
+
+def good_text(n: int) -> str:
+    word = ["great", "terrible", "excellent", "awful"][n % 4]
+    return f"The kettle is {word}. Order {2000 + n} arrived on time."
+
+
+def good(source_id: str, n: int) -> Line:
+    return Line(review(source_id, good_text(n)), source_id=source_id)
+
+
+def bad_day() -> list[Line]:
+    lines = [good(f"G-{n:03d}", n) for n in range(8)]
+    lines += [
+        Line(review("E-space", " \t  "), "empty_field", "E-space"),
+        Line(review("E-empty", ""), "empty_field", "E-empty"),
+        Line(review("E-null", None), "empty_field", "E-null"),
+        Line(review(text=good_text(50)), "missing_id"),
+        Line(review("", good_text(51)), "missing_id"),
+        good("D-1", 52),
+    ]
+    dup_first = len(lines)  # 1-based line number of "D-1"
+    lines += [
+        good(f"G-{n:03d}", n) for n in range(8, 11)
+    ] + [
+        Line(review("D-1", good_text(53)), "duplicate_id", "D-1", dup_first),
+        Line(b"", "blank"),
+        Line(b"   \t", "blank"),
+        Line(review("D-1", good_text(54)), "duplicate_id", "D-1", dup_first),
+        Line(review("C-huge", OVERSIZED_TEXT), "context_exceeded", "C-huge"),
+        Line(
+            b'{"review_id": "U-1", "created_at": "' + STAMP.encode() + b'", "text": "caf\xe9 \xff"}',
+            "invalid_row",
+        ),
+        Line(b'{"review_id": "J-1", "created_at": ', "invalid_row"),
+        Line(b"this line is not JSON at all", "invalid_row"),
+        Line(json.dumps(["A-1", STAMP, "an array, not an object"]).encode(), "invalid_row"),
+        Line(review("N-date", good_text(55), created_at=...), "missing_date", "N-date"),
+    ]
+    lines += [good(weird, 60 + n) for n, weird in enumerate(WEIRD_IDS)]
+    lines += [good(f"G-{n:03d}", n) for n in range(11, 20)]
+    return lines
+
+
+def write_source(home: Path, lines: list[Line]) -> Path:
+    path = home / "reviews" / f"reviews-{DAY.isoformat()}.jsonl"
+    path.write_bytes(b"\n".join(line.raw for line in lines) + b"\n")
+    return path
+
+
+def make_harness(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI, **overrides: Any
+) -> Iterator[Harness]:
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        harness = Harness(
+            tmp_path,
+            database_url,
+            instance,
+            review_spec("openai", "gpt-4o-mini", **overrides),
+            provider_for(fake),
+            reviews=0,
+        )
+        (harness.home / "reviews" / f"reviews-{DAY.isoformat()}.jsonl").unlink()
+        yield harness
+
+
+@pytest.fixture
+def harness(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> Iterator[Harness]:
+    yield from make_harness(tmp_path, database_url, fake)
+
+
+def line_of(message: str, source: Path) -> int:
+    """The line number an input dead letter's message names (it starts with `file:line: `)."""
+    found = re.match(re.escape(str(source)) + r":(\d+): ", message)
+    assert found is not None, f"{message[:200]!r} does not start with {source}:<line>"
+    return int(found.group(1))
+
+
+def rows_by_line(harness: Harness, source: Path) -> dict[int, dict[str, Any]]:
+    """Ledger rows keyed by the source line they came from (one row per line)."""
+    lines = {n: line for n, line in enumerate(bad_day(), start=1)}
+    by_source = {line.source_id: n for n, line in lines.items() if line.code is None}
+    found: dict[int, dict[str, Any]] = {}
+    for row in harness.rows().values():
+        if row["status"] == "dead_letter":
+            number = line_of(row["error_message"], source)
+        else:
+            number = by_source[row["source_id"]]
+        assert number not in found, f"line {number} has two ledger rows"
+        found[number] = row
+    return found
+
+
+def snapshot_lines(harness: Harness) -> list[dict[str, Any]]:
+    uri = steps.current_snapshot_uri(harness.spec, DAY, harness.storage)
+    return [json.loads(line) for line in harness.storage.open_lines(uri)]
+
+
+def snapshot_row_count(harness: Harness) -> int:
+    event = harness.instance.get_latest_materialization_event(
+        asset_key(harness.spec, "input_snapshot")
+    )
+    assert event is not None and event.asset_materialization is not None
+    assert event.asset_materialization.partition == DAY.isoformat()
+    value = event.asset_materialization.metadata["dagster/row_count"].value
+    assert isinstance(value, int)
+    return value
+
+
+def all_files(root: Path) -> list[Path]:
+    return sorted(Path(folder) / name for folder, _, names in os.walk(root) for name in names)
+
+
+def test_every_bad_row_becomes_one_input_dead_letter_and_the_rest_succeed(
+    tmp_path: Path, harness: Harness, fake: FakeOpenAI
+) -> None:
+    lines = bad_day()
+    numbered = dict(enumerate(lines, start=1))
+    source = write_source(harness.home, lines)
+    outside_before = sorted(p.name for p in tmp_path.parent.iterdir())
+
+    outcome = harness.run_day()
+
+    kept = {n: line for n, line in numbered.items() if line.code != "blank"}
+    goods = {n for n, line in kept.items() if line.code is None}
+    bads = set(kept) - goods
+    assert len(goods) == 28 and len(bads) == 13
+    assert (outcome.total, outcome.succeeded, outcome.dead_letters) == (41, 28, 13)
+    assert outcome.open_items == 0 and outcome.done
+    assert outcome.dead_letters_by_class == {"input": 13}
+
+    # The snapshot has one row per non-blank line (blank lines are not rows; undated and
+    # unreadable rows come after the dated ones) and its count is succeeded + dead letters.
+    snapshot = snapshot_lines(harness)
+    assert sorted(row["line"] for row in snapshot) == sorted(kept)
+    assert {row["file"] for row in snapshot} == {str(source)}
+    assert snapshot_row_count(harness) == len(snapshot) == outcome.succeeded + outcome.dead_letters
+
+    # Exactly one terminal ledger row per non-blank line.
+    rows = rows_by_line(harness, source)
+    assert set(rows) == set(kept)
+    assert len(harness.rows()) == len(kept)
+    assert all(row["status"] in TERMINAL for row in rows.values())
+    for number, line in kept.items():
+        row = rows[number]
+        if line.code is None:
+            assert row["status"] == "succeeded", (number, row)
+            assert row["error_class"] is None
+            continue
+        assert (row["status"], row["error_class"], row["error_code"]) == (
+            "dead_letter",
+            "input",
+            line.code,
+        ), (number, row)
+        assert row["error_message"].startswith(f"{source}:{number}: ")
+        assert row["source_id"] == line.source_id
+        assert row["shard_id"] is None and row["attempts"] == 0
+        if line.first_line is not None:
+            assert f"already seen at {source}:{line.first_line}" in row["error_message"]
+    assert "invalid UTF-8" in rows[next(n for n, li in kept.items() if b"\xff" in li.raw)][
+        "error_message"
+    ]
+    assert sum(1 for row in rows.values() if row["source_id"] == "D-1") == 3
+
+    # Weird ids succeed, keep their business key exactly, and get a safe custom_id.
+    by_source = {row["source_id"]: row for row in rows.values() if row["status"] == "succeeded"}
+    for weird in WEIRD_IDS:
+        assert by_source[weird]["status"] == "succeeded", weird
+    assert all(CUSTOM_ID.match(row["custom_id"]) for row in rows.values())
+    assert len({row["custom_id"] for row in rows.values()}) == len(rows)
+
+    # Nothing dead-lettered reached the provider; every good row was sent exactly once.
+    sent = Counter(fake.submitted_custom_ids())
+    assert sent == Counter({rows[n]["custom_id"]: 1 for n in goods})
+
+    # Outputs and the dead-letter export carry the same split, with the business keys intact.
+    outputs = pd.read_parquet(
+        harness.storage.uri(
+            f"outputs/{harness.spec.name}/{DAY.isoformat()}/{harness.job_id()}.parquet"
+        )
+    )
+    assert sorted(outputs["source_id"]) == sorted(by_source)
+    dead_export = harness.storage.uri(
+        f"dead_letters/{harness.spec.name}/{DAY.isoformat()}/{harness.job_id()}.jsonl"
+    )
+    exported = [json.loads(line) for line in harness.storage.open_lines(dead_export)]
+    assert sorted(e["custom_id"] for e in exported) == sorted(rows[n]["custom_id"] for n in bads)
+
+    # The SQL-metacharacter id changed nothing: every ledger table is there and counts right.
+    with harness.ledger.engine.connect() as conn:
+        assert set(metadata.tables) <= set(sa.inspect(conn).get_table_names())
+        total = conn.execute(sa.select(sa.func.count()).select_from(result_table)).scalar_one()
+    assert total == len(kept)
+
+    # No file outside the storage root, the source folder, Dagster's and the fake's state.
+    assert sorted(p.name for p in tmp_path.parent.iterdir()) == outside_before
+    artifacts = harness.home / "artifacts"
+    allowed = [artifacts, harness.home / "reviews", tmp_path / "dagster", tmp_path / "fake_openai"]
+    for path in all_files(tmp_path):
+        assert ".." not in path.name and path.name != "passwd", path
+        if path.parent == tmp_path and path.name.startswith("ledger.db"):
+            continue
+        assert any(path.is_relative_to(root) for root in allowed), path
+    assert all_files(harness.home / "reviews") == [source]
+    for path in all_files(artifacts):
+        parts = path.relative_to(artifacts).parts
+        assert parts[0] in ARTIFACT_KINDS and parts[1:3] == (harness.spec.name, DAY.isoformat())
+        assert not any(frag in str(path) for frag in ("passwd", "DROP", "quoted", "zzzz", "\n"))
+
+
+def test_running_the_day_again_changes_nothing(harness: Harness, fake: FakeOpenAI) -> None:
+    write_source(harness.home, bad_day())
+    first = harness.run_day()
+    rows = harness.rows()
+    shards = harness.ledger.shards(harness.job_id())
+    sent = fake.submitted_custom_ids()
+    snapshot = steps.current_snapshot_uri(harness.spec, DAY, harness.storage)
+
+    again = harness.run_day()
+
+    assert again.model_dump(exclude={"run_ids"}) == first.model_dump(exclude={"run_ids"})
+    assert harness.rows() == rows
+    assert harness.ledger.shards(harness.job_id()) == shards
+    assert fake.submitted_custom_ids() == sent
+    assert steps.current_snapshot_uri(harness.spec, DAY, harness.storage) == snapshot
+    event = harness.instance.get_latest_materialization_event(
+        asset_key(harness.spec, "input_snapshot")
+    )
+    assert event is not None and event.asset_materialization is not None
+    assert event.asset_materialization.metadata["reused_existing_snapshot"].value is True
+    assert snapshot_row_count(harness) == again.succeeded + again.dead_letters
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_csv_and_parquet_sources_dead_letter_a_missing_id_and_an_empty_text(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI, kind: str
+) -> None:
+    overrides = {"source": {"kind": kind, "uri": f"reviews/*.{kind}"}}
+    for harness in make_harness(tmp_path, database_url, fake, **overrides):
+        records = [
+            {"review_id": f"T-{n}", "created_at": STAMP, "text": good_text(n)} for n in range(6)
+        ]
+        records.insert(2, {"review_id": None, "created_at": STAMP, "text": good_text(40)})
+        records.insert(4, {"review_id": "T-empty", "created_at": STAMP, "text": ""})
+        records.insert(5, {"review_id": "T-blank", "created_at": STAMP, "text": "   "})
+        frame = pd.DataFrame.from_records(records)
+        source = harness.home / "reviews" / f"reviews-{DAY.isoformat()}.{kind}"
+        if kind == "csv":
+            frame.to_csv(source, index=False)
+            first_line = 2  # line 1 is the header
+        else:
+            frame.to_parquet(source, index=False)
+            first_line = 1
+
+        outcome = harness.run_day()
+
+        assert (outcome.total, outcome.succeeded, outcome.dead_letters) == (9, 6, 3)
+        assert outcome.dead_letters_by_class == {"input": 3} and outcome.open_items == 0
+        assert snapshot_row_count(harness) == outcome.succeeded + outcome.dead_letters
+        dead = {
+            line_of(r["error_message"], source): r
+            for r in harness.rows().values()
+            if r["status"] == "dead_letter"
+        }
+        expected = {
+            first_line + 2: ("missing_id", None),
+            first_line + 4: ("empty_field", "T-empty"),
+            first_line + 5: ("empty_field", "T-blank"),
+        }
+        assert {n: (r["error_code"], r["source_id"]) for n, r in dead.items()} == expected
+        assert all(r["error_class"] == "input" for r in dead.values())
+        assert harness.labels().keys() == {f"T-{n}" for n in range(6)}
+        sent = Counter(fake.submitted_custom_ids())
+        assert sent == Counter(
+            {r["custom_id"]: 1 for r in harness.rows().values() if r["status"] == "succeeded"}
+        )
