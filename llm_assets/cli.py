@@ -308,6 +308,100 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
         )
 
 
+def _current_job(settings: Settings, spec: PipelineSpec, day: dt.date) -> tuple[Any, Any]:
+    from llm_assets import steps
+    from llm_assets.resources import build_resources
+
+    resources = build_resources(settings)
+    try:
+        job = steps.existing_job(spec, day, resources["ledger"])
+    except steps.MissingPrerequisite as exc:
+        raise click.UsageError(str(exc)) from exc
+    return resources, job
+
+
+@main.command("dead-letter")
+@click.argument("pipeline")
+@click.option("--date", "date_", required=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON array.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header row.")
+def dead_letter(pipeline: str, date_: str, as_json: bool, as_csv: bool) -> None:
+    """Items of a partition that will not succeed, with class, code, reason and attempts."""
+    import csv
+
+    settings = _settings()
+    spec = _spec(settings, pipeline)
+    day = _date(date_)
+    assert day is not None
+    resources, job = _current_job(settings, spec, day)
+    rows = list(resources["ledger"].iter_dead_letters(job.job_id))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        return
+    if as_csv:
+        columns = ["custom_id", "source_id", "error_class", "error_code", "error_message"]
+        columns += ["attempts", "last_provider_batch"]
+        writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return
+    table = Table(title=f"{spec.name} {day}: {len(rows)} dead letters (job {job.job_id})")
+    for column in ("source_id", "class", "code", "attempts", "last batch", "reason"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            escape(str(row["source_id"])),
+            row["error_class"] or "",
+            escape(row["error_code"] or ""),
+            str(row["attempts"]),
+            row["last_provider_batch"] or "-",
+            escape((row["error_message"] or "")[:200]),
+        )
+    console.print(table)
+
+
+@main.command()
+@click.argument("pipeline")
+@click.option("--date", "date_", required=True)
+@click.option(
+    "--class",
+    "classes",
+    multiple=True,
+    type=click.Choice(["input", "deterministic", "transient", "expired", "quality"]),
+    help="Requeue dead letters of this class (repeatable).",
+)
+@click.option("--ids", default=None, help="Comma-separated source ids or custom_ids.")
+def requeue(pipeline: str, date_: str, classes: tuple[str, ...], ids: str | None) -> None:
+    """Send chosen dead letters back (after fixing the prompt or the data); `run` submits them."""
+    from llm_assets import steps
+    from llm_assets.resources.providers import provider_resource_key
+
+    if not classes and not ids:
+        raise click.UsageError("choose what to requeue with --class and/or --ids")
+    settings = _settings()
+    spec = _spec(settings, pipeline)
+    day = _date(date_)
+    assert day is not None
+    resources, _ = _current_job(settings, spec, day)
+    chosen = {i.strip() for i in ids.split(",") if i.strip()} if ids else None
+    result = steps.requeue_dead_letters(
+        spec,
+        day,
+        resources["ledger"],
+        resources["storage"],
+        resources[provider_resource_key(spec.model.provider)],
+        classes=set(classes) or None,
+        chosen_ids=chosen,
+    )
+    for custom_id, reason in sorted(result.still_invalid.items()):
+        err.print(f"still invalid, not requeued: {custom_id}: {escape(reason)}", highlight=False)
+    console.print(
+        f"requeued {result.requeued} dead letters into {len(result.shards)} shard(s); "
+        f"`llm-assets run {spec.name} --date {day} --wait` sends them",
+        highlight=False,
+    )
+
+
 @main.command()
 @click.option("--days", default=3, show_default=True, help="How many days of tickets.")
 @click.option("--per-day", default=120, show_default=True, help="Tickets per day.")

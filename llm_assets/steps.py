@@ -572,6 +572,83 @@ def plan_retries(
     return created, gave_up
 
 
+class RequeueResult(BaseModel):
+    job_id: str
+    requeued: int
+    still_invalid: dict[str, str]
+    shards: list[str]
+
+
+def requeue_dead_letters(
+    spec: PipelineSpec,
+    day: dt.date,
+    ledger: LedgerResource,
+    storage: ArtifactStorage,
+    provider: BatchProvider,
+    *,
+    classes: set[str] | None = None,
+    chosen_ids: set[str] | None = None,
+) -> RequeueResult:
+    """Send chosen dead letters (by class and/or custom_id or source id) back, rendered again
+    from the current snapshot and spec, so a fixed prompt or fixed source row is what gets
+    sent; each send is a new attempt."""
+    job = existing_job(spec, day, ledger)
+    chosen = {
+        row["custom_id"]
+        for row in ledger.iter_dead_letters(job.job_id)
+        if (classes is None or row["error_class"] in classes)
+        and (chosen_ids is None or row["custom_id"] in chosen_ids or row["source_id"] in chosen_ids)
+    }
+    still_invalid: dict[str, str] = {}
+    price = price_for(spec)
+
+    def lines() -> Iterator[tuple[str, bytes]]:
+        rows = read_snapshot(current_snapshot_uri(spec, day, storage), storage)
+        for item in prepare_items(spec, day, rows, price.context_window):
+            if item.custom_id not in chosen:
+                continue
+            if item.request is None:
+                still_invalid[item.custom_id] = item.error_message or item.error_code or "input"
+                continue
+            line = json.dumps(provider.request_line(spec, item.request), ensure_ascii=False)
+            yield item.custom_id, line.encode()
+
+    round_no = ledger.next_round(job.job_id)
+    shards: list[str] = []
+    requeued = 0
+    for index, shard_lines in enumerate(
+        split_shards(
+            lines(),
+            max_requests=spec.sharding.max_requests_per_shard,
+            max_bytes=spec.sharding.max_bytes_per_shard,
+        )
+    ):
+        shard_id = ids.shard_id(job.job_id, round_no, index)
+        written = storage.write_lines(
+            _shard_key(spec, job, shard_id), (line for _, line in shard_lines)
+        )
+        requeued += ledger.requeue_into_shard(
+            job.job_id,
+            {
+                "shard_id": shard_id,
+                "job_id": job.job_id,
+                "round": round_no,
+                "shard_index": index,
+                "input_uri": written.uri,
+                "item_count": len(shard_lines),
+                "size_bytes": written.size_bytes,
+                "content_sha256": written.sha256,
+                "provider": spec.model.provider,
+            },
+            [cid for cid, _ in shard_lines],
+        )
+        shards.append(shard_id)
+    ledger.refresh_job(job.job_id)
+    return RequeueResult(
+        job_id=job.job_id, requeued=requeued, still_invalid=still_invalid, shards=shards
+    )
+
+
 def retry_backoff(spec: PipelineSpec, round_no: int) -> float:
     """Seconds before retry round `round_no` may be submitted: exponential, jittered."""
     if spec.retry.backoff_seconds <= 0:
@@ -686,10 +763,9 @@ def export_dead_letters(
     job = existing_job(spec, day, ledger)
     by_class: dict[str, int] = defaultdict(int)
     preview: list[dict[str, Any]] = []
-    columns = ["custom_id", "source_id", "error_class", "error_code", "error_message", "attempts"]
 
     def lines() -> Iterator[bytes]:
-        for item in ledger.iter_items(job.job_id, [DEAD_LETTER], columns=columns):
+        for item in ledger.iter_dead_letters(job.job_id):
             by_class[item["error_class"] or "unknown"] += 1
             if len(preview) < 20:
                 preview.append(item)

@@ -133,3 +133,53 @@ def test_keys_never_reach_metadata_or_logs(tmp_path: Path, variable: str) -> Non
         "openai_provider" if variable.startswith("OPENAI") else "anthropic_provider"
     ]
     assert "sk-secret-value" not in repr(provider)
+
+
+def test_dead_letters_are_listed_and_requeued_as_new_attempts(
+    tmp_path: Path, database_url: str
+) -> None:
+    with FakeOpenAI(tmp_path / "fake") as fake:
+        fake.responder = truthful
+        fake.line_fault = openai_first_time({5: "4xx"})
+        spec = review_spec("openai", "gpt-4o-mini")
+        env = {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "test-key"}
+        truth, outcome, _ = run_cli(tmp_path, database_url, spec, env)
+        assert outcome["dead_letters_by_class"] == {"deterministic": 1}
+
+        variables = {
+            **os.environ,
+            "LLM_ASSETS_HOME": str(tmp_path / "home"),
+            "LLM_ASSETS_DATABASE_URL": database_url,
+            "LLM_ASSETS_PIPELINES": str(tmp_path / "specs"),
+            "DAGSTER_HOME": str(tmp_path / "dagster"),
+            **env,
+        }
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [CLI, *args], env=variables, capture_output=True, text=True, timeout=600
+            )
+
+        day = ["--date", DAY.isoformat()]
+        [dead] = json.loads(cli("dead-letter", spec["name"], *day, "--json").stdout)
+        assert dead["source_id"] == "R-20261102-0005"
+        assert (dead["error_class"], dead["attempts"]) == ("deterministic", 1)
+        assert dead["last_provider_batch"].startswith("batch_")
+        listed = cli("dead-letter", spec["name"], *day, "--csv").stdout.splitlines()
+        assert listed[0].startswith("custom_id,source_id,error_class")
+        assert len(listed) == 2
+
+        assert cli("requeue", spec["name"], *day).returncode == 1
+        requeued = cli("requeue", spec["name"], *day, "--ids", "R-20261102-0005")
+        assert requeued.returncode == 0, requeued.stderr
+        assert "requeued 1 dead letters" in requeued.stdout
+        rerun = cli("run", spec["name"], *day, "--wait", "--poll-interval", "0.05", "--json")
+        assert rerun.returncode == 0, rerun.stderr
+        [after] = json.loads(rerun.stdout)
+        submitted = Counter(fake.submitted_custom_ids())
+
+    assert after["succeeded"] == len(truth)
+    assert after["dead_letters"] == 0
+    assert submitted[dead["custom_id"]] == 2
+    assert sorted(submitted.values()) == [1] * (len(truth) - 1) + [2]
+    assert json.loads(cli("dead-letter", spec["name"], *day, "--json").stdout) == []

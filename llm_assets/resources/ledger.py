@@ -849,3 +849,51 @@ class LedgerResource(dg.ConfigurableResource):
         )
         with self.engine.connect() as conn:
             return list(conn.execute(query).scalars())
+
+    def iter_dead_letters(self, job_id: str) -> Iterator[dict[str, Any]]:
+        """Dead letters with the provider batch of their last attempt, in custom_id order."""
+        query = (
+            sa.select(
+                result_table.c.custom_id,
+                result_table.c.source_id,
+                result_table.c.error_class,
+                result_table.c.error_code,
+                result_table.c.error_message,
+                result_table.c.attempts,
+                shard_table.c.provider_batch_id.label("last_provider_batch"),
+            )
+            .select_from(
+                result_table.outerjoin(
+                    shard_table, shard_table.c.shard_id == result_table.c.shard_id
+                )
+            )
+            .where(result_table.c.job_id == job_id, result_table.c.status == DEAD_LETTER)
+            .order_by(result_table.c.custom_id)
+        )
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=CHUNK).execute(query):
+                yield dict(row._mapping)
+
+    def requeue_into_shard(
+        self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str]
+    ) -> int:
+        """Send dead letters back: a new shard, the items pending in it, atomically."""
+        now = utcnow()
+        moved = 0
+        with self.begin() as conn:
+            conn.execute(
+                _insert(conn, shard_table)
+                .values(**shard, status="created", created_at=now, updated_at=now)
+                .on_conflict_do_nothing()
+            )
+            for chunk in _chunks(custom_ids):
+                moved += conn.execute(
+                    sa.update(result_table)
+                    .where(
+                        result_table.c.job_id == job_id,
+                        result_table.c.custom_id.in_(chunk),
+                        result_table.c.status == DEAD_LETTER,
+                    )
+                    .values(status=PENDING, shard_id=shard["shard_id"], updated_at=now)
+                ).rowcount
+        return moved
