@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from llm_assets import steps
 from llm_assets.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG, asset_key, build_pipeline_assets
+from llm_assets.failpoints import failpoint
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
@@ -119,6 +120,7 @@ class PartitionRunner:
         )
         if not result.success:
             raise _failure_of(result)
+        failpoint("runner.between_runs")
         return result.run_id
 
     def wait_for_batches(self, day: dt.date, progress: ProgressFn | None = None) -> None:

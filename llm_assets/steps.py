@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from llm_assets import ids
+from llm_assets.failpoints import failpoint
 from llm_assets.items import PreparedItem, prepare_items
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
@@ -116,6 +117,7 @@ def take_snapshot(
             reused = storage.exists(uri)
             if not reused:
                 storage.write_file(key, Path(tmp.name))
+                failpoint("snapshot.after_write")
         finally:
             os.unlink(tmp.name)
     storage.write_bytes(_key(snapshot_dir(spec, day), "CURRENT"), uri.encode())
@@ -201,6 +203,7 @@ def _write_shard(
     not_before: dt.datetime | None = None,
 ) -> str:
     written = storage.write_lines(_shard_key(spec, job, shard_id), (line for _, line in lines))
+    failpoint("retry.after_file" if items is None else "shards.after_file")
     shard = {
         "shard_id": shard_id,
         "job_id": job.job_id,
@@ -217,6 +220,7 @@ def _write_shard(
         ledger.add_shard_with_items(shard, items)
     else:
         ledger.reassign_items_to_shard(job.job_id, shard, [cid for cid, _ in lines])
+    failpoint("shards.after_record")
     return written.uri
 
 
@@ -362,6 +366,7 @@ def submit_shards(
         # The first intent is kept: after a crash, the adapter reconciles from that moment.
         if shard.submit_intent_at is None:
             ledger.update_shard(shard.shard_id, submit_intent_at=utcnow())
+        failpoint("submit.after_intent")
         batch_id = provider.submit(
             ShardSubmission(
                 shard_id=shard.shard_id,
@@ -376,7 +381,9 @@ def submit_shards(
             ),
             storage,
         )
+        failpoint("submit.after_create")
         ledger.mark_submitted(shard.shard_id, batch_id, ShardState.SUBMITTED)
+        failpoint("submit.after_record")
         submitted[shard.shard_id] = batch_id
     ledger.refresh_job(job.job_id)
     in_flight = len(ledger.shards(job.job_id, IN_FLIGHT_STATES))
@@ -483,6 +490,7 @@ def import_results(
             for r in provider.results(shard.provider_batch_id)
         )
         shard_stats = ledger.upsert_results(job.job_id, rows)
+        failpoint("import.after_upsert")
         for field in ("received", "applied", "duplicates", "unknown", "already_terminal"):
             setattr(stats, field, getattr(stats, field) + getattr(shard_stats, field))
         stats.duplicate_ids = (stats.duplicate_ids + shard_stats.duplicate_ids)[:100]
@@ -497,12 +505,14 @@ def import_results(
             error_code=f"missing_result_{shard.status}",
             error_message=(f"no result in provider batch {shard.provider_batch_id} (batch {why})"),
         )
+        failpoint("import.after_missing")
         ledger.update_shard(
             shard.shard_id,
             expect_status=ENDED_STATES,
             status=ShardState.IMPORTED.value,
             imported_at=utcnow(),
         )
+        failpoint("import.after_shard")
         imported.append(shard.shard_id)
     retry_shards, gave_up = plan_retries(spec, job, ledger, storage)
     counts = ledger.refresh_job(job.job_id)
@@ -737,6 +747,7 @@ def validate_outputs(
                 writer.write_table(pa.Table.from_pylist(batch, schema=schema))
         key = _key("outputs", spec.name, day.isoformat(), f"{job.job_id}.parquet")
         uri = storage.write_file(key, path).uri
+    failpoint("validate.after_write")
     ledger.set_item_errors(job.job_id, failed_rows, from_status=[SUCCEEDED])
     counts = ledger.refresh_job(job.job_id)
     return ValidateResult(

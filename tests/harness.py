@@ -41,7 +41,7 @@ def write_reviews(home: Path, day: dt.date, count: int) -> dict[str, str]:
         text = _OPENERS[n % len(_OPENERS)].format(w=word) + f" Order {1000 + n} arrived."
         review_id = f"R-{day:%Y%m%d}-{n:04d}"
         truth[review_id] = "positive" if any(p in text.lower() for p in POSITIVE) else "negative"
-        stamp = dt.datetime.combine(day, dt.time(8, 0)) + dt.timedelta(minutes=n)
+        stamp = dt.datetime.combine(day, dt.time(0, 0)) + dt.timedelta(seconds=n * 10)
         lines.append(
             json.dumps(
                 {"review_id": review_id, "created_at": stamp.isoformat() + "Z", "text": text}

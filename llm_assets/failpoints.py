@@ -1,0 +1,39 @@
+"""Named points where a crash test can kill this process, to prove every step is crash-safe.
+
+Inactive unless LLM_ASSETS_FAILPOINT names a point, as `name` or `name:n` (die the n-th time
+the point is passed in this process). The process then kills itself with SIGKILL: no
+cleanup, no finally blocks, exactly like the OOM killer or a lost machine.
+"""
+
+import os
+import signal
+from collections import Counter
+
+_passed: Counter[str] = Counter()
+
+POINTS = (
+    "snapshot.after_write",
+    "shards.after_file",
+    "shards.after_record",
+    "submit.after_intent",
+    "submit.after_create",
+    "submit.after_record",
+    "import.after_upsert",
+    "import.after_missing",
+    "import.after_shard",
+    "retry.after_file",
+    "validate.after_write",
+    "runner.between_runs",
+)
+
+
+def failpoint(name: str) -> None:
+    wanted = os.environ.get("LLM_ASSETS_FAILPOINT")
+    if not wanted:
+        return
+    target, _, nth = wanted.partition(":")
+    if target != name:
+        return
+    _passed[name] += 1
+    if _passed[name] >= int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
