@@ -21,9 +21,13 @@ def slug(value: str, max_len: int) -> str:
     return _UNSAFE.sub("-", value).strip("-")[:max_len].strip("-") or "x"
 
 
-def custom_id(pipeline: str, date: dt.date, source_key: str) -> str:
-    """`<yyyymmdd>_<readable part of the id>_<hash>`, at most 64 characters."""
-    digest = _digest(pipeline, date.isoformat(), source_key, length=20)
+def custom_id(pipeline: str, date: dt.date, source_key: str, kind: str = "id") -> str:
+    """`<yyyymmdd>_<readable part of the id>_<hash>`, at most 64 characters.
+
+    `kind` keeps keys of different origins apart (a real id, the n-th duplicate of an id, a
+    row without an id), so no source id can ever produce another row's custom_id.
+    """
+    digest = _digest(pipeline, date.isoformat(), kind, source_key, length=20)
     return f"{date:%Y%m%d}_{slug(source_key, 30)}_{digest}"
 
 

@@ -15,7 +15,7 @@ from llm_assets.ids import custom_id
 from llm_assets.resources.providers.base import RequestItem
 from llm_assets.source import SourceRow, parse_date
 from llm_assets.spec import PipelineSpec
-from llm_assets.tokens import estimate_tokens
+from llm_assets.tokens import CHARS_PER_TOKEN, estimate_tokens
 
 
 class PreparedItem(BaseModel):
@@ -46,9 +46,11 @@ def prepare_items(
     budget = context_window - spec.model.max_output_tokens
     system_tokens = estimate_tokens(spec.prompt.system)
 
-    def dead(key: str, source_id: str | None, code: str, message: str) -> PreparedItem:
+    def dead(
+        key: str, source_id: str | None, code: str, message: str, kind: str = "id"
+    ) -> PreparedItem:
         return PreparedItem(
-            custom_id=custom_id(spec.name, partition_date, key),
+            custom_id=custom_id(spec.name, partition_date, key, kind),
             source_id=source_id,
             error_code=code,
             error_message=message,
@@ -56,28 +58,28 @@ def prepare_items(
 
     for row in rows:
         where = f"{row.file}:{row.line}"
-        row_key = f"row:{where}"
         if row.record is None:
-            yield dead(row_key, None, "invalid_row", f"{where}: {row.error}")
+            yield dead(where, None, "invalid_row", f"{where}: {row.error}", kind="row")
             continue
-        raw_id = row.record.get(spec.source.id_field)
-        source_id = _as_text(raw_id).strip()
-        if not source_id:
+        source_id = _as_text(row.record.get(spec.source.id_field))
+        if not source_id.strip():
             yield dead(
-                row_key,
+                where,
                 None,
                 "missing_id",
                 f"{where}: no value in id field {spec.source.id_field!r}",
+                kind="row",
             )
             continue
         if source_id in first_seen:
             duplicates[source_id] = duplicates.get(source_id, 0) + 1
             yield dead(
-                f"{source_id}#dup{duplicates[source_id]}",
+                f"{source_id}#{duplicates[source_id]}",
                 source_id,
                 "duplicate_id",
                 f"{where}: id {source_id!r} already seen at {first_seen[source_id]}; the first "
                 "row is kept",
+                kind="duplicate",
             )
             continue
         first_seen[source_id] = where
@@ -96,6 +98,9 @@ def prepare_items(
             continue
         user = render(spec, row.record)
         tokens = system_tokens + estimate_tokens(user)
+        if tokens > budget and spec.prompt.truncate_to_context and budget > system_tokens:
+            user = user[: int((budget - system_tokens) * CHARS_PER_TOKEN)]
+            tokens = system_tokens + estimate_tokens(user)
         if tokens > budget:
             yield dead(
                 source_id,

@@ -66,7 +66,9 @@ def _failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
             gate = getattr(gate_value, "value", None) if gate_value is not None else None
         message = data.user_failure_data.description if data.user_failure_data else None
         if not message and data.error is not None:
-            message = data.error.message.strip()
+            # The step error wraps the real one; the cause says what went wrong.
+            error = data.error.cause or data.error
+            message = error.message.strip()
         return StepFailed(f"{event.step_key}: {message}", gate=gate)
     return StepFailed(f"run {result.run_id} failed")
 

@@ -94,37 +94,49 @@ def _jsonl_rows(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:
         if not isinstance(record, dict):
             yield SourceRow(file=uri, line=number, error="not a JSON object")
             continue
-        yield SourceRow(file=uri, line=number, record=record)
+        yield _checked(uri, number, record)
 
 
-def _table_rows(uri: str, storage: ArtifactStorage, kind: str) -> Iterator[SourceRow]:
-    import pandas as pd
+def _checked(uri: str, line: int, record: dict[str, Any]) -> SourceRow:
+    """A record whose text cannot be stored as UTF-8 (a lone surrogate escape) is bad input
+    of its own, not a reason to fail the whole day."""
+    try:
+        json.dumps(record, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return SourceRow(file=uri, line=line, error=f"invalid Unicode: {exc.reason}")
+    return SourceRow(file=uri, line=line, record=record)
+
+
+def _csv_rows(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:
+    """Rows keep their physical line number, also after quoted fields that span lines."""
+    import csv
+
+    with storage.local_copy(uri) as path, path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        start = 2
+        for record in reader:
+            yield _checked(uri, start, {k: (v if v != "" else None) for k, v in record.items()})
+            start = reader.line_num + 1
+
+
+def _parquet_rows(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:
+    """Read with pyarrow so integer ids next to nulls stay integers."""
+    import pyarrow.parquet as pq
 
     with storage.local_copy(uri) as path:
-        if kind == "csv":
-            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-            first_line = 2  # line 1 is the header
-        else:
-            frame = pd.read_parquet(path)
-            first_line = 1
-    for offset, record in enumerate(frame.to_dict(orient="records")):
-        clean = {k: (None if _is_missing(v) else v) for k, v in record.items()}
-        yield SourceRow(file=uri, line=first_line + offset, record=clean)
-
-
-def _is_missing(value: Any) -> bool:
-    try:
-        import pandas as pd
-
-        return bool(pd.isna(value)) if not isinstance(value, list | dict) else False
-    except (TypeError, ValueError):
-        return False
+        number = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=10_000):
+            for record in batch.to_pylist():
+                number += 1
+                yield _checked(uri, number, record)
 
 
 def read_file_rows(uri: str, spec: PipelineSpec, storage: ArtifactStorage) -> Iterator[SourceRow]:
     if spec.source.kind == "jsonl":
         return _jsonl_rows(uri, storage)
-    return _table_rows(uri, storage, spec.source.kind)
+    if spec.source.kind == "csv":
+        return _csv_rows(uri, storage)
+    return _parquet_rows(uri, storage)
 
 
 def _date_in_name(uri: str) -> dt.date | None:

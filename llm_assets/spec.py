@@ -44,6 +44,10 @@ class PromptSpec(_Strict):
     version: str = Field(min_length=1)
     system: str = ""
     template: str = Field(min_length=1)
+    truncate_to_context: bool = Field(
+        default=False,
+        description="Cut a prompt that is over the context window instead of dead-lettering it.",
+    )
 
     @property
     def placeholders(self) -> list[str]:

@@ -244,6 +244,21 @@ def build_shards(
     input_tokens = 0
     new_requests = 0
 
+    def dead(item: PreparedItem, code: str, message: str) -> None:
+        dead_letters[code] += 1
+        dead_rows.append(
+            {
+                "job_id": job.job_id,
+                "custom_id": item.custom_id,
+                "source_id": item.source_id,
+                "status": DEAD_LETTER,
+                "error_class": "input",
+                "error_code": code,
+                "error_message": message,
+                "model_name": spec.model.name,
+            }
+        )
+
     def fresh_requests() -> Iterator[tuple[PreparedItem, bytes]]:
         nonlocal snapshot_rows, already, input_tokens, new_requests
         rows = read_snapshot(snapshot_uri, storage)
@@ -253,24 +268,22 @@ def build_shards(
                 already += 1
                 continue
             if item.request is None:
-                dead_letters[item.error_code or "input"] += 1
-                dead_rows.append(
-                    {
-                        "job_id": job.job_id,
-                        "custom_id": item.custom_id,
-                        "source_id": item.source_id,
-                        "status": DEAD_LETTER,
-                        "error_class": "input",
-                        "error_code": item.error_code,
-                        "error_message": item.error_message,
-                        "model_name": spec.model.name,
-                    }
-                )
+                dead(item, item.error_code or "input", item.error_message or "")
                 continue
             line = json.dumps(provider.request_line(spec, item.request), ensure_ascii=False)
+            encoded = line.encode()
+            if len(encoded) + 1 > spec.sharding.max_bytes_per_shard:
+                limit = spec.sharding.max_bytes_per_shard
+                dead(
+                    item,
+                    "request_too_large",
+                    f"the request is {len(encoded)} bytes; a shard takes at most {limit} "
+                    "(sharding.max_bytes_per_shard)",
+                )
+                continue
             input_tokens += item.input_tokens
             new_requests += 1
-            yield item, line.encode()
+            yield item, encoded
 
     round_no = ledger.next_round(job.job_id)
     created: list[str] = []

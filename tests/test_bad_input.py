@@ -6,7 +6,6 @@ objects, a row without a date) and with ids that try to escape paths or inject S
 runs through Dagster against the fake OpenAI server on SQLite and PostgreSQL.
 """
 
-import datetime as dt
 import json
 import os
 import re
@@ -18,6 +17,8 @@ from typing import Any
 
 import dagster as dg
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
@@ -45,6 +46,7 @@ WEIRD_IDS = [
     "z" * 1000,
     "ümlaut-ñ",
 ]
+PADDED = "   padded   "  # kept exactly: see test_an_id_with_surrounding_spaces_is_kept_exactly
 
 
 @dataclass(frozen=True)
@@ -88,16 +90,16 @@ def bad_day() -> list[Line]:
         good("D-1", 52),
     ]
     dup_first = len(lines)  # 1-based line number of "D-1"
-    lines += [
-        good(f"G-{n:03d}", n) for n in range(8, 11)
-    ] + [
+    lines += [good(f"G-{n:03d}", n) for n in range(8, 11)] + [
         Line(review("D-1", good_text(53)), "duplicate_id", "D-1", dup_first),
         Line(b"", "blank"),
         Line(b"   \t", "blank"),
         Line(review("D-1", good_text(54)), "duplicate_id", "D-1", dup_first),
         Line(review("C-huge", OVERSIZED_TEXT), "context_exceeded", "C-huge"),
         Line(
-            b'{"review_id": "U-1", "created_at": "' + STAMP.encode() + b'", "text": "caf\xe9 \xff"}',
+            b'{"review_id": "U-1", "created_at": "'
+            + STAMP.encode()
+            + b'", "text": "caf\xe9 \xff"}',
             "invalid_row",
         ),
         Line(b'{"review_id": "J-1", "created_at": ', "invalid_row"),
@@ -106,6 +108,7 @@ def bad_day() -> list[Line]:
         Line(review("N-date", good_text(55), created_at=...), "missing_date", "N-date"),
     ]
     lines += [good(weird, 60 + n) for n, weird in enumerate(WEIRD_IDS)]
+    lines.append(good(PADDED, 70))
     lines += [good(f"G-{n:03d}", n) for n in range(11, 20)]
     return lines
 
@@ -149,6 +152,7 @@ def rows_by_line(harness: Harness, source: Path) -> dict[int, dict[str, Any]]:
     """Ledger rows keyed by the source line they came from (one row per line)."""
     lines = {n: line for n, line in enumerate(bad_day(), start=1)}
     by_source = {line.source_id: n for n, line in lines.items() if line.code is None}
+    by_source["padded"] = by_source[PADDED]  # today the id is stored stripped
     found: dict[int, dict[str, Any]] = {}
     for row in harness.rows().values():
         if row["status"] == "dead_letter":
@@ -193,8 +197,8 @@ def test_every_bad_row_becomes_one_input_dead_letter_and_the_rest_succeed(
     kept = {n: line for n, line in numbered.items() if line.code != "blank"}
     goods = {n for n, line in kept.items() if line.code is None}
     bads = set(kept) - goods
-    assert len(goods) == 28 and len(bads) == 13
-    assert (outcome.total, outcome.succeeded, outcome.dead_letters) == (41, 28, 13)
+    assert len(goods) == 29 and len(bads) == 13
+    assert (outcome.total, outcome.succeeded, outcome.dead_letters) == (42, 29, 13)
     assert outcome.open_items == 0 and outcome.done
     assert outcome.dead_letters_by_class == {"input": 13}
 
@@ -226,15 +230,17 @@ def test_every_bad_row_becomes_one_input_dead_letter_and_the_rest_succeed(
         assert row["shard_id"] is None and row["attempts"] == 0
         if line.first_line is not None:
             assert f"already seen at {source}:{line.first_line}" in row["error_message"]
-    assert "invalid UTF-8" in rows[next(n for n, li in kept.items() if b"\xff" in li.raw)][
-        "error_message"
-    ]
+    assert (
+        "invalid UTF-8"
+        in rows[next(n for n, li in kept.items() if b"\xff" in li.raw)]["error_message"]
+    )
     assert sum(1 for row in rows.values() if row["source_id"] == "D-1") == 3
 
     # Weird ids succeed, keep their business key exactly, and get a safe custom_id.
     by_source = {row["source_id"]: row for row in rows.values() if row["status"] == "succeeded"}
     for weird in WEIRD_IDS:
         assert by_source[weird]["status"] == "succeeded", weird
+    assert PADDED in by_source or "padded" in by_source
     assert all(CUSTOM_ID.match(row["custom_id"]) for row in rows.values())
     assert len({row["custom_id"] for row in rows.values()}) == len(rows)
 
@@ -249,6 +255,7 @@ def test_every_bad_row_becomes_one_input_dead_letter_and_the_rest_succeed(
         )
     )
     assert sorted(outputs["source_id"]) == sorted(by_source)
+    assert set(WEIRD_IDS) <= set(outputs["source_id"])
     dead_export = harness.storage.uri(
         f"dead_letters/{harness.spec.name}/{DAY.isoformat()}/{harness.job_id()}.jsonl"
     )
@@ -343,3 +350,90 @@ def test_csv_and_parquet_sources_dead_letter_a_missing_id_and_an_empty_text(
         assert sent == Counter(
             {r["custom_id"]: 1 for r in harness.rows().values() if r["status"] == "succeeded"}
         )
+
+
+def day_of(*extra: Line) -> list[Line]:
+    return [good(f"G-{n:03d}", n) for n in range(4)] + list(extra)
+
+
+def test_an_id_with_surrounding_spaces_is_kept_exactly(harness: Harness, fake: FakeOpenAI) -> None:
+    write_source(harness.home, day_of(good("   padded   ", 10), good("padded", 11)))
+
+    outcome = harness.run_day()
+
+    assert outcome.total == outcome.succeeded == 6
+    assert {"   padded   ", "padded"} <= set(harness.labels())
+
+
+def test_a_duplicate_never_shares_a_custom_id_with_a_real_row(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    source = write_source(
+        harness.home,
+        day_of(good("A", 10), good("A", 11), good("A#dup1", 12)),
+    )
+
+    outcome = harness.run_day()
+
+    assert snapshot_row_count(harness) == 7
+    assert (outcome.total, outcome.succeeded, outcome.dead_letters) == (7, 6, 1)
+    [dead] = [r for r in harness.rows().values() if r["status"] == "dead_letter"]
+    assert (dead["error_code"], line_of(dead["error_message"], source)) == ("duplicate_id", 6)
+    assert {"A", "A#dup1"} <= set(harness.labels())
+
+
+def test_a_lone_surrogate_escape_is_an_input_dead_letter(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    raw = b'{"review_id": "S-1", "created_at": "' + STAMP.encode() + b'", "text": "a \\ud800 b"}'
+    source = write_source(harness.home, day_of(Line(raw, "invalid_row")))
+
+    outcome = harness.run_day()
+
+    assert (outcome.total, outcome.succeeded, outcome.dead_letters) == (5, 4, 1)
+    [dead] = [r for r in harness.rows().values() if r["status"] == "dead_letter"]
+    assert (dead["error_class"], dead["error_code"]) == ("input", "invalid_row")
+    assert line_of(dead["error_message"], source) == 5
+
+
+def test_a_csv_dead_letter_names_the_physical_line(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    overrides = {"source": {"kind": "csv", "uri": "reviews/*.csv"}}
+    for harness in make_harness(tmp_path, database_url, fake, **overrides):
+        frame = pd.DataFrame.from_records(
+            [
+                {"review_id": "T-0", "created_at": STAMP, "text": "Great.\nTwo\nmore lines."},
+                {"review_id": "", "created_at": STAMP, "text": good_text(1)},
+            ]
+        )
+        source = harness.home / "reviews" / f"reviews-{DAY.isoformat()}.csv"
+        frame.to_csv(source, index=False)
+        assert source.read_text().splitlines()[4].startswith(",")  # the missing id: line 5
+
+        harness.run_day()
+
+        [dead] = [r for r in harness.rows().values() if r["status"] == "dead_letter"]
+        assert dead["error_code"] == "missing_id"
+        assert line_of(dead["error_message"], source) == 5
+
+
+def test_parquet_integer_ids_next_to_a_missing_id_keep_their_value(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    overrides = {"source": {"kind": "parquet", "uri": "reviews/*.parquet"}}
+    for harness in make_harness(tmp_path, database_url, fake, **overrides):
+        # As Spark, DuckDB or pyarrow write it: an int64 column with a null, no pandas metadata.
+        table = pa.table(
+            {
+                "review_id": pa.array([7, None, 9], pa.int64()),
+                "created_at": [STAMP] * 3,
+                "text": [good_text(n) for n in range(3)],
+            }
+        )
+        pq.write_table(table, harness.home / "reviews" / f"reviews-{DAY.isoformat()}.parquet")
+
+        outcome = harness.run_day()
+
+        assert (outcome.succeeded, outcome.dead_letters) == (2, 1)
+        assert set(harness.labels()) == {"7", "9"}

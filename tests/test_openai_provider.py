@@ -403,3 +403,56 @@ def test_batch_results_checks_list_missing_and_duplicated_custom_ids(
     duplicated = rows["R-20261102-0004"]["custom_id"]
     assert warned and all(e.severity == dg.AssetCheckSeverity.WARN for e in warned)
     assert any(duplicated in e.metadata["custom_ids"].value for e in warned)
+
+
+def _add_review(harness: Harness, review_id: str, text: str) -> None:
+    path = harness.home / "reviews" / "reviews-2026-11-02.jsonl"
+    row = {"review_id": review_id, "created_at": "2026-11-02T12:00:00Z", "text": text}
+    with path.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+def test_a_request_over_the_shard_byte_cap_is_an_input_dead_letter(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    sharding = {"max_requests_per_shard": 10, "max_bytes_per_shard": 4096}
+    for harness in make_harness(tmp_path, database_url, fake, sharding=sharding):
+        _add_review(harness, "R-big", "This is good. " * 400)
+
+        outcome = harness.run_day()
+
+        row = next(r for r in harness.rows().values() if r["source_id"] == "R-big")
+        assert (row["status"], row["error_class"], row["error_code"]) == (
+            "dead_letter",
+            "input",
+            "request_too_large",
+        )
+        assert "4096" in row["error_message"]
+        assert outcome.succeeded == len(harness.truth)
+        assert row["custom_id"] not in fake.submitted_custom_ids()
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_over_context_text_is_dead_lettered_or_truncated_as_the_spec_asks(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI, truncate: bool
+) -> None:
+    prompt = {"truncate_to_context": truncate}
+    for harness in make_harness(tmp_path, database_url, fake, prompt=prompt):
+        long_text = "It is good. " * 50_000  # 600,000 chars, about 150,000 tokens
+        _add_review(harness, "R-long", long_text)
+
+        harness.run_day()
+
+        row = next(r for r in harness.rows().values() if r["source_id"] == "R-long")
+        if not truncate:
+            assert (row["status"], row["error_code"]) == ("dead_letter", "context_exceeded")
+            continue
+        assert row["status"] == "succeeded"
+        shard = harness.ledger.get_shard(row["shard_id"])
+        sent = next(
+            json.loads(line)
+            for line in harness.storage.open_lines(shard.input_uri)
+            if json.loads(line)["custom_id"] == row["custom_id"]
+        )
+        content = sent["body"]["messages"][-1]["content"]
+        assert 400_000 < len(content) < len(long_text)
