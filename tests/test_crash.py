@@ -221,8 +221,10 @@ def test_chaos_two_thousand_items_with_faults_of_every_class_and_random_kills(
             return None
         roll = rng.random()
         kind = None
-        if roll < 0.03:
+        if roll < 0.02:
             kind = "5xx"
+        elif roll < 0.03:
+            kind = "429"
         elif roll < 0.05:
             kind = "4xx"
         elif roll < 0.07:

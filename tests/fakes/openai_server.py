@@ -39,7 +39,7 @@ from tests.fakes.common import CallLog, ControlFault, FaultPlan, ServerThread
 
 JSON = dict[str, Any]
 CleanErrorFile = Literal["null", "empty_string", "empty_file"]
-LINE_FAULTS = ("4xx", "5xx", "missing", "duplicate", "expire")
+LINE_FAULTS = ("4xx", "429", "5xx", "missing", "duplicate", "expire")
 OUTCOMES = ("completed", "expired", "failed", "cancelled_after_partial")
 
 MAX_LINES = 50_000
@@ -573,7 +573,8 @@ class FakeOpenAI:
     """The fake server; behaviour knobs are plain attributes tests may change between calls.
 
     polls_per_state: how many GET /v1/batches/{id} each status lasts (0: done on the first).
-    line_fault: (custom_id, body) -> None | "4xx" | "5xx" | "missing" | "duplicate" | "expire".
+    line_fault: (custom_id, body) -> None | "4xx" | "429" | "5xx" | "missing" | "duplicate" |
+        "expire".
     batch_outcome: (batch) -> "completed" | "expired" | "failed" | "cancelled_after_partial";
         asked once, when the batch leaves `validating`.
     shuffle_output: output and error lines not in input order (deterministic per batch).
@@ -1216,7 +1217,7 @@ class FakeOpenAI:
                     )
                 )
                 unrun += 1
-            elif fault in ("4xx", "5xx"):
+            elif fault in ("4xx", "429", "5xx"):
                 error_lines.append(self._failed_line(custom_id, body, fault))
                 failed += 1
             elif fault == "missing":
@@ -1290,6 +1291,13 @@ class FakeOpenAI:
                 "invalid_request_error",
                 param="messages" if "messages" in body else "input",
                 code="invalid_value",
+            )
+        elif fault == "429":
+            status = 429
+            error = error_body(
+                "Rate limit reached for requests (injected by the fake).",
+                "requests",
+                code="rate_limit_exceeded",
             )
         else:
             status = 500
