@@ -1,6 +1,7 @@
 """Asset checks: names are constants; ERROR checks gate, WARN checks advise."""
 
 from collections.abc import Sequence
+from typing import Any
 
 import dagster as dg
 
@@ -57,3 +58,148 @@ def duplicate_results_check(duplicates: int, custom_ids: Sequence[str]) -> dg.As
             "custom_ids": dg.MetadataValue.md(id_table(custom_ids)) if custom_ids else "",
         },
     )
+
+
+OUTPUT_SCHEMA = "output_schema"
+QUALITY_FAILURE_RATE = "quality_failure_rate"
+OUTPUTS_COMPLETE = "outputs_complete"
+LOW_CONFIDENCE_SHARE = "low_confidence_share"
+LABEL_DISTRIBUTION_SHIFT = "label_distribution_shift"
+BLOCKING_CHECKS = (OUTPUT_SCHEMA, QUALITY_FAILURE_RATE, OUTPUTS_COMPLETE)
+
+
+def validated_outputs_check_specs(spec: Any, key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
+    from llm_assets import quality
+
+    specs = [
+        dg.AssetCheckSpec(
+            OUTPUT_SCHEMA,
+            asset=key,
+            blocking=True,
+            description="The published Parquet passes the pandera schema built from the spec.",
+        ),
+        dg.AssetCheckSpec(
+            QUALITY_FAILURE_RATE,
+            asset=key,
+            blocking=True,
+            description="Quality dead letters stay within quality.max_failure_rate.",
+        ),
+        dg.AssetCheckSpec(
+            OUTPUTS_COMPLETE,
+            asset=key,
+            blocking=True,
+            description="Every item is terminal and every sent item has a result.",
+        ),
+    ]
+    if quality.confidence_field(spec) and spec.quality.min_confidence is not None:
+        specs.append(
+            dg.AssetCheckSpec(
+                LOW_CONFIDENCE_SHARE,
+                asset=key,
+                description="Share of rows below quality.min_confidence (WARN).",
+            )
+        )
+    if quality.label_field(spec):
+        specs.append(
+            dg.AssetCheckSpec(
+                LABEL_DISTRIBUTION_SHIFT,
+                asset=key,
+                description="Label distribution against recent partitions (WARN).",
+            )
+        )
+    return specs
+
+
+def case_table(cases: Sequence[dict[str, Any]], limit: int = 20) -> str:
+    if not cases:
+        return "_none_"
+    columns = list(cases[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for case in cases[:limit]:
+        cells = [str(case.get(c, "")).replace("|", "\\|").replace("\n", " ")[:120] for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def validated_outputs_checks(
+    spec: Any, result: Any, schema_failures: Sequence[dict[str, Any]]
+) -> list[dg.AssetCheckResult]:
+    """Check results of one validated_outputs materialization (see validate_outputs)."""
+    from llm_assets import quality
+
+    rate_ok = result.failure_rate <= spec.quality.max_failure_rate
+    checks = [
+        dg.AssetCheckResult(
+            check_name=OUTPUT_SCHEMA,
+            passed=not schema_failures,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={
+                "failing_rows": len(schema_failures),
+                "failure_cases": dg.MetadataValue.md(case_table(schema_failures)),
+            },
+            description=None if not schema_failures else "the published frame breaks the schema",
+        ),
+        dg.AssetCheckResult(
+            check_name=QUALITY_FAILURE_RATE,
+            passed=rate_ok,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={
+                "failure_rate": result.failure_rate,
+                "max_failure_rate": spec.quality.max_failure_rate,
+                "quality_dead_letters": result.quality_dead_letters,
+                "valid_rows": result.valid_rows,
+                "failures_by_rule": result.quality_failures,
+                "failure_cases": dg.MetadataValue.md(case_table(result.failure_cases)),
+            },
+            description=None
+            if rate_ok
+            else f"quality failure rate {result.failure_rate:.1%} is over "
+            f"quality.max_failure_rate {spec.quality.max_failure_rate:.1%}",
+        ),
+        dg.AssetCheckResult(
+            check_name=OUTPUTS_COMPLETE,
+            passed=result.open_items == 0 and not result.missing_results,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={
+                "open_items": result.open_items,
+                "missing_results": len(result.missing_results),
+                "custom_ids": dg.MetadataValue.md(id_table(result.missing_results)),
+            },
+            description=None
+            if result.open_items == 0 and not result.missing_results
+            else f"{result.open_items} items still open, {len(result.missing_results)} never "
+            "answered",
+        ),
+    ]
+    if quality.confidence_field(spec) and spec.quality.min_confidence is not None:
+        share = (result.low_confidence_rows or 0) / result.valid_rows if result.valid_rows else 0.0
+        checks.append(
+            dg.AssetCheckResult(
+                check_name=LOW_CONFIDENCE_SHARE,
+                passed=share <= spec.quality.max_low_confidence_share,
+                severity=dg.AssetCheckSeverity.WARN,
+                metadata={
+                    "share_below_min_confidence": share,
+                    "rows_below_min_confidence": result.low_confidence_rows or 0,
+                    "min_confidence": spec.quality.min_confidence,
+                    "max_low_confidence_share": spec.quality.max_low_confidence_share,
+                },
+            )
+        )
+    if quality.label_field(spec):
+        shift = result.label_shift
+        checks.append(
+            dg.AssetCheckResult(
+                check_name=LABEL_DISTRIBUTION_SHIFT,
+                passed=shift is None or shift <= spec.quality.max_label_shift,
+                severity=dg.AssetCheckSeverity.WARN,
+                metadata={
+                    "total_variation": shift if shift is not None else -1.0,
+                    "baseline_partitions": spec.quality.shift_window,
+                    "has_baseline": bool(result.baseline_distribution),
+                    "distribution": result.label_distribution,
+                    "baseline": result.baseline_distribution,
+                },
+            )
+        )
+    return checks

@@ -21,6 +21,8 @@ STEPS = (
     "provider_batches",
     "batch_results",
     "validated_outputs",
+    "published_outputs",
+    "qa_sample",
     "dead_letter",
     "cost_report",
 )
@@ -248,8 +250,11 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
     @dg.asset(
         key=asset_key(spec, "validated_outputs"),
         deps=[batch_results],
-        description="Results that parse against the output schema, as Parquet with lineage.",
-        kinds={"parquet"},
+        description="Results that pass the pydantic and pandera gate, as Parquet with lineage.",
+        kinds={"parquet", "pandera"},
+        check_specs=checks.validated_outputs_check_specs(
+            spec, asset_key(spec, "validated_outputs")
+        ),
         **common,
     )
     def validated_outputs(
@@ -258,16 +263,65 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
         result: steps.ValidateResult = _run_step(
             lambda: steps.validate_outputs(spec, day_of(context), ledger, storage)
         )
+        schema_failures = steps.published_frame_failures(spec, result.uri, storage)
         return dg.MaterializeResult(
+            check_results=checks.validated_outputs_checks(spec, result, schema_failures),
             metadata={
                 **lineage,
                 "job_id": result.job_id,
                 "dagster/row_count": result.valid_rows,
                 "uri": dg.MetadataValue.path(result.uri),
                 "quality_dead_letters": sum(result.quality_failures.values()),
+                "quality_dead_letters_total": result.quality_dead_letters,
+                "quality_failure_rate": result.failure_rate,
                 "quality_failures_by_rule": result.quality_failures,
                 "open_items": result.open_items,
+                "label_distribution": result.label_distribution,
                 "preview": dg.MetadataValue.md(_md_table(result.preview)),
+            },
+        )
+
+    @dg.asset(
+        key=asset_key(spec, "published_outputs"),
+        deps=[validated_outputs],
+        description="The hand-off to consumers; never materialized past a failed blocking check.",
+        kinds={"parquet"},
+        **common,
+    )
+    def published_outputs(
+        context: dg.AssetExecutionContext, ledger: LedgerResource, storage: ArtifactStorage
+    ) -> dg.MaterializeResult:
+        result: steps.PublishResult = _run_step(
+            lambda: steps.publish_outputs(spec, day_of(context), ledger, storage)
+        )
+        return dg.MaterializeResult(
+            metadata={
+                **lineage,
+                "dagster/row_count": result.rows,
+                "uri": dg.MetadataValue.path(result.uri),
+                "content_sha256": result.sha256,
+            }
+        )
+
+    @dg.asset(
+        key=asset_key(spec, "qa_sample"),
+        deps=[validated_outputs],
+        description="Validated rows drawn with a fixed seed per partition, for spot checks.",
+        kinds={"jsonl"},
+        **common,
+    )
+    def qa_sample(
+        context: dg.AssetExecutionContext, ledger: LedgerResource, storage: ArtifactStorage
+    ) -> dg.MaterializeResult:
+        result: steps.SampleResult = _run_step(
+            lambda: steps.qa_sample(spec, day_of(context), ledger, storage)
+        )
+        return dg.MaterializeResult(
+            metadata={
+                **lineage,
+                "dagster/row_count": result.rows,
+                "uri": dg.MetadataValue.path(result.uri),
+                "preview": dg.MetadataValue.md(_md_table(result.preview, limit=20)),
             }
         )
 
@@ -334,6 +388,8 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
         provider_batches,
         batch_results,
         validated_outputs,
+        published_outputs,
+        qa_sample,
         dead_letter,
         cost_report,
     ]

@@ -25,7 +25,8 @@ from llm_assets.spec import PipelineSpec
 
 SUBMIT_STEPS = ("input_snapshot", "request_shards", "provider_batches")
 IMPORT_STEPS = ("batch_results",)
-FINAL_STEPS = ("validated_outputs", "dead_letter", "cost_report")
+GATED_STEPS = ("validated_outputs", "published_outputs", "qa_sample")
+REPORT_STEPS = ("dead_letter", "cost_report")
 
 
 class StepFailed(Exception):
@@ -56,6 +57,18 @@ ProgressFn = Callable[[str, int, int], None]
 
 
 def _failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
+    failed_checks = [
+        e
+        for e in result.get_asset_check_evaluations()
+        if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR
+    ]
+    if failed_checks:
+        reasons = "; ".join(
+            f"{e.asset_key.to_user_string()} check {e.check_name} failed"
+            + (f": {e.description}" if e.description else "")
+            for e in failed_checks
+        )
+        return StepFailed(f"quality gate: {reasons}", gate="quality")
     for event in result.all_events:
         if not event.is_step_failure:
             continue
@@ -198,7 +211,17 @@ class PartitionRunner:
                 break
             self.wait_for_backoff(planned, progress)
             run_ids.append(self.materialize(day, ("provider_batches",)))
-        run_ids.append(self.materialize(day, FINAL_STEPS))
+        # The quality gate runs first; dead letters and costs are reported even when it fails.
+        gate: StepFailed | None = None
+        try:
+            run_ids.append(self.materialize(day, GATED_STEPS))
+        except StepFailed as exc:
+            if exc.gate is None:
+                raise
+            gate = exc
+        run_ids.append(self.materialize(day, REPORT_STEPS))
+        if gate is not None:
+            raise gate
         return self.outcome(day, run_ids)
 
 

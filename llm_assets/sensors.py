@@ -17,7 +17,8 @@ from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import ENDED_STATES, IN_FLIGHT_STATES, BatchProvider
 from llm_assets.spec import PipelineSpec
 
-IMPORT_STEPS = ("batch_results", "validated_outputs", "dead_letter", "cost_report")
+IMPORT_STEPS = ("batch_results",)
+FINISH_STEPS = ("validated_outputs", "published_outputs", "qa_sample", "dead_letter", "cost_report")
 POLL_DEADLINE_SECONDS = 30.0
 POLL_WORKERS = 8
 
@@ -29,6 +30,7 @@ def batch_status_sensor_name(spec: PipelineSpec) -> str:
 def build_batch_status_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
     provider_key = provider_resource_key(spec.model.provider)
     import_keys = [asset_key(spec, step) for step in IMPORT_STEPS]
+    finish_keys = [asset_key(spec, step) for step in FINISH_STEPS]
     submit_key = asset_key(spec, "provider_batches")
 
     @dg.sensor(
@@ -37,7 +39,7 @@ def build_batch_status_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={"ledger", provider_key},
-        asset_selection=[*import_keys, submit_key],
+        asset_selection=[*import_keys, *finish_keys, submit_key],
     )
     def batch_status(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         ledger: LedgerResource = context.resources.ledger
@@ -95,6 +97,22 @@ def build_batch_status_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
             if shard.round > 0
             and (shard.not_before is None or steps.aware(shard.not_before) <= utcnow())
         ]
+        # A day whose items are all terminal is validated, published and reported once per
+        # set of imported shards; the blocking checks then gate publication in that run.
+        for job in ledger.jobs_for_pipeline(spec.name):
+            if job.status != "completed":
+                continue
+            shards = ledger.shards(job.job_id)
+            if not shards or any(s.status != "imported" for s in shards):
+                continue
+            last = max(s.imported_at for s in shards if s.imported_at)
+            run_requests.append(
+                dg.RunRequest(
+                    run_key=f"finish:{job.job_id}:{len(shards)}:{last.isoformat()}",
+                    partition_key=job.partition_date.isoformat(),
+                    asset_selection=finish_keys,
+                )
+            )
         skipped = len(in_flight) - len(polled)
         if skipped:
             context.log.info(f"deadline reached; {skipped} shards left for the next tick")

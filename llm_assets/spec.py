@@ -117,6 +117,10 @@ class FieldSpec(_Strict):
 class OutputSpec(_Strict):
     format: Literal["json", "text"] = "json"
     output_schema: dict[str, FieldSpec] = Field(default_factory=dict, alias="schema")
+    pandera_model: str | None = Field(
+        default=None,
+        description="`package.module:Class` of a pandera DataFrameModel with extra frame rules.",
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -132,6 +136,17 @@ class OutputSpec(_Strict):
 class QualitySpec(_Strict):
     max_failure_rate: float = Field(default=0.05, ge=0.0, le=1.0)
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_low_confidence_share: float = Field(
+        default=0.2, ge=0.0, le=1.0, description="WARN above this share below min_confidence."
+    )
+    max_label_shift: float = Field(
+        default=0.3,
+        ge=0.0,
+        le=1.0,
+        description="WARN when the label distribution moves more than this (total variation).",
+    )
+    shift_window: int = Field(default=7, ge=1, description="Recent partitions compared.")
+    qa_sample_size: int = Field(default=20, ge=0)
 
 
 class ShardingSpec(_Strict):
@@ -256,6 +271,15 @@ def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
                 )
             )
         problems.extend(provider_spec_problems(spec))
+    if spec.output.pandera_model:
+        try:
+            from llm_assets.quality import custom_model
+
+            custom_model(spec)
+        except Exception as exc:
+            problems.append(
+                ("output.pandera_model", f"cannot use {spec.output.pandera_model!r}: {exc}")
+            )
     try:
         import zoneinfo
 

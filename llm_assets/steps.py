@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from llm_assets import ids
+from llm_assets import ids, quality
 from llm_assets.failpoints import failpoint
 from llm_assets.items import PreparedItem, prepare_items
 from llm_assets.resources.ledger import (
@@ -685,8 +685,16 @@ class ValidateResult(BaseModel):
     uri: str
     valid_rows: int
     quality_failures: dict[str, int]
+    quality_dead_letters: int
+    failure_rate: float
+    failure_cases: list[dict[str, Any]]
     open_items: int
+    missing_results: list[str]
     preview: list[dict[str, Any]]
+    low_confidence_rows: int | None = None
+    label_distribution: dict[str, float] = {}
+    baseline_distribution: dict[str, float] = {}
+    label_shift: float | None = None
 
 
 def _arrow_schema(spec: PipelineSpec) -> Any:
@@ -700,10 +708,7 @@ def _arrow_schema(spec: PipelineSpec) -> Any:
         "list[str]": pa.list_(pa.string()),
         "list[float]": pa.list_(pa.float32()),
     }
-    lineage = [
-        pa.field(name, pa.string())
-        for name in ("job_id", "custom_id", "source_id", "prompt_version", "model")
-    ]
+    lineage = [pa.field(name, pa.string()) for name in quality.LINEAGE]
     if spec.output.format == "text":
         return pa.schema([*lineage, pa.field("text", pa.string())])
     fields = [pa.field(n, types[f.type]) for n, f in spec.output.output_schema.items()]
@@ -713,7 +718,9 @@ def _arrow_schema(spec: PipelineSpec) -> Any:
 def validate_outputs(
     spec: PipelineSpec, day: dt.date, ledger: LedgerResource, storage: ArtifactStorage
 ) -> ValidateResult:
-    """Parse succeeded results; failures become quality dead letters naming the rule."""
+    """Parse succeeded results with pydantic, then check them as a frame with pandera; every
+    failure becomes a quality dead letter naming the rule and the offending value."""
+    import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -722,54 +729,131 @@ def validate_outputs(
     failures: dict[str, int] = defaultdict(int)
     failed_rows: list[dict[str, Any]] = []
     preview: list[dict[str, Any]] = []
+    seen_sources: set[str] = set()
+    labels: dict[str, int] = defaultdict(int)
+    label_name = quality.label_field(spec)
+    confidence_name = quality.confidence_field(spec)
+    low_confidence = 0
     valid = 0
-    batch: list[dict[str, Any]] = []
+
+    def fail(custom_id: str, rule: str, message: str) -> None:
+        failures[rule] += 1
+        failed_rows.append(
+            {
+                "custom_id": custom_id,
+                "status": DEAD_LETTER,
+                "error_class": "quality",
+                "error_code": rule,
+                "error_message": message,
+            }
+        )
+
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "outputs.parquet"
-        with pq.ParquetWriter(path, schema) as writer:
+        outputs_path = Path(tmp) / "outputs.jsonl"
+        with pq.ParquetWriter(path, schema) as writer, outputs_path.open("w") as outputs:
+
+            def flush(batch: list[dict[str, Any]]) -> None:
+                nonlocal valid, low_confidence
+                frame = pd.DataFrame(batch, columns=schema.names)
+                passed, broken = quality.validate_frame(spec, frame, seen_sources)
+                for failure in broken:
+                    fail(failure.custom_id, failure.rule, f"{failure.rule}: got {failure.value!r}")
+                rows = passed.to_dict(orient="records")
+                if rows:
+                    writer.write_table(pa.Table.from_pylist(rows, schema=schema))
+                for row in rows:
+                    valid += 1
+                    if len(preview) < 10:
+                        preview.append(row)
+                    if label_name:
+                        labels[str(row[label_name])] += 1
+                    if (
+                        confidence_name
+                        and spec.quality.min_confidence is not None
+                        and row[confidence_name] < spec.quality.min_confidence
+                    ):
+                        low_confidence += 1
+                    value = {k: row[k] for k in schema.names if k not in quality.LINEAGE}
+                    outputs.write(
+                        json.dumps(
+                            {
+                                "custom_id": row["custom_id"],
+                                "source_id": row["source_id"],
+                                "prompt_version": job.prompt_version,
+                                "model_name": job.model_name,
+                                "output_json": json.dumps(value, ensure_ascii=False),
+                            },
+                            ensure_ascii=False,
+                        )
+                        + "\n"
+                    )
+
+            batch: list[dict[str, Any]] = []
             for item in ledger.iter_items(job.job_id, [SUCCEEDED]):
                 parsed = parse_output(spec, item["result_json"], item["finish_reason"])
                 if not parsed.ok:
-                    failures[parsed.rule or "unknown"] += 1
-                    failed_rows.append(
-                        {
-                            "custom_id": item["custom_id"],
-                            "status": DEAD_LETTER,
-                            "error_class": "quality",
-                            "error_code": parsed.rule,
-                            "error_message": parsed.message,
-                        }
-                    )
+                    fail(item["custom_id"], parsed.rule or "unknown", parsed.message or "")
                     continue
-                row = {
-                    "job_id": job.job_id,
-                    "custom_id": item["custom_id"],
-                    "source_id": item["source_id"],
-                    "prompt_version": job.prompt_version,
-                    "model": job.model_name,
-                    **(parsed.value or {}),
-                }
-                valid += 1
-                if len(preview) < 10:
-                    preview.append(row)
-                batch.append(row)
+                batch.append(
+                    {
+                        "job_id": job.job_id,
+                        "custom_id": item["custom_id"],
+                        "source_id": item["source_id"],
+                        "prompt_version": job.prompt_version,
+                        "model": job.model_name,
+                        **(parsed.value or {}),
+                    }
+                )
                 if len(batch) >= 10_000:
-                    writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                    flush(batch)
                     batch = []
             if batch:
-                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                flush(batch)
         key = _key("outputs", spec.name, day.isoformat(), f"{job.job_id}.parquet")
         uri = storage.write_file(key, path).uri
-    failpoint("validate.after_write")
-    ledger.set_item_errors(job.job_id, failed_rows, from_status=[SUCCEEDED])
+        failpoint("validate.after_write")
+        ledger.set_item_errors(job.job_id, failed_rows, from_status=[SUCCEEDED])
+
+        def stored_outputs() -> Iterator[dict[str, Any]]:
+            with outputs_path.open() as handle:
+                for line in handle:
+                    yield json.loads(line)
+
+        ledger.replace_outputs(job.job_id, stored_outputs())
     counts = ledger.refresh_job(job.job_id)
+    quality_dead = counts.dead_letters_by_class.get("quality", 0)
+    judged = counts.succeeded + quality_dead
+    cases = [
+        {k: row[k] for k in ("custom_id", "source_id", "error_code", "error_message")}
+        for row in ledger.iter_dead_letters(job.job_id)
+        if row["error_class"] == "quality"
+    ][:20]
+    baseline: dict[str, float] = {}
+    shift = None
+    if label_name:
+        past = (
+            json.loads(row["output_json"]).get(label_name)
+            for row in ledger.recent_outputs(spec.name, day, spec.quality.shift_window)
+        )
+        baseline = quality.distribution(past)
+        current = {k: v / valid for k, v in labels.items()} if valid else {}
+        shift = quality.total_variation(current, baseline) if baseline and current else None
     return ValidateResult(
         job_id=job.job_id,
         uri=uri,
         valid_rows=valid,
         quality_failures=dict(failures),
+        quality_dead_letters=quality_dead,
+        failure_rate=quality_dead / judged if judged else 0.0,
+        failure_cases=cases,
         open_items=counts.open,
+        missing_results=ledger.missing_results(job.job_id) if counts.open == 0 else [],
         preview=preview,
+        low_confidence_rows=low_confidence if confidence_name else None,
+        label_distribution={k: v / valid for k, v in sorted(labels.items())} if valid else {},
+        baseline_distribution=baseline,
+        label_shift=shift,
     )
 
 
@@ -844,3 +928,68 @@ def cost_report(
     key = _key("reports", spec.name, day.isoformat(), f"{job.job_id}.cost.json")
     uri = storage.write_bytes(key, report.model_dump_json(indent=2).encode()).uri
     return report.model_copy(update={"uri": uri})
+
+
+def published_frame_failures(
+    spec: PipelineSpec, uri: str, storage: ArtifactStorage
+) -> list[dict[str, Any]]:
+    """Read the written Parquet back and check it against the frame schema, batch by batch."""
+    import pyarrow.parquet as pq
+
+    failures: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    with storage.local_copy(uri) as path:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=50_000):
+            _, broken = quality.validate_frame(spec, batch.to_pandas(), seen)
+            failures += [f.model_dump() for f in broken]
+    return failures
+
+
+class PublishResult(BaseModel):
+    uri: str
+    rows: int
+    sha256: str
+
+
+def publish_outputs(
+    spec: PipelineSpec, day: dt.date, ledger: LedgerResource, storage: ArtifactStorage
+) -> PublishResult:
+    """The hand-off to consumers: the day's validated Parquet at a stable address."""
+    import pyarrow.parquet as pq
+
+    job = existing_job(spec, day, ledger)
+    source = storage.uri(_key("outputs", spec.name, day.isoformat(), f"{job.job_id}.parquet"))
+    with storage.local_copy(source) as path:
+        rows = pq.ParquetFile(path).metadata.num_rows
+        written = storage.write_file(
+            _key("published", spec.name, f"{day.isoformat()}.parquet"), path
+        )
+    return PublishResult(uri=written.uri, rows=rows, sha256=written.sha256)
+
+
+class SampleResult(BaseModel):
+    uri: str
+    rows: int
+    preview: list[dict[str, Any]]
+
+
+def qa_sample(
+    spec: PipelineSpec, day: dt.date, ledger: LedgerResource, storage: ArtifactStorage
+) -> SampleResult:
+    """N validated rows drawn with a seed fixed per partition, for human spot checks."""
+    import pyarrow.parquet as pq
+
+    job = existing_job(spec, day, ledger)
+    source = storage.uri(_key("outputs", spec.name, day.isoformat(), f"{job.job_id}.parquet"))
+    with storage.local_copy(source) as path:
+        table = pq.read_table(path)
+    rng = random.Random(f"{spec.name}/{day.isoformat()}/{job.job_id}")
+    picks = sorted(
+        rng.sample(range(table.num_rows), min(spec.quality.qa_sample_size, table.num_rows))
+    )
+    rows = table.take(picks).to_pylist() if picks else []
+    written = storage.write_lines(
+        _key("qa", spec.name, f"{day.isoformat()}.jsonl"),
+        (json.dumps(row, ensure_ascii=False, default=str).encode() for row in rows),
+    )
+    return SampleResult(uri=written.uri, rows=len(rows), preview=rows[:20])

@@ -79,7 +79,7 @@ def review_spec(provider: str, model_name: str, **overrides: Any) -> dict[str, A
         "partitions": {"start_date": "2026-11-01", "timezone": "UTC"},
     }
     for key, value in overrides.items():
-        spec[key] = {**spec[key], **value} if isinstance(value, dict) else value
+        spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
     return spec
 
 

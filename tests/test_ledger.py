@@ -481,7 +481,12 @@ def test_upsert_duplicate_lines_success_wins(ledger: LedgerResource, database_ur
         ok(cid(4), "finally"),
     ]
     stats = ledger.upsert_results(JOB, rows)
-    assert stats == UpsertStats(received=12, applied=5, duplicates=7)
+    assert stats == UpsertStats(
+        received=12,
+        applied=5,
+        duplicates=7,
+        duplicate_ids=[cid(0), cid(1), cid(2), cid(3), cid(4)],
+    )
     items = items_by_id(database_url)
     got = {c: (r["status"], r["result_json"] or r["error_code"]) for c, r in items.items()}
     assert got == {

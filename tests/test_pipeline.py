@@ -286,6 +286,9 @@ def test_results_that_break_the_output_schema_become_quality_dead_letters(
 ) -> None:
     import pandas as pd
 
+    platform.spec = platform.spec.model_copy(
+        update={"quality": platform.spec.quality.model_copy(update={"max_failure_rate": 0.5})}
+    )
     platform.materialize(("input_snapshot", "request_shards", "provider_batches", "batch_results"))
     job = steps.existing_job(platform.spec, DAY, platform.ledger)
     succeeded = sorted(

@@ -5,7 +5,7 @@ import pytest
 
 from llm_assets import sensors
 from llm_assets.factory import asset_key, build_pipeline_assets
-from llm_assets.sensors import IMPORT_STEPS, build_batch_status_sensor
+from llm_assets.sensors import FINISH_STEPS, IMPORT_STEPS, build_batch_status_sensor
 from tests import test_anthropic_provider as anthropic_tests
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.harness import DAY, Harness
@@ -56,13 +56,20 @@ def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
     assert request.partition_key == DAY.isoformat()
     assert request.run_key == ",".join(sorted(s.provider_batch_id for s in shards))
     assert set(request.asset_selection) == {asset_key(harness.spec, s) for s in IMPORT_STEPS}
+
+    retrieves = [c for c in fake.calls.entries() if c["method"] == "GET"]
+    assert all("/results" not in c["path"] for c in retrieves)
+
+    assert harness.materialize("batch_results").success
+    [finish] = tick(harness).run_requests
+    assert finish.run_key.startswith(f"finish:{harness.job_id()}:3:")
+    assert set(finish.asset_selection) == {asset_key(harness.spec, s) for s in FINISH_STEPS}
+    assert [r.run_key for r in tick(harness).run_requests] == [finish.run_key]
     ended = {
         e.metadata["shard_id"].value: e.metadata["completed_requests"].value
         for e in result.asset_events
     }
     assert ended == {s.shard_id: s.item_count for s in shards}
-    retrieves = [c for c in fake.calls.entries() if c["method"] == "GET"]
-    assert all("/results" not in c["path"] for c in retrieves)
 
 
 def test_sensor_requests_submission_of_planned_retry_shards(

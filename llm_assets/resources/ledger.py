@@ -125,6 +125,21 @@ result_table = sa.Table(
 )
 
 
+output_table = sa.Table(
+    "llm_batch_output",
+    metadata,
+    sa.Column("id", _BigInt, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(128), sa.ForeignKey("llm_batch_job.job_id"), nullable=False),
+    sa.Column("custom_id", sa.String(64), nullable=False),
+    sa.Column("source_id", sa.Text, nullable=True),
+    sa.Column("prompt_version", sa.String(64), nullable=False),
+    sa.Column("model_name", sa.String(128), nullable=False),
+    sa.Column("output_json", sa.Text, nullable=False),
+    sa.Column("created_at", _Now, nullable=False),
+    sa.UniqueConstraint("job_id", "custom_id", name="uq_output_job_custom_id"),
+)
+
+
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -897,3 +912,37 @@ class LedgerResource(dg.ConfigurableResource):
                     .values(status=PENDING, shard_id=shard["shard_id"], updated_at=now)
                 ).rowcount
         return moved
+
+    def replace_outputs(self, job_id: str, rows: Iterable[dict[str, Any]]) -> int:
+        """The validated outputs of a job, replaced as a whole in one transaction."""
+        now = utcnow()
+        written = 0
+        with self.begin() as conn:
+            conn.execute(sa.delete(output_table).where(output_table.c.job_id == job_id))
+            for chunk in _chunks(rows):
+                conn.execute(
+                    sa.insert(output_table),
+                    [{**row, "job_id": job_id, "created_at": now} for row in chunk],
+                )
+                written += len(chunk)
+        return written
+
+    def recent_outputs(
+        self, pipeline: str, before: dt.date, partitions: int
+    ) -> Iterator[dict[str, Any]]:
+        """Validated outputs of the pipeline's latest jobs on the `partitions` days before."""
+        days = (
+            sa.select(job_table.c.partition_date)
+            .where(job_table.c.pipeline == pipeline, job_table.c.partition_date < before)
+            .distinct()
+            .order_by(job_table.c.partition_date.desc())
+            .limit(partitions)
+        ).subquery()
+        query = (
+            sa.select(output_table.c.output_json)
+            .join(job_table, job_table.c.job_id == output_table.c.job_id)
+            .where(job_table.c.partition_date.in_(sa.select(days.c.partition_date)))
+        )
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=CHUNK).execute(query):
+                yield dict(row._mapping)

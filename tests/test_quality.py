@@ -1,0 +1,212 @@
+"""The quality gate: garbage that returns 200 OK never reaches validated or published outputs."""
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+import pytest
+import yaml
+
+from llm_assets.factory import asset_key
+from llm_assets.runner import StepFailed
+from tests.fakes.openai_server import FakeOpenAI, user_text
+from tests.harness import DAY, Harness, review_spec
+from tests.test_openai_provider import make_harness, truthful
+
+GARBAGE = {
+    1: ("{not json", "invalid_json"),
+    2: (json.dumps({"label": "meh", "summary": "fine"}), "label.literal_error"),
+    3: (json.dumps({"label": "positive", "summary": ""}), "summary.string_too_short"),
+    4: (json.dumps({"label": "positive", "summary": "x" * 600}), "truncated"),
+}
+
+
+def garbage_for(numbers: dict[int, tuple[str, str]]) -> Any:
+    def responder(body: dict[str, Any]) -> str:
+        for n, (text, _) in numbers.items():
+            if f"Order {1000 + n} " in user_text(body):
+                return text
+        return truthful(body)
+
+    return responder
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(tmp_path / "fake_openai") as server:
+        server.polls_per_state = 0
+        yield server
+
+
+def quality_harness(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI, **quality: Any
+) -> Iterator[Harness]:
+    yield from make_harness(tmp_path, database_url, fake, quality=quality)
+
+
+def parquet(harness: Harness, key: str) -> pd.DataFrame:
+    with harness.storage.local_copy(harness.storage.uri(key)) as path:
+        return pd.read_parquet(path)
+
+
+def latest_checks(harness: Harness) -> dict[str, Any]:
+    """The latest evaluation of each validated_outputs check for the day, from the instance."""
+    found = {}
+    for name in ("output_schema", "quality_failure_rate", "outputs_complete"):
+        key = dg.AssetCheckKey(asset_key(harness.spec, "validated_outputs"), name)
+        records = harness.instance.event_log_storage.get_asset_check_execution_history(
+            key, limit=10
+        )
+        evaluated = [r for r in records if r.event and r.event.asset_check_evaluation]
+        assert evaluated, name
+        found[name] = evaluated[0].event.asset_check_evaluation
+        target = evaluated[0].event.asset_check_evaluation.target_materialization_data
+        found[f"{name}.partition"] = partition_of(harness, target.storage_id) if target else None
+    return found
+
+
+def partition_of(harness: Harness, storage_id: int) -> str | None:
+    """The partition of the materialization a check evaluated, read from the instance."""
+    records = harness.instance.fetch_materializations(
+        dg.AssetRecordsFilter(
+            asset_key=asset_key(harness.spec, "validated_outputs"),
+            asset_partitions=[DAY.isoformat()],
+        ),
+        limit=100,
+    ).records
+    for record in records:
+        if record.storage_id == storage_id:
+            return record.partition_key
+    return None
+
+
+def test_garbage_below_the_threshold_is_dead_lettered_and_the_rest_published(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    fake.responder = garbage_for(GARBAGE)
+    for harness in quality_harness(tmp_path, database_url, fake, max_failure_rate=0.2):
+        outcome = harness.run_day()
+
+        rows = {r["source_id"]: r for r in harness.rows().values()}
+        for n, (_, rule) in GARBAGE.items():
+            row = rows[f"R-20261102-{n:04d}"]
+            assert (row["status"], row["error_class"], row["error_code"]) == (
+                "dead_letter",
+                "quality",
+                rule,
+            ), n
+            assert row["error_message"]
+        assert "meh" in rows["R-20261102-0002"]["error_message"]
+        assert outcome.dead_letters_by_class == {"quality": 4}
+
+        garbage_ids = {f"R-20261102-{n:04d}" for n in GARBAGE}
+        validated = parquet(
+            harness, f"outputs/{harness.spec.name}/{DAY}/{harness.job_id()}.parquet"
+        )
+        published = parquet(harness, f"published/{harness.spec.name}/{DAY}.parquet")
+        assert len(validated) == len(published) == len(harness.truth) - 4
+        assert garbage_ids.isdisjoint(set(published["source_id"]))
+        assert set(published["label"]) <= {"positive", "negative"}
+        checks = latest_checks(harness)
+        assert all(checks[name].passed for name in ("output_schema", "quality_failure_rate"))
+        assert checks["quality_failure_rate.partition"] == DAY.isoformat()
+        rate = checks["quality_failure_rate"].metadata["failure_rate"].value
+        assert rate == pytest.approx(4 / len(harness.truth))
+
+
+def test_garbage_above_the_threshold_blocks_publication(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    fake.responder = garbage_for(GARBAGE)
+    for harness in quality_harness(tmp_path, database_url, fake, max_failure_rate=0.05):
+        with pytest.raises(StepFailed) as blocked:
+            harness.run_day()
+
+        assert blocked.value.gate == "quality"
+        assert "quality_failure_rate" in str(blocked.value)
+        assert "over quality.max_failure_rate" in str(blocked.value)
+        published_key = asset_key(harness.spec, "published_outputs")
+        assert harness.instance.get_latest_materialization_event(published_key) is None
+        assert not harness.storage.exists(
+            harness.storage.uri(f"published/{harness.spec.name}/{DAY}.parquet")
+        )
+        check = latest_checks(harness)["quality_failure_rate"]
+        assert not check.passed
+        assert check.severity == dg.AssetCheckSeverity.ERROR
+        assert latest_checks(harness)["quality_failure_rate.partition"] == DAY.isoformat()
+        cases = check.metadata["failure_cases"].value
+        assert "invalid_json" in cases and "label.literal_error" in cases
+        # Dead letters and the cost report are still written when the gate fails.
+        for step in ("dead_letter", "cost_report"):
+            assert harness.instance.get_latest_materialization_event(asset_key(harness.spec, step))
+
+
+def test_a_custom_dataframe_model_adds_frame_rules(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    fake.responder = truthful
+    output = {"pandera_model": "tests.quality_rules:NoRoutersInSummaries"}
+    quality = {"max_failure_rate": 0.5}
+    for harness in make_harness(tmp_path, database_url, fake, output=output, quality=quality):
+        harness.run_day()
+
+        flagged = [r for r in harness.rows().values() if r["error_class"] == "quality"]
+        assert flagged and all(r["error_code"] == "summary.no_router" for r in flagged)
+        routers = {s for s in harness.truth if int(s[-4:]) % 5 == 3}
+        assert {r["source_id"] for r in flagged} == routers
+
+
+def test_qa_sample_is_the_same_rows_every_time(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    fake.responder = truthful
+    for harness in quality_harness(tmp_path, database_url, fake, qa_sample_size=5):
+        harness.run_day()
+        uri = harness.storage.uri(f"qa/{harness.spec.name}/{DAY}.jsonl")
+        first = [json.loads(line) for line in harness.storage.open_lines(uri)]
+        assert harness.materialize("qa_sample").success
+        again = [json.loads(line) for line in harness.storage.open_lines(uri)]
+
+        assert len(first) == 5
+        assert first == again
+        assert {row["source_id"] for row in first} <= set(harness.truth)
+
+
+def test_the_cli_exits_2_with_the_check_reason(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    fake.responder = garbage_for(GARBAGE)
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    spec = review_spec("openai", "gpt-4o-mini", quality={"max_failure_rate": 0.05})
+    (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
+    from tests.harness import write_reviews
+
+    write_reviews(tmp_path / "home", DAY, 24)
+    env = {
+        **os.environ,
+        "LLM_ASSETS_HOME": str(tmp_path / "home"),
+        "LLM_ASSETS_DATABASE_URL": database_url,
+        "LLM_ASSETS_PIPELINES": str(specs),
+        "DAGSTER_HOME": str(tmp_path / "dagster"),
+        "OPENAI_BASE_URL": fake.base_url,
+        "OPENAI_API_KEY": "test-key",
+    }
+    cli = str(Path(sys.executable).parent / "llm-assets")
+    result = subprocess.run(
+        [cli, "run", spec["name"], "--date", DAY.isoformat(), "--wait", "--poll-interval", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+    assert result.returncode == 2, result.stderr
+    assert "quality_failure_rate" in result.stderr
+    assert "max_failure_rate" in result.stderr
