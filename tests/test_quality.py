@@ -210,3 +210,80 @@ def test_the_cli_exits_2_with_the_check_reason(
     assert result.returncode == 2, result.stderr
     assert "quality_failure_rate" in result.stderr
     assert "max_failure_rate" in result.stderr
+
+
+def check_evaluation(harness: Harness, name: str) -> Any:
+    key = dg.AssetCheckKey(asset_key(harness.spec, "validated_outputs"), name)
+    records = harness.instance.event_log_storage.get_asset_check_execution_history(key, limit=5)
+    return next(r.event.asset_check_evaluation for r in records if r.event)
+
+
+def test_a_label_shift_against_recent_days_warns_without_blocking(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    import datetime as dt
+
+    from tests.harness import write_reviews
+
+    fake.responder = truthful
+    for harness in make_harness(tmp_path, database_url, fake):
+        before = DAY - dt.timedelta(days=1)
+        write_reviews(harness.home, before, 24)
+        harness.runner().run_day(before, wait=True)
+        assert check_evaluation(harness, "label_distribution_shift").passed
+
+        fake.responder = lambda body: json.dumps({"label": "positive", "summary": "all good"})
+        harness.run_day()
+
+        shift = check_evaluation(harness, "label_distribution_shift")
+        assert not shift.passed
+        assert shift.severity == dg.AssetCheckSeverity.WARN
+        assert shift.metadata["total_variation"].value == pytest.approx(0.5)
+        published = asset_key(harness.spec, "published_outputs")
+        event = harness.instance.get_latest_materialization_event(published)
+        assert event is not None and event.dagster_event.partition == DAY.isoformat()
+
+
+def test_a_low_confidence_share_warns(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> None:
+    fake.responder = lambda body: json.dumps(
+        {"label": "positive", "summary": "ok", "confidence": 0.1}
+    )
+    output = {
+        "schema": {
+            "label": {"type": "str", "isin": ["positive", "negative"]},
+            "summary": {"type": "str", "min_length": 1},
+            "confidence": {"type": "float", "ge": 0, "le": 1},
+        }
+    }
+    quality = {"min_confidence": 0.5, "max_low_confidence_share": 0.2}
+    for harness in make_harness(tmp_path, database_url, fake, output=output, quality=quality):
+        harness.run_day()
+
+        low = check_evaluation(harness, "low_confidence_share")
+        assert not low.passed
+        assert low.severity == dg.AssetCheckSeverity.WARN
+        assert low.metadata["share_below_min_confidence"].value == 1.0
+
+
+@pytest.mark.parametrize(
+    ("answer", "rule"),
+    [("", "empty_output"), ("y" * 600, "truncated"), ("z" * 150, "text.max_length")],
+)
+def test_text_outputs_are_checked_for_empty_truncated_and_too_long(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI, answer: str, rule: str
+) -> None:
+    def responder(body: dict[str, Any]) -> str:
+        return answer if "Order 1002 " in user_text(body) else "A short summary."
+
+    fake.responder = responder
+    output = {"format": "text", "schema": {"text": {"type": "str", "max_length": 120}}}
+    quality = {"max_failure_rate": 0.5}
+    for harness in make_harness(tmp_path, database_url, fake, output=output, quality=quality):
+        harness.run_day()
+
+        row = next(r for r in harness.rows().values() if r["source_id"] == "R-20261102-0002")
+        assert (row["status"], row["error_class"], row["error_code"]) == (
+            "dead_letter",
+            "quality",
+            rule,
+        )
