@@ -111,7 +111,9 @@ def run_demo(
     )
     console.print(table)
     console.print(
+        f"published outputs: {settings.storage_url}/published/{spec.name}/\n"
         f"validated outputs: {settings.storage_url}/outputs/{spec.name}/\n"
+        f"QA samples:        {settings.storage_url}/qa/{spec.name}/\n"
         f"dead letters:      {settings.storage_url}/dead_letters/{spec.name}/\n"
         f"cost reports:      {settings.storage_url}/reports/{spec.name}/\n"
         f"ledger:            {settings.database_url}\n"
