@@ -45,12 +45,17 @@ DATABASES = [
 ]
 
 
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty ledger database: a SQLite file, or a new PostgreSQL schema."""
-    if request.param == "sqlite":
+@pytest.fixture
+def one_database_url(tmp_path: Path) -> Iterator[str]:
+    """PostgreSQL when the suite has it (as in CI), else SQLite: for slow end-to-end tests
+    where the storage layer is not what is being compared."""
+    if PG_URL is None:
         yield f"sqlite:///{tmp_path / 'ledger.db'}"
         return
+    yield from _pg_schema_url()
+
+
+def _pg_schema_url() -> Iterator[str]:
     assert PG_URL is not None
     schema = f"t_{uuid.uuid4().hex[:16]}"
     admin = sa.create_engine(PG_URL)
@@ -67,6 +72,15 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         with admin.begin() as conn:
             conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture(params=DATABASES)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty ledger database: a SQLite file, or a new PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    yield from _pg_schema_url()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ import random
 import signal
 import subprocess
 import sys
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,6 @@ import yaml
 
 from llm_assets.failpoints import POINTS
 from llm_assets.resources.ledger import LedgerResource, result_table, shard_table
-from tests.conftest import PG_URL
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, review_spec, write_reviews
@@ -35,20 +33,8 @@ KILLED = -signal.SIGKILL
 
 
 @pytest.fixture
-def ledger_url(tmp_path: Path) -> Iterator[str]:
-    """PostgreSQL when the suite has it (as in CI), else SQLite: one database is enough here."""
-    if PG_URL is None:
-        yield f"sqlite:///{tmp_path / 'ledger.db'}"
-        return
-    schema = f"crash_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(PG_URL)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    url = sa.engine.make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
-    yield url.render_as_string(hide_password=False)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
+def ledger_url(one_database_url: str) -> str:
+    return one_database_url
 
 
 class Partition:

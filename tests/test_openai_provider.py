@@ -14,6 +14,7 @@ from llm_assets.factory import asset_key
 from llm_assets.resources.ledger import TERMINAL, utcnow
 from llm_assets.resources.providers.base import ShardState, ShardSubmission
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
+from llm_assets.runner import StepFailed
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import POSITIVE, Harness, review_spec
@@ -378,7 +379,11 @@ def test_batch_results_checks_list_missing_and_duplicated_custom_ids(
 
     fake.line_fault = fault
     for harness in make_harness(tmp_path, database_url, fake, retry={"max_attempts": 2}):
-        harness.run_day()
+        # An item never answered blocks publication too (validated_outputs' blocking check).
+        with pytest.raises(
+            StepFailed, match="outputs_complete failed: 0 items still open, 1 never"
+        ):
+            harness.run_day()
         result = harness.materialize("batch_results")
         assert result.success
         evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}

@@ -51,6 +51,13 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, review_spec, write_reviews
 from tests.test_openai_provider import truthful
 
+
+@pytest.fixture
+def database_url(one_database_url: str) -> str:
+    """One database is enough: the scan compares what leaks, not how the ledger stores it."""
+    return one_database_url
+
+
 CLI = str(Path(sys.executable).parent / "llm-assets")
 MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
 KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
