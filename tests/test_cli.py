@@ -15,6 +15,14 @@ from dagster._core.instance.ref import InstanceRef
 from llm_assets.demo_data import generate_demo_data
 from llm_assets.settings import REPO_ROOT
 
+
+@pytest.fixture
+def database_url(one_database_url: str) -> str:
+    """One database: these tests drive the CLI as a subprocess; the ledger tests and the
+    pipeline tests compare SQLite and PostgreSQL."""
+    return one_database_url
+
+
 DAY = dt.date(2026, 11, 2)
 CLI = str(Path(sys.executable).parent / "llm-assets")
 

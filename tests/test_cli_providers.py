@@ -18,6 +18,14 @@ from tests.harness import DAY, review_spec, write_reviews
 from tests.test_openai_provider import first_time as openai_first_time
 from tests.test_openai_provider import truthful
 
+
+@pytest.fixture
+def database_url(one_database_url: str) -> str:
+    """One database: these tests drive the CLI against the fakes as a subprocess; the
+    ledger tests and the pipeline tests compare SQLite and PostgreSQL."""
+    return one_database_url
+
+
 CLI = str(Path(sys.executable).parent / "llm-assets")
 
 
