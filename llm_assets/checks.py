@@ -111,6 +111,7 @@ def validated_outputs_check_specs(spec: Any, key: dg.AssetKey) -> list[dg.AssetC
 
 
 def case_table(cases: Sequence[dict[str, Any]], limit: int = 20) -> str:
+    """A markdown table of the first `limit` rows, for metadata the UI renders."""
     if not cases:
         return "_none_"
     columns = list(cases[0])

@@ -2,7 +2,7 @@
 
 import datetime as dt
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
@@ -41,17 +41,6 @@ def partitions_for(spec: PipelineSpec) -> dg.DailyPartitionsDefinition:
         timezone=spec.partitions.timezone,
         end_offset=spec.partitions.end_offset,
     )
-
-
-def _md_table(rows: Sequence[dict[str, Any]], limit: int = 10) -> str:
-    if not rows:
-        return "_none_"
-    columns = list(rows[0])
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows[:limit]:
-        cells = [str(row.get(c, "")).replace("|", "\\|").replace("\n", " ")[:120] for c in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def _run_step(fn: Callable[[], Any]) -> Any:
@@ -277,7 +266,7 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
                 "quality_failures_by_rule": result.quality_failures,
                 "open_items": result.open_items,
                 "label_distribution": result.label_distribution,
-                "preview": dg.MetadataValue.md(_md_table(result.preview)),
+                "preview": dg.MetadataValue.md(checks.case_table(result.preview)),
             },
         )
 
@@ -321,7 +310,7 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
                 **lineage,
                 "dagster/row_count": result.rows,
                 "uri": dg.MetadataValue.path(result.uri),
-                "preview": dg.MetadataValue.md(_md_table(result.preview, limit=20)),
+                "preview": dg.MetadataValue.md(checks.case_table(result.preview, limit=20)),
             }
         )
 
@@ -345,7 +334,7 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
                 "dagster/row_count": result.rows,
                 "uri": dg.MetadataValue.path(result.uri),
                 "by_class": result.by_class,
-                "preview": dg.MetadataValue.md(_md_table(result.preview, limit=20)),
+                "preview": dg.MetadataValue.md(checks.case_table(result.preview, limit=20)),
             }
         )
 
@@ -378,7 +367,7 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
                 "cost_per_1k_items_usd": per_1k,
                 "estimated_cost_upper_bound_usd": report.estimated_cost_upper_usd or 0.0,
                 "prices_as_of": steps.load_price_table().prices_as_of,
-                "shards": dg.MetadataValue.md(_md_table(report.shards, limit=50)),
+                "shards": dg.MetadataValue.md(checks.case_table(report.shards, limit=50)),
             }
         )
 

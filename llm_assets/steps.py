@@ -945,6 +945,13 @@ def published_frame_failures(
     return failures
 
 
+def validated_uri(
+    spec: PipelineSpec, day: dt.date, ledger: LedgerResource, storage: ArtifactStorage
+) -> str:
+    job = existing_job(spec, day, ledger)
+    return storage.uri(_key("outputs", spec.name, day.isoformat(), f"{job.job_id}.parquet"))
+
+
 class PublishResult(BaseModel):
     uri: str
     rows: int
@@ -957,8 +964,7 @@ def publish_outputs(
     """The hand-off to consumers: the day's validated Parquet at a stable address."""
     import pyarrow.parquet as pq
 
-    job = existing_job(spec, day, ledger)
-    source = storage.uri(_key("outputs", spec.name, day.isoformat(), f"{job.job_id}.parquet"))
+    source = validated_uri(spec, day, ledger, storage)
     with storage.local_copy(source) as path:
         rows = pq.ParquetFile(path).metadata.num_rows
         written = storage.write_file(
@@ -980,8 +986,7 @@ def qa_sample(
     import pyarrow.parquet as pq
 
     job = existing_job(spec, day, ledger)
-    source = storage.uri(_key("outputs", spec.name, day.isoformat(), f"{job.job_id}.parquet"))
-    with storage.local_copy(source) as path:
+    with storage.local_copy(validated_uri(spec, day, ledger, storage)) as path:
         table = pq.read_table(path)
     rng = random.Random(f"{spec.name}/{day.isoformat()}/{job.job_id}")
     picks = sorted(

@@ -731,6 +731,17 @@ class LedgerResource(dg.ConfigurableResource):
         self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str]
     ) -> int:
         """Record a retry shard and move its items (from `retry`) into it, atomically."""
+        return self._move_into_shard(job_id, shard, custom_ids, from_status=RETRY)
+
+    def requeue_into_shard(
+        self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str]
+    ) -> int:
+        """Send dead letters back: a new shard, the items pending in it, atomically."""
+        return self._move_into_shard(job_id, shard, custom_ids, from_status=DEAD_LETTER)
+
+    def _move_into_shard(
+        self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str], from_status: str
+    ) -> int:
         now = utcnow()
         moved = 0
         with self.begin() as conn:
@@ -745,7 +756,7 @@ class LedgerResource(dg.ConfigurableResource):
                     .where(
                         result_table.c.job_id == job_id,
                         result_table.c.custom_id.in_(chunk),
-                        result_table.c.status == RETRY,
+                        result_table.c.status == from_status,
                     )
                     .values(status=PENDING, shard_id=shard["shard_id"], updated_at=now)
                 ).rowcount
@@ -888,30 +899,6 @@ class LedgerResource(dg.ConfigurableResource):
         with self.engine.connect() as conn:
             for row in conn.execution_options(yield_per=CHUNK).execute(query):
                 yield dict(row._mapping)
-
-    def requeue_into_shard(
-        self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str]
-    ) -> int:
-        """Send dead letters back: a new shard, the items pending in it, atomically."""
-        now = utcnow()
-        moved = 0
-        with self.begin() as conn:
-            conn.execute(
-                _insert(conn, shard_table)
-                .values(**shard, status="created", created_at=now, updated_at=now)
-                .on_conflict_do_nothing()
-            )
-            for chunk in _chunks(custom_ids):
-                moved += conn.execute(
-                    sa.update(result_table)
-                    .where(
-                        result_table.c.job_id == job_id,
-                        result_table.c.custom_id.in_(chunk),
-                        result_table.c.status == DEAD_LETTER,
-                    )
-                    .values(status=PENDING, shard_id=shard["shard_id"], updated_at=now)
-                ).rowcount
-        return moved
 
     def replace_outputs(self, job_id: str, rows: Iterable[dict[str, Any]]) -> int:
         """The validated outputs of a job, replaced as a whole in one transaction."""
