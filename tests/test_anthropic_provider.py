@@ -18,6 +18,13 @@ from tests.harness import Harness, review_spec
 
 
 @pytest.fixture
+def database_url(one_database_url: str) -> str:
+    """One database (PostgreSQL in CI): these tests exercise the provider and the gate; the
+    ledger and pipeline tests compare SQLite and PostgreSQL."""
+    return one_database_url
+
+
+@pytest.fixture
 def fake(tmp_path: Path) -> Iterator[FakeAnthropic]:
     with FakeAnthropic(tmp_path / "fake_anthropic") as server:
         yield server

@@ -20,6 +20,13 @@ from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import POSITIVE, Harness, review_spec
 
 
+@pytest.fixture
+def database_url(one_database_url: str) -> str:
+    """One database (PostgreSQL in CI): these tests exercise the provider and the gate; the
+    ledger and pipeline tests compare SQLite and PostgreSQL."""
+    return one_database_url
+
+
 def truthful(body: dict[str, Any]) -> str:
     """Answers like a good model: the label the review's words imply."""
     text = user_text(body)

@@ -19,6 +19,14 @@ from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, Harness, review_spec
 from tests.test_openai_provider import make_harness, truthful
 
+
+@pytest.fixture
+def database_url(one_database_url: str) -> str:
+    """One database (PostgreSQL in CI): these tests exercise the provider and the gate; the
+    ledger and pipeline tests compare SQLite and PostgreSQL."""
+    return one_database_url
+
+
 GARBAGE = {
     1: ("{not json", "invalid_json"),
     2: (json.dumps({"label": "meh", "summary": "fine"}), "label.literal_error"),
