@@ -163,7 +163,7 @@ class PartitionRunner:
         due = [s.not_before for s in planned if s.not_before is not None]
         if not due:
             return
-        seconds = (steps.aware(min(due)) - utcnow()).total_seconds()
+        seconds = (min(due) - utcnow()).total_seconds()
         if seconds > 0:
             if progress is not None:
                 progress(f"retry backoff {seconds:.0f}s", 0, 1)

@@ -94,8 +94,7 @@ def build_batch_status_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
                 asset_selection=[submit_key],
             )
             for shard, day in ledger.pipeline_shards(spec.name, ["created"])
-            if shard.round > 0
-            and (shard.not_before is None or steps.aware(shard.not_before) <= utcnow())
+            if shard.round > 0 and (shard.not_before is None or shard.not_before <= utcnow())
         ]
         # A day whose items are all terminal is validated, published and reported once per
         # set of imported shards; the blocking checks then gate publication in that run.

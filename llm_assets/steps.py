@@ -372,7 +372,7 @@ def submit_shards(
             "`llm-assets run ... --approve-budget` or the run tag llm_assets/approve_budget=true",
         )
     now = utcnow()
-    waiting = [s for s in to_submit if s.not_before is not None and aware(s.not_before) > now]
+    waiting = [s for s in to_submit if s.not_before is not None and s.not_before > now]
     to_submit = [s for s in to_submit if s not in waiting]
     submitted: dict[str, str] = {}
     for shard in to_submit:
@@ -406,15 +406,8 @@ def submit_shards(
         in_flight=in_flight,
         estimated_cost_upper_usd=upper,
         waiting_for_backoff=len(waiting),
-        next_submission_at=min(
-            (aware(s.not_before) for s in waiting if s.not_before), default=None
-        ),
+        next_submission_at=min((s.not_before for s in waiting if s.not_before), default=None),
     )
-
-
-def aware(moment: dt.datetime) -> dt.datetime:
-    """SQLite hands timestamps back without a zone; the ledger writes UTC."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
 def poll_shards(

@@ -62,6 +62,14 @@ def output_json_schema(spec: PipelineSpec) -> dict[str, Any]:
     return output_model(spec).model_json_schema()
 
 
+def chat_response_format(spec: PipelineSpec) -> dict[str, Any]:
+    """The chat-completions `response_format` that asks for the spec's JSON schema."""
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": spec.name, "schema": output_json_schema(spec), "strict": True},
+    }
+
+
 class ParsedOutput(BaseModel):
     ok: bool
     value: dict[str, Any] | None = None

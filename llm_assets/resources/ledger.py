@@ -9,11 +9,11 @@ import datetime as dt
 import functools
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import dagster as dg
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic import AfterValidator, BaseModel, ConfigDict, PrivateAttr
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
@@ -144,6 +144,14 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def as_utc(moment: dt.datetime) -> dt.datetime:
+    """SQLite hands timestamps back without a zone; the ledger always writes UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+UtcDatetime = Annotated[dt.datetime, AfterValidator(as_utc)]
+
+
 class JobRecord(BaseModel):
     model_config = ConfigDict(frozen=True, from_attributes=True)
 
@@ -166,8 +174,8 @@ class JobRecord(BaseModel):
     estimated_cost_usd: float | None
     snapshot_uri: str | None
     created_by: str
-    created_at: dt.datetime
-    updated_at: dt.datetime
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
 
 
 class ShardRecord(BaseModel):
@@ -191,11 +199,11 @@ class ShardRecord(BaseModel):
     retry_count: int
     completed_requests: int
     failed_requests: int
-    not_before: dt.datetime | None
-    submit_intent_at: dt.datetime | None
-    submitted_at: dt.datetime | None
-    ended_at: dt.datetime | None
-    imported_at: dt.datetime | None
+    not_before: UtcDatetime | None
+    submit_intent_at: UtcDatetime | None
+    submitted_at: UtcDatetime | None
+    ended_at: UtcDatetime | None
+    imported_at: UtcDatetime | None
 
 
 class JobCounts(BaseModel):

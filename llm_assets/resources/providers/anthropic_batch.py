@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from llm_assets.resources.ledger import as_utc
 from llm_assets.resources.providers.base import (
     AmbiguousSubmission,
     BatchStatus,
@@ -47,10 +48,6 @@ def anthropic_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
         if field.type == "list[float]":
             problems.append((f"output.schema.{name}", "Anthropic produces no embeddings"))
     return problems
-
-
-def _aware(moment: dt.datetime) -> dt.datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
 def normalize_result(entry: Any) -> ItemResult:
@@ -134,7 +131,7 @@ class AnthropicBatchProvider(RemoteBatchProvider):
     def find_existing(self, shard: ShardSubmission) -> str | None:
         """A batch created since the intent with this shard's request count, if exactly one."""
         assert shard.intent_at is not None
-        since = _aware(shard.intent_at) - dt.timedelta(seconds=5)
+        since = as_utc(shard.intent_at) - dt.timedelta(seconds=5)
         candidates: list[str] = []
         after: str | None = None
         for _ in range(self.reconcile_page_limit):
@@ -155,7 +152,7 @@ class AnthropicBatchProvider(RemoteBatchProvider):
                     + counts.expired
                 )
                 if (
-                    _aware(batch.created_at) >= since
+                    as_utc(batch.created_at) >= since
                     and total == shard.item_count
                     and batch.id not in shard.known_batch_ids
                 ):
@@ -163,7 +160,7 @@ class AnthropicBatchProvider(RemoteBatchProvider):
             if (
                 not batches
                 or not page.has_more
-                or all(_aware(b.created_at) < since for b in batches)
+                or all(as_utc(b.created_at) < since for b in batches)
             ):
                 break
             after = batches[-1].id

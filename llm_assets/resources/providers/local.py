@@ -405,16 +405,9 @@ class LocalProvider(BatchProvider):
         if descriptions:
             extras["label_descriptions"] = dict(descriptions)
         if spec.output.format == "json":
-            from llm_assets.validation import output_json_schema
+            from llm_assets.validation import chat_response_format
 
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {
-                    "name": spec.name,
-                    "schema": output_json_schema(spec),
-                    "strict": True,
-                },
-            }
+            body["response_format"] = chat_response_format(spec)
         else:
             text_field = spec.output.output_schema.get("text")
             min_chars = text_field.min_length if text_field is not None else None

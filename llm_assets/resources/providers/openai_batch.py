@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
+from llm_assets.resources.ledger import as_utc
 from llm_assets.resources.providers.base import (
     AmbiguousSubmission,
     BatchStatus,
@@ -71,10 +72,6 @@ def openai_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
             ("sharding.max_bytes_per_shard", f"OpenAI takes at most {MAX_BYTES} bytes per file")
         )
     return problems
-
-
-def _aware(moment: dt.datetime) -> dt.datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
 def classify_error(
@@ -167,7 +164,7 @@ class OpenAIBatchProvider(RemoteBatchProvider):
         return openai_spec_problems(spec)
 
     def request_line(self, spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
-        from llm_assets.validation import output_json_schema
+        from llm_assets.validation import chat_response_format, output_json_schema
 
         endpoint = endpoint_of(spec)
         body: dict[str, Any]
@@ -201,21 +198,14 @@ class OpenAIBatchProvider(RemoteBatchProvider):
                 "temperature": spec.model.temperature,
             }
             if spec.output.format == "json":
-                body["response_format"] = {
-                    "type": "json_schema",
-                    "json_schema": {
-                        "name": spec.name,
-                        "schema": output_json_schema(spec),
-                        "strict": True,
-                    },
-                }
+                body["response_format"] = chat_response_format(spec)
         if "reasoning_effort" in spec.model.options and endpoint == "/v1/chat/completions":
             body["reasoning_effort"] = spec.model.options["reasoning_effort"]
         return {"custom_id": item.custom_id, "method": "POST", "url": endpoint, "body": body}
 
     def find_existing(self, shard: ShardSubmission) -> str | None:
         """A live batch created for this shard since its first intent, if any."""
-        since = _aware(shard.intent_at) - dt.timedelta(minutes=5) if shard.intent_at else None
+        since = as_utc(shard.intent_at) - dt.timedelta(minutes=5) if shard.intent_at else None
         found: list[str] = []
         after: str | None = None
         for _ in range(self.reconcile_page_limit):
