@@ -15,7 +15,7 @@ from llm_assets.ids import custom_id
 from llm_assets.resources.providers.base import RequestItem
 from llm_assets.source import SourceRow, parse_date
 from llm_assets.spec import PipelineSpec
-from llm_assets.tokens import CHARS_PER_TOKEN, estimate_tokens
+from llm_assets.tokens import counter_for
 
 
 class PreparedItem(BaseModel):
@@ -44,7 +44,9 @@ def prepare_items(
     first_seen: dict[str, str] = {}
     duplicates: dict[str, int] = {}
     budget = context_window - spec.model.max_output_tokens
-    system_tokens = estimate_tokens(spec.prompt.system)
+    counter = counter_for(spec)
+    system = spec.prompt.system
+    framing = counter.request(system, "")
 
     def dead(
         key: str, source_id: str | None, code: str, message: str, kind: str = "id"
@@ -97,16 +99,17 @@ def prepare_items(
             yield dead(source_id, source_id, "empty_field", f"{where}: empty field(s) {blank}")
             continue
         user = render(spec, row.record)
-        tokens = system_tokens + estimate_tokens(user)
-        if tokens > budget and spec.prompt.truncate_to_context and budget > system_tokens:
-            user = user[: int((budget - system_tokens) * CHARS_PER_TOKEN)]
-            tokens = system_tokens + estimate_tokens(user)
+        tokens = counter.request(system, user)
+        if tokens > budget and spec.prompt.truncate_to_context and budget > framing:
+            user = counter.truncate(user, budget - framing)
+            tokens = counter.request(system, user)
         if tokens > budget:
+            about = "" if counter.exact else "about "
             yield dead(
                 source_id,
                 source_id,
                 "context_exceeded",
-                f"{where}: about {tokens} input tokens; the model's context window is "
+                f"{where}: {about}{tokens} input tokens; the model's context window is "
                 f"{context_window} with {spec.model.max_output_tokens} kept for output",
             )
             continue

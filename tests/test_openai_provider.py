@@ -15,6 +15,7 @@ from llm_assets.resources.ledger import TERMINAL, utcnow
 from llm_assets.resources.providers.base import ShardState, ShardSubmission
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.runner import StepFailed
+from llm_assets.tokens import counter_for
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import POSITIVE, Harness, review_spec
@@ -450,7 +451,7 @@ def test_over_context_text_is_dead_lettered_or_truncated_as_the_spec_asks(
 ) -> None:
     prompt = {"truncate_to_context": truncate}
     for harness in make_harness(tmp_path, database_url, fake, prompt=prompt):
-        long_text = "It is good. " * 50_000  # 600,000 chars, about 150,000 tokens
+        long_text = "It is good. " * 50_000  # 600,000 chars, 200,000 tokens
         _add_review(harness, "R-long", long_text)
 
         harness.run_day()
@@ -467,4 +468,9 @@ def test_over_context_text_is_dead_lettered_or_truncated_as_the_spec_asks(
             if json.loads(line)["custom_id"] == row["custom_id"]
         )
         content = sent["body"]["messages"][-1]["content"]
-        assert 400_000 < len(content) < len(long_text)
+        assert long_text.startswith(content)
+        # Cut by the model's own tokenizer to exactly what fits beside the kept output room.
+        room = 128_000 - harness.spec.model.max_output_tokens
+        sent_tokens = counter_for(harness.spec).request(harness.spec.prompt.system, content)
+        assert room - 4 <= sent_tokens <= room
+        assert row["input_tokens"] == sent_tokens

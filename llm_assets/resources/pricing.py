@@ -1,11 +1,19 @@
-"""The price table: looked up by (provider, model name), never guessed."""
+"""The price table: looked up by (provider, model name), never guessed.
 
+Costs are computed in Decimal from the table's decimal prices, so the arithmetic is exact
+(10,000 items of 500 input and 100 output tokens at $3/$15 per MTok is $30.00, $15.00 in a
+batch) and only becomes a float when it is stored.
+"""
+
+import datetime as dt
 import functools
 import os
+from decimal import Decimal
 from pathlib import Path
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.yaml")
 
@@ -20,12 +28,56 @@ class ModelPrice(BaseModel):
     cached_input_per_mtok: float | None = Field(default=None, ge=0)
     batch_discount: float = Field(default=0.0, ge=0, lt=1)
     context_window: int = Field(gt=0)
+    tokenizer: Literal["o200k_base", "cl100k_base"] = "cl100k_base"
+    """The BPE counted with: the model's own for OpenAI, the base of an approximation else."""
+    token_factor: float | None = Field(default=None, gt=0)
+    """None: `tokenizer` is the model's own, counts are exact. A number: the model's tokenizer
+    is not published and counts are `tokenizer` tokens times this (fitted in bench/); models
+    of providers other than openai get 1.1 when the table does not say."""
+    as_of: dt.date | None = None
+    """When this model's prices were read; the table's prices_as_of when not given."""
     notes: str = ""
 
-    def cost_usd(self, input_tokens: int, output_tokens: int, *, batch: bool) -> float:
-        factor = (1.0 - self.batch_discount) if batch else 1.0
-        raw = input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok
+    @model_validator(mode="after")
+    def _approximate_unpublished(self) -> "ModelPrice":
+        if self.token_factor is None and self.provider != "openai":
+            object.__setattr__(self, "token_factor", 1.1)
+        return self
+
+    def cost(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        batch: bool,
+        cached_input_tokens: int = 0,
+    ) -> Decimal:
+        """Exact cost in USD; cached input tokens (part of input_tokens) at the cached price."""
+        cached = min(max(cached_input_tokens, 0), input_tokens)
+        cached_price = self.cached_input_per_mtok
+        if cached_price is None:
+            cached_price = self.input_per_mtok
+        raw = (
+            (input_tokens - cached) * _dec(self.input_per_mtok)
+            + cached * _dec(cached_price)
+            + output_tokens * _dec(self.output_per_mtok)
+        )
+        factor = 1 - _dec(self.batch_discount) if batch else Decimal(1)
         return raw * factor / 1_000_000
+
+    def cost_usd(
+        self, input_tokens: int, output_tokens: int, *, batch: bool, cached_input_tokens: int = 0
+    ) -> float:
+        return float(
+            self.cost(
+                input_tokens, output_tokens, batch=batch, cached_input_tokens=cached_input_tokens
+            )
+        )
+
+
+def _dec(value: float) -> Decimal:
+    """The decimal the table's author wrote (0.15, not 0.1499999999999999944…)."""
+    return Decimal(repr(value))
 
 
 class PriceTable(BaseModel):
@@ -51,7 +103,10 @@ class PriceTable(BaseModel):
 
 
 def _read(path: Path) -> PriceTable:
-    return PriceTable.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    table = PriceTable.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    as_of = dt.date.fromisoformat(table.prices_as_of)
+    dated = [m if m.as_of else m.model_copy(update={"as_of": as_of}) for m in table.models]
+    return table.model_copy(update={"models": dated})
 
 
 @functools.cache

