@@ -204,3 +204,73 @@ def validated_outputs_checks(
             )
         )
     return checks
+
+
+BUDGET = "budget"
+COST_DRIFT = "cost_drift"
+CHECK_GATES = {BUDGET: "budget"}
+"""Blocking checks that are not quality checks, by the gate the CLI names (exit code 2)."""
+
+
+def budget_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        BUDGET,
+        asset=key,
+        blocking=True,
+        description="The day's upper-bound cost is within budget.max_usd_per_partition, or "
+        "approved; nothing is submitted otherwise.",
+    )
+
+
+def budget_check(gate: Any) -> dg.AssetCheckResult:
+    """The result of steps.budget_gate as a blocking check."""
+    return dg.AssetCheckResult(
+        check_name=BUDGET,
+        passed=gate.passed,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "upper_bound_usd": gate.committed_usd,
+            "max_usd_per_partition": gate.limit_usd if gate.limit_usd is not None else -1.0,
+            "approved_usd": gate.approved_usd if gate.approved_usd is not None else -1.0,
+            "approved_by": gate.approved_by or "",
+            "reason": gate.reason,
+        },
+        description=None if gate.passed else gate.reason,
+    )
+
+
+def cost_drift_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        COST_DRIFT,
+        asset=key,
+        description="Tokens and cost per item stay within budget.drift_factor of the trailing "
+        "median of the last budget.history_window partitions (WARN).",
+    )
+
+
+def cost_drift_check(drift: Any) -> dg.AssetCheckResult:
+    rows = [
+        {
+            "metric": name,
+            "this partition": f"{value:.6g}",
+            "trailing median": f"{drift.median.get(name, 0.0):.6g}",
+            "ratio": f"{drift.ratio[name]:.3f}" if name in drift.ratio else "",
+        }
+        for name, value in drift.current.items()
+    ]
+    return dg.AssetCheckResult(
+        check_name=COST_DRIFT,
+        passed=not drift.drifted,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "drifted": ", ".join(drift.drifted),
+            "history_partitions": drift.history,
+            "drift_factor": drift.factor,
+            **{f"ratio_{name}": ratio for name, ratio in drift.ratio.items()},
+            "comparison": dg.MetadataValue.md(case_table(rows)),
+        },
+        description=None
+        if not drift.drifted
+        else f"{', '.join(drift.drifted)} moved more than {drift.factor}x from the trailing "
+        f"median of {drift.history} partition(s)",
+    )

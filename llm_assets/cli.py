@@ -308,6 +308,75 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
         )
 
 
+@main.command()
+@click.argument("pipeline")
+@click.option("--from", "from_", default=None, help="First partition date (inclusive).")
+@click.option("--to", "to_", default=None, help="Last partition date (inclusive).")
+@click.option("--json", "as_json", is_flag=True, help="Rows and totals as JSON.")
+def costs(pipeline: str, from_: str | None, to_: str | None, as_json: bool) -> None:
+    """Tokens and cost per day and model, with retry overhead and the estimate."""
+    from llm_assets.resources import build_resources
+
+    settings = _settings()
+    spec = _spec(settings, pipeline)
+    start, end = _date(from_), _date(to_)
+    if start and end and end < start:
+        raise click.BadParameter(f"--to {end} is before --from {start}")
+    ledger = build_resources(settings)["ledger"]
+    rows = ledger.job_cost_rows(spec.name, start, end)
+    sums = ("items", "succeeded", "dead_letters", "input_tokens", "output_tokens")
+    money = ("cost_usd", "retry_cost_usd", "estimated_cost_usd", "estimated_cost_upper_usd")
+    total: dict[str, Any] = {k: sum(r[k] for r in rows) for k in sums}
+    total |= {k: round(sum(r[k] for r in rows), 6) for k in money}
+    months: dict[str, float] = {}
+    for row in rows:
+        months[row["date"][:7]] = months.get(row["date"][:7], 0.0) + row["cost_usd"]
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "pipeline": spec.name,
+                    "from": start.isoformat() if start else None,
+                    "to": end.isoformat() if end else None,
+                    "rows": [{**r, **{k: round(r[k], 6) for k in money}} for r in rows],
+                    "months": {m: round(v, 6) for m, v in months.items()},
+                    "total": total,
+                },
+                indent=2,
+            )
+        )
+        return
+    if not rows:
+        console.print(f"{spec.name}: no jobs in that range")
+        return
+    table = Table(title=f"{spec.name} costs")
+    columns = ("date", "model", "prompt", "items", "succeeded", "in tokens", "out tokens")
+    for column in (*columns, "cost", "retries", "estimate"):
+        table.add_column(column, justify="left" if column in columns[:3] else "right")
+    for r in rows:
+        table.add_row(
+            r["date"],
+            f"{r['provider']}/{r['model']}",
+            r["prompt_version"],
+            *(str(r[k]) for k in ("items", "succeeded", "input_tokens", "output_tokens")),
+            f"${r['cost_usd']:.4f}",
+            f"${r['retry_cost_usd']:.4f}",
+            f"${r['estimated_cost_usd']:.4f}",
+        )
+    table.add_row(
+        "total",
+        "",
+        "",
+        *(str(total[k]) for k in ("items", "succeeded", "input_tokens", "output_tokens")),
+        f"${total['cost_usd']:.4f}",
+        f"${total['retry_cost_usd']:.4f}",
+        f"${total['estimated_cost_usd']:.4f}",
+    )
+    console.print(table)
+    for month, cost in months.items():
+        console.print(f"{month}: ${cost:.4f}", highlight=False)
+
+
 def _current_job(settings: Settings, spec: PipelineSpec, day: dt.date) -> tuple[Any, Any]:
     from llm_assets import steps
     from llm_assets.resources import build_resources

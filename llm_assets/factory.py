@@ -31,6 +31,19 @@ CREATED_BY_TAG = "llm_assets/created_by"
 _OWNER = re.compile(r"^(team:[A-Za-z0-9_-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
 
 
+class BudgetApproval(dg.Config):
+    """Run config of request_shards: approve a day whose upper bound is over its budget."""
+
+    approve_budget: bool = False
+
+
+def approval_of(context: dg.AssetExecutionContext, config: BudgetApproval) -> tuple[bool, str]:
+    """Approved by the run config or the run tag, and by whom (for the ledger)."""
+    tagged = context.run.tags.get(APPROVE_BUDGET_TAG, "").lower() in ("1", "true", "yes")
+    who = context.run.tags.get(CREATED_BY_TAG) or f"dagster run {context.run_id}"
+    return config.approve_budget or tagged, who
+
+
 def asset_key(spec: PipelineSpec, step: str) -> dg.AssetKey:
     return dg.AssetKey([spec.name, step])
 
@@ -117,25 +130,35 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
     @dg.asset(
         key=asset_key(spec, "request_shards"),
         deps=[input_snapshot],
-        description="JSONL request shards with stable custom_ids; bad input is dead-lettered here.",
+        description="JSONL request shards with stable custom_ids, a token and cost estimate and "
+        "the budget gate; bad input is dead-lettered here.",
         kinds={"jsonl", spec.model.provider},
         code_version=spec.prompt_code_version,
         required_resource_keys={"ledger", "storage", provider_key},
+        check_specs=[checks.budget_check_spec(asset_key(spec, "request_shards"))],
         **common,
     )
-    def request_shards(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    def request_shards(
+        context: dg.AssetExecutionContext, config: BudgetApproval
+    ) -> dg.MaterializeResult:
         ledger, storage = ledger_of(context), storage_of(context)
         created_by = context.run.tags.get(CREATED_BY_TAG, "dagster")
+        approve, who = approval_of(context, config)
         result: steps.ShardsResult = _run_step(
             lambda: steps.build_shards(
                 spec, day_of(context), ledger, storage, provider_of(context), created_by
             )
         )
+        gate = steps.budget_gate(spec, day_of(context), ledger, approve=approve, approved_by=who)
+        estimate = result.estimate
         context.log.info(
             f"{result.job_id}: {result.new_items} new items, {len(result.shards_created)} "
-            f"shards, {sum(result.input_dead_letters.values())} input dead letters"
+            f"shards, {sum(result.input_dead_letters.values())} input dead letters; estimate "
+            f"${estimate.cost_usd:.4f}, upper bound ${estimate.cost_upper_usd:.4f}; budget: "
+            f"{gate.reason}"
         )
         return dg.MaterializeResult(
+            check_results=[checks.budget_check(gate)],
             metadata={
                 **lineage,
                 "job_id": result.job_id,
@@ -147,24 +170,32 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
                 "input_dead_letters_by_reason": result.input_dead_letters,
                 "shards_created": len(result.shards_created),
                 "shard_uris": result.shard_uris[:20],
-                "estimated_input_tokens": result.estimated_input_tokens,
-                "estimated_cost_usd": result.estimated_cost_usd,
-                "estimated_cost_upper_bound_usd": result.estimated_cost_upper_usd,
-            }
+                "estimated_input_tokens": estimate.input_tokens,
+                "input_tokens_exact": estimate.input_tokens_exact,
+                "token_counter": estimate.token_counter,
+                "expected_output_tokens_per_item": estimate.expected_output_tokens_per_item,
+                "output_estimate_basis": estimate.output_basis,
+                "estimated_cost_usd": estimate.cost_usd,
+                "estimated_cost_upper_bound_usd": estimate.cost_upper_usd,
+                "day_upper_bound_usd": gate.committed_usd,
+            },
         )
 
     @dg.asset(
         key=asset_key(spec, "provider_batches"),
         deps=[request_shards],
-        description="Submits shards to the provider (never twice); returns without waiting.",
+        description="Submits shards to the provider (never twice, never over budget); returns "
+        "without waiting.",
         kinds={spec.model.provider},
         required_resource_keys={"ledger", "storage", provider_key},
         pool=f"llm_provider_{spec.model.provider}",
         **common,
     )
-    def provider_batches(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    def provider_batches(
+        context: dg.AssetExecutionContext, config: BudgetApproval
+    ) -> dg.MaterializeResult:
         ledger, storage = ledger_of(context), storage_of(context)
-        approved = context.run.tags.get(APPROVE_BUDGET_TAG, "").lower() in ("1", "true", "yes")
+        approve, who = approval_of(context, config)
         result: steps.SubmitResult = _run_step(
             lambda: steps.submit_shards(
                 spec,
@@ -172,7 +203,8 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
                 ledger,
                 storage,
                 provider_of(context),
-                approve_budget=approved,
+                approve_budget=approve,
+                approved_by=who,
             )
         )
         return dg.MaterializeResult(
@@ -186,7 +218,7 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
                 "next_submission_at": result.next_submission_at.isoformat()
                 if result.next_submission_at
                 else "",
-                "estimated_cost_upper_bound_usd": result.estimated_cost_upper_usd,
+                "day_upper_bound_usd": result.committed_cost_usd,
             }
         )
 
@@ -341,8 +373,10 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
     @dg.asset(
         key=asset_key(spec, "cost_report"),
         deps=[validated_outputs, dead_letter],
-        description="Tokens and cost per item, shard and job, with the batch discount applied.",
-        kinds={"json"},
+        description="Tokens and cost per item, shard, job and the pipeline's days and months, "
+        "with the batch discount, retry overhead, estimate error and drift.",
+        kinds={"json", "markdown"},
+        check_specs=[checks.cost_drift_check_spec(asset_key(spec, "cost_report"))],
         **common,
     )
     def cost_report(
@@ -351,24 +385,39 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
         report: steps.CostReport = _run_step(
             lambda: steps.cost_report(spec, day_of(context), ledger, storage)
         )
-        per_1k = report.cost_usd / report.succeeded * 1000 if report.succeeded else 0.0
+        month = report.pipeline_months[-1] if report.pipeline_months else {}
         return dg.MaterializeResult(
+            check_results=[checks.cost_drift_check(report.drift)],
             metadata={
                 **lineage,
                 "job_id": report.job_id,
                 "uri": dg.MetadataValue.path(report.uri),
+                "markdown_uri": dg.MetadataValue.path(report.markdown_uri),
                 "items": report.items,
                 "succeeded": report.succeeded,
                 "dead_letters": report.dead_letters,
                 "open_items": report.open_items,
                 "input_tokens": report.input_tokens,
                 "output_tokens": report.output_tokens,
+                "input_tokens_per_item": report.input_tokens_per_item,
+                "output_tokens_per_item": report.output_tokens_per_item,
                 "cost_usd": report.cost_usd,
-                "cost_per_1k_items_usd": per_1k,
-                "estimated_cost_upper_bound_usd": report.estimated_cost_upper_usd or 0.0,
-                "prices_as_of": steps.load_price_table().prices_as_of,
-                "shards": dg.MetadataValue.md(checks.case_table(report.shards, limit=50)),
-            }
+                "retry_cost_usd": report.retry_cost_usd,
+                "cost_per_1k_items_usd": report.cost_per_1k_items_usd,
+                "estimated_cost_usd": report.estimated_cost_usd,
+                "estimated_cost_upper_bound_usd": report.estimated_cost_upper_usd,
+                **{
+                    name: value
+                    for name, value in (
+                        ("cost_estimate_error", report.cost_estimate_error),
+                        ("input_token_estimate_error", report.input_token_estimate_error),
+                    )
+                    if value is not None
+                },
+                "pipeline_month_cost_usd": month.get("cost_usd", 0.0),
+                "prices_as_of": report.prices_as_of,
+                "report": dg.MetadataValue.md(report.markdown(spec, day_of(context))),
+            },
         )
 
     return [

@@ -14,6 +14,7 @@ import dagster as dg
 from pydantic import BaseModel
 
 from llm_assets import steps
+from llm_assets.checks import CHECK_GATES
 from llm_assets.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG, asset_key, build_pipeline_assets
 from llm_assets.failpoints import failpoint
 from llm_assets.resources import build_resources
@@ -63,12 +64,16 @@ def _failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
         if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR
     ]
     if failed_checks:
+        gate = next(
+            (CHECK_GATES[e.check_name] for e in failed_checks if e.check_name in CHECK_GATES),
+            "quality",
+        )
         reasons = "; ".join(
             f"{e.asset_key.to_user_string()} check {e.check_name} failed"
             + (f": {e.description}" if e.description else "")
             for e in failed_checks
         )
-        return StepFailed(f"quality gate: {reasons}", gate="quality")
+        return StepFailed(f"{gate} gate: {reasons}", gate=gate)
     for event in result.all_events:
         if not event.is_step_failure:
             continue

@@ -163,7 +163,30 @@ class RetrySpec(_Strict):
 
 
 class BudgetSpec(_Strict):
-    max_usd_per_partition: float | None = Field(default=None, ge=0.0)
+    max_usd_per_partition: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="A day's upper bound above this blocks submission until approved.",
+    )
+    max_usd_per_day: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="Pipeline cap on what all partitions together spend per UTC calendar day.",
+    )
+    max_usd_per_month: float | None = Field(
+        default=None, ge=0.0, description="Pipeline cap per UTC calendar month."
+    )
+    history_window: int = Field(
+        default=7,
+        ge=1,
+        description="Earlier partitions the output estimate and the drift check learn from.",
+    )
+    drift_factor: float = Field(
+        default=1.5,
+        gt=1.0,
+        description="WARN when tokens or cost per item move more than this factor from the "
+        "trailing median.",
+    )
 
 
 class PartitionSpec(_Strict):

@@ -11,9 +11,10 @@ import json
 import logging
 import os
 import random
+import statistics
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.sharding import split_shards
 from llm_assets.source import SourceRow, rows_for_partition
 from llm_assets.spec import PipelineSpec
+from llm_assets.tokens import counter_for
 from llm_assets.validation import parse_output
 
 log = logging.getLogger("llm_assets")
@@ -171,19 +173,6 @@ def existing_job(spec: PipelineSpec, day: dt.date, ledger: LedgerResource) -> Jo
     return job
 
 
-class ShardsResult(BaseModel):
-    job_id: str
-    snapshot_rows: int
-    new_items: int
-    already_known: int
-    input_dead_letters: dict[str, int]
-    shards_created: list[str]
-    shard_uris: list[str]
-    estimated_input_tokens: int
-    estimated_cost_usd: float
-    estimated_cost_upper_usd: float
-
-
 def _shard_key(spec: PipelineSpec, job: JobRecord, shard_id: str) -> str:
     return _key(
         "shards", spec.name, job.partition_date.isoformat(), job.job_id, f"{shard_id}.jsonl"
@@ -200,6 +189,7 @@ def _write_shard(
     index: int,
     lines: list[tuple[str, bytes]],
     items: list[dict[str, Any]] | None,
+    estimate: "ShardEstimate",
     not_before: dt.datetime | None = None,
 ) -> str:
     written = storage.write_lines(_shard_key(spec, job, shard_id), (line for _, line in lines))
@@ -215,6 +205,7 @@ def _write_shard(
         "content_sha256": written.sha256,
         "provider": spec.model.provider,
         "not_before": not_before,
+        **estimate.model_dump(),
     }
     if items is not None:
         ledger.add_shard_with_items(shard, items)
@@ -222,6 +213,87 @@ def _write_shard(
         ledger.reassign_items_to_shard(job.job_id, shard, [cid for cid, _ in lines])
     failpoint("shards.after_record")
     return written.uri
+
+
+class ShardEstimate(BaseModel):
+    """What a shard is expected to cost, and at most, before it is sent."""
+
+    estimated_input_tokens: int
+    estimated_output_tokens: int
+    estimated_cost_usd: float
+    estimated_cost_upper_usd: float
+
+
+class Estimate(BaseModel):
+    """A day's estimate as `request_shards` shows it."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    input_tokens_exact: bool = True
+    token_counter: str = ""
+    expected_output_tokens_per_item: float = 0.0
+    output_basis: str = ""
+    cost_usd: float = 0.0
+    cost_upper_usd: float = 0.0
+
+    def add(self, shard: ShardEstimate, requests: int) -> None:
+        self.requests += requests
+        self.input_tokens += shard.estimated_input_tokens
+        self.cost_usd += shard.estimated_cost_usd
+        self.cost_upper_usd += shard.estimated_cost_upper_usd
+
+
+class Estimator:
+    """Prices shards before submission: input tokens as counted, output as learned from the
+    pipeline's earlier partitions (median output tokens per item, at most max_output_tokens);
+    the upper bound takes every item at max_output_tokens and approximated input counts plus
+    their margin."""
+
+    def __init__(
+        self, spec: PipelineSpec, day: dt.date, ledger: LedgerResource, provider: BatchProvider
+    ) -> None:
+        self.price = price_for(spec)
+        self.counter = counter_for(spec)
+        self.batch = provider.priced_as_batch
+        self.max_output = spec.model.max_output_tokens
+        history = ledger.earlier_jobs(spec.name, day, spec.budget.history_window)
+        per_item = [j.output_tokens / j.succeeded_items for j in history if j.succeeded_items]
+        if per_item:
+            self.expected_output = min(statistics.median(per_item), float(self.max_output))
+            self.basis = f"median of {len(per_item)} earlier partition(s)"
+        else:
+            self.expected_output = float(self.max_output)
+            self.basis = "max_output_tokens (no earlier partitions)"
+
+    def empty(self) -> Estimate:
+        return Estimate(
+            input_tokens_exact=self.counter.exact,
+            token_counter=self.counter.method,
+            expected_output_tokens_per_item=self.expected_output,
+            output_basis=self.basis,
+        )
+
+    def shard(self, input_tokens: int, requests: int) -> ShardEstimate:
+        output = round(self.expected_output * requests)
+        return ShardEstimate(
+            estimated_input_tokens=input_tokens,
+            estimated_output_tokens=output,
+            estimated_cost_usd=self.price.cost_usd(input_tokens, output, batch=self.batch),
+            estimated_cost_upper_usd=self.price.cost_usd(
+                self.counter.upper(input_tokens), self.max_output * requests, batch=self.batch
+            ),
+        )
+
+
+class ShardsResult(BaseModel):
+    job_id: str
+    snapshot_rows: int
+    new_items: int
+    already_known: int
+    input_dead_letters: dict[str, int]
+    shards_created: list[str]
+    shard_uris: list[str]
+    estimate: Estimate
 
 
 def build_shards(
@@ -236,13 +308,13 @@ def build_shards(
     snapshot_uri = current_snapshot_uri(spec, day, storage)
     job = job_for(spec, day, ledger, created_by)
     price = price_for(spec)
+    estimator = Estimator(spec, day, ledger, provider)
+    estimate = estimator.empty()
     known = ledger.known_custom_ids(job.job_id)
     snapshot_rows = 0
     already = 0
     dead_letters: dict[str, int] = defaultdict(int)
     dead_rows: list[dict[str, Any]] = []
-    input_tokens = 0
-    new_requests = 0
 
     def dead(item: PreparedItem, code: str, message: str) -> None:
         dead_letters[code] += 1
@@ -260,7 +332,7 @@ def build_shards(
         )
 
     def fresh_requests() -> Iterator[tuple[PreparedItem, bytes]]:
-        nonlocal snapshot_rows, already, input_tokens, new_requests
+        nonlocal snapshot_rows, already
         rows = read_snapshot(snapshot_uri, storage)
         for item in prepare_items(spec, day, rows, price.context_window):
             snapshot_rows += 1
@@ -281,18 +353,16 @@ def build_shards(
                     "(sharding.max_bytes_per_shard)",
                 )
                 continue
-            input_tokens += item.input_tokens
-            new_requests += 1
             yield item, encoded
 
     round_no = ledger.next_round(job.job_id)
     created: list[str] = []
     uris: list[str] = []
-    source_ids: dict[str, str | None] = {}
+    fresh: dict[str, PreparedItem] = {}
 
     def lines() -> Iterator[tuple[str, bytes]]:
         for item, line in fresh_requests():
-            source_ids[item.custom_id] = item.source_id
+            fresh[item.custom_id] = item
             yield item.custom_id, line
 
     for index, shard_lines in enumerate(
@@ -303,41 +373,125 @@ def build_shards(
         )
     ):
         shard_id = ids.shard_id(job.job_id, round_no, index)
-        items = [
-            {
-                "job_id": job.job_id,
-                "custom_id": cid,
-                "source_id": source_ids.pop(cid),
-                "shard_id": shard_id,
-                "status": PENDING,
-                "model_name": spec.model.name,
-            }
-            for cid, _ in shard_lines
-        ]
+        items = []
+        for cid, _ in shard_lines:
+            item = fresh.pop(cid)
+            items.append(
+                {
+                    "job_id": job.job_id,
+                    "custom_id": cid,
+                    "source_id": item.source_id,
+                    "shard_id": shard_id,
+                    "status": PENDING,
+                    "model_name": spec.model.name,
+                    "estimated_input_tokens": item.input_tokens,
+                }
+            )
+        shard_estimate = estimator.shard(
+            sum(i["estimated_input_tokens"] for i in items), len(items)
+        )
+        estimate.add(shard_estimate, len(items))
         uris.append(
-            _write_shard(spec, job, ledger, storage, shard_id, round_no, index, shard_lines, items)
+            _write_shard(
+                spec,
+                job,
+                ledger,
+                storage,
+                shard_id,
+                round_no,
+                index,
+                shard_lines,
+                items,
+                shard_estimate,
+            )
         )
         created.append(shard_id)
     ledger.add_items(dead_rows)
-    estimate = price.cost_usd(input_tokens, 0, batch=True)
-    upper = price.cost_usd(input_tokens, new_requests * spec.model.max_output_tokens, batch=True)
-    ledger.update_job(
-        job.job_id,
-        snapshot_uri=snapshot_uri,
-        estimated_cost_usd=(job.estimated_cost_usd or 0.0) + upper,
-    )
+    ledger.update_job(job.job_id, snapshot_uri=snapshot_uri)
     ledger.refresh_job(job.job_id)
     return ShardsResult(
         job_id=job.job_id,
         snapshot_rows=snapshot_rows,
-        new_items=new_requests + sum(dead_letters.values()),
+        new_items=estimate.requests + sum(dead_letters.values()),
         already_known=already,
         input_dead_letters=dict(dead_letters),
         shards_created=created,
         shard_uris=uris,
-        estimated_input_tokens=input_tokens,
-        estimated_cost_usd=estimate,
-        estimated_cost_upper_usd=upper,
+        estimate=estimate,
+    )
+
+
+class BudgetGate(BaseModel):
+    """The partition budget gate: what the day has spent or may still spend, against the limit."""
+
+    limit_usd: float | None
+    committed_usd: float
+    approved_usd: float | None = None
+    approved_by: str | None = None
+    passed: bool
+    reason: str
+
+
+def budget_gate(
+    spec: PipelineSpec,
+    day: dt.date,
+    ledger: LedgerResource,
+    *,
+    approve: bool = False,
+    approved_by: str = "",
+) -> BudgetGate:
+    """Compare the day's committed cost (billed plus the upper bound of unbilled shards) with
+    `budget.max_usd_per_partition`. Approving records the amount approved on the job, so later
+    runs of the same day (retries) pass until the bound grows past what was approved."""
+    job = existing_job(spec, day, ledger)
+    limit = spec.budget.max_usd_per_partition
+    committed = ledger.committed_cost(job.job_id)
+    approved = job.budget_approved_usd
+    gate = BudgetGate(
+        limit_usd=limit,
+        committed_usd=committed,
+        approved_usd=approved,
+        approved_by=job.budget_approved_by,
+        passed=True,
+        reason="",
+    )
+    if limit is None:
+        return gate.model_copy(update={"reason": "no budget.max_usd_per_partition"})
+    if committed <= limit:
+        return gate.model_copy(
+            update={"reason": f"upper bound ${committed:.4f} within ${limit:.4f}"}
+        )
+    if approve:
+        ledger.update_job(
+            job.job_id,
+            budget_approved_usd=committed,
+            budget_approved_by=approved_by or "unknown",
+            budget_approved_at=utcnow(),
+        )
+        return gate.model_copy(
+            update={
+                "approved_usd": committed,
+                "approved_by": approved_by or "unknown",
+                "reason": f"upper bound ${committed:.4f} over ${limit:.4f}, approved",
+            }
+        )
+    if approved is not None and committed <= approved * (1 + 1e-9):
+        return gate.model_copy(
+            update={
+                "reason": f"upper bound ${committed:.4f} over ${limit:.4f}, approved up to "
+                f"${approved:.4f} by {job.budget_approved_by}"
+            }
+        )
+    return gate.model_copy(
+        update={
+            "passed": False,
+            "reason": f"{spec.name} {day}: estimated upper bound ${committed:.4f} is over "
+            f"budget.max_usd_per_partition ${limit:.4f}"
+            + (f" and the ${approved:.4f} approved earlier" if approved is not None else "")
+            + "; nothing was submitted. Approve with `llm-assets run ... --approve-budget`, the "
+            "run tag llm_assets/approve_budget=true or the request_shards config "
+            "approve_budget: true",
+        }
     )
 
 
@@ -345,7 +499,7 @@ class SubmitResult(BaseModel):
     job_id: str
     submitted: dict[str, str]
     in_flight: int
-    estimated_cost_upper_usd: float
+    committed_cost_usd: float
     waiting_for_backoff: int = 0
     next_submission_at: dt.datetime | None = None
 
@@ -358,27 +512,46 @@ def submit_shards(
     provider: BatchProvider,
     *,
     approve_budget: bool = False,
+    approved_by: str = "",
 ) -> SubmitResult:
-    """Submit every shard not yet submitted; a shard never gets a second live batch."""
+    """Submit every shard not yet submitted; a shard never gets a second live batch.
+
+    Two budget gates come first: the day's upper bound against the partition budget, then
+    the shards' upper bounds reserved, all or none, against the pipeline's daily and monthly
+    caps.
+    """
     job = existing_job(spec, day, ledger)
     to_submit = ledger.shards(job.job_id, [ShardState.CREATED, ShardState.UPLOADED])
-    limit = spec.budget.max_usd_per_partition
-    upper = job.estimated_cost_usd or 0.0
-    if to_submit and limit is not None and upper > limit and not approve_budget:
-        raise GateBlocked(
-            "budget",
-            f"{spec.name} {day}: estimated upper bound ${upper:.4f} is over "
-            f"budget.max_usd_per_partition ${limit:.4f}; nothing was submitted. Approve with "
-            "`llm-assets run ... --approve-budget` or the run tag llm_assets/approve_budget=true",
-        )
+    if to_submit:
+        gate = budget_gate(spec, day, ledger, approve=approve_budget, approved_by=approved_by)
+        if not gate.passed:
+            raise GateBlocked("budget", gate.reason)
     now = utcnow()
     waiting = [s for s in to_submit if s.not_before is not None and s.not_before > now]
     to_submit = [s for s in to_submit if s not in waiting]
     submitted: dict[str, str] = {}
+    price = price_for(spec).model_dump_json()
+    capped = spec.budget.max_usd_per_day is not None or spec.budget.max_usd_per_month is not None
+    if capped and to_submit:
+        refused = ledger.reserve_budget(
+            pipeline=spec.name,
+            job_id=job.job_id,
+            shards={s.shard_id: s.estimated_cost_upper_usd for s in to_submit},
+            max_per_day=spec.budget.max_usd_per_day,
+            max_per_month=spec.budget.max_usd_per_month,
+        )
+        if refused is not None:
+            raise GateBlocked(
+                "pipeline_budget",
+                f"{refused}; nothing was submitted. It can go once settled costs leave room "
+                "(or raise budget.max_usd_per_day / max_usd_per_month)",
+            )
     for shard in to_submit:
         # The first intent is kept: after a crash, the adapter reconciles from that moment.
+        # The price in force now is the one the shard's results are charged at.
         if shard.submit_intent_at is None:
-            ledger.update_shard(shard.shard_id, submit_intent_at=utcnow())
+            ledger.update_shard(shard.shard_id, submit_intent_at=utcnow(), price_json=price)
+            shard = shard.model_copy(update={"price_json": price})
         failpoint("submit.after_intent")
         batch_id = provider.submit(
             ShardSubmission(
@@ -404,7 +577,7 @@ def submit_shards(
         job_id=job.job_id,
         submitted=submitted,
         in_flight=in_flight,
-        estimated_cost_upper_usd=upper,
+        committed_cost_usd=ledger.committed_cost(job.job_id),
         waiting_for_backoff=len(waiting),
         next_submission_at=min((s.not_before for s in waiting if s.not_before), default=None),
     )
@@ -447,18 +620,18 @@ class ImportResult(BaseModel):
     counts: JobCounts
 
 
-def _ledger_row(result: ItemResult, price: ModelPrice, model_name: str) -> dict[str, Any]:
+def _ledger_row(
+    result: ItemResult, price: ModelPrice, model_name: str, *, batch: bool
+) -> dict[str, Any]:
+    """A normalized result as a ledger row. Only successes are billed, so only they carry
+    tokens and cost (at the price recorded when their shard was submitted)."""
     if result.succeeded:
         status, error_class = SUCCEEDED, None
     elif result.error_class in ("transient", "expired"):
         status, error_class = RETRY, result.error_class
     else:
         status, error_class = DEAD_LETTER, result.error_class or "deterministic"
-    cost = (
-        price.cost_usd(result.input_tokens, result.output_tokens, batch=True)
-        if result.succeeded
-        else 0.0
-    )
+    billed = result.succeeded
     return {
         "custom_id": result.custom_id,
         "status": status,
@@ -466,9 +639,17 @@ def _ledger_row(result: ItemResult, price: ModelPrice, model_name: str) -> dict[
         "error_code": result.error_code,
         "error_message": result.error_message,
         "model_name": model_name,
-        "input_tokens": result.input_tokens,
-        "output_tokens": result.output_tokens,
-        "cost_usd": cost,
+        "input_tokens": result.input_tokens if billed else 0,
+        "cached_input_tokens": result.cached_input_tokens if billed else 0,
+        "output_tokens": result.output_tokens if billed else 0,
+        "cost_usd": price.cost_usd(
+            result.input_tokens,
+            result.output_tokens,
+            batch=batch,
+            cached_input_tokens=result.cached_input_tokens,
+        )
+        if billed
+        else 0.0,
         "finish_reason": result.finish_reason,
         "result_json": result.output_text,
     }
@@ -491,8 +672,9 @@ def import_results(
     imported: list[str] = []
     for shard in ledger.shards(job.job_id, ENDED_STATES):
         assert shard.provider_batch_id is not None
+        charged = ModelPrice.model_validate_json(shard.price_json) if shard.price_json else price
         rows = (
-            _ledger_row(r, price, spec.model.name)
+            _ledger_row(r, charged, spec.model.name, batch=provider.priced_as_batch)
             for r in provider.results(shard.provider_batch_id)
         )
         shard_stats = ledger.upsert_results(job.job_id, rows)
@@ -512,6 +694,7 @@ def import_results(
             error_message=(f"no result in provider batch {shard.provider_batch_id} (batch {why})"),
         )
         failpoint("import.after_missing")
+        ledger.settle_shard(shard.shard_id)
         ledger.update_shard(
             shard.shard_id,
             expect_status=ENDED_STATES,
@@ -520,7 +703,7 @@ def import_results(
         )
         failpoint("import.after_shard")
         imported.append(shard.shard_id)
-    retry_shards, gave_up = plan_retries(spec, job, ledger, storage)
+    retry_shards, gave_up = plan_retries(spec, job, ledger, storage, provider)
     counts = ledger.refresh_job(job.job_id)
     return ImportResult(
         job_id=job.job_id,
@@ -535,16 +718,22 @@ def import_results(
 
 
 def plan_retries(
-    spec: PipelineSpec, job: JobRecord, ledger: LedgerResource, storage: ArtifactStorage
+    spec: PipelineSpec,
+    job: JobRecord,
+    ledger: LedgerResource,
+    storage: ArtifactStorage,
+    provider: BatchProvider,
 ) -> tuple[list[str], int]:
     """Dead-letter retryable items out of attempts; put the rest into a new round of shards."""
     retry_by_shard: dict[str, set[str]] = defaultdict(set)
+    tokens: dict[str, int] = {}
     exhausted: list[dict[str, Any]] = []
     for item in ledger.iter_items(
         job.job_id,
         [RETRY],
-        columns=["custom_id", "shard_id", "attempts", "error_message"],
+        columns=["custom_id", "shard_id", "attempts", "error_message", "estimated_input_tokens"],
     ):
+        tokens[item["custom_id"]] = item["estimated_input_tokens"]
         if item["attempts"] >= spec.retry.max_attempts:
             exhausted.append(
                 {
@@ -573,6 +762,7 @@ def plan_retries(
 
     created: list[str] = []
     not_before = utcnow() + dt.timedelta(seconds=retry_backoff(spec, round_no))
+    estimator = Estimator(spec, job.partition_date, ledger, provider)
     for index, shard_lines in enumerate(
         split_shards(
             retry_lines(),
@@ -581,8 +771,19 @@ def plan_retries(
         )
     ):
         shard_id = ids.shard_id(job.job_id, round_no, index)
+        estimate = estimator.shard(sum(tokens[cid] for cid, _ in shard_lines), len(shard_lines))
         _write_shard(
-            spec, job, ledger, storage, shard_id, round_no, index, shard_lines, None, not_before
+            spec,
+            job,
+            ledger,
+            storage,
+            shard_id,
+            round_no,
+            index,
+            shard_lines,
+            None,
+            estimate,
+            not_before,
         )
         created.append(shard_id)
     return created, gave_up
@@ -617,6 +818,8 @@ def requeue_dead_letters(
     }
     still_invalid: dict[str, str] = {}
     price = price_for(spec)
+    estimator = Estimator(spec, day, ledger, provider)
+    tokens: dict[str, int] = {}
 
     def lines() -> Iterator[tuple[str, bytes]]:
         rows = read_snapshot(current_snapshot_uri(spec, day, storage), storage)
@@ -626,6 +829,7 @@ def requeue_dead_letters(
             if item.request is None:
                 still_invalid[item.custom_id] = item.error_message or item.error_code or "input"
                 continue
+            tokens[item.custom_id] = item.input_tokens
             line = json.dumps(provider.request_line(spec, item.request), ensure_ascii=False)
             yield item.custom_id, line.encode()
 
@@ -655,6 +859,9 @@ def requeue_dead_letters(
                 "size_bytes": written.size_bytes,
                 "content_sha256": written.sha256,
                 "provider": spec.model.provider,
+                **estimator.shard(
+                    sum(tokens[cid] for cid, _ in shard_lines), len(shard_lines)
+                ).model_dump(),
             },
             [cid for cid, _ in shard_lines],
         )
@@ -883,9 +1090,58 @@ def export_dead_letters(
     )
 
 
+class Drift(BaseModel):
+    """Per-item tokens and cost against the trailing median of earlier partitions."""
+
+    window: int
+    factor: float
+    history: int
+    current: dict[str, float]
+    median: dict[str, float]
+    ratio: dict[str, float]
+    drifted: list[str]
+
+
+def _per_item(job: JobRecord) -> dict[str, float]:
+    n = job.succeeded_items or 1
+    return {
+        "input_tokens_per_item": job.input_tokens / n,
+        "output_tokens_per_item": job.output_tokens / n,
+        "cost_per_item_usd": job.cost_usd / n,
+    }
+
+
+def cost_drift(spec: PipelineSpec, job: JobRecord, ledger: LedgerResource) -> Drift:
+    window, factor = spec.budget.history_window, spec.budget.drift_factor
+    history = ledger.earlier_jobs(spec.name, job.partition_date, window)
+    current = _per_item(job) if job.succeeded_items else {}
+    medians: dict[str, float] = {}
+    ratios: dict[str, float] = {}
+    drifted: list[str] = []
+    if history and current:
+        for name, value in current.items():
+            medians[name] = statistics.median(_per_item(j)[name] for j in history)
+            if medians[name] > 0 and value > 0:
+                ratios[name] = value / medians[name]
+                if ratios[name] > factor or ratios[name] < 1 / factor:
+                    drifted.append(name)
+            elif value != medians[name]:
+                drifted.append(name)
+    return Drift(
+        window=window,
+        factor=factor,
+        history=len(history),
+        current=current,
+        median=medians,
+        ratio=ratios,
+        drifted=drifted,
+    )
+
+
 class CostReport(BaseModel):
     job_id: str
-    uri: str
+    uri: str = ""
+    markdown_uri: str = ""
     items: int
     succeeded: int
     dead_letters: int
@@ -893,33 +1149,128 @@ class CostReport(BaseModel):
     input_tokens: int
     output_tokens: int
     cost_usd: float
-    estimated_cost_upper_usd: float | None
+    retry_cost_usd: float
+    estimated_input_tokens: int
+    estimated_cost_usd: float
+    estimated_cost_upper_usd: float
+    input_token_estimate_error: float | None
+    cost_estimate_error: float | None
+    input_tokens_per_item: float
+    output_tokens_per_item: float
+    cost_per_1k_items_usd: float
+    prices_as_of: str
     price: ModelPrice
     shards: list[dict[str, Any]]
+    pipeline_days: list[dict[str, Any]]
+    pipeline_months: list[dict[str, Any]]
+    drift: Drift
+
+    def markdown(self, spec: PipelineSpec, day: dt.date) -> str:
+        from llm_assets.checks import case_table
+
+        summary = [
+            {"": "items", "value": self.items},
+            {"": "succeeded", "value": self.succeeded},
+            {"": "dead letters", "value": self.dead_letters},
+            {"": "input tokens (billed)", "value": self.input_tokens},
+            {"": "output tokens (billed)", "value": self.output_tokens},
+            {"": "cost", "value": f"${self.cost_usd:.4f}"},
+            {"": "of which retries", "value": f"${self.retry_cost_usd:.4f}"},
+            {
+                "": "estimate / upper bound",
+                "value": f"${self.estimated_cost_usd:.4f} / ${self.estimated_cost_upper_usd:.4f}",
+            },
+            {"": "cost per 1k items", "value": f"${self.cost_per_1k_items_usd:.4f}"},
+        ]
+        return "\n\n".join(
+            [
+                f"# Cost of {spec.name} on {day} ({self.price.provider}/{self.price.name}, "
+                f"prices as of {self.prices_as_of})",
+                case_table(summary),
+                "## Shards",
+                case_table(self.shards, limit=200),
+                f"## {spec.name} per day",
+                case_table(self.pipeline_days, limit=62),
+                f"## {spec.name} per month",
+                case_table(self.pipeline_months, limit=24),
+            ]
+        )
+
+
+def _pipeline_totals(rows: list[dict[str, Any]], key: Callable[[str], str]) -> list[dict[str, Any]]:
+    totals: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        period = key(row["date"])
+        total = totals.setdefault(
+            period,
+            {
+                "period": period,
+                "items": 0,
+                "succeeded": 0,
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "cost_usd": 0.0,
+                "retry_cost_usd": 0.0,
+            },
+        )
+        for name in (
+            "items",
+            "succeeded",
+            "input_tokens",
+            "output_tokens",
+            "cost_usd",
+            "retry_cost_usd",
+        ):
+            total[name] += row[name]
+    return list(totals.values())
 
 
 def cost_report(
     spec: PipelineSpec, day: dt.date, ledger: LedgerResource, storage: ArtifactStorage
 ) -> CostReport:
+    """Tokens and cost per item, shard, job and the pipeline's days and months, the retry
+    overhead, the estimate's error and the drift against earlier partitions."""
     job = existing_job(spec, day, ledger)
     counts = ledger.refresh_job(job.job_id)
-    shard_costs = ledger.shard_totals(job.job_id)
+    job = existing_job(spec, day, ledger)
+    (row,) = [r for r in ledger.job_cost_rows(spec.name, day, day) if r["job_id"] == job.job_id]
+    accuracy = ledger.estimate_accuracy(job.job_id)
+    month = day.replace(day=1)
+    days = ledger.job_cost_rows(spec.name, month, day)
+    everything = ledger.job_cost_rows(spec.name, None, day)
+    n = counts.succeeded or 1
+    table = load_price_table()
     report = CostReport(
         job_id=job.job_id,
-        uri="",
         items=counts.total,
         succeeded=counts.succeeded,
         dead_letters=counts.dead_letters,
         open_items=counts.open,
-        input_tokens=counts.input_tokens,
-        output_tokens=counts.output_tokens,
+        input_tokens=row["input_tokens"],
+        output_tokens=row["output_tokens"],
         cost_usd=counts.cost_usd,
-        estimated_cost_upper_usd=job.estimated_cost_usd,
+        retry_cost_usd=row["retry_cost_usd"],
+        estimated_input_tokens=row["estimated_input_tokens"],
+        estimated_cost_usd=row["estimated_cost_usd"],
+        estimated_cost_upper_usd=row["estimated_cost_upper_usd"],
+        input_token_estimate_error=accuracy,
+        cost_estimate_error=(counts.cost_usd / row["estimated_cost_usd"] - 1)
+        if row["estimated_cost_usd"] and counts.open == 0
+        else None,
+        input_tokens_per_item=job.input_tokens / n,
+        output_tokens_per_item=job.output_tokens / n,
+        cost_per_1k_items_usd=counts.cost_usd / n * 1000,
+        prices_as_of=table.prices_as_of,
         price=price_for(spec),
-        shards=shard_costs,
+        shards=ledger.shard_totals(job.job_id),
+        pipeline_days=_pipeline_totals(days, lambda d: d),
+        pipeline_months=_pipeline_totals(everything, lambda d: d[:7]),
+        drift=cost_drift(spec, job, ledger),
     )
-    key = _key("reports", spec.name, day.isoformat(), f"{job.job_id}.cost.json")
-    uri = storage.write_bytes(key, report.model_dump_json(indent=2).encode()).uri
+    base = _key("reports", spec.name, day.isoformat(), job.job_id)
+    markdown = storage.write_bytes(f"{base}.cost.md", report.markdown(spec, day).encode())
+    report = report.model_copy(update={"markdown_uri": markdown.uri})
+    uri = storage.write_bytes(f"{base}.cost.json", report.model_dump_json(indent=2).encode()).uri
     return report.model_copy(update={"uri": uri})
 
 

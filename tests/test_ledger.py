@@ -885,14 +885,18 @@ def test_shard_totals_attribute_items_tokens_and_cost(
     by_id = {t["shard_id"]: t for t in totals}
     assert by_id[s0] | {"cost_usd": 0} == {
         "shard_id": s0,
+        "kind": "first",
         "round": 0,
         "status": SUBMITTED,
         "provider_batch_id": "batch-0",
         "requests": 3,
         "items_now": 2,  # cid(2) moved to the retry shard
         "succeeded": 2,
+        "estimated_input_tokens": 0,
         "input_tokens": 40,
         "output_tokens": 20,
+        "estimated_cost_usd": 0.0,
+        "estimated_cost_upper_usd": 0.0,
         "cost_usd": 0,
     }
     assert by_id[s0]["cost_usd"] == pytest.approx(0.75)

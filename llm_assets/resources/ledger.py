@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, PrivateAttr
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CHUNK = 5_000
 
 PENDING = "pending"
@@ -26,6 +26,12 @@ RETRY = "retry"
 SUCCEEDED = "succeeded"
 DEAD_LETTER = "dead_letter"
 TERMINAL = (SUCCEEDED, DEAD_LETTER)
+
+# Why a shard was made: an item's first send, a retry round, or an operator's requeue. Cost of
+# `retry` and `requeue` shards is the retry overhead.
+FIRST = "first"
+RETRY_SHARD = "retry"
+REQUEUE_SHARD = "requeue"
 
 metadata = sa.MetaData()
 _BigInt = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -59,6 +65,9 @@ job_table = sa.Table(
     sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
     sa.Column("estimated_cost_usd", sa.Float, nullable=True),
     sa.Column("snapshot_uri", sa.Text, nullable=True),
+    sa.Column("budget_approved_usd", sa.Float, nullable=True),
+    sa.Column("budget_approved_by", sa.String(128), nullable=True),
+    sa.Column("budget_approved_at", _Now, nullable=True),
     sa.Column("created_by", sa.String(128), nullable=False),
     sa.Column("created_at", _Now, nullable=False),
     sa.Column("updated_at", _Now, nullable=False),
@@ -79,7 +88,16 @@ shard_table = sa.Table(
     sa.Column("size_bytes", _BigInt, nullable=False),
     sa.Column("content_sha256", sa.String(64), nullable=False),
     sa.Column("provider", sa.String(32), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False, server_default=FIRST),
     sa.Column("provider_batch_id", sa.String(256), nullable=True),
+    sa.Column("estimated_input_tokens", _BigInt, nullable=False, server_default="0"),
+    sa.Column("estimated_output_tokens", _BigInt, nullable=False, server_default="0"),
+    sa.Column("estimated_cost_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("estimated_cost_upper_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("price_json", sa.Text, nullable=True),
+    sa.Column("actual_input_tokens", _BigInt, nullable=True),
+    sa.Column("actual_output_tokens", _BigInt, nullable=True),
+    sa.Column("actual_cost_usd", sa.Float, nullable=True),
     sa.Column("output_uri", sa.Text, nullable=True),
     sa.Column("error_uri", sa.Text, nullable=True),
     sa.Column("status", sa.String(32), nullable=False),
@@ -112,9 +130,12 @@ result_table = sa.Table(
     sa.Column("error_code", sa.String(128), nullable=True),
     sa.Column("error_message", sa.Text, nullable=True),
     sa.Column("model_name", sa.String(128), nullable=True),
+    sa.Column("estimated_input_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("input_tokens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("cached_input_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("output_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("prior_cost_usd", sa.Float, nullable=False, server_default="0"),
     sa.Column("finish_reason", sa.String(64), nullable=True),
     sa.Column("result_json", sa.Text, nullable=True),
     sa.Column("created_at", _Now, nullable=False),
@@ -137,6 +158,28 @@ output_table = sa.Table(
     sa.Column("output_json", sa.Text, nullable=False),
     sa.Column("created_at", _Now, nullable=False),
     sa.UniqueConstraint("job_id", "custom_id", name="uq_output_job_custom_id"),
+)
+
+
+reservation_table = sa.Table(
+    "llm_budget_reservation",
+    metadata,
+    sa.Column("shard_id", sa.String(160), primary_key=True),
+    sa.Column("pipeline", sa.String(128), nullable=False),
+    sa.Column("job_id", sa.String(128), nullable=False),
+    sa.Column("spend_date", sa.Date, nullable=False),
+    sa.Column("reserved_usd", sa.Float, nullable=False),
+    sa.Column("actual_usd", sa.Float, nullable=True),
+    sa.Column("created_at", _Now, nullable=False),
+    sa.Column("settled_at", _Now, nullable=True),
+    sa.Index("ix_reservation_pipeline_date", "pipeline", "spend_date"),
+)
+
+budget_lock_table = sa.Table(
+    "llm_budget_lock",
+    metadata,
+    sa.Column("pipeline", sa.String(128), primary_key=True),
+    sa.Column("touched_at", _Now, nullable=False),
 )
 
 
@@ -173,6 +216,9 @@ class JobRecord(BaseModel):
     cost_usd: float
     estimated_cost_usd: float | None
     snapshot_uri: str | None
+    budget_approved_usd: float | None = None
+    budget_approved_by: str | None = None
+    budget_approved_at: UtcDatetime | None = None
     created_by: str
     created_at: UtcDatetime
     updated_at: UtcDatetime
@@ -190,7 +236,16 @@ class ShardRecord(BaseModel):
     size_bytes: int
     content_sha256: str
     provider: str
+    kind: str = FIRST
     provider_batch_id: str | None
+    estimated_input_tokens: int = 0
+    estimated_output_tokens: int = 0
+    estimated_cost_usd: float = 0.0
+    estimated_cost_upper_usd: float = 0.0
+    price_json: str | None = None
+    actual_input_tokens: int | None = None
+    actual_output_tokens: int | None = None
+    actual_cost_usd: float | None = None
     output_uri: str | None
     error_uri: str | None
     status: str
@@ -293,18 +348,46 @@ def _schema_ready(url: str) -> bool:
                 raise
     with engine.begin() as conn:
         found = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
-        if found is None:
+        if found is not None and found > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"the ledger at {engine.url.render_as_string(hide_password=True)} has schema "
+                f"version {found}, newer than this code's {SCHEMA_VERSION}; upgrade llm-assets"
+            )
+        if found is not None and found < SCHEMA_VERSION:
+            _add_missing_columns(conn)
+        if found is None or found < SCHEMA_VERSION:
             conn.execute(
                 _insert(conn, schema_version)
                 .values(version=SCHEMA_VERSION, applied_at=utcnow())
                 .on_conflict_do_nothing()
             )
-        elif found > SCHEMA_VERSION:
-            raise RuntimeError(
-                f"the ledger at {engine.url.render_as_string(hide_password=True)} has schema "
-                f"version {found}, newer than this code's {SCHEMA_VERSION}; upgrade llm-assets"
-            )
     return True
+
+
+def _add_missing_columns(conn: Connection) -> None:
+    """Upgrade an older ledger in place: every later version only adds nullable or defaulted
+    columns (and tables, which create_all makes), so adding what is missing is the migration."""
+    inspector = sa.inspect(conn)
+    for table in metadata.sorted_tables:
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            ddl = f"{column.name} {column.type.compile(dialect=conn.dialect)}"
+            if column.server_default is not None:
+                ddl += f" DEFAULT '{column.server_default.arg}'"  # type: ignore[attr-defined]
+            if not column.nullable:
+                ddl += " NOT NULL"
+            conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {ddl}"))
+
+
+def _spent_since(conn: Connection, pipeline: str, since: dt.date) -> float:
+    """A pipeline's reservations since a date: actual cost once settled, else the bound."""
+    spent = sa.func.coalesce(reservation_table.c.actual_usd, reservation_table.c.reserved_usd)
+    query = sa.select(sa.func.coalesce(sa.func.sum(spent), 0.0)).where(
+        reservation_table.c.pipeline == pipeline, reservation_table.c.spend_date >= since
+    )
+    return float(conn.execute(query).scalar() or 0.0)
 
 
 def _status_in(statuses: Iterable[str]) -> Any:
@@ -691,7 +774,9 @@ class LedgerResource(dg.ConfigurableResource):
                     sa.func.count(),
                     sa.func.coalesce(sa.func.sum(result_table.c.input_tokens), 0),
                     sa.func.coalesce(sa.func.sum(result_table.c.output_tokens), 0),
-                    sa.func.coalesce(sa.func.sum(result_table.c.cost_usd), 0.0),
+                    sa.func.coalesce(
+                        sa.func.sum(result_table.c.cost_usd + result_table.c.prior_cost_usd), 0.0
+                    ),
                 )
                 .where(result_table.c.job_id == job_id)
                 .group_by(result_table.c.status, result_table.c.error_class)
@@ -739,13 +824,17 @@ class LedgerResource(dg.ConfigurableResource):
         self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str]
     ) -> int:
         """Record a retry shard and move its items (from `retry`) into it, atomically."""
-        return self._move_into_shard(job_id, shard, custom_ids, from_status=RETRY)
+        return self._move_into_shard(
+            job_id, {**shard, "kind": RETRY_SHARD}, custom_ids, from_status=RETRY
+        )
 
     def requeue_into_shard(
         self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str]
     ) -> int:
         """Send dead letters back: a new shard, the items pending in it, atomically."""
-        return self._move_into_shard(job_id, shard, custom_ids, from_status=DEAD_LETTER)
+        return self._move_into_shard(
+            job_id, {**shard, "kind": REQUEUE_SHARD}, custom_ids, from_status=DEAD_LETTER
+        )
 
     def _move_into_shard(
         self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str], from_status: str
@@ -766,7 +855,14 @@ class LedgerResource(dg.ConfigurableResource):
                         result_table.c.custom_id.in_(chunk),
                         result_table.c.status == from_status,
                     )
-                    .values(status=PENDING, shard_id=shard["shard_id"], updated_at=now)
+                    .values(
+                        status=PENDING,
+                        shard_id=shard["shard_id"],
+                        # The last attempt's cost stays with the shard that paid it.
+                        prior_cost_usd=result_table.c.prior_cost_usd + result_table.c.cost_usd,
+                        cost_usd=0.0,
+                        updated_at=now,
+                    )
                 ).rowcount
         return moved
 
@@ -782,9 +878,9 @@ class LedgerResource(dg.ConfigurableResource):
                 .values(**values, updated_at=utcnow())
             ).rowcount
 
-    def shard_totals(self, job_id: str) -> list[dict[str, Any]]:
-        """Per shard: its state and the items, tokens and cost attributed to it."""
-        totals = (
+    def _live_shard_totals(self, job_id: str) -> Any:
+        """Per shard, the items now in it and their last attempt's tokens and cost."""
+        return (
             sa.select(
                 result_table.c.shard_id,
                 sa.func.count().label("item_rows"),
@@ -801,37 +897,323 @@ class LedgerResource(dg.ConfigurableResource):
             .group_by(result_table.c.shard_id)
             .subquery()
         )
+
+    def shard_totals(self, job_id: str) -> list[dict[str, Any]]:
+        """Per shard: its state, estimate and the tokens and cost it was billed.
+
+        Billed numbers are frozen when the shard is imported (`settle_shard`), because items
+        may later move to retry or requeue shards; before that they are the live sums.
+        """
+        live = self._live_shard_totals(job_id)
         query = (
             sa.select(
                 shard_table.c.shard_id,
+                shard_table.c.kind,
                 shard_table.c.round,
                 shard_table.c.status,
                 shard_table.c.provider_batch_id,
                 shard_table.c.item_count,
-                sa.func.coalesce(totals.c.item_rows, 0),
-                sa.func.coalesce(totals.c.succeeded, 0),
-                sa.func.coalesce(totals.c.input_tokens, 0),
-                sa.func.coalesce(totals.c.output_tokens, 0),
-                sa.func.coalesce(totals.c.cost_usd, 0.0),
+                sa.func.coalesce(live.c.item_rows, 0),
+                sa.func.coalesce(live.c.succeeded, 0),
+                shard_table.c.estimated_input_tokens,
+                sa.func.coalesce(shard_table.c.actual_input_tokens, live.c.input_tokens, 0),
+                sa.func.coalesce(shard_table.c.actual_output_tokens, live.c.output_tokens, 0),
+                shard_table.c.estimated_cost_usd,
+                shard_table.c.estimated_cost_upper_usd,
+                sa.func.coalesce(shard_table.c.actual_cost_usd, live.c.cost_usd, 0.0),
             )
-            .select_from(shard_table.outerjoin(totals, totals.c.shard_id == shard_table.c.shard_id))
+            .select_from(shard_table.outerjoin(live, live.c.shard_id == shard_table.c.shard_id))
             .where(shard_table.c.job_id == job_id)
             .order_by(shard_table.c.round, shard_table.c.shard_index)
         )
         names = [
             "shard_id",
+            "kind",
             "round",
             "status",
             "provider_batch_id",
             "requests",
             "items_now",
             "succeeded",
+            "estimated_input_tokens",
             "input_tokens",
             "output_tokens",
+            "estimated_cost_usd",
+            "estimated_cost_upper_usd",
             "cost_usd",
         ]
         with self.engine.connect() as conn:
             return [dict(zip(names, row, strict=True)) for row in conn.execute(query)]
+
+    def settle_shard(self, shard_id: str) -> float:
+        """Freeze what an ended shard was billed (its items' last attempts, all from this
+        shard's batch) and settle its budget reservation; safe to repeat until the shard is
+        marked imported, as nothing moves its items before that. Returns the cost."""
+        now = utcnow()
+        with self.begin() as conn:
+            tin, tout, cost = conn.execute(
+                sa.select(
+                    sa.func.coalesce(sa.func.sum(result_table.c.input_tokens), 0),
+                    sa.func.coalesce(sa.func.sum(result_table.c.output_tokens), 0),
+                    sa.func.coalesce(sa.func.sum(result_table.c.cost_usd), 0.0),
+                ).where(result_table.c.shard_id == shard_id)
+            ).one()
+            conn.execute(
+                sa.update(shard_table)
+                .where(shard_table.c.shard_id == shard_id)
+                .values(
+                    actual_input_tokens=int(tin),
+                    actual_output_tokens=int(tout),
+                    actual_cost_usd=float(cost),
+                    updated_at=now,
+                )
+            )
+            conn.execute(
+                sa.update(reservation_table)
+                .where(reservation_table.c.shard_id == shard_id)
+                .values(actual_usd=float(cost), settled_at=now)
+            )
+        return float(cost)
+
+    def estimate_accuracy(self, job_id: str) -> float | None:
+        """Billed over estimated input tokens, minus one, over the items that were billed
+        (their last attempt): how far the token count before submission was off."""
+        query = sa.select(
+            sa.func.coalesce(sa.func.sum(result_table.c.estimated_input_tokens), 0),
+            sa.func.coalesce(sa.func.sum(result_table.c.input_tokens), 0),
+        ).where(
+            result_table.c.job_id == job_id,
+            result_table.c.input_tokens > 0,
+            result_table.c.estimated_input_tokens > 0,
+        )
+        with self.engine.connect() as conn:
+            estimated, billed = conn.execute(query).one()
+        return int(billed) / int(estimated) - 1 if estimated else None
+
+    def committed_cost(self, job_id: str) -> float:
+        """What a job has spent or may still spend: billed cost of settled shards plus the
+        upper bound of every other shard."""
+        query = sa.select(
+            sa.func.coalesce(
+                sa.func.sum(
+                    sa.func.coalesce(
+                        shard_table.c.actual_cost_usd, shard_table.c.estimated_cost_upper_usd
+                    )
+                ),
+                0.0,
+            )
+        ).where(shard_table.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            return float(conn.execute(query).scalar() or 0.0)
+
+    def reserve_budget(
+        self,
+        *,
+        pipeline: str,
+        job_id: str,
+        shards: dict[str, float],
+        max_per_day: float | None,
+        max_per_month: float | None,
+    ) -> str | None:
+        """Reserve the upper bounds of a partition's shards (shard_id -> USD) against the
+        pipeline's daily and monthly caps, all or none.
+
+        Returns None when reserved (shards reserved by an earlier attempt count as reserved)
+        and the reason otherwise. Reservations of one pipeline are serialized by a row lock,
+        so concurrent partitions see each other's reservations and cannot overspend
+        together; a settled reservation counts its actual cost instead of its bound.
+        """
+        now = utcnow()
+        today = now.date()
+        with self.begin() as conn:
+            conn.execute(
+                _insert(conn, budget_lock_table)
+                .values(pipeline=pipeline, touched_at=now)
+                .on_conflict_do_nothing()
+            )
+            # Taking the row lock first serializes every reservation of this pipeline (on
+            # SQLite the write takes the database's write lock).
+            conn.execute(
+                sa.update(budget_lock_table)
+                .where(budget_lock_table.c.pipeline == pipeline)
+                .values(touched_at=now)
+            )
+            held = set(
+                conn.execute(
+                    sa.select(reservation_table.c.shard_id).where(
+                        reservation_table.c.shard_id.in_(list(shards))
+                    )
+                ).scalars()
+            )
+            wanted = {sid: usd for sid, usd in shards.items() if sid not in held}
+            if not wanted:
+                return None
+            amount = sum(wanted.values())
+            for cap, since, period in (
+                (max_per_day, today, f"day {today} (UTC)"),
+                (max_per_month, today.replace(day=1), f"month {today:%Y-%m}"),
+            ):
+                if cap is None:
+                    continue
+                used = _spent_since(conn, pipeline, since)
+                if used + amount > cap:
+                    return (
+                        f"pipeline {pipeline} has ${used:.4f} spent or reserved for the {period}; "
+                        f"{len(wanted)} shard(s) of {job_id} need up to ${amount:.4f} more, over "
+                        f"the cap of ${cap:.4f}"
+                    )
+            conn.execute(
+                sa.insert(reservation_table),
+                [
+                    {
+                        "shard_id": sid,
+                        "pipeline": pipeline,
+                        "job_id": job_id,
+                        "spend_date": today,
+                        "reserved_usd": usd,
+                        "created_at": now,
+                    }
+                    for sid, usd in wanted.items()
+                ],
+            )
+        return None
+
+    def spend(self, pipeline: str, since: dt.date) -> float:
+        """Spent or reserved by a pipeline since a date (what the caps count)."""
+        with self.engine.connect() as conn:
+            return _spent_since(conn, pipeline, since)
+
+    def earlier_jobs(self, pipeline: str, before: dt.date, partitions: int) -> list[JobRecord]:
+        """Completed jobs with successes on the `partitions` latest days before `before`, the
+        last created per day: the history that estimates and drift checks learn from."""
+        query = (
+            sa.select(job_table)
+            .where(
+                job_table.c.pipeline == pipeline,
+                job_table.c.partition_date < before,
+                job_table.c.status == "completed",
+                job_table.c.succeeded_items > 0,
+            )
+            .order_by(job_table.c.partition_date.desc(), job_table.c.created_at.desc())
+        )
+        latest: dict[dt.date, JobRecord] = {}
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=100).execute(query):
+                job = JobRecord.model_validate(row._mapping)
+                if job.partition_date not in latest:
+                    if len(latest) == partitions:
+                        break
+                    latest[job.partition_date] = job
+        return list(latest.values())
+
+    def job_cost_rows(
+        self, pipeline: str, start: dt.date | None = None, end: dt.date | None = None
+    ) -> list[dict[str, Any]]:
+        """Per job of a pipeline (one per day, prompt version and model): items, billed tokens
+        and cost, retry overhead and the estimate, from the shards' settled numbers."""
+        jobs = sa.select(job_table.c.job_id).where(job_table.c.pipeline == pipeline)
+        live = (
+            sa.select(
+                result_table.c.job_id,
+                sa.func.count().label("n_items"),
+                sa.func.sum(sa.case((result_table.c.status == SUCCEEDED, 1), else_=0)).label(
+                    "succeeded"
+                ),
+                sa.func.sum(sa.case((result_table.c.status == DEAD_LETTER, 1), else_=0)).label(
+                    "dead_letters"
+                ),
+                sa.func.sum(result_table.c.cost_usd + result_table.c.prior_cost_usd).label(
+                    "cost_usd"
+                ),
+            )
+            .where(result_table.c.job_id.in_(jobs))
+            .group_by(result_table.c.job_id)
+            .subquery()
+        )
+        billed = (
+            sa.select(
+                shard_table.c.job_id,
+                sa.func.sum(sa.func.coalesce(shard_table.c.actual_input_tokens, 0)).label("tin"),
+                sa.func.sum(sa.func.coalesce(shard_table.c.actual_output_tokens, 0)).label("tout"),
+                sa.func.sum(
+                    sa.case((shard_table.c.kind != FIRST, shard_table.c.actual_cost_usd), else_=0.0)
+                ).label("retry_cost"),
+                sa.func.sum(shard_table.c.estimated_input_tokens).label("est_in"),
+                sa.func.sum(shard_table.c.estimated_cost_usd).label("est"),
+                sa.func.sum(shard_table.c.estimated_cost_upper_usd).label("upper"),
+            )
+            .where(shard_table.c.job_id.in_(jobs))
+            .group_by(shard_table.c.job_id)
+            .subquery()
+        )
+        query = (
+            sa.select(
+                job_table.c.partition_date,
+                job_table.c.job_id,
+                job_table.c.provider,
+                job_table.c.model_name,
+                job_table.c.prompt_version,
+                sa.func.coalesce(live.c.n_items, 0),
+                sa.func.coalesce(live.c.succeeded, 0),
+                sa.func.coalesce(live.c.dead_letters, 0),
+                sa.func.coalesce(billed.c.est_in, 0),
+                sa.func.coalesce(billed.c.tin, 0),
+                sa.func.coalesce(billed.c.tout, 0),
+                sa.func.coalesce(live.c.cost_usd, 0.0),
+                sa.func.coalesce(billed.c.retry_cost, 0.0),
+                sa.func.coalesce(billed.c.est, 0.0),
+                sa.func.coalesce(billed.c.upper, 0.0),
+            )
+            .select_from(
+                job_table.outerjoin(live, live.c.job_id == job_table.c.job_id).outerjoin(
+                    billed, billed.c.job_id == job_table.c.job_id
+                )
+            )
+            .where(job_table.c.pipeline == pipeline)
+            .order_by(job_table.c.partition_date, job_table.c.created_at)
+        )
+        if start is not None:
+            query = query.where(job_table.c.partition_date >= start)
+        if end is not None:
+            query = query.where(job_table.c.partition_date <= end)
+        names = [
+            "date",
+            "job_id",
+            "provider",
+            "model",
+            "prompt_version",
+            "items",
+            "succeeded",
+            "dead_letters",
+            "estimated_input_tokens",
+            "input_tokens",
+            "output_tokens",
+            "cost_usd",
+            "retry_cost_usd",
+            "estimated_cost_usd",
+            "estimated_cost_upper_usd",
+        ]
+        with self.engine.connect() as conn:
+            rows = [dict(zip(names, row, strict=True)) for row in conn.execute(query)]
+        for row in rows:
+            row["date"] = row["date"].isoformat()
+            for key in (
+                "items",
+                "succeeded",
+                "dead_letters",
+                "input_tokens",
+                "output_tokens",
+                "estimated_input_tokens",
+            ):
+                row[key] = int(row[key])
+            for key in (
+                "cost_usd",
+                "retry_cost_usd",
+                "estimated_cost_usd",
+                "estimated_cost_upper_usd",
+            ):
+                row[key] = float(row[key])
+        return rows
 
     def pipeline_shards(
         self, pipeline: str, statuses: Iterable[str]

@@ -58,13 +58,18 @@ def normalize_result(entry: Any) -> ItemResult:
         message = result.message
         text = "".join(getattr(block, "text", "") for block in message.content)
         stop = message.stop_reason
+        cache_read = message.usage.cache_read_input_tokens or 0
+        cache_write = message.usage.cache_creation_input_tokens or 0
         return ItemResult(
             custom_id=entry.custom_id,
             succeeded=True,
             status_code=200,
             output_text=text,
             finish_reason="length" if stop == "max_tokens" else "stop",
-            input_tokens=message.usage.input_tokens,
+            # Anthropic counts cache reads and writes apart from input_tokens; all are input.
+            # Cache writes are charged as plain input here (Anthropic adds 25% for them).
+            input_tokens=message.usage.input_tokens + cache_read + cache_write,
+            cached_input_tokens=cache_read,
             output_tokens=message.usage.output_tokens,
         )
     if kind == "errored":

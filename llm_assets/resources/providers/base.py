@@ -7,7 +7,7 @@ provider's batch API; nothing outside `resources/providers/` talks to a provider
 import datetime as dt
 from collections.abc import Iterator
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import dagster as dg
 from pydantic import BaseModel, ConfigDict
@@ -99,6 +99,9 @@ class ItemResult(BaseModel):
     output_text: str | None = None
     finish_reason: str | None = None
     input_tokens: int = 0
+    """All input tokens billed, cached ones included."""
+    cached_input_tokens: int = 0
+    """The part of input_tokens read from the provider's prompt cache (cheaper)."""
     output_tokens: int = 0
     status_code: int | None = None
     error_class: ErrorClass | None = None
@@ -115,6 +118,9 @@ def resolve_secret(value: str | None) -> str | None:
 
 class BatchProvider(dg.ConfigurableResource):
     """Build request lines, submit a shard, poll it, stream its results, cancel it."""
+
+    priced_as_batch: ClassVar[bool] = True
+    """Whether the price table's batch discount applies to what this provider runs."""
 
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
         """What in a spec this provider cannot serve, as (field, reason)."""

@@ -113,6 +113,7 @@ def normalize_line(raw: bytes | str) -> ItemResult | None:
             error_message=str(message),
         )
     usage = body.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
     text, finish = _content_of(body)
     return ItemResult(
         custom_id=custom_id,
@@ -121,6 +122,7 @@ def normalize_line(raw: bytes | str) -> ItemResult | None:
         output_text=text,
         finish_reason=finish,
         input_tokens=int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
+        cached_input_tokens=int(details.get("cached_tokens") or 0),
         output_tokens=int(usage.get("completion_tokens") or usage.get("output_tokens") or 0),
     )
 
