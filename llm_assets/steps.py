@@ -257,7 +257,7 @@ class Estimator:
         self.batch = provider.priced_as_batch
         self.max_output = spec.model.max_output_tokens
         history = ledger.earlier_jobs(spec.name, day, spec.budget.history_window)
-        per_item = [j.output_tokens / j.succeeded_items for j in history if j.succeeded_items]
+        per_item = list(ledger.output_tokens_per_billed_item([j.job_id for j in history]).values())
         if per_item:
             self.expected_output = min(statistics.median(per_item), float(self.max_output))
             self.basis = f"median of {len(per_item)} earlier partition(s)"
@@ -457,6 +457,8 @@ def budget_gate(
     )
     if limit is None:
         return gate.model_copy(update={"reason": "no budget.max_usd_per_partition"})
+    if not ledger.shards(job.job_id, [ShardState.CREATED, ShardState.UPLOADED]):
+        return gate.model_copy(update={"reason": "nothing is waiting to be submitted"})
     if committed <= limit:
         return gate.model_copy(
             update={"reason": f"upper bound ${committed:.4f} within ${limit:.4f}"}
@@ -1113,7 +1115,9 @@ def _per_item(job: JobRecord) -> dict[str, float]:
 
 def cost_drift(spec: PipelineSpec, job: JobRecord, ledger: LedgerResource) -> Drift:
     window, factor = spec.budget.history_window, spec.budget.drift_factor
-    history = ledger.earlier_jobs(spec.name, job.partition_date, window)
+    history = [
+        j for j in ledger.earlier_jobs(spec.name, job.partition_date, window) if j.succeeded_items
+    ]
     current = _per_item(job) if job.succeeded_items else {}
     medians: dict[str, float] = {}
     ratios: dict[str, float] = {}

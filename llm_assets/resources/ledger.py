@@ -1084,15 +1084,14 @@ class LedgerResource(dg.ConfigurableResource):
             return _spent_since(conn, pipeline, since)
 
     def earlier_jobs(self, pipeline: str, before: dt.date, partitions: int) -> list[JobRecord]:
-        """Completed jobs with successes on the `partitions` latest days before `before`, the
-        last created per day: the history that estimates and drift checks learn from."""
+        """Completed jobs on the `partitions` latest days before `before`, the last created
+        per day: the history that estimates and drift checks learn from."""
         query = (
             sa.select(job_table)
             .where(
                 job_table.c.pipeline == pipeline,
                 job_table.c.partition_date < before,
                 job_table.c.status == "completed",
-                job_table.c.succeeded_items > 0,
             )
             .order_by(job_table.c.partition_date.desc(), job_table.c.created_at.desc())
         )
@@ -1105,6 +1104,19 @@ class LedgerResource(dg.ConfigurableResource):
                         break
                     latest[job.partition_date] = job
         return list(latest.values())
+
+    def output_tokens_per_billed_item(self, job_ids: Sequence[str]) -> dict[str, float]:
+        """Per job, output tokens over the items that were billed (their last attempt), those
+        that later failed the quality gate included: what an item's answer costs."""
+        query = (
+            sa.select(
+                result_table.c.job_id, sa.func.sum(result_table.c.output_tokens), sa.func.count()
+            )
+            .where(result_table.c.job_id.in_(list(job_ids)), result_table.c.input_tokens > 0)
+            .group_by(result_table.c.job_id)
+        )
+        with self.engine.connect() as conn:
+            return {job: int(out) / n for job, out, n in conn.execute(query) if n}
 
     def job_cost_rows(
         self, pipeline: str, start: dt.date | None = None, end: dt.date | None = None
