@@ -4,7 +4,12 @@ import dagster as dg
 
 from llm_assets.factory import build_pipeline_assets
 from llm_assets.resources import build_resources
-from llm_assets.sensors import build_batch_status_sensor
+from llm_assets.schedules import build_schedule, build_submit_job
+from llm_assets.sensors import (
+    build_batch_status_sensor,
+    build_new_data_sensor,
+    build_notification_sensors,
+)
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec, load_specs
 
@@ -12,11 +17,27 @@ from llm_assets.spec import PipelineSpec, load_specs
 def build_definitions(
     settings: Settings, specs: list[PipelineSpec] | None = None
 ) -> dg.Definitions:
-    """Every pipeline spec under LLM_ASSETS_PIPELINES becomes an asset group."""
+    """Every pipeline spec under LLM_ASSETS_PIPELINES becomes an asset group with its submit
+    job, sensors and (optionally) a schedule."""
     specs = load_specs(settings.pipelines_dir) if specs is None else specs
     assets = [asset for spec in specs for asset in build_pipeline_assets(spec, settings)]
-    sensors = [build_batch_status_sensor(spec) for spec in specs]
-    return dg.Definitions(assets=assets, sensors=sensors, resources=build_resources(settings))
+    jobs = {spec.name: build_submit_job(spec) for spec in specs}
+    sensors = [build_batch_status_sensor(spec, settings) for spec in specs]
+    sensors += [
+        build_new_data_sensor(spec, settings) for spec in specs if spec.automation.new_data_sensor
+    ]
+    sensors += build_notification_sensors(specs)
+    schedules = [s for spec in specs if (s := build_schedule(spec, jobs[spec.name])) is not None]
+    return dg.Definitions(
+        assets=assets,
+        jobs=list(jobs.values()),
+        sensors=sensors,
+        schedules=schedules,
+        resources=build_resources(settings),
+        # Steps are thin I/O over the ledger and the provider; a subprocess per step would
+        # cost seconds each. Runs stay isolated from each other by the run launcher.
+        executor=dg.in_process_executor,
+    )
 
 
 defs = build_definitions(Settings.from_env())

@@ -82,13 +82,19 @@ def _failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
         if data.user_failure_data is not None:
             gate_value = data.user_failure_data.metadata.get("gate")
             gate = getattr(gate_value, "value", None) if gate_value is not None else None
-        message = data.user_failure_data.description if data.user_failure_data else None
-        if not message and data.error is not None:
-            # The step error wraps the real one; the cause says what went wrong.
-            error = data.error.cause or data.error
-            message = error.message.strip()
-        return StepFailed(f"{event.step_key}: {message}", gate=gate)
+        return StepFailed(f"{event.step_key}: {step_failure_reason(event)}", gate=gate)
     return StepFailed(f"run {result.run_id} failed")
+
+
+def step_failure_reason(event: dg.DagsterEvent) -> str:
+    """What a failed step says went wrong: our Failure's description, else the real error."""
+    data = event.step_failure_data
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        return data.user_failure_data.description
+    if data.error is not None:
+        # The step error wraps the real one; the cause says what went wrong.
+        return (data.error.cause or data.error).message.strip()
+    return event.message or "failed"
 
 
 class PartitionRunner:

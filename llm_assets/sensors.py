@@ -1,45 +1,69 @@
-"""Sensors: the batch-status sensor that turns ended provider batches into import runs.
+"""Sensors: what makes a dropped file end in validated outputs and a cost report.
 
-It only makes cheap status calls, in parallel and under a deadline well inside Dagster's
-sensor time limit; shards it did not reach are polled first on the next tick.
+- `<pipeline>__new_data` watches the source files and submits every day a new or changed
+  file touches.
+- `<pipeline>__batch_status` polls in-flight provider batches with cheap status calls (in
+  parallel, under a deadline well inside Dagster's sensor time limit), imports ended ones,
+  submits due retry shards, and finishes days whose items are all terminal: first the gated
+  run (validation, publication), then the report run (dead letters, cost report), so the
+  report is written also when a blocking check stops publication.
+- `llm_assets__partition_finished` / `llm_assets__partition_failed` summarize a day when its
+  report run succeeds or any of its runs fails (notify.py).
 """
 
 import datetime as dt
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import dagster as dg
 
-from llm_assets import steps
-from llm_assets.factory import asset_key
+from llm_assets import notify, steps
+from llm_assets.factory import STEPS, asset_key
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import ENDED_STATES, IN_FLIGHT_STATES, BatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.runner import (
+    GATED_STEPS,
+    IMPORT_STEPS,
+    REPORT_STEPS,
+    SUBMIT_STEPS,
+    step_failure_reason,
+)
+from llm_assets.settings import Settings
+from llm_assets.source import file_dates, list_source_files
 from llm_assets.spec import PipelineSpec
 
-IMPORT_STEPS = ("batch_results",)
-FINISH_STEPS = ("validated_outputs", "published_outputs", "qa_sample", "dead_letter", "cost_report")
 POLL_DEADLINE_SECONDS = 30.0
 POLL_WORKERS = 8
+FINISH_LOOKBACK = dt.timedelta(days=3)
+"""Days whose last import is older than this are not looked at again by the sensor."""
 
 
 def batch_status_sensor_name(spec: PipelineSpec) -> str:
     return f"{spec.name}__batch_status"
 
 
-def build_batch_status_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
+def build_batch_status_sensor(
+    spec: PipelineSpec, settings: Settings | None = None
+) -> dg.SensorDefinition:
     provider_key = provider_resource_key(spec.model.provider)
     import_keys = [asset_key(spec, step) for step in IMPORT_STEPS]
-    finish_keys = [asset_key(spec, step) for step in FINISH_STEPS]
+    gated_keys = [asset_key(spec, step) for step in GATED_STEPS]
+    report_keys = [asset_key(spec, step) for step in REPORT_STEPS]
     submit_key = asset_key(spec, "provider_batches")
+    validated_key = asset_key(spec, "validated_outputs")
+    report_key = asset_key(spec, "cost_report")
 
     @dg.sensor(
         name=batch_status_sensor_name(spec),
-        description=f"Polls {spec.name}'s in-flight provider batches and imports ended ones.",
-        minimum_interval_seconds=60,
+        description=f"Polls {spec.name}'s in-flight provider batches, imports ended ones and "
+        "finishes days whose items are all terminal.",
+        minimum_interval_seconds=_interval(settings, 60),
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={"ledger", provider_key},
-        asset_selection=[*import_keys, *finish_keys, submit_key],
+        asset_selection=[*import_keys, *gated_keys, *report_keys, submit_key],
     )
     def batch_status(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         ledger: LedgerResource = context.resources.ledger
@@ -96,25 +120,181 @@ def build_batch_status_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
             for shard, day in ledger.pipeline_shards(spec.name, ["created"])
             if shard.round > 0 and (shard.not_before is None or shard.not_before <= utcnow())
         ]
-        # A day whose items are all terminal is validated, published and reported once per
-        # set of imported shards; the blocking checks then gate publication in that run.
-        for job in ledger.jobs_for_pipeline(spec.name):
-            if job.status != "completed":
-                continue
-            shards = ledger.shards(job.job_id)
-            if not shards or any(s.status != "imported" for s in shards):
-                continue
-            last = max(s.imported_at for s in shards if s.imported_at)
-            run_requests.append(
-                dg.RunRequest(
-                    run_key=f"finish:{job.job_id}:{len(shards)}:{last.isoformat()}",
-                    partition_key=job.partition_date.isoformat(),
-                    asset_selection=finish_keys,
+        # A day whose items are all terminal is validated and published once per set of
+        # imported shards (the blocking checks gate publication in that run), then reported
+        # once its validation has run, whatever the checks said. Days finished another way
+        # (the CLI) are recognized by their materializations and left alone.
+        for job, shard_count, last in ledger.finished_jobs(spec.name, utcnow() - FINISH_LOOKBACK):
+            day = job.partition_date.isoformat()
+            key = f"{job.job_id}:{shard_count}:{last.isoformat()}"
+            validated = _latest(context.instance, validated_key, day)
+            if validated is None or validated < last.timestamp():
+                run_requests.append(
+                    dg.RunRequest(
+                        run_key=f"finish:{key}", partition_key=day, asset_selection=gated_keys
+                    )
                 )
-            )
+                continue
+            reported = _latest(context.instance, report_key, day)
+            if reported is None or reported < validated:
+                run_requests.append(
+                    dg.RunRequest(
+                        run_key=f"report:{key}", partition_key=day, asset_selection=report_keys
+                    )
+                )
         skipped = len(in_flight) - len(polled)
         if skipped:
             context.log.info(f"deadline reached; {skipped} shards left for the next tick")
         return dg.SensorResult(run_requests=run_requests, asset_events=observations)
 
     return batch_status
+
+
+def _latest(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str) -> float | None:
+    """When the asset was last materialized for the partition (epoch seconds), if ever."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1
+    ).records
+    return records[0].timestamp if records else None
+
+
+def _interval(settings: Settings | None, default: int) -> int:
+    if settings is not None and settings.sensor_interval_seconds is not None:
+        return settings.sensor_interval_seconds
+    return default
+
+
+def new_data_sensor_name(spec: PipelineSpec) -> str:
+    return f"{spec.name}__new_data"
+
+
+def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDefinition:
+    """Submit the days a new or changed source file touches, once per file version."""
+    source = settings.resolve_source_uri(spec.source.uri)
+    submit_keys = [asset_key(spec, step) for step in SUBMIT_STEPS]
+    partitions = dg.DailyPartitionsDefinition(
+        start_date=spec.partitions.start_date.isoformat(),
+        timezone=spec.partitions.timezone,
+        end_offset=spec.partitions.end_offset,
+    )
+
+    @dg.sensor(
+        name=new_data_sensor_name(spec),
+        description=f"Watches {spec.source.uri} and submits each day a new or changed file has "
+        "rows for (run key: file, version and day).",
+        minimum_interval_seconds=_interval(settings, 30),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        required_resource_keys={"storage"},
+        asset_selection=submit_keys,
+    )
+    def new_data(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        storage: ArtifactStorage = context.resources.storage
+        seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
+        known = set(partitions.get_partition_keys(dynamic_partitions_store=context.instance))
+        current: dict[str, str] = {}
+        requests: list[dg.RunRequest] = []
+        for uri in list_source_files(source, storage):
+            version = storage.version(uri)
+            if version is None:
+                continue
+            current[uri] = version
+            if seen.get(uri) == version:
+                continue
+            days = sorted(file_dates(spec, uri, storage))
+            outside = [d for d in days if d.isoformat() not in known]
+            if outside:
+                context.log.warning(
+                    f"{uri}: rows for {len(outside)} day(s) outside the partitions "
+                    f"({outside[0]}..{outside[-1]}) are not submitted"
+                )
+            for day in days:
+                if day.isoformat() in known:
+                    requests.append(
+                        dg.RunRequest(
+                            run_key=f"{uri}@{version}:{day.isoformat()}",
+                            partition_key=day.isoformat(),
+                            asset_selection=submit_keys,
+                            tags={"llm_assets/source_file": uri[-200:]},
+                        )
+                    )
+        # Files that disappeared drop out of the cursor, so it stays as big as the folder.
+        return dg.SensorResult(run_requests=requests, cursor=json.dumps(current, sort_keys=True))
+
+    return new_data
+
+
+def _partition_of(
+    run: dg.DagsterRun, specs: dict[str, PipelineSpec]
+) -> tuple[PipelineSpec, dt.date] | None:
+    """The pipeline and day a run worked on, from its asset selection and partition tag."""
+    partition = run.tags.get("dagster/partition")
+    keys = run.asset_selection or set()
+    names = {key.path[0] for key in keys if len(key.path) == 2 and key.path[1] in STEPS}
+    if partition is None or len(names) != 1:
+        return None
+    spec = specs.get(names.pop())
+    if spec is None:
+        return None
+    try:
+        return spec, dt.date.fromisoformat(partition)
+    except ValueError:
+        return None
+
+
+def build_notification_sensors(specs: list[PipelineSpec]) -> list[dg.SensorDefinition]:
+    """Summaries when a day's report run succeeds (finished) or any run of a day fails."""
+    by_name = {spec.name: spec for spec in specs}
+
+    @dg.run_status_sensor(
+        run_status=dg.DagsterRunStatus.SUCCESS,
+        name="llm_assets__partition_finished",
+        description="When a day's cost report is written: a summary (items, dead letters by "
+        "class, cost, duration) to the log and the spec's webhook, with alerts.",
+        default_status=dg.DefaultSensorStatus.RUNNING,
+    )
+    def partition_finished(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:
+        found = _partition_of(context.dagster_run, by_name)
+        if found is None:
+            return
+        spec, day = found
+        if asset_key(spec, "cost_report") not in (context.dagster_run.asset_selection or set()):
+            return
+        summary = notify.summarize(
+            spec,
+            day,
+            context.resources.ledger,
+            outcome="finished",
+            run_id=context.dagster_run.run_id,
+        )
+        context.log.info(summary.text())
+        notify.deliver(spec, summary)
+
+    @dg.run_failure_sensor(
+        name="llm_assets__partition_failed",
+        description="When any run of a day fails (a gate or an error): a summary with the "
+        "reason to the log and the spec's webhook.",
+        default_status=dg.DefaultSensorStatus.RUNNING,
+    )
+    def partition_failed(context: dg.RunFailureSensorContext, ledger: LedgerResource) -> None:
+        found = _partition_of(context.dagster_run, by_name)
+        if found is None:
+            return
+        spec, day = found
+        reason = context.failure_event.message if context.failure_event else None
+        step_failures = context.get_step_failure_events()
+        if step_failures:
+            reason = "; ".join(
+                f"{e.step_key}: {step_failure_reason(e)[:300]}" for e in step_failures
+            )
+        summary = notify.summarize(
+            spec,
+            day,
+            ledger,
+            outcome="failed",
+            reason=reason,
+            run_id=context.dagster_run.run_id,
+        )
+        context.log.warning(summary.text())
+        notify.deliver(spec, summary)
+
+    return [partition_finished, partition_failed]

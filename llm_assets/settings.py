@@ -18,6 +18,9 @@ class Settings(BaseModel):
     pipelines_dir: Path
     storage_url: str
     dagster_home: Path
+    sensor_interval_seconds: int | None = None
+    """LLM_ASSETS_SENSOR_INTERVAL_SECONDS: how often the sensors may run (default: each
+    sensor's own, 30–60 s); tests and demos set a few seconds."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
@@ -31,6 +34,9 @@ class Settings(BaseModel):
             ).resolve(),
             storage_url=env.get("LLM_ASSETS_STORAGE_URL") or str(home / "artifacts"),
             dagster_home=Path(env.get("DAGSTER_HOME") or home / "dagster").resolve(),
+            sensor_interval_seconds=int(env["LLM_ASSETS_SENSOR_INTERVAL_SECONDS"])
+            if env.get("LLM_ASSETS_SENSOR_INTERVAL_SECONDS")
+            else None,
         )
 
     def resolve_source_uri(self, uri: str) -> str:

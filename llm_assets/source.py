@@ -149,27 +149,36 @@ def _date_in_name(uri: str) -> dt.date | None:
         return None
 
 
+def _dated_rows(
+    spec: PipelineSpec, uri: str, storage: ArtifactStorage
+) -> Iterator[tuple[SourceRow, dt.date | None]]:
+    """A file's rows with their partition date; rows that cannot be dated come last, with
+    the file's date (from its name, else its earliest dated row)."""
+    tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
+    undated: list[SourceRow] = []
+    earliest: dt.date | None = None
+    for row in read_file_rows(uri, spec, storage):
+        day = None if row.record is None else parse_date(row.record.get(spec.source.date_field), tz)
+        if day is None:
+            undated.append(row)
+            continue
+        earliest = day if earliest is None else min(earliest, day)
+        yield row, day
+    home = _date_in_name(uri) or earliest
+    for row in undated:
+        yield row, home
+
+
 def rows_for_partition(
     spec: PipelineSpec, source_uri: str, partition_date: dt.date, storage: ArtifactStorage
 ) -> Iterator[SourceRow]:
     """Every source row that belongs to `partition_date`, in file and line order."""
-    tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
     for uri in list_source_files(source_uri, storage):
-        undated: list[SourceRow] = []
-        earliest: dt.date | None = None
-        for row in read_file_rows(uri, spec, storage):
-            day = (
-                None
-                if row.record is None
-                else parse_date(row.record.get(spec.source.date_field), tz)
-            )
-            if day is None:
-                undated.append(row)
-                continue
-            earliest = day if earliest is None else min(earliest, day)
+        for row, day in _dated_rows(spec, uri, storage):
             if day == partition_date:
                 yield row
-        if undated:
-            home = _date_in_name(uri) or earliest
-            if home == partition_date:
-                yield from undated
+
+
+def file_dates(spec: PipelineSpec, uri: str, storage: ArtifactStorage) -> set[dt.date]:
+    """The partition dates a source file has rows for."""
+    return {day for _, day in _dated_rows(spec, uri, storage) if day is not None}

@@ -189,6 +189,31 @@ class BudgetSpec(_Strict):
     )
 
 
+class NotifySpec(_Strict):
+    webhook_env: str = Field(
+        default="LLM_ASSETS_WEBHOOK_URL",
+        description="Environment variable holding a Slack-compatible webhook URL; unset: log only.",
+    )
+    max_error_rate: float | None = Field(
+        default=0.1, ge=0.0, le=1.0, description="Alert when dead letters / items exceed this."
+    )
+    max_cost_usd: float | None = Field(
+        default=None, ge=0.0, description="Alert when a partition costs more than this."
+    )
+
+
+class AutomationSpec(_Strict):
+    new_data_sensor: bool = Field(
+        default=True, description="Watch the source files and submit the days they touch."
+    )
+    schedule: str | None = Field(
+        default=None,
+        description="Cron (in partitions.timezone) submitting the latest complete day, e.g. "
+        "'0 6 * * *' for a source that is filled nightly.",
+    )
+    notify: NotifySpec = NotifySpec()
+
+
 class PartitionSpec(_Strict):
     start_date: dt.date
     timezone: str = "UTC"
@@ -207,6 +232,7 @@ class PipelineSpec(_Strict):
     sharding: ShardingSpec = ShardingSpec()
     retry: RetrySpec = RetrySpec()
     budget: BudgetSpec = BudgetSpec()
+    automation: AutomationSpec = AutomationSpec()
     partitions: PartitionSpec
     tags: dict[str, str] = Field(default_factory=dict)
 
@@ -302,6 +328,16 @@ def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
         except Exception as exc:
             problems.append(
                 ("output.pandera_model", f"cannot use {spec.output.pandera_model!r}: {exc}")
+            )
+    if spec.automation.schedule is not None:
+        from dagster._utils.schedules import is_valid_cron_string
+
+        if not is_valid_cron_string(spec.automation.schedule):
+            problems.append(
+                (
+                    "automation.schedule",
+                    f"{spec.automation.schedule!r} is not a cron expression like '0 6 * * *'",
+                )
             )
     try:
         import zoneinfo

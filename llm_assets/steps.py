@@ -421,6 +421,42 @@ def build_shards(
     )
 
 
+def _submit_one(
+    spec: PipelineSpec,
+    job: JobRecord,
+    shard: ShardRecord,
+    ledger: LedgerResource,
+    storage: ArtifactStorage,
+    provider: BatchProvider,
+    price: str,
+) -> str:
+    """Submit one shard under its submission lock; returns the provider batch id."""
+    # The first intent is kept: after a crash, the adapter reconciles from that moment.
+    # The price in force now is the one the shard's results are charged at.
+    if shard.submit_intent_at is None:
+        ledger.update_shard(shard.shard_id, submit_intent_at=utcnow(), price_json=price)
+        shard = shard.model_copy(update={"price_json": price})
+    failpoint("submit.after_intent")
+    batch_id = provider.submit(
+        ShardSubmission(
+            shard_id=shard.shard_id,
+            job_id=job.job_id,
+            pipeline=spec.name,
+            input_uri=shard.input_uri,
+            item_count=shard.item_count,
+            intent_at=shard.submit_intent_at,
+            known_batch_ids=ledger.recent_provider_batch_ids(
+                spec.model.provider, utcnow() - dt.timedelta(days=2)
+            ),
+        ),
+        storage,
+    )
+    failpoint("submit.after_create")
+    ledger.mark_submitted(shard.shard_id, batch_id, ShardState.SUBMITTED)
+    failpoint("submit.after_record")
+    return batch_id
+
+
 class BudgetGate(BaseModel):
     """The partition budget gate: what the day has spent or may still spend, against the limit."""
 
@@ -500,6 +536,7 @@ def budget_gate(
 class SubmitResult(BaseModel):
     job_id: str
     submitted: dict[str, str]
+    being_submitted_elsewhere: int = 0
     in_flight: int
     committed_cost_usd: float
     waiting_for_backoff: int = 0
@@ -548,36 +585,24 @@ def submit_shards(
                 f"{refused}; nothing was submitted. It can go once settled costs leave room "
                 "(or raise budget.max_usd_per_day / max_usd_per_month)",
             )
+    busy = 0
     for shard in to_submit:
-        # The first intent is kept: after a crash, the adapter reconciles from that moment.
-        # The price in force now is the one the shard's results are charged at.
-        if shard.submit_intent_at is None:
-            ledger.update_shard(shard.shard_id, submit_intent_at=utcnow(), price_json=price)
-            shard = shard.model_copy(update={"price_json": price})
-        failpoint("submit.after_intent")
-        batch_id = provider.submit(
-            ShardSubmission(
-                shard_id=shard.shard_id,
-                job_id=job.job_id,
-                pipeline=spec.name,
-                input_uri=shard.input_uri,
-                item_count=shard.item_count,
-                intent_at=shard.submit_intent_at,
-                known_batch_ids=ledger.recent_provider_batch_ids(
-                    spec.model.provider, utcnow() - dt.timedelta(days=2)
-                ),
-            ),
-            storage,
-        )
-        failpoint("submit.after_create")
-        ledger.mark_submitted(shard.shard_id, batch_id, ShardState.SUBMITTED)
-        failpoint("submit.after_record")
-        submitted[shard.shard_id] = batch_id
+        with ledger.submission_lock(shard.shard_id) as mine:
+            if not mine:
+                busy += 1  # another run is submitting it right now
+                continue
+            current = ledger.get_shard(shard.shard_id)
+            if current is None or current.provider_batch_id is not None:
+                continue  # submitted by another run since it was listed
+            submitted[shard.shard_id] = _submit_one(
+                spec, job, current, ledger, storage, provider, price
+            )
     ledger.refresh_job(job.job_id)
     in_flight = len(ledger.shards(job.job_id, IN_FLIGHT_STATES))
     return SubmitResult(
         job_id=job.job_id,
         submitted=submitted,
+        being_submitted_elsewhere=busy,
         in_flight=in_flight,
         committed_cost_usd=ledger.committed_cost(job.job_id),
         waiting_for_backoff=len(waiting),

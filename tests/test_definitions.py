@@ -61,38 +61,3 @@ def test_a_broken_spec_folder_fails_the_code_location_with_the_problem(tmp_path:
         assert "source" in str(exc)
     else:
         raise AssertionError("a broken spec must not load")
-
-
-def test_the_production_instance_config_loads_on_postgresql(tmp_path: Path) -> None:
-    import shutil
-
-    import pytest
-    import sqlalchemy as sa
-
-    from tests.conftest import PG_URL
-
-    if PG_URL is None:
-        pytest.skip("LLM_ASSETS_TEST_DATABASE_URL is not set; PostgreSQL half skipped")
-    url = sa.engine.make_url(PG_URL)
-    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(tmp_path),
-        "DAGSTER_PG_HOST": url.host or "127.0.0.1",
-        "DAGSTER_PG_USER": url.username or "postgres",
-        "DAGSTER_PG_PASSWORD": url.password or "",
-        "DAGSTER_PG_DB": url.database or "",
-    }
-    probe = (
-        "import dagster as dg\n"
-        "i = dg.DagsterInstance.get()\n"
-        "c = i.get_concurrency_config()\n"
-        "print(type(i.run_storage).__name__, c.pool_config.default_pool_limit,"
-        " i.run_monitoring_enabled, i.run_retries_enabled)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
-    )
-
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["PostgresRunStorage", "2", "True", "True"]

@@ -5,7 +5,12 @@ import pytest
 
 from llm_assets import sensors
 from llm_assets.factory import asset_key, build_pipeline_assets
-from llm_assets.sensors import FINISH_STEPS, IMPORT_STEPS, build_batch_status_sensor
+from llm_assets.sensors import (
+    GATED_STEPS,
+    IMPORT_STEPS,
+    REPORT_STEPS,
+    build_batch_status_sensor,
+)
 from tests import test_anthropic_provider as anthropic_tests
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.harness import DAY, Harness
@@ -63,8 +68,16 @@ def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
     assert harness.materialize("batch_results").success
     [finish] = tick(harness).run_requests
     assert finish.run_key.startswith(f"finish:{harness.job_id()}:3:")
-    assert set(finish.asset_selection) == {asset_key(harness.spec, s) for s in FINISH_STEPS}
+    assert set(finish.asset_selection) == {asset_key(harness.spec, s) for s in GATED_STEPS}
     assert [r.run_key for r in tick(harness).run_requests] == [finish.run_key]
+    # The report follows once validation has run for the day, whatever its checks said;
+    # then the day is done and asks for nothing more.
+    assert harness.materialize(*GATED_STEPS).success
+    [report] = tick(harness).run_requests
+    assert report.run_key == finish.run_key.replace("finish:", "report:", 1)
+    assert set(report.asset_selection) == {asset_key(harness.spec, s) for s in REPORT_STEPS}
+    assert harness.materialize(*REPORT_STEPS).success
+    assert tick(harness).run_requests == []
     ended = {
         e.metadata["shard_id"].value: e.metadata["completed_requests"].value
         for e in result.asset_events

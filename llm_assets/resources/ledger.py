@@ -5,10 +5,15 @@ ignores what already exists or an upsert keyed by `(job_id, custom_id)` that nev
 terminal row, so re-running any step adds nothing twice and loses nothing.
 """
 
+import contextlib
 import datetime as dt
+import fcntl
 import functools
+import hashlib
+import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Annotated, Any
 
 import dagster as dg
@@ -592,6 +597,49 @@ class LedgerResource(dg.ConfigurableResource):
             query = query.where(shard_table.c.status.in_(list(expect_status)))
         with self.begin() as conn:
             return conn.execute(query.values(**values, updated_at=utcnow())).rowcount > 0
+
+    @contextlib.contextmanager
+    def submission_lock(self, shard_id: str) -> Iterator[bool]:
+        """Hold the right to submit one shard; yields False when another process holds it.
+
+        Two runs of the same day (a sensor's and a backfill's) must not both create a batch
+        for a shard. The lock dies with its holder, so a crashed run never blocks the next
+        one, which then reconciles from the recorded intent: a PostgreSQL advisory lock on
+        its own connection, or an flock beside a SQLite ledger file.
+        """
+        digest = hashlib.sha256(shard_id.encode()).digest()
+        engine = self.engine
+        if engine.dialect.name == "postgresql":
+            key = int.from_bytes(digest[:8], "big", signed=True)
+            with engine.connect() as conn:
+                got = bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(key))).scalar())
+                conn.commit()
+                try:
+                    yield got
+                finally:
+                    if got:
+                        conn.execute(sa.select(sa.func.pg_advisory_unlock(key)))
+                        conn.commit()
+            return
+        database = engine.url.database
+        if not database or database == ":memory:":
+            yield True
+            return
+        folder = Path(database).parent / ".submission-locks"
+        folder.mkdir(exist_ok=True)
+        fd = os.open(folder / f"{digest.hex()[:32]}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def mark_submitted(self, shard_id: str, provider_batch_id: str, status: str) -> None:
         """Record the provider batch and count an attempt for each item, atomically."""
@@ -1241,6 +1289,40 @@ class LedgerResource(dg.ConfigurableResource):
         with self.engine.connect() as conn:
             return [
                 (ShardRecord.model_validate(row._mapping), row.partition_date)
+                for row in conn.execute(query)
+            ]
+
+    def finished_jobs(
+        self, pipeline: str, since: dt.datetime
+    ) -> list[tuple[JobRecord, int, dt.datetime]]:
+        """Completed jobs whose shards are all imported, the last import since `since`, with
+        their shard count and last import time: the days ready to be validated and reported.
+        Bounded by `since` so the sensor's work does not grow with the pipeline's history."""
+        imported = sa.func.sum(sa.case((shard_table.c.status == "imported", 1), else_=0))
+        query = (
+            sa.select(
+                job_table,
+                sa.func.count(shard_table.c.shard_id).label("n_shards"),
+                sa.func.max(shard_table.c.imported_at).label("last_imported"),
+            )
+            .join(shard_table, shard_table.c.job_id == job_table.c.job_id)
+            .where(job_table.c.pipeline == pipeline, job_table.c.status == "completed")
+            .group_by(*job_table.c)
+            .having(
+                sa.and_(
+                    imported == sa.func.count(shard_table.c.shard_id),
+                    sa.func.max(shard_table.c.imported_at) >= since,
+                )
+            )
+            .order_by(job_table.c.partition_date)
+        )
+        with self.engine.connect() as conn:
+            return [
+                (
+                    JobRecord.model_validate(row._mapping),
+                    int(row.n_shards),
+                    as_utc(row.last_imported),
+                )
                 for row in conn.execute(query)
             ]
 

@@ -357,6 +357,24 @@ class ArtifactStorage(dg.ConfigurableResource):
             raise _s3_error(exc, uri, "check") from exc
         return True
 
+    def version(self, uri: str) -> str | None:
+        """What changes when the file does: mtime and size locally, the ETag on S3; None
+        when it does not exist."""
+        target = _parse_uri(uri)
+        if isinstance(target, Path):
+            try:
+                stat = target.stat()
+            except FileNotFoundError:
+                return None
+            return f"{stat.st_mtime_ns}-{stat.st_size}"
+        try:
+            head = self._s3().head_object(Bucket=target.bucket, Key=target.key)
+        except ClientError as exc:
+            if _error_code(exc) in _NOT_FOUND_CODES:
+                return None
+            raise _s3_error(exc, uri, "check") from exc
+        return str(head["ETag"]).strip('"')
+
     def delete(self, uri: str) -> None:
         """Idempotent, so retried cleanup steps never fail on an already-deleted artifact."""
         target = _parse_uri(uri)

@@ -1,0 +1,121 @@
+"""`dagster dev` (webserver + the real dagster-daemon) on loopback, for end-to-end tests.
+
+It is started in its own process group with SIGINT restored (in the background it would
+ignore SIGINT and SIGTERM otherwise) and stopped by signalling the whole group.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from llm_assets.settings import REPO_ROOT
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class DagsterDev:
+    url: str
+    env: dict[str, str]
+    log: Path
+
+    def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.url}/graphql",
+            data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            body = json.loads(response.read())
+        if body.get("errors"):
+            raise AssertionError(f"GraphQL errors: {body['errors']}")
+        return body["data"]
+
+    def wait_for(self, what: str, probe: Callable[[], T | None], timeout: float = 240.0) -> T:
+        """Poll `probe` until it returns something other than None (or fail with the log)."""
+        deadline = time.monotonic() + timeout
+        interval = 0.2
+        while time.monotonic() < deadline:
+            found = probe()
+            if found is not None:
+                return found
+            time.sleep(interval)  # waiting on another process, not synchronizing threads
+            interval = min(interval * 1.5, 2.0)
+        tail = self.log.read_text(errors="replace")[-6000:]
+        raise AssertionError(f"timed out waiting for {what}; dagster dev log tail:\n{tail}")
+
+
+def _restore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextmanager
+def dagster_dev(env: dict[str, str], log: Path) -> Iterator[DagsterDev]:
+    """Run `dagster dev -w workspace.yaml` from the repo with `env`; yields once the code
+    location has loaded."""
+    port = free_port()
+    dagster = str(Path(sys.executable).parent / "dagster")
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_restore_sigint,
+        )
+        server = DagsterDev(url=f"http://127.0.0.1:{port}", env=env, log=log)
+        try:
+
+            def loaded() -> bool | None:
+                if process.poll() is not None:
+                    raise AssertionError(f"dagster dev exited:\n{log.read_text()[-6000:]}")
+                try:
+                    data = server.graphql(
+                        "{ workspaceOrError { ... on Workspace { locationEntries { name "
+                        "loadStatus locationOrLoadError { __typename } } } } }"
+                    )
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    return None
+                entries = data["workspaceOrError"].get("locationEntries") or []
+                ready = [
+                    e
+                    for e in entries
+                    if e["loadStatus"] == "LOADED"
+                    and e["locationOrLoadError"]["__typename"] == "RepositoryLocation"
+                ]
+                failed = [
+                    e for e in entries if e["locationOrLoadError"]["__typename"] == "PythonError"
+                ]
+                if failed:
+                    raise AssertionError(f"code location failed to load: {failed}")
+                return True if ready else None
+
+            server.wait_for("the code location to load", loaded, timeout=180)
+            yield server
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGINT)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(timeout=30)

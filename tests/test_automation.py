@@ -1,0 +1,266 @@
+"""Automation end to end: `dagster dev` with the real dagster-daemon running the sensors.
+
+Nobody touches anything after a file lands in the inbox: the new-data sensor submits the
+days it touches, the batch-status sensor imports, retries and finishes them, and the
+notification sensor posts a summary per day to a webhook. A date backfill launched the way
+the UI launches it (GraphQL `launchPartitionBackfill`) submits one provider job per day of a
+second pipeline whose source is not watched. The provider is the fake OpenAI server,
+reached only through OPENAI_BASE_URL.
+"""
+
+import datetime as dt
+import http.server
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from llm_assets import steps
+from llm_assets.resources.ledger import LedgerResource, job_table
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.spec import PipelineSpec
+from tests.dagster_dev import DagsterDev, dagster_dev
+from tests.fakes.openai_server import FakeOpenAI, user_text
+from tests.harness import review_spec, write_reviews
+from tests.test_openai_provider import truthful
+
+FILE_DAYS = (dt.date(2026, 11, 3), dt.date(2026, 11, 4))
+BACKFILL_DAYS = (dt.date(2026, 11, 10), dt.date(2026, 11, 11))
+
+
+@dataclass
+class Webhook:
+    """A Slack-style incoming webhook on loopback that keeps what it is sent."""
+
+    posts: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+
+
+@pytest.fixture(scope="module")
+def webhook() -> Iterator[Webhook]:
+    hook = Webhook()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            hook.posts.append(json.loads(body))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    hook.url = f"http://127.0.0.1:{server.server_port}/hooks/T000/B000"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield hook
+    server.shutdown()
+
+
+@dataclass
+class Platform:
+    dev: DagsterDev
+    spec: PipelineSpec
+    table: PipelineSpec
+    home: Path
+    ledger: LedgerResource
+    storage: ArtifactStorage
+    fake: FakeOpenAI
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory, webhook: Webhook) -> Iterator[Platform]:
+    root = tmp_path_factory.mktemp("automation")
+    home, specs, dagster_home = root / "home", root / "specs", root / "dagster"
+    for folder in (home / "inbox", specs, dagster_home):
+        folder.mkdir(parents=True)
+    # The local instance `make ui` uses, with the daemon's loops tightened for a test.
+    (dagster_home / "dagster.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "telemetry": {"enabled": False},
+                "sensors": {"use_threads": True, "num_workers": 4},
+                "run_coordinator": {
+                    "module": "dagster",
+                    "class": "QueuedRunCoordinator",
+                    "config": {"dequeue_interval_seconds": 1, "dequeue_use_threads": True},
+                },
+            }
+        )
+    )
+    raw = review_spec(
+        "openai",
+        "gpt-4o-mini",
+        source={"uri": "inbox/*.jsonl"},
+        automation={"notify": {"webhook_env": "REVIEWS_WEBHOOK_URL", "max_error_rate": 0.02}},
+    )
+    (specs / "reviews.yaml").write_text(yaml.safe_dump(raw))
+    table = review_spec(
+        "openai",
+        "gpt-4o-mini",
+        name="reviews_table",
+        source={"uri": "table/*.jsonl"},
+        automation={"new_data_sensor": False},
+    )
+    (specs / "reviews_table.yaml").write_text(yaml.safe_dump(table))
+    for day in BACKFILL_DAYS:
+        write_reviews(home / "table_rows", day, 10)
+    (home / "table_rows" / "reviews").rename(home / "table")
+    spec = PipelineSpec.model_validate(raw)
+    database_url = f"sqlite:///{home / 'ledger.db'}"
+    sent: dict[str, int] = {}
+
+    def flaky(custom_id: str, body: dict[str, Any]) -> str | None:
+        # Every seventh review fails once with a 5xx: the sensor must plan and send retries.
+        sent[custom_id] = sent.get(custom_id, 0) + 1
+        return "5xx" if sent[custom_id] == 1 and "Order 1007" in user_text(body) else None
+
+    with FakeOpenAI(root / "fake_openai") as fake:
+        fake.responder = truthful
+        fake.line_fault = flaky
+        env = {
+            **os.environ,
+            "LLM_ASSETS_HOME": str(home),
+            "LLM_ASSETS_PIPELINES": str(specs),
+            "LLM_ASSETS_DATABASE_URL": database_url,
+            "LLM_ASSETS_SENSOR_INTERVAL_SECONDS": "1",
+            "DAGSTER_HOME": str(dagster_home),
+            "OPENAI_BASE_URL": fake.base_url,
+            "OPENAI_API_KEY": "test-key",
+            "REVIEWS_WEBHOOK_URL": webhook.url,
+        }
+        with dagster_dev(env, root / "dagster_dev.log") as dev:
+            yield Platform(
+                dev=dev,
+                spec=spec,
+                table=PipelineSpec.model_validate(table),
+                home=home,
+                ledger=LedgerResource(database_url=database_url),
+                storage=ArtifactStorage(base_url=str(home / "artifacts")),
+                fake=fake,
+            )
+        assert fake.server_errors == []
+
+
+def finished(platform: Platform, day: dt.date) -> steps.CostReport | None:
+    """The day's cost report once its validated outputs are written, else None."""
+    try:
+        job = steps.existing_job(platform.spec, day, platform.ledger)
+    except steps.MissingPrerequisite:
+        return None
+    base = f"reports/{platform.spec.name}/{day.isoformat()}/{job.job_id}.cost.json"
+    report_uri = platform.storage.uri(base)
+    validated = steps.validated_uri(platform.spec, day, platform.ledger, platform.storage)
+    if not (platform.storage.exists(report_uri) and platform.storage.exists(validated)):
+        return None
+    report = steps.CostReport.model_validate_json(platform.storage.read_bytes(report_uri))
+    return report if report.open_items == 0 else None
+
+
+def test_a_dropped_file_ends_in_validated_outputs_and_cost_reports(
+    platform: Platform, webhook: Webhook
+) -> None:
+    # One file, two days: it fans out into one submission per day.
+    rows = []
+    for day in FILE_DAYS:
+        write_reviews(platform.home / "staging", day, 14)
+        rows += (
+            (platform.home / "staging" / "reviews" / f"reviews-{day}.jsonl")
+            .read_text()
+            .splitlines()
+        )
+    staged = platform.home / "staging" / "drop.jsonl"
+    staged.write_text("\n".join(rows) + "\n")
+    staged.rename(platform.home / "inbox" / "reviews-batch.jsonl")  # appears whole
+
+    reports = {
+        day: platform.dev.wait_for(f"{day} to finish", lambda d=day: finished(platform, d))
+        for day in FILE_DAYS
+    }
+
+    for day, report in reports.items():
+        assert (report.items, report.succeeded, report.dead_letters) == (14, 14, 0)
+        assert report.retry_cost_usd > 0  # the 5xx items were retried by the sensor's runs
+        published = platform.storage.uri(f"published/{platform.spec.name}/{day}.parquet")
+        assert platform.storage.exists(published)
+    with platform.ledger.engine.connect() as conn:
+        days = set(conn.execute(sa.select(job_table.c.partition_date)).scalars())
+    assert set(FILE_DAYS) <= days
+
+    def summaries() -> dict[str, dict[str, Any]] | None:
+        found = {
+            p["llm_assets"]["date"]: p["llm_assets"]
+            for p in webhook.posts
+            if p["llm_assets"]["outcome"] == "finished"
+        }
+        return found if {d.isoformat() for d in FILE_DAYS} <= set(found) else None
+
+    posted = platform.dev.wait_for("the finished notifications", summaries)
+    for day in FILE_DAYS:
+        summary = posted[day.isoformat()]
+        assert (summary["items"], summary["succeeded"], summary["dead_letters"]) == (14, 14, 0)
+        assert summary["cost_usd"] == pytest.approx(reports[day].cost_usd)
+        assert summary["alerts"] == []
+    assert all("text" in p and p["text"].startswith(platform.spec.name) for p in webhook.posts)
+
+
+def test_a_date_backfill_submits_one_provider_job_per_day(platform: Platform) -> None:
+    spec = platform.table
+    launched = platform.dev.graphql(
+        """
+        mutation Launch($params: LaunchBackfillParams!) {
+          launchPartitionBackfill(backfillParams: $params) {
+            __typename
+            ... on LaunchBackfillSuccess { backfillId }
+            ... on PythonError { message }
+          }
+        }
+        """,
+        {
+            "params": {
+                "partitionNames": [d.isoformat() for d in BACKFILL_DAYS],
+                "assetSelection": [
+                    {"path": [spec.name, step]}
+                    for step in ("input_snapshot", "request_shards", "provider_batches")
+                ],
+            }
+        },
+    )["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+
+    def backfill_done() -> str | None:
+        status = platform.dev.graphql(
+            "query B($id: String!) { partitionBackfillOrError(backfillId: $id) "
+            "{ ... on PartitionBackfill { status } } }",
+            {"id": launched["backfillId"]},
+        )["partitionBackfillOrError"]["status"]
+        return status if status not in ("REQUESTED", "CANCELING", "FAILING") else None
+
+    assert platform.dev.wait_for("the backfill", backfill_done) in (
+        "COMPLETED",
+        "COMPLETED_SUCCESS",
+    )
+    for day in BACKFILL_DAYS:
+        (job,) = platform.ledger.jobs_for_partition(spec.name, day)
+        shards = platform.ledger.shards(job.job_id)
+        assert sum(s.item_count for s in shards if s.kind == "first") == 10
+        # Every shard sent so far (the sensor may have planned and sent a retry shard by now)
+        # went out once, as its own provider batch.
+        creates = [
+            c
+            for c in platform.fake.calls.entries()
+            if c["method"] == "POST" and c["path"] == "/v1/batches"
+        ]
+        shards = [s for s in platform.ledger.shards(job.job_id) if s.provider_batch_id]
+        mine = [c for c in creates if c["metadata"]["job_id"] == job.job_id]
+        assert sorted(c["metadata"]["shard_id"] for c in mine) == sorted(s.shard_id for s in shards)
+        assert {s.provider_batch_id for s in shards} == {c["batch_id"] for c in mine}

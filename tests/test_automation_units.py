@@ -1,0 +1,190 @@
+"""The automation pieces one by one: the new-data sensor's cursor and fan-out, the schedule's
+partition, and the notification summary, alerts and webhook delivery."""
+
+import datetime as dt
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from llm_assets import notify
+from llm_assets.factory import asset_key, build_pipeline_assets
+from llm_assets.resources import build_resources
+from llm_assets.resources.ledger import LedgerResource
+from llm_assets.schedules import build_schedule, build_submit_job
+from llm_assets.sensors import SUBMIT_STEPS, build_new_data_sensor
+from llm_assets.settings import Settings
+from llm_assets.spec import PipelineSpec
+from tests.harness import review_spec
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings.from_env({"LLM_ASSETS_HOME": str(tmp_path / "home")})
+
+
+def inbox_spec(**overrides: Any) -> PipelineSpec:
+    return PipelineSpec.model_validate(
+        review_spec("local", "all-MiniLM-L6-v2", source={"uri": "inbox/*.jsonl"}, **overrides)
+    )
+
+
+def tick(
+    spec: PipelineSpec, settings: Settings, instance: dg.DagsterInstance, cursor: str | None
+) -> dg.SensorResult:
+    sensor = build_new_data_sensor(spec, settings)
+    resources = build_resources(settings)
+    defs = dg.Definitions(
+        assets=build_pipeline_assets(spec, settings), sensors=[sensor], resources=resources
+    )
+    context = dg.build_sensor_context(
+        instance=instance,
+        resources=resources,
+        definitions=defs,
+        sensor_name=sensor.name,
+        cursor=cursor,
+    )
+    data = sensor.evaluate_tick(context)
+    return dg.SensorResult(run_requests=data.run_requests, cursor=data.cursor)
+
+
+def review(n: int, stamp: str) -> str:
+    return json.dumps({"review_id": f"R{n}", "created_at": stamp, "text": f"review {n}"})
+
+
+def test_the_new_data_sensor_fans_out_each_new_file_version_by_day(
+    settings: Settings, tmp_path: Path
+) -> None:
+    spec = inbox_spec()
+    inbox = settings.home / "inbox"
+    inbox.mkdir(parents=True)
+    two_days = inbox / "drop-a.jsonl"
+    two_days.write_text(
+        "\n".join(
+            [
+                review(1, "2026-11-03T09:00:00Z"),
+                review(2, "2026-11-04T23:30:00Z"),
+                "not json",  # undated: it belongs to the file's earliest day
+                review(3, "2026-10-01T00:00:00Z"),  # before the partitions start
+            ]
+        )
+        + "\n"
+    )
+    with dg.instance_for_test() as instance:
+        first = tick(spec, settings, instance, None)
+        requests = sorted(first.run_requests, key=lambda r: r.partition_key or "")
+        assert [r.partition_key for r in requests] == ["2026-11-03", "2026-11-04"]
+        for request in requests:
+            assert set(request.asset_selection) == {asset_key(spec, s) for s in SUBMIT_STEPS}
+            assert request.run_key.startswith(f"{two_days}@")
+            assert request.run_key.endswith(f":{request.partition_key}")
+
+        # Nothing new: nothing requested.
+        assert tick(spec, settings, instance, first.cursor).run_requests == []
+
+        # A second file, and the first one changed: only they are requested, per day.
+        (inbox / "drop-b.jsonl").write_text(review(4, "2026-11-05T10:00:00Z") + "\n")
+        with two_days.open("a") as handle:
+            handle.write(review(5, "2026-11-03T12:00:00Z") + "\n")
+        again = tick(spec, settings, instance, first.cursor)
+        keys = {(r.partition_key, r.run_key.split("@")[0]) for r in again.run_requests}
+        assert keys == {
+            ("2026-11-05", str(inbox / "drop-b.jsonl")),
+            ("2026-11-03", str(two_days)),
+            ("2026-11-04", str(two_days)),
+        }
+        assert not {r.run_key for r in again.run_requests} & {r.run_key for r in requests}
+
+        # A removed file leaves the cursor.
+        (inbox / "drop-b.jsonl").unlink()
+        cursor = json.loads(tick(spec, settings, instance, again.cursor).cursor or "{}")
+        assert set(cursor) == {str(two_days)}
+
+
+def test_the_schedule_submits_the_latest_complete_day(settings: Settings) -> None:
+    spec = inbox_spec(automation={"schedule": "30 6 * * *"})
+    job = build_submit_job(spec)
+    schedule = build_schedule(spec, job)
+    assert schedule is not None and schedule.cron_schedule == "30 6 * * *"
+    defs = dg.Definitions(
+        assets=build_pipeline_assets(spec, settings),
+        jobs=[job],
+        schedules=[schedule],
+        resources=build_resources(settings),
+    )
+    resolved = defs.get_schedule_def(schedule.name)
+    moment = dt.datetime(2026, 11, 20, 6, 30, tzinfo=dt.UTC)
+    with dg.instance_for_test() as instance:
+        context = dg.build_schedule_context(
+            instance=instance,
+            scheduled_execution_time=moment,
+            repository_def=defs.get_repository_def(),
+        )
+        result = resolved.evaluate_tick(context)
+    (request,) = result.run_requests or []
+    assert request.partition_key == "2026-11-19"
+    assert build_schedule(inbox_spec(), job) is None
+    assert "schedule" in PipelineSpec.model_fields["automation"].annotation.model_fields
+
+
+@pytest.fixture
+def hook() -> Iterator[tuple[str, list[dict[str, Any]], list[int]]]:
+    posts: list[dict[str, Any]] = []
+    answers = [500, 200]  # the first post fails with a 5xx and is tried once more
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(answers.pop(0) if answers else 200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/hook", posts, answers
+    server.shutdown()
+
+
+def test_a_summary_alerts_over_its_thresholds_and_reaches_the_webhook(
+    tmp_path: Path,
+    hook: tuple[str, list[dict[str, Any]], list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llm_assets import steps
+    from tests.test_ledger import item_row
+
+    url, posts, _ = hook
+    ledger = LedgerResource(database_url=f"sqlite:///{tmp_path / 'ledger.db'}")
+    spec = inbox_spec(automation={"notify": {"max_error_rate": 0.1, "max_cost_usd": 3.0}})
+    day = dt.date(2026, 11, 3)
+    job = steps.job_for(spec, day, ledger)
+    ledger.add_items(
+        [item_row(f"c{n}", status="succeeded", cost_usd=0.5, job_id=job.job_id) for n in range(8)]
+    )
+    ledger.add_items(
+        item_row(f"c{n}", status="dead_letter", error_class=kind, job_id=job.job_id)
+        for n, kind in ((8, "deterministic"), (9, "quality"))
+    )
+    summary = notify.summarize(spec, day, ledger, outcome="finished", run_id="r1")
+    assert summary.job_id == job.job_id
+    assert (summary.items, summary.succeeded, summary.dead_letters) == (10, 8, 2)
+    assert summary.dead_letters_by_class == {"deterministic": 1, "quality": 1}
+    assert summary.cost_usd == pytest.approx(4.0)
+    assert summary.alerts == ["error rate 20.0% over 10.0%", "cost $4.00 over $3.00"]
+    assert summary.text().startswith(f"ALERT {spec.name} {day}: finished")
+
+    monkeypatch.setenv("LLM_ASSETS_WEBHOOK_URL", url)
+    assert notify.deliver(spec, summary) is None
+    assert len(posts) == 2  # the 5xx, then the delivery
+    assert posts[-1]["text"] == summary.text()
+    assert posts[-1]["llm_assets"]["alerts"] == summary.alerts
+
+    monkeypatch.setenv("LLM_ASSETS_WEBHOOK_URL", "http://127.0.0.1:9/closed")
+    assert notify.deliver(spec, summary) == "webhook unreachable: URLError"

@@ -1,0 +1,64 @@
+"""Two runs submitting the same day at once (a sensor's run and a backfill's, say) create one
+provider batch per shard between them, on SQLite and on PostgreSQL."""
+
+import threading
+from pathlib import Path
+
+import dagster as dg
+
+from llm_assets import steps
+from tests.fakes.common import ControlFault
+from tests.fakes.openai_server import FakeOpenAI
+from tests.harness import DAY, Harness, review_spec
+from tests.test_openai_provider import provider_for, truthful
+
+
+def test_concurrent_submissions_of_a_day_create_one_batch_per_shard(
+    tmp_path: Path, database_url: str
+) -> None:
+    with FakeOpenAI(tmp_path / "fake") as fake, dg.instance_for_test() as instance:
+        fake.responder = truthful
+        harness = Harness(
+            tmp_path,
+            database_url,
+            instance,
+            review_spec("openai", "gpt-4o-mini"),
+            fake_provider := provider_for(fake),
+        )
+        assert harness.materialize("input_snapshot", "request_shards").success
+        shards = harness.ledger.shards(harness.job_id())
+        # Slow uploads keep the first submitter inside its lock while the second arrives.
+        fake.faults.add(
+            ControlFault(
+                method="POST", path_contains="/files", status=200, times=3, delay_seconds=0.5
+            )
+        )
+        start = threading.Barrier(2)
+        results: list[steps.SubmitResult] = []
+
+        def submit() -> None:
+            start.wait()
+            results.append(
+                steps.submit_shards(
+                    harness.spec, DAY, harness.ledger, harness.storage, fake_provider
+                )
+            )
+
+        threads = [threading.Thread(target=submit) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+        creates = [
+            c for c in fake.calls.entries() if c["method"] == "POST" and c["path"] == "/v1/batches"
+        ]
+        assert len(creates) == len(shards) == 3
+        assert sorted(c["metadata"]["shard_id"] for c in creates) == sorted(
+            s.shard_id for s in shards
+        )
+        assert sum(len(r.submitted) for r in results) == 3
+        assert sum(r.being_submitted_elsewhere for r in results) >= 1
+        submitted = harness.ledger.shards(harness.job_id())
+        assert {s.provider_batch_id for s in submitted} == {c["batch_id"] for c in creates}
+        assert fake.server_errors == []
