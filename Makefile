@@ -21,11 +21,13 @@ demo: install
 	$(VENV)/bin/llm-assets demo
 
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
+# dagster dev with the daemon (sensors on by default) on the local SQLite instance.
 ui: install
-	mkdir -p "$(LLM_ASSETS_HOME)/dagster"
-	DAGSTER_HOME="$${DAGSTER_HOME:-$(LLM_ASSETS_HOME)/dagster}" $(VENV)/bin/dagster dev -w workspace.yaml
+	home="$${DAGSTER_HOME:-$(LLM_ASSETS_HOME)/dagster}"; mkdir -p "$$home"; \
+	test -f "$$home/dagster.yaml" || printf 'telemetry:\n  enabled: false\nnux:\n  enabled: false\n' > "$$home/dagster.yaml"; \
+	DAGSTER_HOME="$$home" $(VENV)/bin/dagster dev -w workspace.yaml
 
 lint: install
 	$(VENV)/bin/ruff check .

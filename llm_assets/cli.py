@@ -36,7 +36,7 @@ def _instance(settings: Settings) -> Any:
     config = home / "dagster.yaml"
     if not config.exists():
         # A local instance on SQLite under the home; production uses the repo's dagster.yaml.
-        config.write_text("telemetry:\n  enabled: false\n")
+        config.write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
     return dg.DagsterInstance.get()
 
 
@@ -270,6 +270,7 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
                     {
                         "shard_id": s.shard_id,
                         "status": s.status,
+                        "provider_status": s.raw_status,
                         "provider_batch_id": s.provider_batch_id,
                         "requests": s.item_count,
                         "completed_requests": s.completed_requests,
@@ -289,12 +290,13 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
         return
     for job in jobs:
         table = Table(title=f"{spec.name} {day} — job {job['job_id']} ({job['status']})")
-        for column in ("shard", "status", "provider batch", "requests", "done"):
+        for column in ("shard", "status", "provider status", "provider batch", "requests", "done"):
             table.add_column(column)
         for s in job["shards"]:
             table.add_row(
                 s["shard_id"],
                 s["status"],
+                s["provider_status"] or "-",
                 s["provider_batch_id"] or "-",
                 str(s["requests"]),
                 str(s["completed_requests"] + s["failed_requests"]),

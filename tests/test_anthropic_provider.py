@@ -177,19 +177,22 @@ def test_an_ambiguous_reconciliation_stops_without_submitting(
     first = harness.ledger.shards(harness.job_id())[0]
     harness.ledger.update_shard(first.shard_id, submit_intent_at=utcnow() - dt.timedelta(seconds=1))
     client = harness.provider.client
+    created = []
     for batch in range(2):
-        client.messages.batches.create(
-            requests=[
-                {
-                    "custom_id": f"other-{batch}-{n}",
-                    "params": {
-                        "model": "claude-haiku-4-5",
-                        "max_tokens": 10,
-                        "messages": [{"role": "user", "content": "hi"}],
-                    },
-                }
-                for n in range(first.item_count)
-            ]
+        created.append(
+            client.messages.batches.create(
+                requests=[
+                    {
+                        "custom_id": f"other-{batch}-{n}",
+                        "params": {
+                            "model": "claude-haiku-4-5",
+                            "max_tokens": 10,
+                            "messages": [{"role": "user", "content": "hi"}],
+                        },
+                    }
+                    for n in range(first.item_count)
+                ]
+            )
         )
     before = fake.batch_ids()
 
@@ -202,6 +205,14 @@ def test_an_ambiguous_reconciliation_stops_without_submitting(
     assert first.shard_id in description
     assert fake.batch_ids() == before
     assert harness.ledger.get_shard(first.shard_id).provider_batch_id is None
+
+    # What the message asks for: cancel the batch that is not this shard's. The other one is
+    # then adopted; only the day's other shards get new batches.
+    client.messages.batches.cancel(created[0].id)
+    assert harness.materialize("provider_batches").success
+    shards = harness.ledger.shards(harness.job_id())
+    assert harness.ledger.get_shard(first.shard_id).provider_batch_id == created[1].id
+    assert len(fake.batch_ids()) == len(before) + len(shards) - 1
 
 
 def test_a_server_restart_mid_batch_loses_nothing(harness: Harness, fake: FakeAnthropic) -> None:

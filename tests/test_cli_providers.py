@@ -93,6 +93,8 @@ def test_openai_run_wait_ends_with_every_item_terminal_and_correct(
     [job] = status["jobs"]
     assert job["by_status"] == {"succeeded": len(truth)}
     assert [s["status"] for s in job["shards"]] == ["imported"] * len(job["shards"])
+    # The provider's own word for each batch is shown next to the ledger's.
+    assert {s["provider_status"] for s in job["shards"]} == {"completed"}
     counts = Counter(submitted)
     assert sorted(counts.values()).count(2) == 3
     assert max(counts.values()) == 2

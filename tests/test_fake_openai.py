@@ -5,7 +5,6 @@ parses and to the awkward cases of the real service.
 """
 
 import json
-import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
 from tests.fakes.common import ControlFault
-from tests.fakes.openai_server import FakeOpenAI, stable_pick
+from tests.fakes.openai_server import FakeOpenAI, count_tokens, stable_pick
 
 CHAT = "/v1/chat/completions"
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
@@ -158,7 +157,7 @@ def test_a_batch_walks_every_status_and_its_shuffled_output_carries_usage(
         assert completion.usage is not None
         assert completion.choices[0].finish_reason == "stop"
         content = completion.choices[0].message.content or ""
-        assert completion.usage.completion_tokens == math.ceil(len(content) / 4)
+        assert completion.usage.completion_tokens == count_tokens(content, "gpt-4o-mini")
         assert completion.usage.total_tokens == (
             completion.usage.prompt_tokens + completion.usage.completion_tokens
         )
@@ -591,9 +590,8 @@ def test_responses_and_embeddings_batches(fake: FakeOpenAI, client: openai.OpenA
     }
     plain = Response.model_validate(by_id["plain"]["response"]["body"])
     assert plain.output[0].content[0].text == "Hello there."  # type: ignore[union-attr]
-    assert plain.usage is not None and plain.usage.output_tokens == math.ceil(
-        len("Hello there.") / 4
-    )
+    assert plain.usage is not None
+    assert plain.usage.output_tokens == count_tokens("Hello there.", plain.model)
     assert plain.usage.input_tokens > 0
 
     embed_lines = [
@@ -610,7 +608,7 @@ def test_responses_and_embeddings_batches(fake: FakeOpenAI, client: openai.OpenA
     full = CreateEmbeddingResponse.model_validate(by_id["e0"]["response"]["body"])
     small = CreateEmbeddingResponse.model_validate(by_id["e1"]["response"]["body"])
     assert (len(full.data[0].embedding), len(small.data[0].embedding)) == (1536, 8)
-    assert full.usage.prompt_tokens == math.ceil(len("text 0") / 4)
+    assert full.usage.prompt_tokens == count_tokens("text 0", "text-embedding-3-small")
     assert embeddings.usage is not None and embeddings.usage.output_tokens == 0
 
 
@@ -624,7 +622,8 @@ def test_a_custom_responder_and_max_tokens_truncation(
     by_id = {x["custom_id"]: x for x in download(client, batch.output_file_id)}
     short = ChatCompletion.model_validate(by_id["short"]["response"]["body"])
     assert short.choices[0].finish_reason == "length"
-    assert short.choices[0].message.content == ("many words " * 20)[:20]
+    # Cut at the token limit, as the API cuts it: five BPE tokens.
+    assert short.choices[0].message.content == "many words many words many"
     assert short.usage is not None and short.usage.completion_tokens == 5
     long = ChatCompletion.model_validate(by_id["long"]["response"]["body"])
     assert long.choices[0].finish_reason == "stop"

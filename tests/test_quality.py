@@ -31,7 +31,7 @@ GARBAGE = {
     1: ("{not json", "invalid_json"),
     2: (json.dumps({"label": "meh", "summary": "fine"}), "label.literal_error"),
     3: (json.dumps({"label": "positive", "summary": ""}), "summary.string_too_short"),
-    4: (json.dumps({"label": "positive", "summary": "x" * 600}), "truncated"),
+    4: (json.dumps({"label": "positive", "summary": "x " * 300}), "truncated"),  # 300+ tokens
 }
 
 

@@ -625,7 +625,7 @@ class LedgerResource(dg.ConfigurableResource):
         if not database or database == ":memory:":
             yield True
             return
-        folder = Path(database).parent / ".submission-locks"
+        folder = Path(f"{database}.submission-locks")
         folder.mkdir(exist_ok=True)
         fd = os.open(folder / f"{digest.hex()[:32]}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:

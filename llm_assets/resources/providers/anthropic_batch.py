@@ -160,6 +160,9 @@ class AnthropicBatchProvider(RemoteBatchProvider):
                     as_utc(batch.created_at) >= since
                     and total == shard.item_count
                     and batch.id not in shard.known_batch_ids
+                    # An operator resolves an ambiguity by cancelling the batches that are
+                    # not this shard's; a cancelled batch is never adopted.
+                    and batch.cancel_initiated_at is None
                 ):
                     candidates.append(batch.id)
             if (
