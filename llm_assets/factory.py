@@ -72,6 +72,8 @@ def _run_step(fn: Callable[[], Any]) -> Any:
         ) from exc
     except steps.MissingPrerequisite as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except steps.OnlineInterrupted as exc:
+        raise dg.Failure(description=str(exc), metadata={"interrupted": True}) from exc
 
 
 def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.AssetsDefinition]:
@@ -205,6 +207,7 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
                 provider_of(context),
                 approve_budget=approve,
                 approved_by=who,
+                progress=context.log.info,
             )
         )
         return dg.MaterializeResult(

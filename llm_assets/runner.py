@@ -17,6 +17,7 @@ from llm_assets import steps
 from llm_assets.checks import CHECK_GATES
 from llm_assets.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG, asset_key, build_pipeline_assets
 from llm_assets.failpoints import failpoint
+from llm_assets.progress import listening
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
@@ -130,11 +131,23 @@ class PartitionRunner:
         assert isinstance(provider, BatchProvider)
         return provider
 
-    def materialize(self, day: dt.date, step_names: Sequence[str]) -> str:
+    def materialize(
+        self, day: dt.date, step_names: Sequence[str], progress: ProgressFn | None = None
+    ) -> str:
         tags = {CREATED_BY_TAG: f"cli:{getpass.getuser()}"}
         if self.approve_budget:
             tags[APPROVE_BUDGET_TAG] = "true"
-        result = dg.materialize(
+        with listening(progress):
+            result = self._materialize(day, step_names, tags)
+        if not result.success:
+            raise _failure_of(result)
+        failpoint("runner.between_runs")
+        return result.run_id
+
+    def _materialize(
+        self, day: dt.date, step_names: Sequence[str], tags: dict[str, str]
+    ) -> dg.ExecuteInProcessResult:
+        return dg.materialize(
             self.assets,
             run_config={"loggers": {"console": {"config": {"log_level": self.log_level}}}},
             instance=self.instance,
@@ -144,10 +157,6 @@ class PartitionRunner:
             tags=tags,
             raise_on_error=False,
         )
-        if not result.success:
-            raise _failure_of(result)
-        failpoint("runner.between_runs")
-        return result.run_id
 
     def wait_for_batches(self, day: dt.date, progress: ProgressFn | None = None) -> None:
         """Poll in-flight shards until none is left; the local provider works when polled."""
@@ -208,7 +217,7 @@ class PartitionRunner:
         max_rounds: int = 50,
     ) -> DayOutcome:
         """Submit the day; with `wait`, import, retry and finish until every item is terminal."""
-        run_ids = [self.materialize(day, SUBMIT_STEPS)]
+        run_ids = [self.materialize(day, SUBMIT_STEPS, progress)]
         if progress is not None:
             progress("submitted", 1, 1)
         if not wait:
@@ -221,7 +230,7 @@ class PartitionRunner:
             if not planned:
                 break
             self.wait_for_backoff(planned, progress)
-            run_ids.append(self.materialize(day, ("provider_batches",)))
+            run_ids.append(self.materialize(day, ("provider_batches",), progress))
         # The quality gate runs first; dead letters and costs are reported even when it fails.
         gate: StepFailed | None = None
         try:

@@ -189,6 +189,30 @@ class BudgetSpec(_Strict):
     )
 
 
+class OnlineSpec(_Strict):
+    """How the online provider calls its endpoint (ignored by batch providers)."""
+
+    base_url: str | None = Field(
+        default=None,
+        description="The endpoint, e.g. http://vllm:8000/v1; default from "
+        "LLM_ASSETS_ONLINE_BASE_URL.",
+    )
+    concurrency: int = Field(default=8, ge=1, le=512, description="Requests in flight.")
+    rpm: int | None = Field(default=None, gt=0, description="Requests per minute allowed.")
+    tpm: int | None = Field(
+        default=None,
+        gt=0,
+        description="Tokens per minute allowed (input as counted plus max_output_tokens).",
+    )
+    checkpoint_every: int = Field(
+        default=25, ge=1, description="Results written to the ledger after this many."
+    )
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    max_tries: int = Field(
+        default=4, ge=1, le=20, description="Tries per item within a run for transient errors."
+    )
+
+
 class NotifySpec(_Strict):
     webhook_env: str = Field(
         default="LLM_ASSETS_WEBHOOK_URL",
@@ -232,6 +256,7 @@ class PipelineSpec(_Strict):
     sharding: ShardingSpec = ShardingSpec()
     retry: RetrySpec = RetrySpec()
     budget: BudgetSpec = BudgetSpec()
+    online: OnlineSpec = OnlineSpec()
     automation: AutomationSpec = AutomationSpec()
     partitions: PartitionSpec
     tags: dict[str, str] = Field(default_factory=dict)

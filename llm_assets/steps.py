@@ -5,14 +5,17 @@ each step's idempotency easy to see and to test: every step can run again at any
 converges on the same ledger state.
 """
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import logging
 import os
 import random
+import signal
 import statistics
 import tempfile
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -23,6 +26,7 @@ from pydantic import BaseModel
 from llm_assets import ids, quality
 from llm_assets.failpoints import failpoint
 from llm_assets.items import PreparedItem, prepare_items
+from llm_assets.progress import report as report_progress
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
     PENDING,
@@ -421,6 +425,50 @@ def build_shards(
     )
 
 
+@contextlib.contextmanager
+def _stop_on_sigterm(stopping: threading.Event, active: bool) -> Iterator[None]:
+    """While an online worker runs: SIGTERM asks it to stop cleanly instead of killing it."""
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _submit_or_run(
+    spec: PipelineSpec,
+    job: JobRecord,
+    shard: ShardRecord,
+    ledger: LedgerResource,
+    storage: ArtifactStorage,
+    provider: BatchProvider,
+    price: str,
+    progress: Callable[[str], None] | None,
+    stopping: threading.Event,
+    submitted: dict[str, str],
+) -> int:
+    """Submit (or, online, run) one shard under its lock; 1 when another run holds it."""
+    with ledger.submission_lock(shard.shard_id) as mine:
+        if not mine:
+            return 1  # another run is submitting it right now
+        current = ledger.get_shard(shard.shard_id)
+        if current is not None and provider.runs_in_step:
+            if current.status in (*IN_FLIGHT_STATES, ShardState.CREATED, ShardState.UPLOADED):
+                submitted[shard.shard_id] = run_online_shard(
+                    spec, job, current, ledger, storage, provider, price, progress, stopping
+                )
+            return 0
+        if current is None or current.provider_batch_id is not None:
+            return 0  # submitted by another run since it was listed
+        submitted[shard.shard_id] = _submit_one(
+            spec, job, current, ledger, storage, provider, price
+        )
+        return 0
+
+
 def _submit_one(
     spec: PipelineSpec,
     job: JobRecord,
@@ -454,6 +502,108 @@ def _submit_one(
     failpoint("submit.after_create")
     ledger.mark_submitted(shard.shard_id, batch_id, ShardState.SUBMITTED)
     failpoint("submit.after_record")
+    return batch_id
+
+
+class OnlineInterrupted(Exception):
+    """The online worker was asked to stop; what completed is in the ledger."""
+
+
+def run_online_shard(
+    spec: PipelineSpec,
+    job: JobRecord,
+    shard: ShardRecord,
+    ledger: LedgerResource,
+    storage: ArtifactStorage,
+    provider: BatchProvider,
+    price_json: str,
+    progress: Callable[[str], None] | None = None,
+    stopping: threading.Event | None = None,
+) -> str:
+    """Send a shard's open items to an online endpoint, checkpointing results to the ledger
+    every `online.checkpoint_every` items; a restart sends only items without a result.
+
+    SIGTERM stops new sends; requests in flight finish and are checkpointed, then
+    OnlineInterrupted is raised so the run shows as stopped. Runs under the shard's
+    submission lock, so two runs never work on the same shard.
+    """
+    from llm_assets.resources.ledger import result_table
+    from llm_assets.resources.providers.online import OnlineProvider, OnlineStats
+
+    assert isinstance(provider, OnlineProvider)
+    batch_id = shard.provider_batch_id or f"online-{shard.shard_id}"
+    if shard.provider_batch_id is None:
+        if shard.submit_intent_at is None:
+            ledger.update_shard(shard.shard_id, submit_intent_at=utcnow(), price_json=price_json)
+        ledger.mark_submitted(shard.shard_id, batch_id, ShardState.RUNNING)
+    else:
+        # A worker died with these items open; some may have been sent: a new attempt.
+        ledger.set_shard_items(
+            shard.shard_id, from_status=[SUBMITTED], attempts=result_table.c.attempts + 1
+        )
+    shard = ledger.get_shard(shard.shard_id) or shard
+    price = ModelPrice.model_validate_json(shard.price_json or price_json)
+    open_items = {
+        row["custom_id"]: row["estimated_input_tokens"]
+        for row in ledger.iter_items(
+            job.job_id,
+            [SUBMITTED],
+            shard_id=shard.shard_id,
+            columns=["custom_id", "estimated_input_tokens"],
+        )
+    }
+    total = len(open_items)
+
+    def requests() -> Iterator[tuple[str, dict[str, Any], int]]:
+        for line in storage.open_lines(shard.input_uri):
+            request = json.loads(line)
+            tokens = open_items.get(request["custom_id"])
+            if tokens is not None:
+                yield request["custom_id"], request["body"], tokens + spec.model.max_output_tokens
+
+    def deliver(results: list[ItemResult]) -> None:
+        rows = (_ledger_row(r, price, spec.model.name, batch=False) for r in results)
+        ledger.upsert_results(job.job_id, rows)
+        failpoint("online.after_checkpoint")
+
+    last_report = [0.0]
+
+    def report(stats: OnlineStats) -> None:
+        done = stats.succeeded + stats.failed
+        now = utcnow().timestamp()
+        if progress is not None and (now - last_report[0] >= 10 or done == total):
+            last_report[0] = now
+            progress(
+                f"{shard.shard_id}: {done}/{total} answered, {stats.rate_limited} rate-limited, "
+                f"{stats.retried} retried"
+            )
+        report_progress("online", done, total)
+
+    stopping = stopping or threading.Event()
+    stats = provider.run(
+        spec,
+        requests(),
+        deliver,
+        checkpoint_every=spec.online.checkpoint_every,
+        stop=stopping.is_set,
+        progress=report,
+    )
+    if stats.interrupted:
+        raise OnlineInterrupted(
+            f"{shard.shard_id}: stopped by SIGTERM after {stats.succeeded + stats.failed} of "
+            f"{total} items; their results are in the ledger, the rest are sent when "
+            "provider_batches runs again"
+        )
+    ledger.update_shard(
+        shard.shard_id,
+        status=ShardState.COMPLETED.value,
+        raw_status="completed",
+        ended_at=utcnow(),
+        completed_requests=stats.succeeded,
+        failed_requests=stats.failed,
+        message=f"{stats.sent} sends, {stats.rate_limited} rate-limited, "
+        f"{stats.paused_seconds:.1f}s paused, {stats.elapsed_seconds:.1f}s",
+    )
     return batch_id
 
 
@@ -552,6 +702,7 @@ def submit_shards(
     *,
     approve_budget: bool = False,
     approved_by: str = "",
+    progress: Callable[[str], None] | None = None,
 ) -> SubmitResult:
     """Submit every shard not yet submitted; a shard never gets a second live batch.
 
@@ -586,16 +737,19 @@ def submit_shards(
                 "(or raise budget.max_usd_per_day / max_usd_per_month)",
             )
     busy = 0
-    for shard in to_submit:
-        with ledger.submission_lock(shard.shard_id) as mine:
-            if not mine:
-                busy += 1  # another run is submitting it right now
-                continue
-            current = ledger.get_shard(shard.shard_id)
-            if current is None or current.provider_batch_id is not None:
-                continue  # submitted by another run since it was listed
-            submitted[shard.shard_id] = _submit_one(
-                spec, job, current, ledger, storage, provider, price
+    if provider.runs_in_step:
+        # Online: this step is the worker. Shards a dead worker left running resume here.
+        to_submit += ledger.shards(job.job_id, IN_FLIGHT_STATES)
+    stopping = threading.Event()
+    with _stop_on_sigterm(stopping, provider.runs_in_step):
+        for shard in to_submit:
+            if stopping.is_set():
+                raise OnlineInterrupted(
+                    f"stopped by SIGTERM before {shard.shard_id}; its items are sent when "
+                    "provider_batches runs again"
+                )
+            busy += _submit_or_run(
+                spec, job, shard, ledger, storage, provider, price, progress, stopping, submitted
             )
     ledger.refresh_job(job.job_id)
     in_flight = len(ledger.shards(job.job_id, IN_FLIGHT_STATES))
@@ -616,7 +770,11 @@ def poll_shards(
     """Ask the provider about in-flight shards (cheap status calls) and record what it says."""
     updated: list[ShardRecord] = []
     for shard in shards:
-        if shard.status not in IN_FLIGHT_STATES or shard.provider_batch_id is None:
+        if (
+            shard.status not in IN_FLIGHT_STATES
+            or shard.provider_batch_id is None
+            or provider.runs_in_step
+        ):
             updated.append(shard)
             continue
         status = provider.poll(shard.provider_batch_id)

@@ -17,6 +17,7 @@ def build_resources(settings: Settings) -> dict[str, Any]:
     from llm_assets.resources.ledger import LedgerResource
     from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
     from llm_assets.resources.providers.local import LocalProvider
+    from llm_assets.resources.providers.online import OnlineProvider
     from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
     from llm_assets.resources.storage import ArtifactStorage
 
@@ -27,4 +28,8 @@ def build_resources(settings: Settings) -> dict[str, Any]:
         # Base URLs stay unset here so the SDKs read OPENAI_BASE_URL / ANTHROPIC_BASE_URL.
         "openai_provider": OpenAIBatchProvider(api_key=_secret("OPENAI_API_KEY")),
         "anthropic_provider": AnthropicBatchProvider(api_key=_secret("ANTHROPIC_API_KEY")),
+        "online_provider": OnlineProvider(
+            base_url=os.environ.get("LLM_ASSETS_ONLINE_BASE_URL") or None,
+            api_key=_secret("LLM_ASSETS_ONLINE_API_KEY"),
+        ),
     }

@@ -33,14 +33,16 @@ class ModelPrice(BaseModel):
     token_factor: float | None = Field(default=None, gt=0)
     """None: `tokenizer` is the model's own, counts are exact. A number: the model's tokenizer
     is not published and counts are `tokenizer` tokens times this (fitted in bench/); models
-    of providers other than openai get 1.1 when the table does not say."""
+    of providers other than openai that name no tokenizer get 1.1 when the table does not
+    say."""
     as_of: dt.date | None = None
     """When this model's prices were read; the table's prices_as_of when not given."""
     notes: str = ""
 
     @model_validator(mode="after")
     def _approximate_unpublished(self) -> "ModelPrice":
-        if self.token_factor is None and self.provider != "openai":
+        named = "tokenizer" in self.model_fields_set
+        if self.token_factor is None and self.provider != "openai" and not named:
             object.__setattr__(self, "token_factor", 1.1)
         return self
 

@@ -121,6 +121,8 @@ class BatchProvider(dg.ConfigurableResource):
 
     priced_as_batch: ClassVar[bool] = True
     """Whether the price table's batch discount applies to what this provider runs."""
+    runs_in_step: ClassVar[bool] = False
+    """True when provider_batches itself does the work (online): nothing to poll."""
 
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
         """What in a spec this provider cannot serve, as (field, reason)."""

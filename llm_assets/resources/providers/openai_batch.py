@@ -74,6 +74,24 @@ def openai_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     return problems
 
 
+def chat_body(spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
+    """A Chat Completions request body, for batch lines and online requests alike."""
+    from llm_assets.validation import chat_response_format
+
+    messages = [{"role": "user", "content": item.user}]
+    if item.system:
+        messages.insert(0, {"role": "system", "content": item.system})
+    body: dict[str, Any] = {
+        "model": spec.model.name,
+        "messages": messages,
+        "max_tokens": spec.model.max_output_tokens,
+        "temperature": spec.model.temperature,
+    }
+    if spec.output.format == "json":
+        body["response_format"] = chat_response_format(spec)
+    return body
+
+
 def classify_error(
     status_code: int | None, code: str | None
 ) -> Literal["deterministic", "transient", "expired"]:
@@ -88,10 +106,10 @@ def classify_error(
     return "deterministic"
 
 
-def normalize_line(raw: bytes | str) -> ItemResult | None:
+def normalize_line(raw: bytes | str | dict[str, Any]) -> ItemResult | None:
     """One output or error file line → ItemResult; a status_code ≥ 400 is a failure even
     when `error` is null."""
-    line = json.loads(raw)
+    line = raw if isinstance(raw, dict) else json.loads(raw)
     custom_id = line.get("custom_id")
     if not custom_id:
         return None
@@ -166,7 +184,7 @@ class OpenAIBatchProvider(RemoteBatchProvider):
         return openai_spec_problems(spec)
 
     def request_line(self, spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
-        from llm_assets.validation import chat_response_format, output_json_schema
+        from llm_assets.validation import output_json_schema
 
         endpoint = endpoint_of(spec)
         body: dict[str, Any]
@@ -190,17 +208,7 @@ class OpenAIBatchProvider(RemoteBatchProvider):
                     }
                 }
         else:
-            messages = [{"role": "user", "content": item.user}]
-            if item.system:
-                messages.insert(0, {"role": "system", "content": item.system})
-            body = {
-                "model": spec.model.name,
-                "messages": messages,
-                "max_tokens": spec.model.max_output_tokens,
-                "temperature": spec.model.temperature,
-            }
-            if spec.output.format == "json":
-                body["response_format"] = chat_response_format(spec)
+            body = chat_body(spec, item)
         if "reasoning_effort" in spec.model.options and endpoint == "/v1/chat/completions":
             body["reasoning_effort"] = spec.model.options["reasoning_effort"]
         return {"custom_id": item.custom_id, "method": "POST", "url": endpoint, "body": body}
