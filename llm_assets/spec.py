@@ -213,6 +213,17 @@ class OnlineSpec(_Strict):
     )
 
 
+class BedrockSpec(_Strict):
+    """Bedrock batch inference specifics (ignored by other providers)."""
+
+    min_records_per_job: int = Field(
+        default=100,
+        ge=1,
+        description="Bedrock refuses smaller jobs; a small last shard is "
+        "merged into the one before it.",
+    )
+
+
 class NotifySpec(_Strict):
     webhook_env: str = Field(
         default="LLM_ASSETS_WEBHOOK_URL",
@@ -257,6 +268,7 @@ class PipelineSpec(_Strict):
     retry: RetrySpec = RetrySpec()
     budget: BudgetSpec = BudgetSpec()
     online: OnlineSpec = OnlineSpec()
+    bedrock: BedrockSpec = BedrockSpec()
     automation: AutomationSpec = AutomationSpec()
     partitions: PartitionSpec
     tags: dict[str, str] = Field(default_factory=dict)

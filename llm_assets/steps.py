@@ -300,6 +300,11 @@ class ShardsResult(BaseModel):
     estimate: Estimate
 
 
+def min_records(spec: PipelineSpec) -> int:
+    """The fewest requests a shard should have (Bedrock refuses smaller jobs)."""
+    return spec.bedrock.min_records_per_job if spec.model.provider == "bedrock" else 1
+
+
 def build_shards(
     spec: PipelineSpec,
     day: dt.date,
@@ -374,6 +379,7 @@ def build_shards(
             lines(),
             max_requests=spec.sharding.max_requests_per_shard,
             max_bytes=spec.sharding.max_bytes_per_shard,
+            min_requests=min_records(spec),
         )
     ):
         shard_id = ids.shard_id(job.job_id, round_no, index)
@@ -496,6 +502,7 @@ def _submit_one(
             known_batch_ids=ledger.recent_provider_batch_ids(
                 spec.model.provider, utcnow() - dt.timedelta(days=2)
             ),
+            model=spec.model.name,
         ),
         storage,
     )

@@ -16,6 +16,7 @@ def _secret(name: str) -> Any:
 def build_resources(settings: Settings) -> dict[str, Any]:
     from llm_assets.resources.ledger import LedgerResource
     from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
+    from llm_assets.resources.providers.bedrock import BedrockBatchProvider
     from llm_assets.resources.providers.local import LocalProvider
     from llm_assets.resources.providers.online import OnlineProvider
     from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
@@ -28,6 +29,11 @@ def build_resources(settings: Settings) -> dict[str, Any]:
         # Base URLs stay unset here so the SDKs read OPENAI_BASE_URL / ANTHROPIC_BASE_URL.
         "openai_provider": OpenAIBatchProvider(api_key=_secret("OPENAI_API_KEY")),
         "anthropic_provider": AnthropicBatchProvider(api_key=_secret("ANTHROPIC_API_KEY")),
+        # boto3 reads credentials, region and AWS_ENDPOINT_URL from the environment itself.
+        "bedrock_provider": BedrockBatchProvider(
+            role_arn=os.environ.get("LLM_ASSETS_BEDROCK_ROLE_ARN") or None,
+            staging_uri=os.environ.get("LLM_ASSETS_BEDROCK_S3_URI") or None,
+        ),
         "online_provider": OnlineProvider(
             base_url=os.environ.get("LLM_ASSETS_ONLINE_BASE_URL") or None,
             api_key=_secret("LLM_ASSETS_ONLINE_API_KEY"),

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from llm_assets.spec import PipelineSpec
 
-IMPLEMENTED = ("local", "openai", "anthropic", "online")
+IMPLEMENTED = ("local", "openai", "anthropic", "online", "bedrock")
 
 
 def provider_resource_key(provider: str) -> str:
@@ -23,6 +23,10 @@ def provider_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
         from llm_assets.resources.providers.openai_batch import openai_spec_problems
 
         return openai_spec_problems(spec)
+    if provider == "bedrock":
+        from llm_assets.resources.providers.bedrock import bedrock_spec_problems
+
+        return bedrock_spec_problems(spec)
     if provider == "online":
         from llm_assets.resources.providers.online import online_spec_problems
 

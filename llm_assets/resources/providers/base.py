@@ -65,6 +65,8 @@ class ShardSubmission(BaseModel):
     intent_at: dt.datetime | None = None
     known_batch_ids: frozenset[str] = frozenset()
     """Provider batches the ledger already gave to other shards: never this shard's."""
+    model: str = ""
+    """The spec's model name (Bedrock names it per job, not per request line)."""
 
 
 class AmbiguousSubmission(Exception):

@@ -30,8 +30,8 @@ from llm_assets.resources.providers.openai_batch import chat_body, classify_erro
 if TYPE_CHECKING:
     from llm_assets.spec import PipelineSpec
 
-SAFETY = 0.98
-"""Pace at this share of a limit, so clock jitter never pushes a window over it."""
+MARGIN = 1.03
+"""Client windows are this much longer than the provider's, so jitter never overfills one."""
 MAX_RATE_LIMIT_WAITS = 50
 _NUMBER = r"(\d+(?:\.\d+)?)"
 _DURATION = re.compile(rf"(?:{_NUMBER}h)?(?:{_NUMBER}m(?!s))?(?:{_NUMBER}s)?(?:{_NUMBER}ms)?$")
@@ -64,47 +64,45 @@ def parse_duration(value: str | None) -> float | None:
     return hours * 3600 + minutes * 60 + seconds + millis / 1000
 
 
-class Pacer:
-    """Spaces request starts at least `1 / per_second` apart, measured when each request
-    actually goes (a GCRA without burst): a quantized provider limit (600 RPM enforced as 10
-    per second) is never exceeded, not even at the start, and a sender that woke late never
-    squeezes the next one closer."""
+class RollingWindow:
+    """At most `capacity` units (requests, or tokens) started in any rolling `seconds`, the
+    way providers enforce per-minute limits quantized to short windows (OpenAI: 600 RPM as
+    10 per second). The window is checked itself, so requests of different sizes never
+    overfill it, and starts are spread evenly over it, measured when each request goes."""
 
-    def __init__(self, per_second: float) -> None:
-        self.interval = 1.0 / per_second
-        self.next_start = 0.0
+    def __init__(self, capacity: float, seconds: float) -> None:
+        self.capacity = capacity
+        self.seconds = seconds
+        self.window: deque[tuple[float, float]] = deque()
+        self.total = 0.0
+        # Starts are at least an even share of the window apart: no bursts, which send delays
+        # on a busy event loop would smear into the provider's next window.
+        self.spacing = seconds / capacity if capacity else 0.0
 
-    def ready_at(self) -> float:
-        return self.next_start
+    @classmethod
+    def per_minute(cls, limit: int, share: float = 1.0) -> "RollingWindow":
+        # One second's share of the minute, or a longer window when that is under one unit;
+        # the window is a little longer than the provider's so network jitter cannot push
+        # an extra request into it.
+        seconds = max(1.0, 60.0 / limit)
+        return cls(capacity=float(int(limit * share * seconds / 60)), seconds=seconds * MARGIN)
 
-    def started(self, moment: float) -> None:
-        self.next_start = moment + self.interval
-
-
-class TokenWindow:
-    """Keeps the tokens started in any rolling second within `per_second`, the way providers
-    enforce a token limit quantized per second. Requests differ in size, so even spacing
-    would let a window hold one request too many; this checks the window itself."""
-
-    def __init__(self, per_second: float) -> None:
-        self.capacity = per_second
-        self.window: deque[tuple[float, int]] = deque()
-        self.total = 0
-
-    def ready_at(self, tokens: int, now: float) -> float:
-        while self.window and self.window[0][0] <= now - 1.0:
+    def ready_at(self, cost: float, now: float) -> float:
+        while self.window and self.window[0][0] <= now - self.seconds:
             self.total -= self.window.popleft()[1]
         total, moment = self.total, now
-        for start, cost in self.window:
-            if total + tokens <= self.capacity:
+        if self.window:
+            moment = max(moment, self.window[-1][0] + self.spacing * cost)
+        for start, used in self.window:
+            if total + cost <= self.capacity:
                 break
-            total -= cost
-            moment = start + 1.0
+            total -= used
+            moment = max(moment, start + self.seconds)
         return moment
 
-    def started(self, moment: float, tokens: int) -> None:
-        self.window.append((moment, tokens))
-        self.total += tokens
+    def started(self, moment: float, cost: float) -> None:
+        self.window.append((moment, cost))
+        self.total += cost
 
 
 class OnlineSettings(BaseModel):
@@ -218,8 +216,9 @@ class OnlineProvider(BatchProvider):
         )
         stats = OnlineStats()
         began = time.monotonic()
-        requests_pacer = Pacer(settings.rpm * SAFETY / 60) if settings.rpm else None
-        tokens_window = TokenWindow(settings.tpm * SAFETY / 60) if settings.tpm else None
+        requests_window = RollingWindow.per_minute(settings.rpm) if settings.rpm else None
+        # Token counts vary per request, so keep a little more room than for requests.
+        tokens_window = RollingWindow.per_minute(settings.tpm, 0.97) if settings.tpm else None
         pause = {"until": 0.0}
         buffer: list[ItemResult] = []
         flushing = asyncio.Lock()
@@ -242,15 +241,15 @@ class OnlineProvider(BatchProvider):
                 while True:
                     now = time.monotonic()
                     ready = [now, pause["until"]]
-                    if requests_pacer is not None:
-                        ready.append(requests_pacer.ready_at())
+                    if requests_window is not None:
+                        ready.append(requests_window.ready_at(1, now))
                     if tokens_window is not None:
                         ready.append(tokens_window.ready_at(tokens, now))
                     if max(ready) <= now:
                         break
                     await asyncio.sleep(max(ready) - now)
-                if requests_pacer is not None:
-                    requests_pacer.started(now)
+                if requests_window is not None:
+                    requests_window.started(now, 1)
                 if tokens_window is not None:
                     tokens_window.started(now, tokens)
 

@@ -1,0 +1,334 @@
+"""Amazon Bedrock batch inference through boto3: records in S3, a model invocation job, the
+outputs read back from S3.
+
+A shard becomes a JSONL object of `{recordId, modelInput}` records (an Anthropic Messages
+body for `anthropic.*` models, else the Converse format) in S3: the shard file itself when
+artifacts are on S3, else a copy under `staging_uri`. `CreateModelInvocationJob` carries a
+`clientRequestToken` derived from the shard, so creating it again (after a crash between
+create and record, or a lost answer) returns the same job instead of paying twice. Results
+are `<output>/<job id>/<input file>.out` lines, streamed; `manifest.json.out` has the counts.
+Credentials come from the standard AWS chain; `AWS_ENDPOINT_URL` is honoured by boto3.
+"""
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import pydantic
+from pydantic import PrivateAttr
+
+from llm_assets.resources.providers.base import (
+    BatchProvider,
+    BatchStatus,
+    ItemResult,
+    RequestItem,
+    ShardState,
+    ShardSubmission,
+)
+
+if TYPE_CHECKING:
+    from llm_assets.resources.storage import ArtifactStorage
+    from llm_assets.spec import PipelineSpec
+
+MAX_RECORDS = 50_000
+MAX_NAME = 63
+ANTHROPIC_VERSION = "bedrock-2023-05-31"
+STATUS_MAP = {
+    "Submitted": ShardState.SUBMITTED,
+    "Validating": ShardState.SUBMITTED,
+    "Scheduled": ShardState.SUBMITTED,
+    "InProgress": ShardState.RUNNING,
+    "Stopping": ShardState.RUNNING,
+    "Completed": ShardState.COMPLETED,
+    "PartiallyCompleted": ShardState.COMPLETED,
+    "Failed": ShardState.FAILED,
+    "Stopped": ShardState.CANCELLED,
+    "Expired": ShardState.EXPIRED,
+}
+_TRANSIENT_CODES = {
+    "ThrottlingException",
+    "ServiceUnavailableException",
+    "InternalServerException",
+    "ServiceQuotaExceededException",
+    "RequestTimeout",
+    "RequestTimeoutException",
+}
+
+
+def input_format(spec: "PipelineSpec") -> Literal["anthropic", "converse"]:
+    chosen = spec.model.options.get("format")
+    if chosen in ("anthropic", "converse"):
+        return chosen
+    return "anthropic" if ".anthropic." in f".{spec.model.name}" else "converse"
+
+
+def bedrock_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    unknown = set(spec.model.options) - {"format"}
+    if unknown:
+        problems.append(("model.options", f"unknown option(s) for bedrock: {sorted(unknown)}"))
+    if spec.model.options.get("format") not in (None, "anthropic", "converse"):
+        problems.append(("model.options.format", "one of 'anthropic', 'converse'"))
+    if spec.sharding.max_requests_per_shard > MAX_RECORDS:
+        problems.append(
+            ("sharding.max_requests_per_shard", f"Bedrock takes at most {MAX_RECORDS} per job")
+        )
+    if spec.sharding.max_requests_per_shard < spec.bedrock.min_records_per_job:
+        problems.append(
+            (
+                "sharding.max_requests_per_shard",
+                f"below bedrock.min_records_per_job ({spec.bedrock.min_records_per_job}): "
+                "no shard could be a job",
+            )
+        )
+    return problems
+
+
+def job_name(shard_id: str) -> str:
+    """A readable, unique job name within Bedrock's 63 characters and pattern."""
+    digest = hashlib.sha256(shard_id.encode()).hexdigest()[:12]
+    readable = re.sub(r"[^a-zA-Z0-9]+", "-", shard_id).strip("-")
+    return f"{readable[: MAX_NAME - len(digest) - 1].rstrip('-')}-{digest}"
+
+
+def request_token(shard_id: str) -> str:
+    """The idempotency token of a shard's job: the same shard, the same job."""
+    return hashlib.sha256(f"llm-assets/{shard_id}".encode()).hexdigest()[:64]
+
+
+def is_transient_aws(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    if name in (
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+    ):
+        return True
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return False
+    code = response.get("Error", {}).get("Code")
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+    return code in _TRANSIENT_CODES or status == 429 or status >= 500
+
+
+def normalize_record(line: dict[str, Any]) -> ItemResult | None:
+    """One `.out` line → ItemResult (Anthropic Messages or Converse output, or an error)."""
+    record_id = line.get("recordId")
+    if not record_id:
+        return None
+    error = line.get("error")
+    if error:
+        code = error.get("errorCode") if isinstance(error, dict) else None
+        message = error.get("errorMessage") if isinstance(error, dict) else str(error)
+        status = int(code) if isinstance(code, int | str) and str(code).isdigit() else None
+        transient = status is not None and (status == 429 or status >= 500)
+        return ItemResult(
+            custom_id=record_id,
+            succeeded=False,
+            status_code=status,
+            error_class="transient" if transient else "deterministic",
+            error_code=str(code) if code is not None else "error",
+            error_message=str(message or "record failed"),
+        )
+    output = line.get("modelOutput") or {}
+    if "output" in output:  # Converse
+        blocks = (output.get("output") or {}).get("message", {}).get("content") or []
+        text = "".join(b.get("text", "") for b in blocks if isinstance(b, dict))
+        usage = output.get("usage") or {}
+        stop = output.get("stopReason")
+        input_tokens = int(usage.get("inputTokens") or 0)
+        output_tokens = int(usage.get("outputTokens") or 0)
+        cached = int(usage.get("cacheReadInputTokens") or 0)
+    else:  # Anthropic Messages
+        blocks = output.get("content") or []
+        text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+        usage = output.get("usage") or {}
+        stop = output.get("stop_reason")
+        cached = int(usage.get("cache_read_input_tokens") or 0)
+        input_tokens = int(usage.get("input_tokens") or 0) + cached
+        input_tokens += int(usage.get("cache_creation_input_tokens") or 0)
+        output_tokens = int(usage.get("output_tokens") or 0)
+    return ItemResult(
+        custom_id=record_id,
+        succeeded=True,
+        status_code=200,
+        output_text=text,
+        finish_reason="length" if stop in ("max_tokens", "length") else "stop",
+        input_tokens=input_tokens,
+        cached_input_tokens=cached,
+        output_tokens=output_tokens,
+    )
+
+
+class BedrockBatchProvider(BatchProvider):
+    """Model invocation jobs; control-plane calls retried here, boto3's retries off."""
+
+    role_arn: str | None = pydantic.Field(
+        default=None, description="The service role Bedrock assumes to read and write S3."
+    )
+    staging_uri: str | None = pydantic.Field(
+        default=None,
+        description="s3://bucket/prefix for job input copies and outputs; default: the "
+        "artifact storage when it is on S3.",
+    )
+    region_name: str | None = None
+    endpoint_url: str | None = None
+    max_attempts: int = 6
+    retry_base_seconds: float = 1.0
+    retry_cap_seconds: float = 60.0
+
+    _clients: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def _client(self, service: str) -> Any:
+        if service not in self._clients:
+            import boto3
+            from botocore.config import Config
+
+            self._clients[service] = boto3.client(
+                service,
+                region_name=self.region_name,
+                endpoint_url=self.endpoint_url if service == "bedrock" else None,
+                config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+            )
+        return self._clients[service]
+
+    def call(self, describe: str, fn: Any) -> Any:
+        import tenacity
+
+        return tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.max_attempts),
+            wait=tenacity.wait_random_exponential(
+                multiplier=self.retry_base_seconds, max=self.retry_cap_seconds
+            ),
+            retry=tenacity.retry_if_exception(is_transient_aws),
+            reraise=True,
+        )(fn)
+
+    def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
+        return bedrock_spec_problems(spec)
+
+    def request_line(self, spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
+        if input_format(spec) == "anthropic":
+            body: dict[str, Any] = {
+                "anthropic_version": ANTHROPIC_VERSION,
+                "max_tokens": spec.model.max_output_tokens,
+                "temperature": spec.model.temperature,
+                "messages": [{"role": "user", "content": item.user}],
+            }
+            if item.system:
+                body["system"] = item.system
+        else:
+            body = {
+                "messages": [{"role": "user", "content": [{"text": item.user}]}],
+                "inferenceConfig": {
+                    "maxTokens": spec.model.max_output_tokens,
+                    "temperature": spec.model.temperature,
+                },
+            }
+            if item.system:
+                body["system"] = [{"text": item.system}]
+        return {"recordId": item.custom_id, "modelInput": body}
+
+    def _staging(self, storage: "ArtifactStorage") -> str:
+        if self.staging_uri:
+            return self.staging_uri.rstrip("/")
+        if storage.is_s3:
+            return storage.uri("bedrock")
+        raise ValueError(
+            "the bedrock provider needs S3: set LLM_ASSETS_STORAGE_URL=s3://… or "
+            "LLM_ASSETS_BEDROCK_S3_URI for job input and output"
+        )
+
+    def _input_uri(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
+        """The shard's records in S3: the shard file itself, or a streamed copy."""
+        if shard.input_uri.startswith("s3://"):
+            return shard.input_uri
+        target = f"{self._staging(storage)}/input/{shard.pipeline}/{shard.shard_id}.jsonl"
+        bucket, _, key = target[len("s3://") :].partition("/")
+        with open(shard.input_uri, "rb") as handle:
+            self.call(
+                "upload input",
+                lambda: self._client("s3").upload_fileobj(handle, bucket, key),
+            )
+        return target
+
+    def submit(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
+        if self.role_arn is None:
+            raise ValueError(
+                "the bedrock provider needs a service role: set LLM_ASSETS_BEDROCK_ROLE_ARN"
+            )
+        input_uri = self._input_uri(shard, storage)
+        output_uri = f"{self._staging(storage)}/output/{shard.pipeline}/{shard.shard_id}/"
+        request = {
+            "jobName": job_name(shard.shard_id),
+            "roleArn": self.role_arn,
+            "clientRequestToken": request_token(shard.shard_id),
+            "modelId": shard.model,
+            "inputDataConfig": {
+                "s3InputDataConfig": {"s3Uri": input_uri, "s3InputFormat": "JSONL"}
+            },
+            "outputDataConfig": {"s3OutputDataConfig": {"s3Uri": output_uri}},
+            "tags": [
+                {"key": "llm_assets_job_id", "value": shard.job_id},
+                {"key": "llm_assets_shard_id", "value": shard.shard_id},
+            ],
+        }
+        # Idempotent by clientRequestToken: a create whose answer was lost, retried, and a
+        # create after a crash between create and record all return the same job.
+        answer = self.call(
+            "create job", lambda: self._client("bedrock").create_model_invocation_job(**request)
+        )
+        return str(answer["jobArn"])
+
+    def _describe(self, job_arn: str) -> dict[str, Any]:
+        return self.call(
+            "get job",
+            lambda: self._client("bedrock").get_model_invocation_job(jobIdentifier=job_arn),
+        )
+
+    def _status(self, job: dict[str, Any]) -> BatchStatus:
+        raw = job.get("status", "Submitted")
+        return BatchStatus(
+            provider_batch_id=job["jobArn"],
+            state=STATUS_MAP.get(raw, ShardState.RUNNING),
+            raw_status=raw,
+            total=int(job.get("totalRecordCount") or 0),
+            completed=int(job.get("successRecordCount") or 0),
+            failed=int(job.get("errorRecordCount") or 0),
+            message=job.get("message"),
+        )
+
+    def poll(self, provider_batch_id: str) -> BatchStatus:
+        return self._status(self._describe(provider_batch_id))
+
+    def cancel(self, provider_batch_id: str) -> BatchStatus:
+        self.call(
+            "stop job",
+            lambda: self._client("bedrock").stop_model_invocation_job(
+                jobIdentifier=provider_batch_id
+            ),
+        )
+        return self.poll(provider_batch_id)
+
+    def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
+        job = self._describe(provider_batch_id)
+        output = job["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"].rstrip("/")
+        job_id = job["jobArn"].rsplit("/", 1)[-1]
+        bucket, _, prefix = f"{output}/{job_id}/"[len("s3://") :].partition("/")
+        s3 = self._client("s3")
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for page in pages:
+            for item in page.get("Contents", []):
+                key = item["Key"]
+                if not key.endswith(".out") or key.endswith("manifest.json.out"):
+                    continue
+                body = self.call("read output", lambda k=key: s3.get_object(Bucket=bucket, Key=k))
+                for raw in body["Body"].iter_lines():
+                    if raw.strip():
+                        result = normalize_record(json.loads(raw))
+                        if result is not None:
+                            yield result

@@ -1,0 +1,627 @@
+"""The fake Bedrock batch inference control plane, exercised only through boto3.
+
+The bedrock client talks to the fake, the s3 client to the moto server the fake reads input from
+and writes output to. If botocore parses what the fake says and raises what it should, a
+provider tested against the fake meets the wire protocol it will meet in production.
+"""
+
+import json
+import math
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import boto3
+import pytest
+from botocore import UNSIGNED
+from botocore.config import Config
+from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
+
+from tests.conftest import MotoS3
+from tests.fakes.bedrock_server import FakeBedrock, LostResponseFault, job_id_of
+from tests.fakes.common import ControlFault
+
+ROLE_ARN = "arn:aws:iam::123456789012:role/bedrock-batch"
+ANTHROPIC_MODEL = "us.anthropic.claude-3-5-haiku-20241022-v1:0"
+NOVA_MODEL = "amazon.nova-lite-v1:0"
+SYSTEM = "Answer in JSON."
+# botocore reads retries["max_attempts"] as retries *after* the first call (1 means two
+# attempts); total_max_attempts is the number of calls.
+NO_RETRIES = Config(retries={"total_max_attempts": 1, "mode": "standard"})
+TERMINAL = {"Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired"}
+CREATE = "/model-invocation-job"
+JOB_ARN_PATTERN = r"arn:aws:bedrock:us-east-1:123456789012:model-invocation-job/[a-z0-9]{12}"
+
+
+def review(i: int) -> str:
+    return f"Review {i} is great. Would buy again."
+
+
+def anthropic_records(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "recordId": f"REC{i:08d}",
+            "modelInput": {
+                "anthropic_version": "bedrock-2023-05-31",
+                "max_tokens": 256,
+                "system": SYSTEM,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": review(i)}]}],
+            },
+        }
+        for i in range(n)
+    ]
+
+
+def converse_records(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "recordId": f"CNV{i:08d}",
+            "modelInput": {
+                "system": [{"text": SYSTEM}],
+                "messages": [{"role": "user", "content": [{"text": review(i)}]}],
+                "inferenceConfig": {"maxTokens": 256, "temperature": 0.0},
+            },
+        }
+        for i in range(n)
+    ]
+
+
+class Workspace:
+    """One test's corner of the session bucket, and the two boto3 clients a provider uses."""
+
+    def __init__(self, moto_s3: MotoS3, fake: FakeBedrock, bedrock: Any) -> None:
+        self.s3 = moto_s3.client()
+        self.bucket = moto_s3.bucket
+        self.root = uuid.uuid4().hex[:12]
+        self.fake = fake
+        self.bedrock = bedrock
+
+    def upload(self, name: str, lines: list[Any]) -> str:
+        text = "".join(
+            (line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines
+        )
+        key = f"{self.root}/in/{name}"
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=text.encode())
+        return f"s3://{self.bucket}/{key}"
+
+    @property
+    def output_uri(self) -> str:
+        return f"s3://{self.bucket}/{self.root}/out/"
+
+    def create(self, name: str, input_uri: str, **extra: Any) -> str:
+        response = self.bedrock.create_model_invocation_job(
+            jobName=name,
+            roleArn=ROLE_ARN,
+            modelId=extra.pop("modelId", ANTHROPIC_MODEL),
+            inputDataConfig={"s3InputDataConfig": {"s3Uri": input_uri, "s3InputFormat": "JSONL"}},
+            outputDataConfig={"s3OutputDataConfig": {"s3Uri": self.output_uri}},
+            **extra,
+        )
+        job_arn: str = response["jobArn"]
+        return job_arn
+
+    def statuses_to_end(self, job_arn: str) -> list[str]:
+        seen: list[str] = []
+        for _ in range(20):
+            status = self.bedrock.get_model_invocation_job(jobIdentifier=job_arn)["status"]
+            seen.append(status)
+            if status in TERMINAL:
+                return seen
+        raise AssertionError(f"{job_arn} never ended: {seen}")
+
+    def output_keys(self, job_arn: str) -> set[str]:
+        prefix = f"{self.root}/out/{job_id_of(job_arn)}/"
+        listed = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+        return {obj["Key"][len(prefix) :] for obj in listed.get("Contents", [])}
+
+    def read(self, job_arn: str, name: str) -> Any:
+        key = f"{self.root}/out/{job_id_of(job_arn)}/{name}"
+        text = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
+        if name == "manifest.json.out":
+            return json.loads(text)
+        return [json.loads(line) for line in text.splitlines()]
+
+
+def error_of(excinfo: pytest.ExceptionInfo[ClientError]) -> tuple[str, int, str]:
+    response: Any = excinfo.value.response
+    return (
+        response["Error"]["Code"],
+        response["ResponseMetadata"]["HTTPStatusCode"],
+        response["Error"]["Message"],
+    )
+
+
+def bedrock_client(fake: FakeBedrock, config: Config = NO_RETRIES) -> Any:
+    return boto3.client(
+        "bedrock",
+        endpoint_url=fake.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=config,
+    )
+
+
+@pytest.fixture
+def fake(moto_s3: MotoS3) -> Iterator[FakeBedrock]:
+    with FakeBedrock(moto_s3.endpoint_url) as server:
+        yield server
+        assert server.server_errors == []
+
+
+@pytest.fixture
+def ws(moto_s3: MotoS3, fake: FakeBedrock) -> Workspace:
+    return Workspace(moto_s3, fake, bedrock_client(fake))
+
+
+def test_anthropic_job_walks_every_status_and_writes_output_under_the_job_id(
+    ws: Workspace,
+) -> None:
+    records = anthropic_records(100)
+    job_arn = ws.create("reviews-2024-06-01", ws.upload("reviews.jsonl", records))
+
+    assert job_arn.startswith("arn:aws:bedrock:us-east-1:123456789012:model-invocation-job/")
+    assert ws.statuses_to_end(job_arn) == [
+        "Submitted",
+        "Validating",
+        "Scheduled",
+        "InProgress",
+        "Completed",
+    ]
+    job = ws.bedrock.get_model_invocation_job(jobIdentifier=job_id_of(job_arn))
+    assert job["jobArn"] == job_arn and job["jobName"] == "reviews-2024-06-01"
+    assert (job["modelId"], job["roleArn"]) == (ANTHROPIC_MODEL, ROLE_ARN)
+    assert isinstance(job["submitTime"], datetime) and job["endTime"] >= job["submitTime"]
+    assert job["jobExpirationTime"] - job["submitTime"] == timedelta(hours=168)
+    assert job["inputDataConfig"]["s3InputDataConfig"]["s3Uri"].endswith("/in/reviews.jsonl")
+    assert job["outputDataConfig"] == {"s3OutputDataConfig": {"s3Uri": ws.output_uri}}
+    assert len(job["clientRequestToken"]) == 36  # botocore's generated uuid4
+    assert "message" not in job
+    counts = {k: job[k] for k in job if k.endswith("RecordCount")}
+    assert counts == {
+        "totalRecordCount": 100,
+        "processedRecordCount": 100,
+        "successRecordCount": 100,
+        "errorRecordCount": 0,
+    }
+
+    assert ws.output_keys(job_arn) == {"reviews.jsonl.out", "manifest.json.out"}
+    lines = ws.read(job_arn, "reviews.jsonl.out")
+    assert [line["recordId"] for line in lines] != [r["recordId"] for r in records]
+    by_id = {line["recordId"]: line for line in lines}
+    assert set(by_id) == {r["recordId"] for r in records}
+    line = by_id["REC00000003"]
+    assert line["modelInput"] == records[3]["modelInput"]
+    output = line["modelOutput"]
+    assert output["id"].startswith("msg_bdrk_")
+    assert (output["type"], output["role"], output["stop_reason"]) == (
+        "message",
+        "assistant",
+        "end_turn",
+    )
+    assert output["model"] == "claude-3-5-haiku-20241022"
+    assert json.loads(output["content"][0]["text"]) == {
+        "label": "positive",
+        "summary": "Review 3 is great.",
+    }
+    assert output["usage"] == {
+        "input_tokens": math.ceil(len(SYSTEM + review(3)) / 4),
+        "output_tokens": math.ceil(len(output["content"][0]["text"]) / 4),
+    }
+    manifest = ws.read(job_arn, "manifest.json.out")
+    assert manifest == {
+        "totalRecordCount": 100,
+        "processedRecordCount": 100,
+        "successRecordCount": 100,
+        "errorRecordCount": 0,
+        "inputTokenCount": sum(li["modelOutput"]["usage"]["input_tokens"] for li in lines),
+        "outputTokenCount": sum(li["modelOutput"]["usage"]["output_tokens"] for li in lines),
+    }
+
+    calls = ws.fake.calls.entries()
+    assert [c["operation"] for c in calls] == ["CreateModelInvocationJob"] + [
+        "GetModelInvocationJob"
+    ] * 6
+    assert {c["job_id"] for c in calls} == {job_id_of(job_arn)}
+    assert calls[0]["client_request_token"] == job["clientRequestToken"]
+    assert all(c["status"] == 200 and c["attempt"] == 1 for c in calls)
+
+
+def test_converse_job_answers_in_converse_shape(ws: Workspace) -> None:
+    ws.fake.polls_per_state = 0
+    records = converse_records(100)
+    records[7]["modelInput"]["inferenceConfig"]["maxTokens"] = 2
+    input_uri = ws.upload("converse.jsonl", records)
+    job_arn = ws.create(
+        "converse-job", input_uri, modelId=NOVA_MODEL, modelInvocationType="Converse"
+    )
+
+    assert ws.statuses_to_end(job_arn) == ["Completed"]
+    job = ws.bedrock.get_model_invocation_job(jobIdentifier=job_arn)
+    assert job["modelInvocationType"] == "Converse"
+    by_id = {line["recordId"]: line for line in ws.read(job_arn, "converse.jsonl.out")}
+    output = by_id["CNV00000001"]["modelOutput"]
+    assert output["output"]["message"]["role"] == "assistant"
+    text = output["output"]["message"]["content"][0]["text"]
+    assert json.loads(text)["label"] == "positive"
+    assert output["stopReason"] == "end_turn"
+    usage = output["usage"]
+    assert usage["inputTokens"] == math.ceil(len(SYSTEM + review(1)) / 4)
+    assert usage["totalTokens"] == usage["inputTokens"] + usage["outputTokens"]
+    cut = by_id["CNV00000007"]["modelOutput"]
+    assert cut["stopReason"] == "max_tokens"
+    assert len(cut["output"]["message"]["content"][0]["text"]) == 8
+
+
+def test_the_job_type_decides_the_record_format(ws: Workspace) -> None:
+    """A Converse body in an InvokeModel job (the default type) is a record error, not a job
+    failure: validation does not check modelInput against the model."""
+    ws.fake.polls_per_state = 0
+    records = anthropic_records(99) + converse_records(1)
+    records[0]["modelInput"].pop("anthropic_version")
+    records[1]["modelInput"]["model"] = ANTHROPIC_MODEL
+    job_arn = ws.create("mixed", ws.upload("mixed.jsonl", records))
+
+    assert ws.statuses_to_end(job_arn) == ["Completed"]
+    errors = {
+        line["recordId"]: line["error"]
+        for line in ws.read(job_arn, "mixed.jsonl.out")
+        if "error" in line
+    }
+    assert errors == {
+        "REC00000000": {"errorCode": 400, "errorMessage": "anthropic_version: Field required"},
+        "REC00000001": {"errorCode": 400, "errorMessage": "model: Extra inputs are not permitted"},
+        "CNV00000000": {
+            "errorCode": 400,
+            "errorMessage": "inferenceConfig: Extra inputs are not permitted",
+        },
+    }
+    assert ws.read(job_arn, "manifest.json.out")["errorRecordCount"] == 3
+
+
+def test_a_folder_input_gives_one_output_per_file_and_ids_to_records_without_one(
+    ws: Workspace,
+) -> None:
+    ws.fake.polls_per_state = 0
+    ws.upload("part-a.jsonl", anthropic_records(60))
+    anonymous = [{"modelInput": r["modelInput"]} for r in anthropic_records(50)]
+    ws.upload("part-b.jsonl", anonymous)
+    folder = f"s3://{ws.bucket}/{ws.root}/in/"
+    job_arn = ws.create("folder-job", folder)
+
+    assert ws.statuses_to_end(job_arn) == ["Completed"]
+    assert ws.output_keys(job_arn) == {"part-a.jsonl.out", "part-b.jsonl.out", "manifest.json.out"}
+    generated = [line["recordId"] for line in ws.read(job_arn, "part-b.jsonl.out")]
+    assert len(set(generated)) == 50
+    assert all(len(rid) == 11 and rid.isalnum() for rid in generated)
+    assert ws.read(job_arn, "manifest.json.out")["totalRecordCount"] == 110
+
+
+def test_create_is_idempotent_on_the_client_request_token(ws: Workspace) -> None:
+    input_uri = ws.upload("reviews.jsonl", anthropic_records(100))
+    first = ws.create("nightly-1", input_uri, clientRequestToken="run-2024-06-01-a")
+    again = ws.create("nightly-1", input_uri, clientRequestToken="run-2024-06-01-a")
+
+    assert again == first
+    assert [job["jobArn"] for job in ws.fake.jobs()] == [first]
+    assert [c.get("replay", False) for c in ws.fake.calls.entries()] == [False, True]
+
+    with pytest.raises(ClientError) as conflict:
+        ws.create("nightly-2", input_uri, clientRequestToken="run-2024-06-01-a")
+    code, status, _ = error_of(conflict)
+    assert (code, status) == ("ConflictException", 400)
+
+    with pytest.raises(ClientError) as in_use:
+        ws.create("nightly-1", input_uri, clientRequestToken="run-2024-06-01-b")
+    assert error_of(in_use) == (
+        "ValidationException",
+        400,
+        "The provided job name is currently in use.",
+    )
+    assert len(ws.fake.jobs()) == 1
+
+
+def test_a_lost_create_response_retried_by_botocore_creates_one_job(ws: Workspace) -> None:
+    retrying = bedrock_client(
+        ws.fake, Config(retries={"total_max_attempts": 3, "mode": "standard"})
+    )
+    ws.bedrock = retrying
+    ws.fake.faults.add(LostResponseFault("POST", CREATE))
+
+    job_arn = ws.create("lost-response", ws.upload("reviews.jsonl", anthropic_records(100)))
+
+    assert [job["jobArn"] for job in ws.fake.jobs()] == [job_arn]
+    calls = ws.fake.calls.entries()
+    assert [(c["attempt"], c.get("fault"), c.get("replay", False)) for c in calls] == [
+        (1, "lost_response", False),
+        (2, None, True),
+    ]
+    assert calls[0]["client_request_token"] == calls[1]["client_request_token"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "constraint"),
+    [
+        ("jobName", "nightly run", "satisfy regular expression pattern"),
+        ("jobName", "-starts-with-dash", "satisfy regular expression pattern"),
+        ("jobName", "a" * 64, "have length less than or equal to 63"),
+        ("clientRequestToken", "token_with_underscore", "satisfy regular expression pattern"),
+        ("clientRequestToken", "t" * 257, "have length less than or equal to 256"),
+        ("roleArn", "arn:aws:iam::123456789012:user/someone", "satisfy regular expression"),
+        ("timeoutDurationInHours", 12, "have value greater than or equal to 24"),
+        ("roleArn", None, "not be null"),
+    ],
+)
+def test_request_constraints_are_validation_exceptions(
+    ws: Workspace, field: str, value: Any, constraint: str
+) -> None:
+    unchecked = bedrock_client(ws.fake, NO_RETRIES.merge(Config(parameter_validation=False)))
+    request: dict[str, Any] = {
+        "jobName": "valid-name",
+        "roleArn": ROLE_ARN,
+        "modelId": ANTHROPIC_MODEL,
+        "inputDataConfig": {"s3InputDataConfig": {"s3Uri": f"s3://{ws.bucket}/in.jsonl"}},
+        "outputDataConfig": {"s3OutputDataConfig": {"s3Uri": ws.output_uri}},
+        field: value,
+    }
+    if value is None:
+        del request[field]
+
+    with pytest.raises(ClientError) as excinfo:
+        unchecked.create_model_invocation_job(**request)
+
+    code, status, message = error_of(excinfo)
+    assert (code, status) == ("ValidationException", 400)
+    assert message.startswith("1 validation error detected: Value ")
+    assert f"at '{field}' failed to satisfy constraint: Member must {constraint}" in message
+    assert ws.fake.jobs() == []
+    assert ws.fake.calls.entries()[0]["error_code"] == "ValidationException"
+
+
+def test_unknown_and_malformed_job_identifiers(ws: Workspace) -> None:
+    with pytest.raises(ClientError) as missing:
+        ws.bedrock.get_model_invocation_job(jobIdentifier="abcdefabcdef")
+    assert error_of(missing)[:2] == ("ResourceNotFoundException", 404)
+
+    with pytest.raises(ClientError) as malformed:
+        ws.bedrock.get_model_invocation_job(jobIdentifier="not-a-job-id")
+    assert error_of(malformed)[:2] == ("ValidationException", 400)
+
+    with pytest.raises(ClientError) as stop_missing:
+        ws.bedrock.stop_model_invocation_job(jobIdentifier="abcdefabcdef")
+    assert error_of(stop_missing)[:2] == ("ResourceNotFoundException", 404)
+
+
+def test_record_faults_write_error_lines_and_a_skipped_record_makes_it_partial(
+    ws: Workspace,
+) -> None:
+    faults = {"REC00000003": "error", "REC00000007": "throttled", "REC00000005": "skip"}
+    ws.fake.record_fault = lambda record_id, model_input: faults.get(record_id)
+    ws.fake.polls_per_state = 0
+    job_arn = ws.create("with-faults", ws.upload("reviews.jsonl", anthropic_records(100)))
+
+    assert ws.statuses_to_end(job_arn) == ["PartiallyCompleted"]
+    lines = ws.read(job_arn, "reviews.jsonl.out")
+    by_id = {line["recordId"]: line for line in lines}
+    assert len(lines) == 99 and "REC00000005" not in by_id
+    assert by_id["REC00000003"]["error"]["errorCode"] == 400
+    assert by_id["REC00000007"]["error"]["errorCode"] == 429
+    assert "modelOutput" not in by_id["REC00000003"]
+    assert by_id["REC00000003"]["modelInput"]["max_tokens"] == 256
+    expected = {
+        "totalRecordCount": 100,
+        "processedRecordCount": 99,
+        "successRecordCount": 97,
+        "errorRecordCount": 2,
+    }
+    manifest = ws.read(job_arn, "manifest.json.out")
+    assert {k: manifest[k] for k in expected} == expected
+    job = ws.bedrock.get_model_invocation_job(jobIdentifier=job_arn)
+    assert {k: job[k] for k in expected} == expected
+
+
+def test_errored_records_alone_still_end_completed(ws: Workspace) -> None:
+    ws.fake.record_fault = lambda record_id, model_input: "server_error"
+    ws.fake.polls_per_state = 0
+    job_arn = ws.create("all-errors", ws.upload("reviews.jsonl", anthropic_records(100)))
+
+    assert ws.statuses_to_end(job_arn) == ["Completed"]
+    manifest = ws.read(job_arn, "manifest.json.out")
+    assert (manifest["successRecordCount"], manifest["errorRecordCount"]) == (0, 100)
+    assert (manifest["inputTokenCount"], manifest["outputTokenCount"]) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "statuses", "processed"),
+    [
+        ("PartiallyCompleted", ["Scheduled", "InProgress", "PartiallyCompleted"], 50),
+        ("Stopped", ["Scheduled", "InProgress", "Stopped"], 50),
+        ("Failed", ["Scheduled", "InProgress", "Failed"], None),
+        ("Expired", ["Scheduled", "Expired"], None),
+    ],
+)
+def test_job_outcomes(
+    ws: Workspace, outcome: str, statuses: list[str], processed: int | None
+) -> None:
+    seen_by_outcome: list[dict[str, Any]] = []
+
+    def decide(job: dict[str, Any]) -> str:
+        seen_by_outcome.append(job)
+        return outcome
+
+    ws.fake.job_outcome = decide
+    job_arn = ws.create("outcome", ws.upload("reviews.jsonl", anthropic_records(100)))
+
+    assert ws.statuses_to_end(job_arn) == ["Submitted", "Validating", *statuses]
+    assert [(job["jobArn"], len(job["records"])) for job in seen_by_outcome] == [(job_arn, 100)]
+    job = ws.bedrock.get_model_invocation_job(jobIdentifier=job_arn)
+    if processed is None:
+        assert job["message"]
+        assert ws.output_keys(job_arn) == set()
+    else:
+        assert job["processedRecordCount"] == processed
+        assert len(ws.read(job_arn, "reviews.jsonl.out")) == processed
+        assert ws.read(job_arn, "manifest.json.out")["processedRecordCount"] == processed
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("knob", "The input bucket is not accessible to the service role."),
+        ("below_minimum", "contains less records (99) than the required minimum of: 100"),
+        ("above_maximum", "contains more records (101) than the allowed maximum of: 100"),
+        ("bad_json", "Invalid JSON in"),
+        ("no_input", "No .jsonl input files found"),
+    ],
+)
+def test_validation_failures_end_the_job_in_validating(
+    ws: Workspace, case: str, message: str
+) -> None:
+    lines: list[Any] = anthropic_records(100)
+    if case == "knob":
+        ws.fake.validation_failure = message
+    elif case == "below_minimum":
+        lines = lines[:99]
+    elif case == "above_maximum":
+        ws.fake.max_records = 100
+        lines = anthropic_records(101)
+    elif case == "bad_json":
+        lines[40] = '{"recordId": "broken", "modelInput": '
+    input_uri = ws.upload("reviews.jsonl", lines)
+    if case == "no_input":
+        input_uri = f"s3://{ws.bucket}/{ws.root}/absent/"
+
+    job_arn = ws.create("validation", input_uri)
+
+    assert ws.statuses_to_end(job_arn) == ["Submitted", "Validating", "Failed"]
+    job = ws.bedrock.get_model_invocation_job(jobIdentifier=job_arn)
+    assert message in job["message"]
+    assert "totalRecordCount" not in job
+    assert ws.output_keys(job_arn) == set()
+
+
+def test_control_plane_faults_raise_client_errors_when_retries_are_off(ws: Workspace) -> None:
+    input_uri = ws.upload("reviews.jsonl", anthropic_records(100))
+    ws.fake.faults.add(ControlFault("POST", CREATE, status=429, times=1))
+    with pytest.raises(ClientError) as throttled:
+        ws.create("throttled", input_uri)
+    assert error_of(throttled) == (
+        "ThrottlingException",
+        429,
+        "Too many requests, please wait before trying again.",
+    )
+
+    job_arn = ws.create("throttled", input_uri)
+    for status, code in [(500, "InternalServerException"), (503, "ServiceUnavailableException")]:
+        ws.fake.faults.add(ControlFault("GET", f"{CREATE}/", status=status))
+        with pytest.raises(ClientError) as failed:
+            ws.bedrock.get_model_invocation_job(jobIdentifier=job_arn)
+        assert error_of(failed)[:2] == (code, status)
+
+    ws.fake.faults.add(ControlFault("GET", "/model-invocation-jobs", reset_connection=True))
+    with pytest.raises((ConnectionClosedError, EndpointConnectionError)):
+        ws.bedrock.list_model_invocation_jobs()
+
+    assert [job["status"] for job in ws.fake.jobs()] == ["Submitted"]
+    faulted = [c.get("fault") for c in ws.fake.calls.entries()]
+    assert faulted == ["429", None, "500", "503", "reset"]
+
+
+def test_list_filters_sorts_and_paginates(ws: Workspace) -> None:
+    input_uri = ws.upload("reviews.jsonl", anthropic_records(100))
+    start = datetime(2024, 6, 1, tzinfo=UTC)
+    names = ["nightly-0", "adhoc-0", "nightly-1", "adhoc-1", "nightly-2"]
+    arns: list[str] = []
+    for hour, name in enumerate(names):
+        ws.fake.clock = lambda hour=hour: start + timedelta(hours=hour)
+        arns.append(ws.create(name, input_uri))
+    ws.fake.polls_per_state = 0
+    ws.bedrock.get_model_invocation_job(jobIdentifier=arns[2])
+
+    def listed(**query: Any) -> list[str]:
+        pages = ws.bedrock.get_paginator("list_model_invocation_jobs").paginate(**query)
+        return [job["jobName"] for page in pages for job in page["invocationJobSummaries"]]
+
+    assert listed() == names[::-1]
+    assert listed(sortBy="CreationTime", sortOrder="Ascending") == names
+    assert listed(nameContains="nightly") == ["nightly-2", "nightly-1", "nightly-0"]
+    assert listed(statusEquals="Completed") == ["nightly-1"]
+    assert listed(statusEquals="Submitted", sortOrder="Ascending") == [
+        "nightly-0",
+        "adhoc-0",
+        "adhoc-1",
+        "nightly-2",
+    ]
+    assert listed(submitTimeAfter=start + timedelta(hours=1)) == [
+        "nightly-2",
+        "adhoc-1",
+        "nightly-1",
+    ]
+    assert listed(submitTimeBefore=start + timedelta(hours=2), sortOrder="Ascending") == [
+        "nightly-0",
+        "adhoc-0",
+    ]
+
+    first = ws.bedrock.list_model_invocation_jobs(maxResults=2, sortOrder="Ascending")
+    assert [j["jobName"] for j in first["invocationJobSummaries"]] == names[:2]
+    summary = first["invocationJobSummaries"][0]
+    assert summary["jobArn"] == arns[0] and summary["submitTime"] == start
+    second = ws.bedrock.list_model_invocation_jobs(
+        maxResults=2, sortOrder="Ascending", nextToken=first["nextToken"]
+    )
+    assert [j["jobName"] for j in second["invocationJobSummaries"]] == names[2:4]
+    paged = ws.bedrock.get_paginator("list_model_invocation_jobs").paginate(
+        sortOrder="Ascending", PaginationConfig={"PageSize": 2}
+    )
+    assert [len(page["invocationJobSummaries"]) for page in paged] == [2, 2, 1]
+
+    for query in ({"nextToken": "not-a-token"}, {"statusEquals": "Done"}):
+        with pytest.raises(ClientError) as bad:
+            ws.bedrock.list_model_invocation_jobs(**query)
+        assert error_of(bad)[:2] == ("ValidationException", 400)
+
+
+def test_stop_before_and_during_processing(ws: Workspace) -> None:
+    input_uri = ws.upload("reviews.jsonl", anthropic_records(100))
+
+    def status(job_arn: str) -> str:
+        return str(ws.bedrock.get_model_invocation_job(jobIdentifier=job_arn)["status"])
+
+    queued = ws.create("stop-queued", input_uri)
+    assert [status(queued), status(queued)] == ["Submitted", "Validating"]
+    stopped = ws.bedrock.stop_model_invocation_job(jobIdentifier=queued)
+    assert stopped["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert [status(queued), status(queued)] == ["Stopping", "Stopped"]
+    assert ws.output_keys(queued) == set()
+
+    running = ws.create("stop-running", input_uri)
+    assert [status(running) for _ in range(4)] == [
+        "Submitted",
+        "Validating",
+        "Scheduled",
+        "InProgress",
+    ]
+    ws.bedrock.stop_model_invocation_job(jobIdentifier=running)
+    ws.bedrock.stop_model_invocation_job(jobIdentifier=running)  # again, while Stopping
+    assert ws.statuses_to_end(running) == ["Stopping", "Stopped"]
+    job = ws.bedrock.get_model_invocation_job(jobIdentifier=running)
+    assert (job["totalRecordCount"], job["processedRecordCount"]) == (100, 50)
+    assert len(ws.read(running, "reviews.jsonl.out")) == 50
+
+    with pytest.raises(ClientError) as ended:
+        ws.bedrock.stop_model_invocation_job(jobIdentifier=running)
+    code, status_code, message = error_of(ended)
+    assert (code, status_code) == ("ValidationException", 400)
+    assert message.endswith("State was: Stopped")
+
+
+def test_unsigned_requests_are_refused(ws: Workspace) -> None:
+    unsigned = bedrock_client(ws.fake, NO_RETRIES.merge(Config(signature_version=UNSIGNED)))
+    with pytest.raises(ClientError) as refused:
+        unsigned.list_model_invocation_jobs()
+    assert error_of(refused) == (
+        "MissingAuthenticationTokenException",
+        403,
+        "Missing Authentication Token",
+    )
