@@ -300,6 +300,14 @@ class ShardsResult(BaseModel):
     estimate: Estimate
 
 
+def request_format(spec: PipelineSpec) -> str:
+    if spec.model.provider == "bedrock":
+        from llm_assets.resources.providers.bedrock import input_format
+
+        return input_format(spec)
+    return ""
+
+
 def min_records(spec: PipelineSpec) -> int:
     """The fewest requests a shard should have (Bedrock refuses smaller jobs)."""
     return spec.bedrock.min_records_per_job if spec.model.provider == "bedrock" else 1
@@ -503,6 +511,7 @@ def _submit_one(
                 spec.model.provider, utcnow() - dt.timedelta(days=2)
             ),
             model=spec.model.name,
+            format=request_format(spec),
         ),
         storage,
     )

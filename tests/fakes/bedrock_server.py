@@ -636,8 +636,6 @@ class FakeBedrock:
             bucket, prefix = self._output_location(job)
             return f"s3://{bucket}/{prefix}"
 
-    # -- state ---------------------------------------------------------------------------------
-
     def _s3(self) -> Any:
         if self._s3_client is None:
             self._s3_client = boto3.client(
@@ -869,8 +867,6 @@ class FakeBedrock:
         if status in TERMINAL:
             job["end_time"] = job["last_modified"]
 
-    # -- lifecycle -----------------------------------------------------------------------------
-
     def _advance(self, job: JSON) -> None:
         """Move a job one status on."""
         status = job["status"]
@@ -1099,8 +1095,6 @@ class FakeBedrock:
                 "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
             }
         return {"recordId": record_id, "modelInput": model_input, "modelOutput": output}
-
-    # -- HTTP ----------------------------------------------------------------------------------
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         return type("FakeBedrockHandler", (_Handler,), {"owner": self})

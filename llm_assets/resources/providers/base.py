@@ -67,6 +67,8 @@ class ShardSubmission(BaseModel):
     """Provider batches the ledger already gave to other shards: never this shard's."""
     model: str = ""
     """The spec's model name (Bedrock names it per job, not per request line)."""
+    format: str = ""
+    """The request lines' format where a provider has several (Bedrock: anthropic, converse)."""
 
 
 class AmbiguousSubmission(Exception):

@@ -192,7 +192,8 @@ class BedrockBatchProvider(BatchProvider):
                 service,
                 region_name=self.region_name,
                 endpoint_url=self.endpoint_url if service == "bedrock" else None,
-                config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+                # Our retry layer only: botocore's own attempts would retry a create twice.
+                config=Config(retries={"total_max_attempts": 1, "mode": "standard"}),
             )
         return self._clients[service]
 
@@ -272,6 +273,7 @@ class BedrockBatchProvider(BatchProvider):
                 "s3InputDataConfig": {"s3Uri": input_uri, "s3InputFormat": "JSONL"}
             },
             "outputDataConfig": {"s3OutputDataConfig": {"s3Uri": output_uri}},
+            "modelInvocationType": "Converse" if shard.format == "converse" else "InvokeModel",
             "tags": [
                 {"key": "llm_assets_job_id", "value": shard.job_id},
                 {"key": "llm_assets_shard_id", "value": shard.shard_id},
