@@ -957,7 +957,7 @@ def plan_retries(
             old = ledger.get_shard(old_shard_id)
             assert old is not None
             for line in storage.open_lines(old.input_uri):
-                cid = json.loads(line)["custom_id"]
+                cid = line_custom_id(line)
                 if cid in wanted:
                     yield cid, line
 
@@ -1071,6 +1071,12 @@ def requeue_dead_letters(
     return RequeueResult(
         job_id=job.job_id, requeued=requeued, still_invalid=still_invalid, shards=shards
     )
+
+
+def line_custom_id(line: bytes) -> str:
+    """The custom_id of a shard line in any provider's format (Bedrock calls it recordId)."""
+    request = json.loads(line)
+    return str(request.get("custom_id") or request["recordId"])
 
 
 def retry_backoff(spec: PipelineSpec, round_no: int) -> float:
