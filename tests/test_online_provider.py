@@ -95,9 +95,7 @@ def test_a_day_completes_through_faults_and_a_success_is_never_sent_again(
     fake.timeout_seconds = 2.0
     seen: list[tuple[str, int, int]] = []
     for harness in harness_for(tmp_path, database_url, fake, timeout_seconds=0.5):
-        outcome = harness.runner().run_day(
-            DAY, wait=True, progress=lambda *args: seen.append(args)
-        )
+        outcome = harness.runner().run_day(DAY, wait=True, progress=lambda *args: seen.append(args))
 
         assert outcome.done and outcome.total == 24
         rows = harness.rows()
