@@ -287,8 +287,10 @@ class OnlineProvider(BatchProvider):
                             error_message=f"{kind}: {exc}",
                         )
                     ) from exc
+                # Without a limit of our own the server's headers are all we know: an empty
+                # window waits for its reset. With one, our window already keeps the pace.
                 remaining = raw.headers.get("x-ratelimit-remaining-requests")
-                if remaining is not None and remaining.strip() == "0":
+                if requests_window is None and remaining is not None and remaining.strip() == "0":
                     hold_off(parse_duration(raw.headers.get("x-ratelimit-reset-requests")) or 0.0)
                 response = {"status_code": raw.status_code, "body": raw.parse().model_dump()}
                 result = normalize_line({"custom_id": custom_id, "response": response})
@@ -334,6 +336,11 @@ class OnlineProvider(BatchProvider):
                 task = asyncio.create_task(one(custom_id, body, tokens))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                if stats.sent <= 1:
+                    # The first request pays for the client's and the connection's setup and
+                    # reaches the server late; the second would land next to it in the
+                    # provider's window. Let it finish before the others go.
+                    await asyncio.gather(task, return_exceptions=True)
                 await asyncio.sleep(0)
             if tasks:
                 await asyncio.gather(*tasks)
