@@ -30,7 +30,7 @@ from llm_assets.resources.providers.openai_batch import chat_body, classify_erro
 if TYPE_CHECKING:
     from llm_assets.spec import PipelineSpec
 
-MARGIN = 1.03
+MARGIN = 1.02
 """Client windows are this much longer than the provider's, so jitter never overfills one."""
 MAX_RATE_LIMIT_WAITS = 50
 _NUMBER = r"(\d+(?:\.\d+)?)"
