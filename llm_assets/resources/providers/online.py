@@ -327,16 +327,22 @@ class OnlineProvider(BatchProvider):
                 slots.release()
 
         tasks: set[asyncio.Task[None]] = set()
+        first = True
         try:
             for custom_id, body, tokens in requests:
                 if stop():
                     stats.interrupted = True
                     break
                 await slots.acquire()
+                if stop():  # asked while waiting for a free slot
+                    slots.release()
+                    stats.interrupted = True
+                    break
                 task = asyncio.create_task(one(custom_id, body, tokens))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-                if stats.sent <= 1:
+                if first:
+                    first = False
                     # The first request pays for the client's and the connection's setup and
                     # reaches the server late; the second would land next to it in the
                     # provider's window. Let it finish before the others go.
