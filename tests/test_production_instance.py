@@ -218,6 +218,13 @@ def test_a_run_killed_after_paying_for_a_batch_is_retried_without_paying_again(
         assert failed is not None
         assert failed.status == dg.DagsterRunStatus.FAILURE
         assert failed.tags[WILL_RETRY_TAG] == "true"
+        # Run monitoring then gives the dead run's pool slot back (free_slots_after_run_end_
+        # seconds later); with one slot per provider the retry waits for exactly that.
+        instance.event_log_storage.free_concurrency_slots_for_run(crashed.run_id)
+        assert (
+            instance.event_log_storage.get_concurrency_info("llm_provider_openai").claimed_slots
+            == []
+        )
         # The retry daemon re-executes a run launched from the code location (UI, sensor,
         # backfill) from its failed step; a CLI run is retried by running the command again.
         # Either way, what runs again is provider_batches for this partition.
