@@ -262,7 +262,7 @@ def build_notification_sensors(specs: list[PipelineSpec]) -> list[dg.SensorDefin
         summary = notify.summarize(
             spec,
             day,
-            context.resources.ledger,
+            ledger,
             outcome="finished",
             run_id=context.dagster_run.run_id,
         )

@@ -313,6 +313,18 @@ def min_records(spec: PipelineSpec) -> int:
     return spec.bedrock.min_records_per_job if spec.model.provider == "bedrock" else 1
 
 
+def shards_for(
+    spec: PipelineSpec, lines: Iterable[tuple[str, bytes]]
+) -> Iterator[list[tuple[str, bytes]]]:
+    """Request lines grouped into shards under the spec's caps and the provider's minimum."""
+    return split_shards(
+        lines,
+        max_requests=spec.sharding.max_requests_per_shard,
+        max_bytes=spec.sharding.max_bytes_per_shard,
+        min_requests=min_records(spec),
+    )
+
+
 def build_shards(
     spec: PipelineSpec,
     day: dt.date,
@@ -382,14 +394,7 @@ def build_shards(
             fresh[item.custom_id] = item
             yield item.custom_id, line
 
-    for index, shard_lines in enumerate(
-        split_shards(
-            lines(),
-            max_requests=spec.sharding.max_requests_per_shard,
-            max_bytes=spec.sharding.max_bytes_per_shard,
-            min_requests=min_records(spec),
-        )
-    ):
+    for index, shard_lines in enumerate(shards_for(spec, lines())):
         shard_id = ids.shard_id(job.job_id, round_no, index)
         items = []
         for cid, _ in shard_lines:
@@ -964,13 +969,7 @@ def plan_retries(
     created: list[str] = []
     not_before = utcnow() + dt.timedelta(seconds=retry_backoff(spec, round_no))
     estimator = Estimator(spec, job.partition_date, ledger, provider)
-    for index, shard_lines in enumerate(
-        split_shards(
-            retry_lines(),
-            max_requests=spec.sharding.max_requests_per_shard,
-            max_bytes=spec.sharding.max_bytes_per_shard,
-        )
-    ):
+    for index, shard_lines in enumerate(shards_for(spec, retry_lines())):
         shard_id = ids.shard_id(job.job_id, round_no, index)
         estimate = estimator.shard(sum(tokens[cid] for cid, _ in shard_lines), len(shard_lines))
         _write_shard(
@@ -1037,13 +1036,7 @@ def requeue_dead_letters(
     round_no = ledger.next_round(job.job_id)
     shards: list[str] = []
     requeued = 0
-    for index, shard_lines in enumerate(
-        split_shards(
-            lines(),
-            max_requests=spec.sharding.max_requests_per_shard,
-            max_bytes=spec.sharding.max_bytes_per_shard,
-        )
-    ):
+    for index, shard_lines in enumerate(shards_for(spec, lines())):
         shard_id = ids.shard_id(job.job_id, round_no, index)
         written = storage.write_lines(
             _shard_key(spec, job, shard_id), (line for _, line in shard_lines)
