@@ -220,7 +220,15 @@ class BedrockSpec(_Strict):
         default=100,
         ge=1,
         description="Bedrock refuses smaller jobs; a small last shard is "
-        "merged into the one before it.",
+        "merged into the one before it, or topped up from it.",
+    )
+    below_minimum: Literal["online", "merge"] = Field(
+        default="online",
+        description="A shard that merging cannot bring to min_records_per_job (a small day, a "
+        "retry round): `online` sends its items one by one through bedrock-runtime (InvokeModel "
+        "or Converse) at on-demand prices, paced by the `online:` section; `merge` only merges, "
+        "and such a shard's items become dead letters (below_minimum), never paid at on-demand "
+        "prices, to be requeued later.",
     )
 
 

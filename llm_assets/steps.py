@@ -44,6 +44,7 @@ from llm_assets.resources.pricing import ModelPrice, load_price_table
 from llm_assets.resources.providers.base import (
     ENDED_STATES,
     IN_FLIGHT_STATES,
+    ONLINE_BATCH_PREFIX,
     BatchProvider,
     ItemResult,
     ShardState,
@@ -256,9 +257,10 @@ class Estimator:
     def __init__(
         self, spec: PipelineSpec, day: dt.date, ledger: LedgerResource, provider: BatchProvider
     ) -> None:
+        self.spec = spec
+        self.provider = provider
         self.price = price_for(spec)
         self.counter = counter_for(spec)
-        self.batch = provider.priced_as_batch
         self.max_output = spec.model.max_output_tokens
         history = ledger.earlier_jobs(spec.name, day, spec.budget.history_window)
         per_item = list(ledger.output_tokens_per_billed_item([j.job_id for j in history]).values())
@@ -279,12 +281,16 @@ class Estimator:
 
     def shard(self, input_tokens: int, requests: int) -> ShardEstimate:
         output = round(self.expected_output * requests)
+        # A shard sent request by request (Bedrock below its minimum) pays on-demand prices.
+        batch = self.provider.priced_as_batch and not self.provider.runs_shard_in_step(
+            self.spec, requests, None
+        )
         return ShardEstimate(
             estimated_input_tokens=input_tokens,
             estimated_output_tokens=output,
-            estimated_cost_usd=self.price.cost_usd(input_tokens, output, batch=self.batch),
+            estimated_cost_usd=self.price.cost_usd(input_tokens, output, batch=batch),
             estimated_cost_upper_usd=self.price.cost_usd(
-                self.counter.upper(input_tokens), self.max_output * requests, batch=self.batch
+                self.counter.upper(input_tokens), self.max_output * requests, batch=batch
             ),
         )
 
@@ -474,7 +480,7 @@ def _submit_or_run(
         if not mine:
             return 1  # another run is submitting it right now
         current = ledger.get_shard(shard.shard_id)
-        if current is not None and provider.runs_in_step:
+        if current is not None and runs_in_step(spec, provider, current):
             if current.status in (*IN_FLIGHT_STATES, ShardState.CREATED, ShardState.UPLOADED):
                 submitted[shard.shard_id] = run_online_shard(
                     spec, job, current, ledger, storage, provider, price, progress, stopping
@@ -482,10 +488,49 @@ def _submit_or_run(
             return 0
         if current is None or current.provider_batch_id is not None:
             return 0  # submitted by another run since it was listed
+        if current.item_count < min_records(spec):
+            _dead_letter_below_minimum(spec, current, ledger)
+            return 0
         submitted[shard.shard_id] = _submit_one(
             spec, job, current, ledger, storage, provider, price
         )
         return 0
+
+
+def runs_in_step(spec: PipelineSpec, provider: BatchProvider, shard: ShardRecord) -> bool:
+    """Whether provider_batches sends this shard's items itself rather than as a batch."""
+    return provider.runs_shard_in_step(spec, shard.item_count, shard.provider_batch_id)
+
+
+def _dead_letter_below_minimum(
+    spec: PipelineSpec, shard: ShardRecord, ledger: LedgerResource
+) -> None:
+    """`bedrock.below_minimum: merge`: a shard Bedrock would refuse is never sent; its items
+    become dead letters saying why, to be requeued when there are enough of them."""
+    minimum = min_records(spec)
+    message = (
+        f"{shard.shard_id} has {shard.item_count} item(s), below Bedrock's minimum of "
+        f"{minimum} records per job, and bedrock.below_minimum is 'merge'; requeue them with "
+        "more items, or set bedrock.below_minimum: online to send them at on-demand prices"
+    )
+    ledger.set_shard_items(
+        shard.shard_id,
+        from_status=[PENDING],
+        status=DEAD_LETTER,
+        error_class="deterministic",
+        error_code="below_minimum",
+        error_message=message,
+    )
+    ledger.settle_shard(shard.shard_id)
+    now = utcnow()
+    ledger.update_shard(
+        shard.shard_id,
+        status=ShardState.IMPORTED.value,
+        raw_status="below_minimum",
+        message=message,
+        ended_at=now,
+        imported_at=now,
+    )
 
 
 def _submit_one(
@@ -549,10 +594,9 @@ def run_online_shard(
     submission lock, so two runs never work on the same shard.
     """
     from llm_assets.resources.ledger import result_table
-    from llm_assets.resources.providers.online import OnlineProvider, OnlineStats
+    from llm_assets.resources.providers.online import OnlineStats
 
-    assert isinstance(provider, OnlineProvider)
-    batch_id = shard.provider_batch_id or f"online-{shard.shard_id}"
+    batch_id = shard.provider_batch_id or f"{ONLINE_BATCH_PREFIX}{shard.shard_id}"
     if shard.provider_batch_id is None:
         if shard.submit_intent_at is None:
             ledger.update_shard(shard.shard_id, submit_intent_at=utcnow(), price_json=price_json)
@@ -577,10 +621,10 @@ def run_online_shard(
 
     def requests() -> Iterator[tuple[str, dict[str, Any], int]]:
         for line in storage.open_lines(shard.input_uri):
-            request = json.loads(line)
-            tokens = open_items.get(request["custom_id"])
+            custom_id, body = provider.realtime_request(json.loads(line))
+            tokens = open_items.get(custom_id)
             if tokens is not None:
-                yield request["custom_id"], request["body"], tokens + spec.model.max_output_tokens
+                yield custom_id, body, tokens + spec.model.max_output_tokens
 
     def deliver(results: list[ItemResult]) -> None:
         rows = (_ledger_row(r, price, spec.model.name, batch=False) for r in results)
@@ -758,11 +802,12 @@ def submit_shards(
                 "(or raise budget.max_usd_per_day / max_usd_per_month)",
             )
     busy = 0
-    if provider.runs_in_step:
-        # Online: this step is the worker. Shards a dead worker left running resume here.
-        to_submit += ledger.shards(job.job_id, IN_FLIGHT_STATES)
+    # Online shards: this step is the worker. Shards a dead worker left running resume here.
+    to_submit += [
+        s for s in ledger.shards(job.job_id, IN_FLIGHT_STATES) if runs_in_step(spec, provider, s)
+    ]
     stopping = threading.Event()
-    with _stop_on_sigterm(stopping, provider.runs_in_step):
+    with _stop_on_sigterm(stopping, any(runs_in_step(spec, provider, s) for s in to_submit)):
         for shard in to_submit:
             if stopping.is_set():
                 raise OnlineInterrupted(
@@ -794,7 +839,7 @@ def poll_shards(
         if (
             shard.status not in IN_FLIGHT_STATES
             or shard.provider_batch_id is None
-            or provider.runs_in_step
+            or shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX)  # worked in a step
         ):
             updated.append(shard)
             continue
@@ -879,9 +924,15 @@ def import_results(
     for shard in ledger.shards(job.job_id, ENDED_STATES):
         assert shard.provider_batch_id is not None
         charged = ModelPrice.model_validate_json(shard.price_json) if shard.price_json else price
+        # A shard worked in the step wrote its results as they came: nothing to fetch.
+        results = (
+            iter(())
+            if shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX)
+            else provider.results(shard.provider_batch_id)
+        )
         rows = (
             _ledger_row(r, charged, spec.model.name, batch=provider.priced_as_batch)
-            for r in provider.results(shard.provider_batch_id)
+            for r in results
         )
         shard_stats = ledger.upsert_results(job.job_id, rows)
         failpoint("import.after_upsert")

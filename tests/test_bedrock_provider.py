@@ -16,8 +16,14 @@ import dagster as dg
 import pytest
 import yaml
 
-from llm_assets.resources.ledger import TERMINAL
-from llm_assets.resources.providers.bedrock import BedrockBatchProvider, job_name, request_token
+from llm_assets.resources.ledger import TERMINAL, LedgerResource
+from llm_assets.resources.pricing import load_price_table
+from llm_assets.resources.providers.bedrock import (
+    BedrockBatchProvider,
+    IncompleteOutput,
+    job_name,
+    request_token,
+)
 from llm_assets.resources.storage import ArtifactStorage
 from tests.conftest import MotoS3
 from tests.fakes.bedrock_server import FakeBedrock
@@ -98,12 +104,39 @@ def test_a_day_runs_end_to_end_with_artifacts_in_s3(
         assert {"snapshots", "shards", "outputs", "dead_letters", "reports"} <= kinds
         assert sum(r["cost_usd"] for r in rows.values()) > 0
 
+        # Output files with fewer records than the manifest counts are never imported as
+        # they are: those records ran (and were billed), so they must not be sent again.
+        batch_id = shards[0].provider_batch_id
+        assert batch_id is not None
+        assert len(list(provider.results(batch_id))) == shards[0].item_count
+        s3 = moto_s3.client()
+        bucket, key = out_key(s3, fake, batch_id)
+        lines = s3.get_object(Bucket=bucket, Key=key)["Body"].read().splitlines()
+        s3.put_object(Bucket=bucket, Key=key, Body=b"\n".join(lines[1:]) + b"\n")
+        with pytest.raises(IncompleteOutput, match="says 70 records .* hold 69"):
+            list(provider.results(batch_id))
+
+
+def out_key(s3: Any, fake: FakeBedrock, job_arn: str) -> tuple[str, str]:
+    """The bucket and key of a job's one `.out` file."""
+    bucket, _, prefix = fake.output_uri(job_arn)[len("s3://") :].partition("/")
+    listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)
+    [key] = [
+        o["Key"]
+        for o in listing["Contents"]
+        if o["Key"].endswith(".out") and not o["Key"].endswith("manifest.json.out")
+    ]
+    return bucket, key
+
 
 CLI = str(Path(sys.executable).parent / "llm-assets")
 
 
-def test_a_kill_right_after_the_job_is_created_does_not_create_a_second(
-    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
+@pytest.mark.parametrize(
+    "point", ["submit.after_create", "import.after_upsert", "import.after_missing:2"]
+)
+def test_a_kill_after_create_or_mid_import_neither_creates_nor_sends_again(
+    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock, point: str
 ) -> None:
     specs = tmp_path / "specs"
     specs.mkdir()
@@ -124,23 +157,30 @@ def test_a_kill_right_after_the_job_is_created_does_not_create_a_second(
 
     killed = subprocess.run(
         args,
-        env={**env, "LLM_ASSETS_FAILPOINT": "submit.after_create"},
+        env={**env, "LLM_ASSETS_FAILPOINT": point},
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    assert len(fake.jobs()) == 1
+    jobs_when_killed = len(fake.jobs())
+    assert jobs_when_killed == (1 if point == "submit.after_create" else 2)
 
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
 
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)[0]["succeeded"] == 120
     jobs = fake.jobs()
-    assert len(jobs) == 2  # one per shard: the first was created once, found again by token
+    assert len(jobs) == 2  # one per shard: a job created before the kill was found by token
     creates = [c for c in fake.calls.entries() if c.get("operation") == "CreateModelInvocationJob"]
     tokens = [c["client_request_token"] for c in creates]
-    assert len(tokens) == 3 and len(set(tokens)) == 2
+    assert len(set(tokens)) == 2
+    assert len(tokens) == (3 if point == "submit.after_create" else 2)
+    # Nothing was sent twice: a half-done import is finished, not retried.
+    database = LedgerResource(database_url=database_url)
+    [job] = database.jobs_for_pipeline("reviews_bedrock")
+    attempts = {r["attempts"] for r in database.iter_items(job.job_id, columns=["attempts"])}
+    assert attempts == {1}
 
 
 @pytest.mark.parametrize("outcome", ["Expired", "PartiallyCompleted", "Failed"])
@@ -185,3 +225,159 @@ def test_a_job_that_ends_badly_is_resubmitted_only_for_what_has_no_result(
         ]
         assert len(fake.jobs()) == len(shards)
         assert len({c["client_request_token"] for c in creates}) == len(shards)
+
+
+def runtime_calls(fake: FakeBedrock) -> list[dict[str, Any]]:
+    return [c for c in fake.calls.entries() if c.get("operation") in ("InvokeModel", "Converse")]
+
+
+def answered_once(calls: list[dict[str, Any]]) -> dict[str, int]:
+    """custom_id -> how many runtime calls for it were answered 200."""
+    counts: dict[str, int] = {}
+    for call in calls:
+        if call.get("status") == 200:
+            counts[call["record_id"]] = counts.get(call["record_id"], 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize(
+    ("model", "operation"),
+    [(MODEL, "InvokeModel"), ("amazon.nova-lite-v1:0", "Converse")],
+)
+def test_a_day_below_the_minimum_goes_on_demand_through_bedrock_runtime(
+    tmp_path: Path,
+    database_url: str,
+    moto_s3: MotoS3,
+    fake: FakeBedrock,
+    model: str,
+    operation: str,
+) -> None:
+    throttled_once: set[str] = set()
+
+    def faults(record_id: str | None, body: dict[str, Any]) -> str | None:
+        text = json.dumps(body)
+        if "Order 1003 " in text:
+            return "error"  # a 400: a deterministic dead letter
+        if "Order 1005 " in text or "Order 1008 " in text:
+            if record_id not in throttled_once:  # throttled, then a 500, then fine
+                throttled_once.add(str(record_id))
+                return "throttled"
+            if f"{record_id}/500" not in throttled_once:
+                throttled_once.add(f"{record_id}/500")
+                return "server_error"
+        return None
+
+    fake.record_fault = faults
+    provider = BedrockBatchProvider(
+        role_arn=ROLE,
+        endpoint_url=fake.endpoint_url,
+        runtime_endpoint_url=fake.endpoint_url,
+        retry_base_seconds=0.01,
+    )
+    spec = review_spec(
+        "bedrock",
+        model,
+        sharding={"max_requests_per_shard": 100},
+        bedrock={"min_records_per_job": 50},
+        online={"concurrency": 4, "checkpoint_every": 5},
+        quality={"max_failure_rate": 0.1},
+    )
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        harness = Harness(tmp_path, database_url, instance, spec, provider, reviews=30)
+        harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
+
+        outcome = harness.run_day()
+
+        assert outcome.done and outcome.total == 30 and outcome.succeeded == 29
+        assert fake.jobs() == []  # Bedrock would refuse a 30-record job: none was created
+        [shard] = harness.ledger.shards(harness.job_id())
+        assert shard.provider_batch_id == f"online-{shard.shard_id}"
+        rows = harness.rows()
+        dead = [r for r in rows.values() if r["status"] == "dead_letter"]
+        assert [(r["source_id"], r["error_class"], r["error_code"]) for r in dead] == [
+            ("R-20261102-0003", "deterministic", "ValidationException")
+        ]
+        calls = runtime_calls(fake)
+        assert {c["operation"] for c in calls} == {operation}
+        # Every item answered exactly once; the throttled and failed ones were sent again.
+        assert answered_once(calls) == {
+            cid: 1 for cid, r in rows.items() if r["status"] == "succeeded"
+        }
+        assert {c["record_id"] for c in calls if c["status"] == 429} == {
+            cid
+            for cid, r in rows.items()
+            if r["source_id"] in ("R-20261102-0005", "R-20261102-0008")
+        }
+        # Charged, and estimated, at on-demand prices: no batch discount.
+        price = load_price_table().get("bedrock", model)
+        for row in rows.values():
+            if row["status"] == "succeeded":
+                expected = price.cost_usd(row["input_tokens"], row["output_tokens"], batch=False)
+                assert row["cost_usd"] == pytest.approx(expected) and expected > 0
+        assert shard.estimated_cost_usd == pytest.approx(
+            price.cost_usd(shard.estimated_input_tokens, shard.estimated_output_tokens, batch=False)
+        )
+
+
+def test_a_retry_round_below_the_minimum_goes_on_demand(
+    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
+) -> None:
+    decided: list[str] = []
+
+    def first_job_partly(job: dict[str, Any]) -> str | None:
+        decided.append(job["jobArn"])
+        return "PartiallyCompleted" if len(decided) == 1 else None
+
+    fake.job_outcome = first_job_partly
+    provider = BedrockBatchProvider(
+        role_arn=ROLE,
+        endpoint_url=fake.endpoint_url,
+        runtime_endpoint_url=fake.endpoint_url,
+        retry_base_seconds=0.01,
+    )
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        harness = Harness(tmp_path, database_url, instance, bedrock_spec(), provider, reviews=120)
+        harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
+
+        outcome = harness.run_day()
+
+        assert outcome.done and outcome.succeeded == 120
+        shards = harness.ledger.shards(harness.job_id())
+        assert len(fake.jobs()) == 2  # the two first-round shards only
+        [retry] = [s for s in shards if s.kind == "retry"]
+        first = next(s for s in shards if s.provider_batch_id == decided[0])
+        # The first job processed half its records; the rest (under 50) went on demand.
+        assert retry.item_count == first.item_count - first.item_count // 2 < 50
+        assert retry.provider_batch_id == f"online-{retry.shard_id}"
+        rows = harness.rows()
+        sent_again = {cid for cid, r in rows.items() if r["attempts"] == 2}
+        assert len(sent_again) == retry.item_count
+        assert answered_once(runtime_calls(fake)) == {cid: 1 for cid in sent_again}
+
+
+def test_merge_only_leaves_a_shard_below_the_minimum_unsent_as_dead_letters(
+    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
+) -> None:
+    provider = BedrockBatchProvider(
+        role_arn=ROLE, endpoint_url=fake.endpoint_url, runtime_endpoint_url=fake.endpoint_url
+    )
+    spec = bedrock_spec() | {"bedrock": {"min_records_per_job": 50, "below_minimum": "merge"}}
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        harness = Harness(tmp_path, database_url, instance, spec, provider, reviews=30)
+        harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
+
+        harness.run_day()
+
+        rows = harness.rows()
+        assert len(rows) == 30
+        assert {(r["status"], r["error_code"]) for r in rows.values()} == {
+            ("dead_letter", "below_minimum")
+        }
+        assert "below Bedrock's minimum of 50" in next(iter(rows.values()))["error_message"]
+        assert sum(r["cost_usd"] for r in rows.values()) == 0
+        assert fake.jobs() == [] and runtime_calls(fake) == []
+        [shard] = harness.ledger.shards(harness.job_id())
+        assert shard.provider_batch_id is None and shard.raw_status == "below_minimum"

@@ -1,8 +1,8 @@
-"""The fake Bedrock batch inference control plane, exercised only through boto3.
+"""The fake Bedrock (batch control plane and runtime), exercised only through boto3.
 
-The bedrock client talks to the fake, the s3 client to the moto server the fake reads input from
-and writes output to. If botocore parses what the fake says and raises what it should, a
-provider tested against the fake meets the wire protocol it will meet in production.
+The bedrock and bedrock-runtime clients talk to the fake, the s3 client to the moto server the
+fake reads input from and writes output to. If botocore parses what the fake says and raises what
+it should, a provider tested against the fake meets the wire protocol it will meet in production.
 """
 
 import json
@@ -19,7 +19,12 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
 
 from tests.conftest import MotoS3
-from tests.fakes.bedrock_server import FakeBedrock, LostResponseFault, job_id_of
+from tests.fakes.bedrock_server import (
+    CUSTOM_ID_HEADER,
+    FakeBedrock,
+    LostResponseFault,
+    job_id_of,
+)
 from tests.fakes.common import ControlFault
 
 ROLE_ARN = "arn:aws:iam::123456789012:role/bedrock-batch"
@@ -439,14 +444,15 @@ def test_errored_records_alone_still_end_completed(ws: Workspace) -> None:
         ("Stopped", ["Scheduled", "InProgress", "Stopped"], 50),
         ("Failed", ["Scheduled", "InProgress", "Failed"], None),
         ("Expired", ["Scheduled", "Expired"], None),
+        (None, ["Scheduled", "InProgress", "Completed"], 100),  # None: the default outcome
     ],
 )
 def test_job_outcomes(
-    ws: Workspace, outcome: str, statuses: list[str], processed: int | None
+    ws: Workspace, outcome: str | None, statuses: list[str], processed: int | None
 ) -> None:
     seen_by_outcome: list[dict[str, Any]] = []
 
-    def decide(job: dict[str, Any]) -> str:
+    def decide(job: dict[str, Any]) -> str | None:
         seen_by_outcome.append(job)
         return outcome
 
@@ -625,3 +631,317 @@ def test_unsigned_requests_are_refused(ws: Workspace) -> None:
         403,
         "Missing Authentication Token",
     )
+
+
+# The runtime (bedrock-runtime: InvokeModel, Converse) on the same endpoint.
+
+
+class CustomIds:
+    """Adds the X-Llm-Assets-Custom-Id header to a runtime client's calls, as the provider does
+    through botocore's event system; `current` is the id the next call carries (None: no
+    header)."""
+
+    def __init__(self, client: Any) -> None:
+        self.current: str | None = None
+        client.meta.events.register("before-sign.bedrock-runtime", self._add)
+
+    def _add(self, request: Any, **_: Any) -> None:
+        if self.current is not None:
+            request.headers[CUSTOM_ID_HEADER] = self.current
+
+
+def runtime_client(fake: FakeBedrock, config: Config = NO_RETRIES) -> Any:
+    return boto3.client(
+        "bedrock-runtime",
+        endpoint_url=fake.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=config,
+    )
+
+
+def anthropic_body(text: str, max_tokens: int = 256) -> dict[str, Any]:
+    return {
+        "anthropic_version": "bedrock-2023-05-31",
+        "max_tokens": max_tokens,
+        "system": SYSTEM,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}],
+    }
+
+
+def converse_kwargs(text: str, max_tokens: int = 50) -> dict[str, Any]:
+    return {
+        "messages": [{"role": "user", "content": [{"text": text}]}],
+        "system": [{"text": SYSTEM}],
+        "inferenceConfig": {"maxTokens": max_tokens, "temperature": 0.0},
+    }
+
+
+def invoke(client: Any, body: dict[str, Any], model_id: str = ANTHROPIC_MODEL) -> Any:
+    """InvokeModel, reading the answer off its stream as a client must: an unread body keeps
+    the connection from going back to the pool, and closing it later resets it."""
+    response = client.invoke_model(modelId=model_id, body=json.dumps(body))
+    return json.loads(response["body"].read())
+
+
+def without_id(output: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in output.items() if key != "id"}
+
+
+def runtime_calls(fake: FakeBedrock) -> list[dict[str, Any]]:
+    return [c for c in fake.calls.entries() if c["operation"] in ("InvokeModel", "Converse")]
+
+
+def test_invoke_model_answers_as_the_batch_path_does_for_the_same_body(ws: Workspace) -> None:
+    ws.fake.polls_per_state = 0
+    records = anthropic_records(100)
+    job_arn = ws.create("same-answers", ws.upload("reviews.jsonl", records))
+    assert ws.statuses_to_end(job_arn) == ["Completed"]
+    batch = {line["recordId"]: line for line in ws.read(job_arn, "reviews.jsonl.out")}
+    client = runtime_client(ws.fake)
+    ids = CustomIds(client)
+    ids.current = "REC00000003"
+
+    response = client.invoke_model(
+        modelId=ANTHROPIC_MODEL,
+        body=json.dumps(records[3]["modelInput"]),
+        contentType="application/json",
+        accept="application/json",
+    )
+
+    assert response["contentType"] == "application/json"
+    answer = json.loads(response["body"].read())
+    expected = batch["REC00000003"]["modelOutput"]
+    assert without_id(answer) == without_id(expected)
+    assert answer["id"].startswith("msg_bdrk_") and answer["id"] != expected["id"]
+    assert answer["usage"] == {
+        "input_tokens": math.ceil(len(SYSTEM + review(3)) / 4),
+        "output_tokens": math.ceil(len(answer["content"][0]["text"]) / 4),
+    }
+    headers = response["ResponseMetadata"]["HTTPHeaders"]
+    assert int(headers["x-amzn-bedrock-input-token-count"]) == answer["usage"]["input_tokens"]
+    assert int(headers["x-amzn-bedrock-output-token-count"]) == answer["usage"]["output_tokens"]
+    assert int(headers["x-amzn-bedrock-invocation-latency"]) > 0
+    [call] = runtime_calls(ws.fake)
+    assert call["path"] == f"/model/{ANTHROPIC_MODEL}/invoke"
+    assert (call["operation"], call["model_id"], call["record_id"]) == (
+        "InvokeModel",
+        ANTHROPIC_MODEL,
+        "REC00000003",
+    )
+    assert (call["status"], call["attempt"], call.get("error_code")) == (200, 1, None)
+    assert ws.fake.runtime_successes() == {"REC00000003": 1}
+
+
+def test_converse_answers_as_the_batch_path_does_for_the_same_body(ws: Workspace) -> None:
+    ws.fake.polls_per_state = 0
+    records = converse_records(100)
+    input_uri = ws.upload("converse.jsonl", records)
+    job_arn = ws.create(
+        "converse-same", input_uri, modelId=NOVA_MODEL, modelInvocationType="Converse"
+    )
+    assert ws.statuses_to_end(job_arn) == ["Completed"]
+    batch = {line["recordId"]: line for line in ws.read(job_arn, "converse.jsonl.out")}
+    client = runtime_client(ws.fake)
+
+    response = client.converse(
+        modelId=NOVA_MODEL,
+        messages=[{"role": "user", "content": [{"text": review(1)}]}],
+        system=[{"text": SYSTEM}],
+        inferenceConfig={"maxTokens": 256, "temperature": 0.0},
+    )
+
+    metadata = response.pop("ResponseMetadata")
+    assert metadata["HTTPStatusCode"] == 200
+    assert response == batch["CNV00000001"]["modelOutput"]
+    text = response["output"]["message"]["content"][0]["text"]
+    assert response["output"]["message"]["role"] == "assistant"
+    assert json.loads(text) == {"label": "positive", "summary": "Review 1 is great."}
+    assert response["stopReason"] == "end_turn"
+    assert response["usage"] == {
+        "inputTokens": math.ceil(len(SYSTEM + review(1)) / 4),
+        "outputTokens": math.ceil(len(text) / 4),
+        "totalTokens": math.ceil(len(SYSTEM + review(1)) / 4) + math.ceil(len(text) / 4),
+    }
+    assert response["metrics"]["latencyMs"] > 0
+    [call] = runtime_calls(ws.fake)
+    assert (call["operation"], call["model_id"], call["record_id"]) == (
+        "Converse",
+        NOVA_MODEL,
+        None,
+    )
+    assert ws.fake.runtime_successes() == {}  # no custom id header, nothing to count under
+
+
+def test_max_tokens_cuts_the_answer_on_both_runtime_operations(fake: FakeBedrock) -> None:
+    client = runtime_client(fake)
+    arn = "arn:aws:bedrock:us-east-1::foundation-model/anthropic.claude-3-haiku-20240307-v1:0"
+
+    conversed = client.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1), max_tokens=2))
+    answer = invoke(client, anthropic_body(review(1), 2), model_id=arn)
+
+    assert conversed["stopReason"] == "max_tokens"
+    assert len(conversed["output"]["message"]["content"][0]["text"]) == 8
+    assert conversed["usage"]["outputTokens"] == 2
+    assert (answer["stop_reason"], answer["usage"]["output_tokens"]) == ("max_tokens", 2)
+    assert answer["model"] == "claude-3-haiku-20240307"
+    assert [c["model_id"] for c in runtime_calls(fake)] == [NOVA_MODEL, arn]
+
+
+def test_bodies_the_model_rejects_are_validation_exceptions(fake: FakeBedrock) -> None:
+    client = runtime_client(fake)
+    unchecked = runtime_client(fake, NO_RETRIES.merge(Config(parameter_validation=False)))
+    no_version = anthropic_body(review(1))
+    del no_version["anthropic_version"]
+
+    with pytest.raises(client.exceptions.ValidationException) as missing:
+        client.invoke_model(modelId=ANTHROPIC_MODEL, body=json.dumps(no_version))
+    assert error_of(missing) == ("ValidationException", 400, "anthropic_version: Field required")
+
+    with pytest.raises(ClientError) as not_json:
+        client.invoke_model(modelId=ANTHROPIC_MODEL, body=b"{not json")
+    assert error_of(not_json)[:2] == ("ValidationException", 400)
+
+    with pytest.raises(ClientError) as zero:
+        unchecked.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1), max_tokens=0))
+    code, status, message = error_of(zero)
+    assert (code, status) == ("ValidationException", 400)
+    assert "at 'inferenceConfig.maxTokens' failed to satisfy constraint" in message
+
+    assert [c["error_code"] for c in runtime_calls(fake)] == ["ValidationException"] * 3
+    assert fake.runtime_successes() == {}
+
+
+@pytest.mark.parametrize(
+    ("fault", "code", "status"),
+    [
+        ("error", "ValidationException", 400),
+        ("throttled", "ThrottlingException", 429),
+        ("server_error", "InternalServerException", 500),
+        ("skip", "ModelTimeoutException", 408),
+    ],
+)
+@pytest.mark.parametrize("operation", ["invoke_model", "converse"])
+def test_record_faults_pick_the_runtime_call_by_its_custom_id_header(
+    fake: FakeBedrock, operation: str, fault: str, code: str, status: int
+) -> None:
+    seen: list[tuple[str | None, dict[str, Any]]] = []
+
+    def record_fault(record_id: str | None, model_input: dict[str, Any]) -> str | None:
+        seen.append((record_id, model_input))
+        return fault if record_id == "item-bad" else None
+
+    fake.record_fault = record_fault
+    client = runtime_client(fake)
+    ids = CustomIds(client)
+
+    def call(text: str) -> Any:
+        if operation == "converse":
+            return client.converse(modelId=NOVA_MODEL, **converse_kwargs(text))
+        return invoke(client, anthropic_body(text))
+
+    ids.current = "item-bad"
+    with pytest.raises(getattr(client.exceptions, code)) as failed:
+        call(review(1))
+    assert error_of(failed)[:2] == (code, status)
+    ids.current = "item-good"
+    call(review(2))
+    ids.current = None
+    call(review(3))
+
+    assert [record_id for record_id, _ in seen] == ["item-bad", "item-good", None]
+    assert review(1) in json.dumps(seen[0][1])
+    calls = runtime_calls(fake)
+    assert [(c["record_id"], c["status"], c.get("error_code")) for c in calls] == [
+        ("item-bad", status, code),
+        ("item-good", 200, None),
+        (None, 200, None),
+    ]
+    assert fake.runtime_successes() == {"item-good": 1}
+
+
+def test_runtime_rpm_throttles_beyond_the_limit_in_a_rolling_minute(fake: FakeBedrock) -> None:
+    start = datetime(2024, 6, 1, tzinfo=UTC)
+    now = [start]
+    fake.clock = lambda: now[0]
+    fake.runtime_rpm = 2
+    asked: list[str | None] = []
+    fake.record_fault = lambda record_id, model_input: asked.append(record_id)
+    client = runtime_client(fake)
+    ids = CustomIds(client)
+
+    for item in ("item-1", "item-2"):
+        ids.current = item
+        client.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1)))
+    ids.current = "item-3"
+    with pytest.raises(client.exceptions.ThrottlingException) as throttled:
+        client.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1)))
+    assert error_of(throttled) == (
+        "ThrottlingException",
+        429,
+        "Too many requests, please wait before trying again.",
+    )
+    now[0] = start + timedelta(seconds=59)
+    with pytest.raises(client.exceptions.ThrottlingException):
+        client.invoke_model(modelId=ANTHROPIC_MODEL, body=json.dumps(anthropic_body(review(1))))
+    now[0] = start + timedelta(seconds=60)
+    invoke(client, anthropic_body(review(1)))
+
+    assert asked == ["item-1", "item-2", "item-3"]  # a throttled call never reaches the model
+    assert [(c["record_id"], c["status"]) for c in runtime_calls(fake)] == [
+        ("item-1", 200),
+        ("item-2", 200),
+        ("item-3", 429),
+        ("item-3", 429),
+        ("item-3", 200),
+    ]
+    assert fake.runtime_successes() == {"item-1": 1, "item-2": 1, "item-3": 1}
+
+
+def test_fault_plans_apply_to_runtime_paths(fake: FakeBedrock) -> None:
+    fake.faults.add(ControlFault("POST", "/converse", status=503))
+    fake.faults.add(LostResponseFault("POST", "/invoke"))
+    client = runtime_client(fake)
+    ids = CustomIds(client)
+    ids.current = "item-1"
+
+    with pytest.raises(client.exceptions.ServiceUnavailableException) as unavailable:
+        client.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1)))
+    assert error_of(unavailable)[:2] == ("ServiceUnavailableException", 503)
+    client.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1)))
+    with pytest.raises((ConnectionClosedError, EndpointConnectionError)):
+        client.invoke_model(modelId=ANTHROPIC_MODEL, body=json.dumps(anthropic_body(review(1))))
+
+    calls = runtime_calls(fake)
+    assert [(c["operation"], c["record_id"], c["status"], c.get("fault")) for c in calls] == [
+        ("Converse", "item-1", 503, "503"),
+        ("Converse", "item-1", 200, None),
+        ("InvokeModel", "item-1", 200, "lost_response"),
+    ]
+    # The lost answer was still produced (and billed): the item succeeded twice on the server.
+    assert fake.runtime_successes() == {"item-1": 2}
+
+
+def test_unknown_models_and_wrong_credential_scopes_are_refused(fake: FakeBedrock) -> None:
+    fake.runtime_models = {ANTHROPIC_MODEL}
+    client = runtime_client(fake)
+    with pytest.raises(client.exceptions.ResourceNotFoundException) as unknown:
+        client.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1)))
+    assert error_of(unknown) == (
+        "ResourceNotFoundException",
+        404,
+        "Could not resolve the foundation model from the provided model identifier.",
+    )
+    client.converse(modelId=ANTHROPIC_MODEL, **converse_kwargs(review(1)))
+
+    assert client.meta.service_model.signing_name == "bedrock"
+    client._request_signer._signing_name = "bedrock-runtime"
+    with pytest.raises(ClientError) as wrong_scope:
+        client.converse(modelId=ANTHROPIC_MODEL, **converse_kwargs(review(1)))
+    assert error_of(wrong_scope)[:2] == ("InvalidSignatureException", 403)
+
+    unsigned = runtime_client(fake, NO_RETRIES.merge(Config(signature_version=UNSIGNED)))
+    with pytest.raises(ClientError) as refused:
+        unsigned.invoke_model(modelId=ANTHROPIC_MODEL, body=json.dumps(anthropic_body("hi")))
+    assert error_of(refused)[:2] == ("MissingAuthenticationTokenException", 403)

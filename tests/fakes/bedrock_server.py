@@ -1,10 +1,15 @@
-"""A fake of Amazon Bedrock's batch inference control plane: real REST-JSON HTTP on loopback.
+"""A fake of Amazon Bedrock on loopback: the batch inference control plane (`bedrock`, model
+invocation jobs) and the runtime data plane (`bedrock-runtime`, InvokeModel and Converse), both
+real REST-JSON HTTP on one port.
 
-moto does not implement model invocation jobs, so this fake speaks the `bedrock` service's wire
-protocol itself (paths, member names, status values and error shapes from botocore's service
-model `bedrock/2023-04-20`), and an unmodified `boto3.client("bedrock", endpoint_url=...)` drives
-it. The data plane is S3: a job reads its JSONL input from, and writes its output to, a real S3
-endpoint (the moto server of tests/moto_server.py), through boto3 like Bedrock itself.
+moto implements neither, so this fake speaks the wire protocols itself (paths, member names,
+status values and error shapes from botocore's service models `bedrock/2023-04-20` and
+`bedrock-runtime/2023-09-30`), and unmodified `boto3.client("bedrock", endpoint_url=...)` and
+`boto3.client("bedrock-runtime", endpoint_url=...)` drive it through the same `endpoint_url`
+(their paths do not overlap: `/model-invocation-job...` against `/model/{modelId}/...`). Batch
+jobs read their JSONL input from, and write their output to, a real S3 endpoint (the moto server
+of tests/moto_server.py), through boto3 like Bedrock itself. A batch record and a runtime call
+with the same body get the same answer (text, stop reason, usage), from one shared function.
 
 Jobs advance on GetModelInvocationJob calls rather than wall time, so tests need no sleeps. State
 lives in memory; `restart()` only drops connections.
@@ -34,6 +39,14 @@ Readings of the real service worth knowing (each is a choice a test may pin):
   `Expired` directly and writes no output. For that reason `job_outcome` is asked when the job
   leaves `Scheduled`; every other outcome takes effect when it leaves `InProgress`.
 * Stopping an ended job is a ValidationException whose message ends "State was: <status>".
+* The runtime client signs with signing name `bedrock` (the `signingName` of the
+  bedrock-runtime service model), so both planes require a credential scoped to `bedrock`.
+* InvokeModel takes the same body an `InvokeModel` batch record takes (Anthropic Messages,
+  whatever the model id, as the batch path does) and answers the Anthropic Messages response
+  with `X-Amzn-Bedrock-Input-Token-Count`, `-Output-Token-Count` and `-Invocation-Latency`
+  headers; Converse takes the Converse members (modelId is in the path, not the body). A body
+  the model rejects is a ValidationException (400) carrying the same message the batch path
+  writes into the record's error line.
 """
 
 from __future__ import annotations
@@ -52,7 +65,8 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -101,6 +115,21 @@ RECORD_ERRORS = {
     "error": (400, "Malformed input request, please reformat your input and try again."),
     "throttled": (429, "Too many requests, please wait before trying again."),
     "server_error": (500, "Internal server error"),
+}
+# The header our provider adds to every runtime call (through botocore's event system) so the
+# fake knows which item a call is for; runtime calls have no recordId of their own.
+CUSTOM_ID_HEADER = "X-Llm-Assets-Custom-Id"
+RUNTIME_OPERATIONS = {"invoke": "InvokeModel", "converse": "Converse"}
+# What a record fault is on the runtime: (status, error code, message).
+RUNTIME_RECORD_ERRORS = {
+    "error": (400, "ValidationException", RECORD_ERRORS["error"][1]),
+    "throttled": (429, "ThrottlingException", RECORD_ERRORS["throttled"][1]),
+    "server_error": (500, "InternalServerException", RECORD_ERRORS["server_error"][1]),
+    "skip": (
+        408,
+        "ModelTimeoutException",
+        "Model has timed out in processing the request. Try your request again.",
+    ),
 }
 
 # Patterns and limits exactly as botocore's service model declares them.
@@ -165,19 +194,23 @@ ERROR_CODES = {
     400: "ValidationException",
     403: "AccessDeniedException",
     404: "ResourceNotFoundException",
+    408: "ModelTimeoutException",
     409: "ConflictException",
+    424: "ModelErrorException",
     429: "ThrottlingException",
     500: "InternalServerException",
     503: "ServiceUnavailableException",
 }
 FAULT_MESSAGES = {
+    408: RUNTIME_RECORD_ERRORS["skip"][2],
     429: "Too many requests, please wait before trying again.",
     500: "Internal server error",
     503: "Service unavailable, please try again later.",
 }
 
-RecordFault = Callable[[str, JSON], str | None]
-JobOutcome = Callable[[JSON], str]
+# record_id is None for a runtime call that carries no X-Llm-Assets-Custom-Id header.
+RecordFault = Callable[[str | None, JSON], str | None]
+JobOutcome = Callable[[JSON], str | None]
 ValidationFailure = str | Callable[[JSON], str | None] | None
 Responder = Callable[[JSON], str]
 
@@ -223,6 +256,27 @@ def anthropic_model_name(model_id: str) -> str:
     if "anthropic." in name:
         name = name.split("anthropic.", 1)[1]
     return re.sub(r"-v\d+(:\d+)?$", "", name)
+
+
+def runtime_target(method: str, raw_path: str) -> tuple[str, str] | None:
+    """(operation, model id) of a runtime call, `POST /model/{modelId}/invoke|converse` with
+    the model id percent-encoded as botocore sends it; None for any other request."""
+    parts = urlsplit(raw_path).path.strip("/").split("/")
+    if method != "POST" or len(parts) != 3 or parts[0] != "model" or not parts[1]:
+        return None
+    operation = RUNTIME_OPERATIONS.get(parts[2])
+    return None if operation is None else (operation, unquote(parts[1]))
+
+
+@dataclass
+class ModelAnswer:
+    """What the model makes of one body: a rejection message, or its output and usage."""
+
+    error: str | None = None
+    output: JSON | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_ms: int = 0
 
 
 class _Violations:
@@ -508,7 +562,8 @@ class _MemoryCallLog:
 
 
 class FakeBedrock:
-    """The batch inference control plane (`bedrock` service, model invocation jobs) on 127.0.0.1.
+    """Bedrock on 127.0.0.1: the batch inference control plane (`bedrock` service, model
+    invocation jobs) and the runtime (`bedrock-runtime` service, InvokeModel and Converse).
 
     Knobs (plain attributes, read at the moment they matter):
 
@@ -522,12 +577,26 @@ class FakeBedrock:
     * `job_outcome(job)`: "Completed", "PartiallyCompleted", "Failed", "Expired" or "Stopped",
       asked once when the job leaves Scheduled (`job` is the description plus "records").
       "Expired" ends the job there with no output; "PartiallyCompleted" and "Stopped" process
-      the first half of the records; "Failed" writes nothing. None: Completed when every record
-      was processed, else PartiallyCompleted.
+      the first half of the records; "Failed" writes nothing. None (no knob, or the knob
+      answering None for this job): Completed when every record was processed, else
+      PartiallyCompleted.
     * `record_fault(record_id, model_input)`: None, "skip" (never processed: no output line,
       not counted as processed), "error" (a 400 error line), "throttled" (429) or
-      "server_error" (500).
-    * `responder(model_input)`: the model's text; a deterministic JSON answer when None.
+      "server_error" (500). Also asked on every runtime call that gets past `runtime_rpm` and
+      `runtime_models` and has a JSON object body, with `record_id` the call's
+      `X-Llm-Assets-Custom-Id` header (None when absent) and `model_input` its parsed body;
+      there "error" is a 400 ValidationException, "throttled" a 429 ThrottlingException,
+      "server_error" a 500 InternalServerException and "skip" a 408 ModelTimeoutException.
+    * `responder(model_input)`: the model's text; a deterministic JSON answer when None. The
+      same for batch records and runtime calls, as are maxTokens truncation (stop reason
+      "max_tokens" past 4 characters a token) and usage (4 characters a token).
+    * `runtime_rpm`: at most this many runtime calls (InvokeModel and Converse together) are
+      let in per rolling 60 s of `clock()`; the rest are 429 ThrottlingException "Too many
+      requests, please wait before trying again." before anything else is looked at, and do
+      not count against the window. None (the default): no limit.
+    * `runtime_models`: the model ids the runtime knows (as in the path, unquoted); another is
+      a 404 ResourceNotFoundException "Could not resolve the foundation model from the
+      provided model identifier.". None (the default): every model id.
     * `shuffle_output`: output lines not in input order (deterministic per job).
     * `clock()`: the current time (UTC datetime), replaceable so tests can place jobs in time.
 
@@ -541,7 +610,11 @@ class FakeBedrock:
 
     `calls`: one entry per HTTP call (ts, method, path, query, status, request_id, operation,
     attempt from botocore's amz-sdk-request header, job_id, client_request_token, replay for an
-    idempotent create answered from an earlier job, fault, error_code). `server_errors`:
+    idempotent create answered from an earlier job, record_id from the X-Llm-Assets-Custom-Id
+    header or None, fault, error_code). Runtime calls have operation "InvokeModel" or
+    "Converse" and model_id (the unquoted path segment) even when a `faults` entry answered
+    them, and input_tokens / output_tokens when answered 200. `runtime_successes()` counts the
+    200 answers per record id. `server_errors`:
     tracebacks of the fake's own crashes, answered as 500; tests assert it stays empty.
     """
 
@@ -570,8 +643,11 @@ class FakeBedrock:
         self.record_fault: RecordFault | None = None
         self.responder: Responder | None = None
         self.shuffle_output: bool = True
+        self.runtime_rpm: int | None = None
+        self.runtime_models: Collection[str] | None = None
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)
         self.server_errors: list[str] = []
+        self._runtime_window: deque[float] = deque()
         self._jobs: dict[str, JSON] = {}
         self._tokens: dict[str, str] = {}
         self._lock = threading.RLock()
@@ -635,6 +711,24 @@ class FakeBedrock:
             job = self._jobs[job_id_of(job_identifier)]
             bucket, prefix = self._output_location(job)
             return f"s3://{bucket}/{prefix}"
+
+    def runtime_successes(self) -> dict[str, int]:
+        """Record id -> how many runtime calls for it were answered 200, from `calls`.
+
+        A call whose response a `LostResponseFault` dropped counts: the model ran (and AWS
+        bills it) though the client never saw the answer. Calls without the custom id header
+        are not counted. "No item succeeded twice" is `max(counts.values()) == 1`.
+        """
+        counts: dict[str, int] = {}
+        for entry in self.calls.entries():
+            record_id = entry.get("record_id")
+            if (
+                entry.get("operation") in RUNTIME_OPERATIONS.values()
+                and entry.get("status") == 200
+                and record_id is not None
+            ):
+                counts[record_id] = counts.get(record_id, 0) + 1
+        return counts
 
     def _s3(self) -> Any:
         if self._s3_client is None:
@@ -981,6 +1075,8 @@ class FakeBedrock:
         if self.job_outcome is None:
             return None
         outcome = self.job_outcome({**self._describe(job), "records": list(job["records"])})
+        if outcome is None:
+            return None
         if outcome not in OUTCOMES:
             raise ValueError(
                 f"job_outcome returned {outcome!r}; expected one of {sorted(OUTCOMES)}"
@@ -1040,21 +1136,37 @@ class FakeBedrock:
         counts["processedRecordCount"] += 1
         if fault is not None and fault not in RECORD_ERRORS:
             raise ValueError(f"record_fault returned {fault!r} for {record_id!r}")
-        converse = job["body"].get("modelInvocationType") == "Converse"
+        answer = None
         if fault is None:
-            check = converse_input_error if converse else anthropic_input_error
-            problem = check(model_input)
-            error = None if problem is None else (400, problem)
-        else:
-            error = RECORD_ERRORS[fault]
-        if error is not None:
+            answer = self._answer(
+                model_input,
+                converse=job["body"].get("modelInvocationType") == "Converse",
+                model_id=job["body"]["modelId"],
+                message_key=f"{job['id']}/{record_id}",
+            )
+        if answer is None or answer.error is not None:
             counts["errorRecordCount"] += 1
-            code, message = error
+            code, message = RECORD_ERRORS[fault] if answer is None else (400, answer.error)
             return {
                 "recordId": record_id,
                 "modelInput": model_input,
                 "error": {"errorCode": code, "errorMessage": message},
             }
+        counts["successRecordCount"] += 1
+        counts["inputTokenCount"] += answer.input_tokens
+        counts["outputTokenCount"] += answer.output_tokens
+        return {"recordId": record_id, "modelInput": model_input, "modelOutput": answer.output}
+
+    def _answer(
+        self, model_input: Any, *, converse: bool, model_id: str, message_key: str
+    ) -> ModelAnswer:
+        """The model's answer to one body, shared by batch records and runtime calls: the
+        validation message, or the output in the shape of the body (Converse or Anthropic
+        Messages) with its usage. `message_key` seeds the Anthropic message id."""
+        check = converse_input_error if converse else anthropic_input_error
+        problem = check(model_input)
+        if problem is not None:
+            return ModelAnswer(error=problem)
         if self.responder is not None:
             text = self.responder(model_input)
         else:
@@ -1068,9 +1180,7 @@ class FakeBedrock:
             text, stop_reason = text[: limit * 4], "max_tokens"
         input_tokens = max(1, approx_tokens(_input_chars(model_input)))
         output_tokens = approx_tokens(len(text))
-        counts["successRecordCount"] += 1
-        counts["inputTokenCount"] += input_tokens
-        counts["outputTokenCount"] += output_tokens
+        latency_ms = 100 + output_tokens
         if converse:
             output: JSON = {
                 "output": {"message": {"role": "assistant", "content": [{"text": text}]}},
@@ -1080,21 +1190,88 @@ class FakeBedrock:
                     "outputTokens": output_tokens,
                     "totalTokens": input_tokens + output_tokens,
                 },
-                "metrics": {"latencyMs": 100 + output_tokens},
+                "metrics": {"latencyMs": latency_ms},
             }
         else:
-            digest = hashlib.sha256(f"{job['id']}/{record_id}".encode()).hexdigest()
+            digest = hashlib.sha256(message_key.encode()).hexdigest()
             output = {
                 "id": f"msg_bdrk_{digest[:24]}",
                 "type": "message",
                 "role": "assistant",
-                "model": anthropic_model_name(job["body"]["modelId"]),
+                "model": anthropic_model_name(model_id),
                 "content": [{"type": "text", "text": text}],
                 "stop_reason": stop_reason,
                 "stop_sequence": None,
                 "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
             }
-        return {"recordId": record_id, "modelInput": model_input, "modelOutput": output}
+        return ModelAnswer(
+            output=output,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            latency_ms=latency_ms,
+        )
+
+    def _admit_runtime_call(self) -> None:
+        """The `runtime_rpm` gate: a ThrottlingException once the rolling minute is full."""
+        limit = self.runtime_rpm
+        if limit is None:
+            return
+        now = self.clock().timestamp()
+        with self._lock:
+            window = self._runtime_window
+            while window and window[0] <= now - 60:
+                window.popleft()
+            if len(window) >= limit:
+                raise AwsError("ThrottlingException", FAULT_MESSAGES[429], 429)
+            window.append(now)
+
+    def _runtime(
+        self, operation: str, model_id: str, body: bytes, request_id: str, log: JSON
+    ) -> Reply:
+        """InvokeModel or Converse: gate, model check, body, record fault, then the answer."""
+        self._admit_runtime_call()
+        if self.runtime_models is not None and model_id not in self.runtime_models:
+            raise AwsError(
+                "ResourceNotFoundException",
+                "Could not resolve the foundation model from the provided model identifier.",
+                404,
+            )
+        try:
+            model_input = json.loads(body or b"")
+        except ValueError:
+            model_input = None
+        if not isinstance(model_input, dict):
+            message = (
+                RECORD_ERRORS["error"][1]
+                if operation == "InvokeModel"
+                else "The request body is not a JSON object."
+            )
+            raise AwsError("ValidationException", message)
+        record_id = log.get("record_id")
+        fault = self.record_fault(record_id, model_input) if self.record_fault else None
+        if fault is not None:
+            if fault not in RUNTIME_RECORD_ERRORS:
+                raise ValueError(f"record_fault returned {fault!r} for {record_id!r}")
+            status, code, message = RUNTIME_RECORD_ERRORS[fault]
+            raise AwsError(code, message, status)
+        answer = self._answer(
+            model_input,
+            converse=operation == "Converse",
+            model_id=model_id,
+            message_key=request_id,
+        )
+        if answer.error is not None:
+            raise AwsError("ValidationException", answer.error)
+        assert answer.output is not None
+        log.update(input_tokens=answer.input_tokens, output_tokens=answer.output_tokens)
+        headers: dict[str, str] = {}
+        if operation == "InvokeModel":
+            headers = {
+                "X-Amzn-Bedrock-Input-Token-Count": str(answer.input_tokens),
+                "X-Amzn-Bedrock-Output-Token-Count": str(answer.output_tokens),
+                "X-Amzn-Bedrock-Invocation-Latency": str(answer.latency_ms),
+            }
+        return Reply(200, answer.output, headers)
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         return type("FakeBedrockHandler", (_Handler,), {"owner": self})
@@ -1115,12 +1292,17 @@ class FakeBedrock:
                     "MissingAuthenticationTokenException", "Missing Authentication Token", 403
                 )
             region, service = credential.group(1), credential.group(2)
+            # Both planes: botocore signs bedrock-runtime calls with signing name "bedrock" too.
             if service != "bedrock":
                 raise AwsError(
                     "InvalidSignatureException",
                     f"Credential should be scoped to correct service: 'bedrock', not '{service}'.",
                     403,
                 )
+            runtime = runtime_target(method, raw_path)
+            if runtime is not None:
+                operation, model_id = runtime
+                return self._runtime(operation, model_id, body, log["request_id"], log)
             return Reply(200, self._route(method, raw_path, region, body, log))
         except AwsError as err:
             return error_reply(err.status, err.code, err.message)
@@ -1213,6 +1395,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the call log is the record."""
 
+    def handle(self) -> None:
+        """A client dropping a kept-alive connection, even with a RST (as closing a socket with
+        an unread answer does), is not a server error."""
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            super().handle()
+
     def do_GET(self) -> None:
         self._serve()
 
@@ -1243,7 +1431,11 @@ class _Handler(BaseHTTPRequestHandler):
             "operation": None,
             "job_id": None,
             "client_request_token": None,
+            "record_id": self.headers.get(CUSTOM_ID_HEADER),
         }
+        runtime = runtime_target(self.command, self.path)
+        if runtime is not None:
+            entry["operation"], entry["model_id"] = runtime
         if split.query:
             entry["query"] = split.query
         attempt = re.search(r"attempt=(\d+)", self.headers.get("amz-sdk-request") or "")

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from llm_assets.spec import PipelineSpec
 
 
+ONLINE_BATCH_PREFIX = "online-"
+"""The provider batch id of a shard the provider_batches step sent request by request."""
+
+
 class ShardState(StrEnum):
     CREATED = "created"
     UPLOADED = "uploaded"
@@ -127,6 +131,17 @@ class BatchProvider(dg.ConfigurableResource):
     """Whether the price table's batch discount applies to what this provider runs."""
     runs_in_step: ClassVar[bool] = False
     """True when provider_batches itself does the work (online): nothing to poll."""
+
+    def runs_shard_in_step(
+        self, spec: "PipelineSpec", item_count: int, provider_batch_id: str | None
+    ) -> bool:
+        """Whether provider_batches sends this shard's items itself, request by request at
+        realtime prices, instead of submitting it as a batch."""
+        return self.runs_in_step
+
+    def realtime_request(self, line: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """A shard line as (custom_id, request body) for a realtime call."""
+        return str(line["custom_id"]), line["body"]
 
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
         """What in a spec this provider cannot serve, as (field, reason)."""

@@ -8,18 +8,27 @@ artifacts are on S3, else a copy under `staging_uri`. `CreateModelInvocationJob`
 create and record, or a lost answer) returns the same job instead of paying twice. Results
 are `<output>/<job id>/<input file>.out` lines, streamed; `manifest.json.out` has the counts.
 Credentials come from the standard AWS chain; `AWS_ENDPOINT_URL` is honoured by boto3.
+
+A shard that merging could not bring to Bedrock's minimum records per job is, when the spec
+says `bedrock.below_minimum: online`, sent request by request through `bedrock-runtime`
+(InvokeModel for Anthropic bodies, Converse otherwise) by the provider_batches step, with the
+online provider's worker (pacing, rate-limit pauses, retries, checkpoints to the ledger).
 """
 
+import asyncio
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 from pydantic import PrivateAttr
 
 from llm_assets.resources.providers.base import (
+    ONLINE_BATCH_PREFIX,
     BatchProvider,
     BatchStatus,
     ItemResult,
@@ -29,6 +38,7 @@ from llm_assets.resources.providers.base import (
 )
 
 if TYPE_CHECKING:
+    from llm_assets.resources.providers.online import OnlineSettings, OnlineStats
     from llm_assets.resources.storage import ArtifactStorage
     from llm_assets.spec import PipelineSpec
 
@@ -47,6 +57,13 @@ STATUS_MAP = {
     "Stopped": ShardState.CANCELLED,
     "Expired": ShardState.EXPIRED,
 }
+CUSTOM_ID_HEADER = "X-Llm-Assets-Custom-Id"
+"""Sent with every bedrock-runtime call, so a call can be traced back to its item."""
+_RATE_LIMIT_CODES = {
+    "ThrottlingException",
+    "ModelNotReadyException",
+    "ServiceQuotaExceededException",
+}
 _TRANSIENT_CODES = {
     "ThrottlingException",
     "ServiceUnavailableException",
@@ -55,6 +72,10 @@ _TRANSIENT_CODES = {
     "RequestTimeout",
     "RequestTimeoutException",
 }
+
+
+class IncompleteOutput(Exception):
+    """A job's output files hold fewer records than its manifest counts."""
 
 
 def input_format(spec: "PipelineSpec") -> Literal["anthropic", "converse"]:
@@ -177,11 +198,13 @@ class BedrockBatchProvider(BatchProvider):
     )
     region_name: str | None = None
     endpoint_url: str | None = None
+    runtime_endpoint_url: str | None = None
     max_attempts: int = 6
     retry_base_seconds: float = 1.0
     retry_cap_seconds: float = 60.0
 
     _clients: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _calling: threading.local = PrivateAttr(default_factory=threading.local)
 
     def _client(self, service: str) -> Any:
         if service not in self._clients:
@@ -323,14 +346,171 @@ class BedrockBatchProvider(BatchProvider):
         bucket, _, prefix = f"{output}/{job_id}/"[len("s3://") :].partition("/")
         s3 = self._client("s3")
         pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        read = 0
+        manifest: str | None = None
         for page in pages:
             for item in page.get("Contents", []):
                 key = item["Key"]
-                if not key.endswith(".out") or key.endswith("manifest.json.out"):
+                if key.endswith("manifest.json.out"):
+                    manifest = key
+                    continue
+                if not key.endswith(".out"):
                     continue
                 body = self.call("read output", lambda k=key: s3.get_object(Bucket=bucket, Key=k))
                 for raw in body["Body"].iter_lines():
                     if raw.strip():
                         result = normalize_record(json.loads(raw))
                         if result is not None:
+                            read += 1
                             yield result
+        if manifest is not None:
+            answer = self.call("read manifest", lambda: s3.get_object(Bucket=bucket, Key=manifest))
+            counts = json.loads(answer["Body"].read() or b"{}")
+            processed = int(counts.get("processedRecordCount") or 0)
+            if read < processed:
+                # Records Bedrock ran (and billed) whose lines we did not get: importing now
+                # would send them again as missing. Fail the import; a rerun reads again.
+                raise IncompleteOutput(
+                    f"{provider_batch_id}: manifest.json.out says {processed} records were "
+                    f"processed but the output files under s3://{bucket}/{prefix} hold {read}; "
+                    "not importing until they are all there"
+                )
+
+    # The on-demand path for shards below the minimum records per job.
+
+    def runs_shard_in_step(
+        self, spec: "PipelineSpec", item_count: int, provider_batch_id: str | None
+    ) -> bool:
+        if provider_batch_id is not None:  # decided when it was sent
+            return provider_batch_id.startswith(ONLINE_BATCH_PREFIX)
+        return (
+            spec.bedrock.below_minimum == "online" and item_count < spec.bedrock.min_records_per_job
+        )
+
+    def realtime_request(self, line: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        return str(line["recordId"]), line["modelInput"]
+
+    def _runtime_client(self, settings: "OnlineSettings") -> Any:
+        import boto3
+        from botocore.config import Config
+
+        client = boto3.client(
+            "bedrock-runtime",
+            region_name=self.region_name,
+            endpoint_url=self.runtime_endpoint_url,
+            config=Config(
+                retries={"total_max_attempts": 1, "mode": "standard"},
+                read_timeout=settings.timeout_seconds,
+                max_pool_connections=settings.concurrency,
+            ),
+        )
+        current = self._calling
+
+        def add_custom_id(params: dict[str, Any], **_: Any) -> None:
+            custom_id = getattr(current, "custom_id", None)
+            if custom_id:
+                params.setdefault("headers", {})[CUSTOM_ID_HEADER] = custom_id
+
+        client.meta.events.register("before-call.bedrock-runtime", add_custom_id)
+        return client
+
+    def run(
+        self,
+        spec: "PipelineSpec",
+        requests: Iterable[tuple[str, dict[str, Any], int]],
+        deliver: Callable[[list[ItemResult]], None],
+        *,
+        checkpoint_every: int,
+        stop: Callable[[], bool] = lambda: False,
+        progress: "Callable[[OnlineStats], None] | None" = None,
+    ) -> "OnlineStats":
+        """Send `(custom_id, modelInput, tokens)` requests to bedrock-runtime, paced and
+        retried as the online provider does (`online.concurrency`, `rpm`, `tpm`,
+        `max_tries`, `timeout_seconds`)."""
+        from llm_assets.resources.providers.online import run_requests, settings_of
+
+        settings = settings_of(spec)
+        client = self._runtime_client(settings)
+        converse = input_format(spec) == "converse"
+        model = spec.model.name
+
+        async def main() -> "OnlineStats":
+            # boto3 blocks: each request in flight holds one thread of this pool.
+            pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="bedrock-runtime")
+            loop = asyncio.get_running_loop()
+
+            async def send(custom_id: str, body: dict[str, Any]) -> tuple[ItemResult, None]:
+                return await loop.run_in_executor(
+                    pool, self._invoke, client, converse, model, custom_id, body
+                )
+
+            try:
+                return await run_requests(
+                    settings,
+                    requests,
+                    deliver,
+                    send,
+                    checkpoint_every=checkpoint_every,
+                    stop=stop,
+                    progress=progress,
+                    backoff_base_seconds=self.retry_base_seconds,
+                    backoff_cap_seconds=self.retry_cap_seconds,
+                )
+            finally:
+                pool.shutdown(wait=True)
+
+        return asyncio.run(main())
+
+    def _invoke(
+        self, client: Any, converse: bool, model: str, custom_id: str, body: dict[str, Any]
+    ) -> tuple[ItemResult, None]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from llm_assets.resources.providers.online import RateLimited, Transient
+
+        self._calling.custom_id = custom_id
+        try:
+            if converse:
+                output = dict(client.converse(modelId=model, **body))
+                output.pop("ResponseMetadata", None)
+            else:
+                answer = client.invoke_model(
+                    modelId=model,
+                    body=json.dumps(body).encode(),
+                    contentType="application/json",
+                    accept="application/json",
+                )
+                output = json.loads(answer["body"].read())
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code") or "error")
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            if code in _RATE_LIMIT_CODES or status == 429:
+                raise RateLimited(None) from exc
+            message = str(exc.response.get("Error", {}).get("Message") or exc)[:1000]
+            transient = is_transient_aws(exc) or status == 408  # ModelTimeoutException
+            failure = ItemResult(
+                custom_id=custom_id,
+                succeeded=False,
+                status_code=status or None,
+                error_class="transient" if transient else "deterministic",
+                error_code=code,
+                error_message=message,
+            )
+            if failure.error_class == "transient":
+                raise Transient(failure) from exc
+            return failure, None
+        except BotoCoreError as exc:  # connection reset, read timeout, endpoint unreachable
+            raise Transient(
+                ItemResult(
+                    custom_id=custom_id,
+                    succeeded=False,
+                    error_class="transient",
+                    error_code=type(exc).__name__,
+                    error_message=str(exc)[:1000],
+                )
+            ) from exc
+        finally:
+            self._calling.custom_id = None
+        result = normalize_record({"recordId": custom_id, "modelOutput": output})
+        assert result is not None
+        return result, None

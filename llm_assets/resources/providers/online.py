@@ -12,7 +12,7 @@ import asyncio
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import tenacity
@@ -124,12 +124,175 @@ class OnlineStats(BaseModel):
     interrupted: bool = False
 
 
-class _Transient(Exception):
+class Transient(Exception):
     """A failure worth another try inside this run."""
 
     def __init__(self, result: ItemResult) -> None:
         self.result = result
         super().__init__(result.error_message)
+
+
+class RateLimited(Exception):
+    """The endpoint said to slow down: every sender pauses, then this request goes again."""
+
+    def __init__(self, retry_after: float | None) -> None:
+        self.retry_after = retry_after
+        super().__init__(f"rate limited (retry after {retry_after})")
+
+
+Send = Callable[[str, dict[str, Any]], Awaitable[tuple[ItemResult, float | None]]]
+"""One request: its result, and how long the endpoint said its request window stays empty
+(None when it did not say). Raises Transient or RateLimited."""
+
+
+async def run_requests(
+    settings: OnlineSettings,
+    requests: Iterable[tuple[str, dict[str, Any], int]],
+    deliver: Callable[[list[ItemResult]], None],
+    send: Send,
+    *,
+    checkpoint_every: int,
+    stop: Callable[[], bool],
+    progress: Callable[[OnlineStats], None] | None,
+    backoff_base_seconds: float,
+    backoff_cap_seconds: float,
+) -> OnlineStats:
+    """The realtime worker shared by the online provider and Bedrock's on-demand path:
+    `settings.concurrency` requests in flight, paced under the RPM and TPM windows, a pause
+    for everyone on a rate limit, transient failures retried with jittered backoff, results
+    handed to `deliver` every `checkpoint_every`."""
+    stats = OnlineStats()
+    began = time.monotonic()
+    requests_window = RollingWindow.per_minute(settings.rpm) if settings.rpm else None
+    # Token counts vary per request, so keep a little more room than for requests.
+    tokens_window = RollingWindow.per_minute(settings.tpm, 0.97) if settings.tpm else None
+    pause = {"until": 0.0}
+    buffer: list[ItemResult] = []
+    flushing = asyncio.Lock()
+    slots = asyncio.Semaphore(settings.concurrency)
+
+    async def flush(force: bool) -> None:
+        async with flushing:
+            if buffer and (force or len(buffer) >= checkpoint_every):
+                batch = buffer[:]
+                buffer.clear()
+                await asyncio.to_thread(deliver, batch)
+                if progress is not None:
+                    progress(stats)
+
+    gate = asyncio.Lock()
+
+    async def wait_turn(tokens: int) -> None:
+        """One sender at a time waits for its moment; the moment it goes is recorded."""
+        async with gate:
+            while True:
+                now = time.monotonic()
+                ready = [now, pause["until"]]
+                if requests_window is not None:
+                    ready.append(requests_window.ready_at(1, now))
+                if tokens_window is not None:
+                    ready.append(tokens_window.ready_at(tokens, now))
+                if max(ready) <= now:
+                    break
+                await asyncio.sleep(max(ready) - now)
+            if requests_window is not None:
+                requests_window.started(now, 1)
+            if tokens_window is not None:
+                tokens_window.started(now, tokens)
+
+    def hold_off(seconds: float) -> None:
+        until = time.monotonic() + seconds
+        if until > pause["until"]:
+            stats.paused_seconds += until - max(pause["until"], time.monotonic())
+            pause["until"] = until
+
+    async def attempt(custom_id: str, body: dict[str, Any], tokens: int) -> ItemResult:
+        for _ in range(MAX_RATE_LIMIT_WAITS):
+            await wait_turn(tokens)
+            stats.sent += 1
+            try:
+                result, window_empty_for = await send(custom_id, body)
+            except RateLimited as exc:
+                stats.rate_limited += 1
+                hold_off(exc.retry_after or 1.0)
+                continue
+            # Without a limit of our own the server's word is all we know: an empty window
+            # waits for its reset. With one, our window already keeps the pace.
+            if requests_window is None and window_empty_for is not None:
+                hold_off(window_empty_for)
+            return result
+        return ItemResult(
+            custom_id=custom_id,
+            succeeded=False,
+            error_class="transient",
+            error_code="rate_limit_exceeded",
+            error_message=f"still rate limited after {MAX_RATE_LIMIT_WAITS} waits",
+        )
+
+    async def one(custom_id: str, body: dict[str, Any], tokens: int) -> None:
+        try:
+            retrying = tenacity.AsyncRetrying(
+                stop=tenacity.stop_after_attempt(settings.max_tries),
+                wait=tenacity.wait_random_exponential(
+                    multiplier=backoff_base_seconds, max=backoff_cap_seconds
+                ),
+                retry=tenacity.retry_if_exception_type(Transient),
+                reraise=True,
+            )
+            try:
+                result = await retrying(attempt, custom_id, body, tokens)
+            except Transient as exc:
+                result = exc.result
+            stats.retried += max(0, retrying.statistics.get("attempt_number", 1) - 1)
+            stats.succeeded += result.succeeded
+            stats.failed += not result.succeeded
+            buffer.append(result)
+            await flush(force=False)
+        finally:
+            slots.release()
+
+    tasks: set[asyncio.Task[None]] = set()
+    first = True
+    try:
+        for custom_id, body, tokens in requests:
+            if stop():
+                stats.interrupted = True
+                break
+            await slots.acquire()
+            if stop():  # asked while waiting for a free slot
+                slots.release()
+                stats.interrupted = True
+                break
+            task = asyncio.create_task(one(custom_id, body, tokens))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            if first:
+                first = False
+                # The first request pays for the client's and the connection's setup and
+                # reaches the server late; the second would land next to it in the
+                # provider's window. Let it finish before the others go.
+                await asyncio.gather(task, return_exceptions=True)
+            await asyncio.sleep(0)
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await flush(force=True)
+        stats.elapsed_seconds = time.monotonic() - began
+        if progress is not None:
+            progress(stats)
+    return stats
+
+
+def settings_of(spec: "PipelineSpec") -> OnlineSettings:
+    return OnlineSettings(
+        concurrency=spec.online.concurrency,
+        rpm=spec.online.rpm,
+        tpm=spec.online.tpm,
+        timeout_seconds=spec.online.timeout_seconds,
+        max_tries=spec.online.max_tries,
+    )
 
 
 class OnlineProvider(BatchProvider):
@@ -175,18 +338,10 @@ class OnlineProvider(BatchProvider):
         """Send `(custom_id, body, tokens)` requests; hand results to `deliver` in batches of
         `checkpoint_every` (and the rest at the end). `stop()` turning true stops sending
         new requests; those in flight finish and are delivered."""
-        settings = OnlineSettings(
-            concurrency=spec.online.concurrency,
-            rpm=spec.online.rpm,
-            tpm=spec.online.tpm,
-            timeout_seconds=spec.online.timeout_seconds,
-            max_tries=spec.online.max_tries,
-        )
-        base_url = spec.online.base_url or self.base_url
         return asyncio.run(
             self._run(
-                base_url,
-                settings,
+                spec.online.base_url or self.base_url,
+                settings_of(spec),
                 requests,
                 deliver,
                 checkpoint_every=checkpoint_every,
@@ -214,151 +369,53 @@ class OnlineProvider(BatchProvider):
             timeout=settings.timeout_seconds,
             max_retries=0,
         )
-        stats = OnlineStats()
-        began = time.monotonic()
-        requests_window = RollingWindow.per_minute(settings.rpm) if settings.rpm else None
-        # Token counts vary per request, so keep a little more room than for requests.
-        tokens_window = RollingWindow.per_minute(settings.tpm, 0.97) if settings.tpm else None
-        pause = {"until": 0.0}
-        buffer: list[ItemResult] = []
-        flushing = asyncio.Lock()
-        slots = asyncio.Semaphore(settings.concurrency)
 
-        async def flush(force: bool) -> None:
-            async with flushing:
-                if buffer and (force or len(buffer) >= checkpoint_every):
-                    batch = buffer[:]
-                    buffer.clear()
-                    await asyncio.to_thread(deliver, batch)
-                    if progress is not None:
-                        progress(stats)
-
-        gate = asyncio.Lock()
-
-        async def wait_turn(tokens: int) -> None:
-            """One sender at a time waits for its moment; the moment it goes is recorded."""
-            async with gate:
-                while True:
-                    now = time.monotonic()
-                    ready = [now, pause["until"]]
-                    if requests_window is not None:
-                        ready.append(requests_window.ready_at(1, now))
-                    if tokens_window is not None:
-                        ready.append(tokens_window.ready_at(tokens, now))
-                    if max(ready) <= now:
-                        break
-                    await asyncio.sleep(max(ready) - now)
-                if requests_window is not None:
-                    requests_window.started(now, 1)
-                if tokens_window is not None:
-                    tokens_window.started(now, tokens)
-
-        def hold_off(seconds: float) -> None:
-            until = time.monotonic() + seconds
-            if until > pause["until"]:
-                stats.paused_seconds += until - max(pause["until"], time.monotonic())
-                pause["until"] = until
-
-        async def attempt(custom_id: str, body: dict[str, Any], tokens: int) -> ItemResult:
-            for _ in range(MAX_RATE_LIMIT_WAITS):
-                await wait_turn(tokens)
-                stats.sent += 1
-                try:
-                    raw = await client.chat.completions.with_raw_response.create(
-                        **body, extra_headers={"X-Client-Request-Id": custom_id}
-                    )
-                except openai.RateLimitError as exc:
-                    stats.rate_limited += 1
-                    hold_off(_retry_after(exc.response.headers) or 1.0)
-                    continue
-                except openai.APIStatusError as exc:
-                    result = _failure(custom_id, exc.status_code, exc)
-                    if result.error_class == "transient":
-                        raise _Transient(result) from exc
-                    return result
-                except (openai.APITimeoutError, openai.APIConnectionError) as exc:
-                    kind = "timeout" if isinstance(exc, openai.APITimeoutError) else "connection"
-                    raise _Transient(
-                        ItemResult(
-                            custom_id=custom_id,
-                            succeeded=False,
-                            error_class="transient",
-                            error_code=kind,
-                            error_message=f"{kind}: {exc}",
-                        )
-                    ) from exc
-                # Without a limit of our own the server's headers are all we know: an empty
-                # window waits for its reset. With one, our window already keeps the pace.
-                remaining = raw.headers.get("x-ratelimit-remaining-requests")
-                if requests_window is None and remaining is not None and remaining.strip() == "0":
-                    hold_off(parse_duration(raw.headers.get("x-ratelimit-reset-requests")) or 0.0)
-                response = {"status_code": raw.status_code, "body": raw.parse().model_dump()}
-                result = normalize_line({"custom_id": custom_id, "response": response})
-                assert result is not None
-                return result
-            return ItemResult(
-                custom_id=custom_id,
-                succeeded=False,
-                error_class="transient",
-                error_code="rate_limit_exceeded",
-                error_message=f"still rate limited after {MAX_RATE_LIMIT_WAITS} waits",
-            )
-
-        async def one(custom_id: str, body: dict[str, Any], tokens: int) -> None:
+        async def send(custom_id: str, body: dict[str, Any]) -> tuple[ItemResult, float | None]:
             try:
-                retrying = tenacity.AsyncRetrying(
-                    stop=tenacity.stop_after_attempt(settings.max_tries),
-                    wait=tenacity.wait_random_exponential(
-                        multiplier=self.backoff_base_seconds, max=self.backoff_cap_seconds
-                    ),
-                    retry=tenacity.retry_if_exception_type(_Transient),
-                    reraise=True,
+                raw = await client.chat.completions.with_raw_response.create(
+                    **body, extra_headers={"X-Client-Request-Id": custom_id}
                 )
-                try:
-                    result = await retrying(attempt, custom_id, body, tokens)
-                except _Transient as exc:
-                    result = exc.result
-                stats.retried += max(0, retrying.statistics.get("attempt_number", 1) - 1)
-                stats.succeeded += result.succeeded
-                stats.failed += not result.succeeded
-                buffer.append(result)
-                await flush(force=False)
-            finally:
-                slots.release()
+            except openai.RateLimitError as exc:
+                raise RateLimited(_retry_after(exc.response.headers)) from exc
+            except openai.APIStatusError as exc:
+                result = _failure(custom_id, exc.status_code, exc)
+                if result.error_class == "transient":
+                    raise Transient(result) from exc
+                return result, None
+            except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+                kind = "timeout" if isinstance(exc, openai.APITimeoutError) else "connection"
+                raise Transient(
+                    ItemResult(
+                        custom_id=custom_id,
+                        succeeded=False,
+                        error_class="transient",
+                        error_code=kind,
+                        error_message=f"{kind}: {exc}",
+                    )
+                ) from exc
+            remaining = raw.headers.get("x-ratelimit-remaining-requests")
+            empty_for = None
+            if remaining is not None and remaining.strip() == "0":
+                empty_for = parse_duration(raw.headers.get("x-ratelimit-reset-requests")) or 0.0
+            response = {"status_code": raw.status_code, "body": raw.parse().model_dump()}
+            result = normalize_line({"custom_id": custom_id, "response": response})
+            assert result is not None
+            return result, empty_for
 
-        tasks: set[asyncio.Task[None]] = set()
-        first = True
         try:
-            for custom_id, body, tokens in requests:
-                if stop():
-                    stats.interrupted = True
-                    break
-                await slots.acquire()
-                if stop():  # asked while waiting for a free slot
-                    slots.release()
-                    stats.interrupted = True
-                    break
-                task = asyncio.create_task(one(custom_id, body, tokens))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                if first:
-                    first = False
-                    # The first request pays for the client's and the connection's setup and
-                    # reaches the server late; the second would land next to it in the
-                    # provider's window. Let it finish before the others go.
-                    await asyncio.gather(task, return_exceptions=True)
-                await asyncio.sleep(0)
-            if tasks:
-                await asyncio.gather(*tasks)
+            return await run_requests(
+                settings,
+                requests,
+                deliver,
+                send,
+                checkpoint_every=checkpoint_every,
+                stop=stop,
+                progress=progress,
+                backoff_base_seconds=self.backoff_base_seconds,
+                backoff_cap_seconds=self.backoff_cap_seconds,
+            )
         finally:
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
-            await flush(force=True)
             await client.close()
-            stats.elapsed_seconds = time.monotonic() - began
-            if progress is not None:
-                progress(stats)
-        return stats
 
 
 def _retry_after(headers: Any) -> float | None:
