@@ -99,10 +99,11 @@ def prepare_items(
             yield dead(source_id, source_id, "empty_field", f"{where}: empty field(s) {blank}")
             continue
         user = render(spec, row.record)
-        tokens = counter.request(system, user)
+        # The system prompt and the framing are the same for every item: counted once.
+        tokens = framing + counter.text(user)
         if tokens > budget and spec.prompt.truncate_to_context and budget > framing:
             user = counter.truncate(user, budget - framing)
-            tokens = counter.request(system, user)
+            tokens = framing + counter.text(user)
         if tokens > budget:
             about = "" if counter.exact else "about "
             yield dead(

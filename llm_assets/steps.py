@@ -436,6 +436,8 @@ def build_shards(
         )
         created.append(shard_id)
     ledger.add_items(dead_rows)
+    if created:
+        ledger.analyze()
     ledger.update_job(job.job_id, snapshot_uri=snapshot_uri)
     ledger.refresh_job(job.job_id)
     return ShardsResult(

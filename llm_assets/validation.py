@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from llm_assets.spec import FieldSpec, PipelineSpec
+from llm_assets.spec import FieldSpec, OutputSpec, PipelineSpec
 
 _PY_TYPES: dict[str, Any] = {
     "str": str,
@@ -37,10 +37,10 @@ def _field_info(field: FieldSpec) -> Any:
 
 
 @functools.cache
-def _output_model(spec_json: str, name: str) -> type[BaseModel]:
-    spec = PipelineSpec.model_validate_json(spec_json)
+def _output_model(output_json: str, name: str) -> type[BaseModel]:
+    output = OutputSpec.model_validate_json(output_json)
     fields: dict[str, Any] = {}
-    for field_name, field in spec.output.output_schema.items():
+    for field_name, field in output.output_schema.items():
         annotation = _annotation(field)
         if field.nullable:
             annotation = annotation | None
@@ -52,14 +52,32 @@ def _output_model(spec_json: str, name: str) -> type[BaseModel]:
     )
 
 
+@functools.cache
+def _output_json_schema(output_json: str, name: str) -> dict[str, Any]:
+    return _output_model(output_json, name).model_json_schema()
+
+
+_serialized: dict[str, tuple[OutputSpec, str]] = {}
+
+
+def _output_key(spec: PipelineSpec) -> tuple[str, str]:
+    """The cache key of a spec's output section: its JSON, serialized once per spec object
+    (these are asked for every item; specs are frozen, so the same object, the same JSON)."""
+    seen = _serialized.get(spec.name)
+    if seen is None or seen[0] is not spec.output:
+        seen = (spec.output, spec.output.model_dump_json(by_alias=True))
+        _serialized[spec.name] = seen
+    return seen[1], spec.name
+
+
 def output_model(spec: PipelineSpec) -> type[BaseModel]:
-    """The pydantic model of one JSON output; built once per spec content."""
-    return _output_model(spec.model_dump_json(by_alias=True), spec.name)
+    """The pydantic model of one JSON output; built once per output section."""
+    return _output_model(*_output_key(spec))
 
 
 def output_json_schema(spec: PipelineSpec) -> dict[str, Any]:
-    """JSON Schema sent to providers that accept structured output."""
-    return output_model(spec).model_json_schema()
+    """JSON Schema sent to providers that accept structured output (shared: do not modify)."""
+    return _output_json_schema(*_output_key(spec))
 
 
 def chat_response_format(spec: PipelineSpec) -> dict[str, Any]:

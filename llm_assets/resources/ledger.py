@@ -10,6 +10,7 @@ import datetime as dt
 import fcntl
 import functools
 import hashlib
+import io
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,6 +25,8 @@ from sqlalchemy.engine import Connection, Engine
 
 SCHEMA_VERSION = 2
 CHUNK = 5_000
+BULK_CHUNK = 50_000
+"""Rows per COPY / executemany: large enough that per-statement costs vanish."""
 
 PENDING = "pending"
 SUBMITTED = "submitted"
@@ -423,6 +426,168 @@ def _chunks(items: Iterable[Any], size: int | None = None) -> Iterator[list[Any]
         yield batch
 
 
+def _copy_text(value: Any) -> str:
+    """One value in PostgreSQL's COPY text format."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, str):
+        if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+            value = (
+                value.replace("\\", "\\\\")
+                .replace("\t", "\\t")
+                .replace("\n", "\\n")
+                .replace("\r", "\\r")
+            )
+        return value
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    return str(value)
+
+
+class _Bulk:
+    """Writes of many rows without per-row SQLAlchemy work, inside the caller's transaction.
+
+    PostgreSQL: the rows are COPYed into a temporary table and applied by one set-based
+    statement. SQLite: one executemany of plain tuples on the raw connection, with datetimes
+    encoded as SQLAlchemy stores them.
+    """
+
+    STAGE = "llm_stage"
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.postgres = conn.dialect.name == "postgresql"
+        self.cursor = conn.connection.cursor()
+        when = _Now.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+        self._when = when or (lambda value: value)
+
+    @contextlib.contextmanager
+    def _errors(self, statement: str) -> Iterator[None]:
+        """Driver errors as SQLAlchemy raises them (IntegrityError, OperationalError, ...)."""
+        try:
+            yield
+        except self.conn.dialect.loaded_dbapi.Error as exc:
+            raise sa.exc.DBAPIError.instance(
+                statement, None, exc, self.conn.dialect.loaded_dbapi.Error
+            ) from exc
+
+    def execute(self, statement: str, params: Any = ()) -> None:
+        with self._errors(statement):
+            self.cursor.execute(statement, params)
+
+    def value(self, value: Any) -> Any:
+        return self._when(value) if isinstance(value, dt.datetime) else value
+
+    def stage(self, table: sa.Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """PostgreSQL: a temporary table of `columns` (typed as in `table`) filled by COPY."""
+        assert self.postgres
+        names = ", ".join(columns)
+        self.execute(f"DROP TABLE IF EXISTS {self.STAGE}")
+        self.execute(
+            f"CREATE TEMP TABLE {self.STAGE} ON COMMIT DROP AS "
+            f"SELECT {names} FROM {table.name} WITH NO DATA"
+        )
+        buffer = io.StringIO()
+        for row in rows:
+            buffer.write("\t".join(map(_copy_text, row)))
+            buffer.write("\n")
+        buffer.seek(0)
+        statement = f"COPY {self.STAGE} ({names}) FROM STDIN"
+        with self._errors(statement):
+            self.cursor.copy_expert(statement, buffer)
+
+    def copy(self, table: sa.Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """PostgreSQL: COPY rows straight into a table."""
+        assert self.postgres
+        buffer = io.StringIO()
+        for row in rows:
+            buffer.write("\t".join(map(_copy_text, row)))
+            buffer.write("\n")
+        buffer.seek(0)
+        statement = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
+        with self._errors(statement):
+            self.cursor.copy_expert(statement, buffer)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
+        """SQLite: one statement over many tuples; the rows it changed."""
+        with self._errors(sql):
+            self.cursor.executemany(sql, [tuple(self.value(v) for v in row) for row in rows])
+        return max(self.cursor.rowcount, 0)
+
+    def insert_ignoring_existing(
+        self, table: sa.Table, columns: Sequence[str], rows: list[Sequence[Any]], key: str
+    ) -> int:
+        """Insert rows whose unique `key` constraint is free; returns how many went in."""
+        names = ", ".join(columns)
+        if self.postgres:
+            self.stage(table, columns, rows)
+            self.execute(
+                f"INSERT INTO {table.name} ({names}) SELECT {names} FROM {self.STAGE} "
+                f"ON CONFLICT ON CONSTRAINT {key} DO NOTHING"
+            )
+            return int(self.cursor.rowcount)
+        marks = ", ".join("?" for _ in columns)
+        return self.executemany(
+            f"INSERT INTO {table.name} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING", rows
+        )
+
+
+class _Applied(list[str]):
+    """The custom_ids a chunk of results was applied to, and how many were not in the ledger."""
+
+    unknown: int = 0
+
+
+def _apply_results(
+    bulk: _Bulk, job_id: str, best: dict[str, dict[str, Any]], keys: list[str], now: Any
+) -> _Applied:
+    """Write results over items that are not terminal yet; one set-based statement."""
+    terminal = ", ".join(f"'{s}'" for s in TERMINAL)
+    table = result_table.name
+    applied = _Applied()
+    if bulk.postgres:
+        bulk.stage(
+            result_table,
+            ["custom_id", *keys],
+            ([cid] + [row.get(k) for k in keys] for cid, row in best.items()),
+        )
+        sets = ", ".join(f"{k} = s.{k}" for k in keys)
+        bulk.execute(
+            f"UPDATE {table} AS r SET {sets}, updated_at = %(now)s FROM {bulk.STAGE} AS s "
+            f"WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id "
+            f"AND r.status NOT IN ({terminal}) RETURNING r.custom_id",
+            {"now": now, "job": job_id},
+        )
+        applied.extend(cid for (cid,) in bulk.cursor.fetchall())
+        bulk.execute(
+            f"SELECT count(*) FROM {bulk.STAGE} AS s WHERE NOT EXISTS (SELECT 1 FROM {table} "
+            "AS r WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id)",
+            {"job": job_id},
+        )
+        applied.unknown = int(bulk.cursor.fetchone()[0])
+        return applied
+    # SQLite: the chunk's current statuses, then one executemany over the open ones.
+    current: dict[str, str] = {}
+    ids = list(best)
+    for start in range(0, len(ids), CHUNK):
+        part = ids[start : start + CHUNK]
+        marks = ", ".join("?" for _ in part)
+        bulk.execute(
+            f"SELECT custom_id, status FROM {table} WHERE job_id = ? AND custom_id IN ({marks})",
+            [job_id, *part],
+        )
+        current.update(bulk.cursor.fetchall())
+    applied.extend(cid for cid in ids if cid in current and current[cid] not in TERMINAL)
+    applied.unknown = sum(1 for cid in ids if cid not in current)
+    sets = ", ".join(f"{k} = ?" for k in keys)
+    bulk.executemany(
+        f"UPDATE {table} SET {sets}, updated_at = ? WHERE job_id = ? AND custom_id = ? "
+        f"AND status NOT IN ({terminal})",
+        ([best[cid].get(k) for k in keys] + [now, job_id, cid] for cid in applied),
+    )
+    return applied
+
+
 class LedgerResource(dg.ConfigurableResource):
     """Typed access to the ledger tables; creates them on first use."""
 
@@ -544,16 +709,25 @@ class LedgerResource(dg.ConfigurableResource):
         return inserted
 
     def _insert_items(self, conn: Connection, items: Sequence[dict[str, Any]], now: Any) -> int:
+        if not items:
+            return 0
+        bulk = _Bulk(conn)
+        keys = list(items[0])
+        columns = [*keys, "created_at", "updated_at"]
         inserted = 0
-        for chunk in _chunks(items):
-            rows = [{**item, "created_at": now, "updated_at": now} for item in chunk]
-            stmt = (
-                _insert(conn, result_table)
-                .on_conflict_do_nothing(index_elements=["job_id", "custom_id"])
-                .returning(result_table.c.custom_id)
+        for chunk in _chunks(items, BULK_CHUNK):
+            rows = [[item.get(k) for k in keys] + [now, now] for item in chunk]
+            inserted += bulk.insert_ignoring_existing(
+                result_table, columns, rows, "uq_result_job_custom_id"
             )
-            inserted += len(conn.execute(stmt, rows).all())
         return inserted
+
+    def analyze(self) -> None:
+        """Fresh planner statistics after a large load (PostgreSQL). Without them a day's
+        first updates can be planned as scans of the whole job, one per row."""
+        with self.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text(f"ANALYZE {result_table.name}"))
 
     def shards(self, job_id: str, statuses: Iterable[str] | None = None) -> list[ShardRecord]:
         query = sa.select(shard_table).where(shard_table.c.job_id == job_id)
@@ -678,7 +852,7 @@ class LedgerResource(dg.ConfigurableResource):
         stats = UpsertStats()
         now = utcnow()
         written: dict[str, str] = {}
-        for chunk in _chunks(rows):
+        for chunk in _chunks(rows, BULK_CHUNK):
             stats.received += len(chunk)
             best: dict[str, dict[str, Any]] = {}
             overrides: list[dict[str, Any]] = []
@@ -703,37 +877,14 @@ class LedgerResource(dg.ConfigurableResource):
                 self._override_failures(job_id, overrides, now)
             if not best:
                 continue
+            keys = [k for k in next(iter(best.values())) if k not in ("job_id", "custom_id")]
             with self.begin() as conn:
-                current = dict(
-                    conn.execute(
-                        sa.select(result_table.c.custom_id, result_table.c.status).where(
-                            result_table.c.job_id == job_id,
-                            result_table.c.custom_id.in_(list(best)),
-                        )
-                    ).all()
-                )
-                apply = []
-                for custom_id, row in best.items():
-                    status = current.get(custom_id)
-                    if status is None:
-                        stats.unknown += 1
-                    elif status in TERMINAL:
-                        stats.already_terminal += 1
-                    else:
-                        apply.append({**row, "job_id": job_id, "updated_at": now})
-                if not apply:
-                    continue
-                keys = [k for k in apply[0] if k not in ("job_id", "custom_id")]
-                stmt = _insert(conn, result_table)
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=["job_id", "custom_id"],
-                    set_={k: stmt.excluded[k] for k in keys},
-                    where=sa.not_(_status_in(TERMINAL)),
-                ).returning(result_table.c.custom_id)
-                full = [{**row, "created_at": now} for row in apply]
-                for (custom_id,) in conn.execute(stmt, full).all():
-                    written[custom_id] = best[custom_id]["status"]
-                    stats.applied += 1
+                applied = _apply_results(_Bulk(conn), job_id, best, keys, now)
+            for custom_id in applied:
+                written[custom_id] = best[custom_id]["status"]
+            stats.applied += len(applied)
+            stats.unknown += applied.unknown
+            stats.already_terminal += len(best) - len(applied) - applied.unknown
         return stats
 
     def _override_failures(self, job_id: str, rows: list[dict[str, Any]], now: Any) -> None:
@@ -773,23 +924,40 @@ class LedgerResource(dg.ConfigurableResource):
         self, job_id: str, rows: Iterable[dict[str, Any]], *, from_status: Sequence[str]
     ) -> int:
         """Per-item updates (different values per row), guarded by the current status."""
+        statuses = list(from_status)
+        _status_in(statuses)  # only known statuses reach the SQL below
+        allowed = ", ".join(f"'{s}'" for s in statuses)
+        table = result_table.name
         moved = 0
         now = utcnow()
-        stmt = sa.update(result_table).where(
-            result_table.c.job_id == job_id,
-            result_table.c.custom_id == sa.bindparam("b_custom_id"),
-            _status_in(from_status),
-        )
-        for chunk in _chunks(rows):
-            params = []
-            for row in chunk:
-                values = {k: v for k, v in row.items() if k != "custom_id"}
-                params.append({"b_custom_id": row["custom_id"], **values, "updated_at": now})
-            keys = [k for k in params[0] if k != "b_custom_id"]
+        for chunk in _chunks(rows, BULK_CHUNK):
+            keys = [k for k in chunk[0] if k != "custom_id"]
             with self.begin() as conn:
-                moved += conn.execute(
-                    stmt.values({k: sa.bindparam(k) for k in keys}), params
-                ).rowcount
+                bulk = _Bulk(conn)
+                if bulk.postgres:
+                    bulk.stage(
+                        result_table,
+                        ["custom_id", *keys],
+                        ([row["custom_id"]] + [row.get(k) for k in keys] for row in chunk),
+                    )
+                    sets = ", ".join(f"{k} = s.{k}" for k in keys)
+                    bulk.execute(
+                        f"UPDATE {table} AS r SET {sets}, updated_at = %(now)s "
+                        f"FROM {bulk.STAGE} AS s WHERE r.job_id = %(job)s "
+                        f"AND r.custom_id = s.custom_id AND r.status IN ({allowed})",
+                        {"now": now, "job": job_id},
+                    )
+                    moved += int(bulk.cursor.rowcount)
+                else:
+                    sets = ", ".join(f"{k} = ?" for k in keys)
+                    moved += bulk.executemany(
+                        f"UPDATE {table} SET {sets}, updated_at = ? WHERE job_id = ? "
+                        f"AND custom_id = ? AND status IN ({allowed})",
+                        (
+                            [row.get(k) for k in keys] + [now, job_id, row["custom_id"]]
+                            for row in chunk
+                        ),
+                    )
         return moved
 
     def iter_items(
@@ -1390,11 +1558,19 @@ class LedgerResource(dg.ConfigurableResource):
         written = 0
         with self.begin() as conn:
             conn.execute(sa.delete(output_table).where(output_table.c.job_id == job_id))
-            for chunk in _chunks(rows):
-                conn.execute(
-                    sa.insert(output_table),
-                    [{**row, "job_id": job_id, "created_at": now} for row in chunk],
-                )
+            bulk = _Bulk(conn)
+            for chunk in _chunks(rows, BULK_CHUNK):
+                keys = list(chunk[0])
+                columns = [*keys, "job_id", "created_at"]
+                values = ([row.get(k) for k in keys] + [job_id, now] for row in chunk)
+                if bulk.postgres:
+                    bulk.copy(output_table, columns, values)
+                else:
+                    marks = ", ".join("?" for _ in columns)
+                    bulk.executemany(
+                        f"INSERT INTO {output_table.name} ({', '.join(columns)}) VALUES ({marks})",
+                        values,
+                    )
                 written += len(chunk)
         return written
 
