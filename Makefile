@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export LLM_ASSETS_HOME ?= $(CURDIR)/.llm_assets
 
-.PHONY: install demo test ui lint clean
+.PHONY: install demo test ui lint clean bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ ui: install
 	home="$${DAGSTER_HOME:-$(LLM_ASSETS_HOME)/dagster}"; mkdir -p "$$home"; \
 	test -f "$$home/dagster.yaml" || printf 'telemetry:\n  enabled: false\nnux:\n  enabled: false\n' > "$$home/dagster.yaml"; \
 	DAGSTER_HOME="$$home" $(VENV)/bin/dagster dev -w workspace.yaml
+
+# One day of N items through every step on SQLite and on PostgreSQL (127.0.0.1:5432, database
+# llm_assets_bench dropped and created per run); bench/README.md has the results. Each
+# configuration is stopped after BENCH_MAX_SECONDS and the table says where.
+BENCH_ITEMS ?= 10000 100000 1000000
+BENCH_DBS ?= sqlite postgres
+BENCH_MAX_SECONDS ?= 1800
+bench: install
+	$(PY) bench/pipeline_scale.py --items $(BENCH_ITEMS) --db $(BENCH_DBS) --max-seconds $(BENCH_MAX_SECONDS)
 
 lint: install
 	$(VENV)/bin/ruff check .

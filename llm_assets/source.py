@@ -101,10 +101,23 @@ def _checked(uri: str, line: int, record: dict[str, Any]) -> SourceRow:
     """A record whose text cannot be stored as UTF-8 (a lone surrogate escape) is bad input
     of its own, not a reason to fail the whole day."""
     try:
-        json.dumps(record, ensure_ascii=False, default=str).encode("utf-8")
+        _encodable(record)
     except UnicodeEncodeError as exc:
         return SourceRow(file=uri, line=line, error=f"invalid Unicode: {exc.reason}")
     return SourceRow(file=uri, line=line, record=record)
+
+
+def _encodable(value: Any) -> None:
+    """Raise UnicodeEncodeError where a text in `value` cannot be UTF-8."""
+    if isinstance(value, str):
+        value.encode("utf-8")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _encodable(key)
+            _encodable(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _encodable(item)
 
 
 def _csv_rows(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import statistics
 import tempfile
@@ -33,6 +34,7 @@ from llm_assets.resources.ledger import (
     RETRY,
     SUBMITTED,
     SUCCEEDED,
+    BackgroundWriter,
     JobCounts,
     JobRecord,
     LedgerResource,
@@ -196,7 +198,10 @@ def _write_shard(
     items: list[dict[str, Any]] | None,
     estimate: "ShardEstimate",
     not_before: dt.datetime | None = None,
+    writer: BackgroundWriter | None = None,
 ) -> str:
+    """Write a shard's file, then record it (on `writer`'s thread when given: the file is
+    always there before the ledger names it)."""
     written = storage.write_lines(_shard_key(spec, job, shard_id), (line for _, line in lines))
     failpoint("retry.after_file" if items is None else "shards.after_file")
     shard = {
@@ -212,11 +217,18 @@ def _write_shard(
         "not_before": not_before,
         **estimate.model_dump(),
     }
-    if items is not None:
-        ledger.add_shard_with_items(shard, items)
+
+    def record() -> None:
+        if items is not None:
+            ledger.add_shard_with_items(shard, items)
+        else:
+            ledger.reassign_items_to_shard(job.job_id, shard, [cid for cid, _ in lines])
+        failpoint("shards.after_record")
+
+    if writer is not None:
+        writer.submit(record)
     else:
-        ledger.reassign_items_to_shard(job.job_id, shard, [cid for cid, _ in lines])
-    failpoint("shards.after_record")
+        record()
     return written.uri
 
 
@@ -377,8 +389,7 @@ def build_shards(
             if item.request is None:
                 dead(item, item.error_code or "input", item.error_message or "")
                 continue
-            line = json.dumps(provider.request_line(spec, item.request), ensure_ascii=False)
-            encoded = line.encode()
+            encoded = provider.encode_request(spec, item.request)
             if len(encoded) + 1 > spec.sharding.max_bytes_per_shard:
                 limit = spec.sharding.max_bytes_per_shard
                 dead(
@@ -400,41 +411,44 @@ def build_shards(
             fresh[item.custom_id] = item
             yield item.custom_id, line
 
-    for index, shard_lines in enumerate(shards_for(spec, lines())):
-        shard_id = ids.shard_id(job.job_id, round_no, index)
-        items = []
-        for cid, _ in shard_lines:
-            item = fresh.pop(cid)
-            items.append(
-                {
-                    "job_id": job.job_id,
-                    "custom_id": cid,
-                    "source_id": item.source_id,
-                    "shard_id": shard_id,
-                    "status": PENDING,
-                    "model_name": spec.model.name,
-                    "estimated_input_tokens": item.input_tokens,
-                }
+    # The database records shard k while shard k+1 is rendered, counted and written.
+    with BackgroundWriter() as writer:
+        for index, shard_lines in enumerate(shards_for(spec, lines())):
+            shard_id = ids.shard_id(job.job_id, round_no, index)
+            items = []
+            for cid, _ in shard_lines:
+                item = fresh.pop(cid)
+                items.append(
+                    {
+                        "job_id": job.job_id,
+                        "custom_id": cid,
+                        "source_id": item.source_id,
+                        "shard_id": shard_id,
+                        "status": PENDING,
+                        "model_name": spec.model.name,
+                        "estimated_input_tokens": item.input_tokens,
+                    }
+                )
+            shard_estimate = estimator.shard(
+                sum(i["estimated_input_tokens"] for i in items), len(items)
             )
-        shard_estimate = estimator.shard(
-            sum(i["estimated_input_tokens"] for i in items), len(items)
-        )
-        estimate.add(shard_estimate, len(items))
-        uris.append(
-            _write_shard(
-                spec,
-                job,
-                ledger,
-                storage,
-                shard_id,
-                round_no,
-                index,
-                shard_lines,
-                items,
-                shard_estimate,
+            estimate.add(shard_estimate, len(items))
+            uris.append(
+                _write_shard(
+                    spec,
+                    job,
+                    ledger,
+                    storage,
+                    shard_id,
+                    round_no,
+                    index,
+                    shard_lines,
+                    items,
+                    shard_estimate,
+                    writer=writer,
+                )
             )
-        )
-        created.append(shard_id)
+            created.append(shard_id)
     ledger.add_items(dead_rows)
     if created:
         ledger.analyze()
@@ -1083,8 +1097,7 @@ def requeue_dead_letters(
                 still_invalid[item.custom_id] = item.error_message or item.error_code or "input"
                 continue
             tokens[item.custom_id] = item.input_tokens
-            line = json.dumps(provider.request_line(spec, item.request), ensure_ascii=False)
-            yield item.custom_id, line.encode()
+            yield item.custom_id, provider.encode_request(spec, item.request)
 
     round_no = ledger.next_round(job.job_id)
     shards: list[str] = []
@@ -1119,8 +1132,15 @@ def requeue_dead_letters(
     )
 
 
+_LEADING_ID = re.compile(rb'^\{"(?:custom_id|recordId)": "([A-Za-z0-9_.:-]+)"')
+
+
 def line_custom_id(line: bytes) -> str:
-    """The custom_id of a shard line in any provider's format (Bedrock calls it recordId)."""
+    """The custom_id of a shard line in any provider's format (Bedrock calls it recordId).
+    Our lines start with it, so it is read without parsing the whole request."""
+    leading = _LEADING_ID.match(line)
+    if leading is not None:
+        return leading.group(1).decode()
     request = json.loads(line)
     return str(request.get("custom_id") or request["recordId"])
 

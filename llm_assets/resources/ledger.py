@@ -12,6 +12,7 @@ import functools
 import hashlib
 import io
 import os
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -495,6 +496,9 @@ class _Bulk:
         statement = f"COPY {self.STAGE} ({names}) FROM STDIN"
         with self._errors(statement):
             self.cursor.copy_expert(statement, buffer)
+        # Without statistics the planner takes a handful of staged rows for thousands and
+        # joins them by scanning the whole job.
+        self.execute(f"ANALYZE {self.STAGE}")
 
     def copy(self, table: sa.Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
         """PostgreSQL: COPY rows straight into a table."""
@@ -586,6 +590,55 @@ def _apply_results(
         ([best[cid].get(k) for k in keys] + [now, job_id, cid] for cid in applied),
     )
     return applied
+
+
+class BackgroundWriter:
+    """Runs ledger writes one after another on a thread of their own, so the database (another
+    process, or SQLite's C code, both without the GIL) works while the caller prepares the
+    next chunk. At most `depth` writes wait; the first error is raised in the caller, at the
+    next submit or at the end, and nothing after it runs."""
+
+    def __init__(self, depth: int = 2) -> None:
+        import queue
+
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="ledger-writer", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            task = self._queue.get()
+            if task is None:
+                return
+            if self._error is None:
+                try:
+                    task()
+                except BaseException as exc:  # handed to the caller
+                    self._error = exc
+
+    def submit(self, task: Any) -> None:
+        self._raise()
+        self._queue.put(task)
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
+
+    def __enter__(self) -> "BackgroundWriter":
+        return self
+
+    def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
+        if kind is None:
+            self.close()
+        else:  # the caller failed: finish what was queued, keep the caller's error
+            self._queue.put(None)
+            self._thread.join()
 
 
 class LedgerResource(dg.ConfigurableResource):
@@ -852,6 +905,22 @@ class LedgerResource(dg.ConfigurableResource):
         stats = UpsertStats()
         now = utcnow()
         written: dict[str, str] = {}
+        writer = BackgroundWriter()
+        try:
+            return self._upsert_chunks(job_id, rows, stats, now, written, writer)
+        except BaseException:
+            writer.__exit__(*sys.exc_info())
+            raise
+
+    def _upsert_chunks(
+        self,
+        job_id: str,
+        rows: Iterable[dict[str, Any]],
+        stats: UpsertStats,
+        now: Any,
+        written: dict[str, str],
+        writer: "BackgroundWriter",
+    ) -> UpsertStats:
         for chunk in _chunks(rows, BULK_CHUNK):
             stats.received += len(chunk)
             best: dict[str, dict[str, Any]] = {}
@@ -874,18 +943,31 @@ class LedgerResource(dg.ConfigurableResource):
                 if row["status"] == SUCCEEDED and seen["status"] != SUCCEEDED:
                     best[cid] = row
             if overrides:
-                self._override_failures(job_id, overrides, now)
+                writer.submit(functools.partial(self._override_failures, job_id, overrides, now))
             if not best:
                 continue
             keys = [k for k in next(iter(best.values())) if k not in ("job_id", "custom_id")]
-            with self.begin() as conn:
-                applied = _apply_results(_Bulk(conn), job_id, best, keys, now)
-            for custom_id in applied:
-                written[custom_id] = best[custom_id]["status"]
-            stats.applied += len(applied)
-            stats.unknown += applied.unknown
-            stats.already_terminal += len(best) - len(applied) - applied.unknown
+            # Counted as written when queued: a later duplicate's override is guarded by the
+            # status it expects, so it changes nothing where this chunk was not applied.
+            for custom_id, row in best.items():
+                written[custom_id] = row["status"]
+            writer.submit(functools.partial(self._apply_chunk, job_id, best, keys, now, stats))
+        writer.close()
         return stats
+
+    def _apply_chunk(
+        self,
+        job_id: str,
+        best: dict[str, dict[str, Any]],
+        keys: list[str],
+        now: Any,
+        stats: UpsertStats,
+    ) -> None:
+        with self.begin() as conn:
+            applied = _apply_results(_Bulk(conn), job_id, best, keys, now)
+        stats.applied += len(applied)
+        stats.unknown += applied.unknown
+        stats.already_terminal += len(best) - len(applied) - applied.unknown
 
     def _override_failures(self, job_id: str, rows: list[dict[str, Any]], now: Any) -> None:
         with self.begin() as conn:
@@ -897,6 +979,8 @@ class LedgerResource(dg.ConfigurableResource):
                         result_table.c.job_id == job_id,
                         result_table.c.custom_id == row["custom_id"],
                         result_table.c.status == row["_was"],
+                        # Only what this import wrote: never a row terminal before it.
+                        result_table.c.updated_at == now,
                     )
                     .values(**values, updated_at=now)
                 )

@@ -5,6 +5,7 @@ provider's batch API; nothing outside `resources/providers/` talks to a provider
 """
 
 import datetime as dt
+import json
 from collections.abc import Iterator
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -139,6 +140,19 @@ class BatchProvider(dg.ConfigurableResource):
         realtime prices, instead of submitting it as a batch."""
         return self.runs_in_step
 
+    def encode_request(self, spec: "PipelineSpec", item: RequestItem) -> bytes:
+        """`request_line` as one line of JSON. What is the same for every item of a spec (the
+        model, the system prompt, the output schema) is serialized once: only the custom_id
+        and the user text are encoded per item."""
+        template = _line_template(self, spec)
+        if template is None or item.system != spec.prompt.system:
+            line = json.dumps(self.request_line(spec, item), ensure_ascii=False)
+            return line.encode()
+        head, middle, tail, id_first = template
+        first, second = (item.custom_id, item.user) if id_first else (item.user, item.custom_id)
+        encoded = json.dumps(first, ensure_ascii=False), json.dumps(second, ensure_ascii=False)
+        return f"{head}{encoded[0]}{middle}{encoded[1]}{tail}".encode()
+
     def realtime_request(self, line: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A shard line as (custom_id, request body) for a realtime call."""
         return str(line["custom_id"]), line["body"]
@@ -162,3 +176,35 @@ class BatchProvider(dg.ConfigurableResource):
 
     def cancel(self, provider_batch_id: str) -> BatchStatus:
         raise NotImplementedError
+
+
+_ID_MARK = "\ue000llm-assets:custom_id\ue000"
+_USER_MARK = "\ue000llm-assets:user\ue000"
+_templates: dict[str, tuple[Any, "PipelineSpec", tuple[str, str, str, bool] | None]] = {}
+
+
+def _line_template(
+    provider: BatchProvider, spec: "PipelineSpec"
+) -> tuple[str, str, str, bool] | None:
+    """A spec's request line split around its custom_id and user text, or None when the
+    provider does not carry both as plain JSON strings (then every line is serialized)."""
+    key = spec.name
+    cached = _templates.get(key)
+    if cached is not None and cached[0] is provider and cached[1] is spec:
+        return cached[2]
+    probe = RequestItem(custom_id=_ID_MARK, system=spec.prompt.system, user=_USER_MARK)
+    try:
+        text = json.dumps(provider.request_line(spec, probe), ensure_ascii=False)
+    except ValueError:  # the provider checks custom_ids itself: it sees every item
+        _templates[key] = (provider, spec, None)
+        return None
+    marks = json.dumps(_ID_MARK, ensure_ascii=False), json.dumps(_USER_MARK, ensure_ascii=False)
+    template: tuple[str, str, str, bool] | None = None
+    if text.count(marks[0]) == 1 and text.count(marks[1]) == 1:
+        id_first = text.index(marks[0]) < text.index(marks[1])
+        first, second = marks if id_first else marks[::-1]
+        head, rest = text.split(first)
+        middle, tail = rest.split(second)
+        template = (head, middle, tail, id_first)
+    _templates[key] = (provider, spec, template)
+    return template

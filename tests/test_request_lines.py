@@ -1,0 +1,42 @@
+"""Request lines serialized from a per-spec template are the lines `request_line` describes."""
+
+import json
+
+import pytest
+
+from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
+from llm_assets.resources.providers.base import BatchProvider, RequestItem
+from llm_assets.resources.providers.bedrock import BedrockBatchProvider
+from llm_assets.resources.providers.online import OnlineProvider
+from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
+from llm_assets.spec import PipelineSpec
+from tests.harness import review_spec
+
+HARD_TEXTS = ["plain", 'a "quote", a \\ backslash\nand 日本語 \u0000 \ue000', ""]
+
+
+@pytest.mark.parametrize(
+    ("provider", "name", "model"),
+    [
+        (OpenAIBatchProvider(), "openai", "gpt-4o-mini"),
+        (BedrockBatchProvider(), "bedrock", "amazon.nova-lite-v1:0"),
+        (BedrockBatchProvider(), "bedrock", "anthropic.claude-3-5-haiku-20241022-v1:0"),
+        (AnthropicBatchProvider(), "anthropic", "claude-3-5-haiku-20241022"),
+        (OnlineProvider(), "online", "gpt-4o-mini"),
+    ],
+)
+def test_encoded_lines_equal_the_request_line(
+    provider: BatchProvider, name: str, model: str
+) -> None:
+    spec = PipelineSpec.model_validate(review_spec(name, model))
+    other = spec.model_copy(update={"prompt": spec.prompt.model_copy(update={"system": "New"})})
+    for current in (spec, other, spec):  # a changed spec is never served an old template
+        for user in HARD_TEXTS:
+            item = RequestItem(
+                custom_id="20261102_R-1_abcdef", system=current.prompt.system, user=user
+            )
+            line = provider.encode_request(current, item)
+            assert json.loads(line) == provider.request_line(current, item)
+    # An item whose system prompt is not the spec's is serialized on its own.
+    odd = RequestItem(custom_id="20261102_R-2_abcdef", system="Other", user="x")
+    assert json.loads(provider.encode_request(spec, odd)) == provider.request_line(spec, odd)
