@@ -412,7 +412,7 @@ def build_shards(
             yield item.custom_id, line
 
     # The database records shard k while shard k+1 is rendered, counted and written.
-    with BackgroundWriter() as writer:
+    with BackgroundWriter(depth=1) as writer:
         for index, shard_lines in enumerate(shards_for(spec, lines())):
             shard_id = ids.shard_id(job.job_id, round_no, index)
             items = []

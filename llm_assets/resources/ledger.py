@@ -453,7 +453,7 @@ class _Bulk:
     encoded as SQLAlchemy stores them.
     """
 
-    STAGE = "llm_stage"
+    STAGE = "pg_temp.llm_stage"
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
