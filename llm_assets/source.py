@@ -165,21 +165,24 @@ def _date_in_name(uri: str) -> dt.date | None:
 def _dated_rows(
     spec: PipelineSpec, uri: str, storage: ArtifactStorage
 ) -> Iterator[tuple[SourceRow, dt.date | None]]:
-    """A file's rows with their partition date; rows that cannot be dated come last, with
-    the file's date (from its name, else its earliest dated row)."""
+    """A file's rows in file order with their partition date; a row that cannot be dated
+    gets the file's date: from its name, else its earliest dated row (found by reading the
+    file once more first). In file order, so "the first row of an id" is the first line."""
     tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
-    undated: list[SourceRow] = []
-    earliest: dt.date | None = None
+
+    def day_of(row: SourceRow) -> dt.date | None:
+        if row.record is None:
+            return None
+        return parse_date(row.record.get(spec.source.date_field), tz)
+
+    home = _date_in_name(uri)
+    if home is None:
+        home = min(
+            (day for day in map(day_of, read_file_rows(uri, spec, storage)) if day is not None),
+            default=None,
+        )
     for row in read_file_rows(uri, spec, storage):
-        day = None if row.record is None else parse_date(row.record.get(spec.source.date_field), tz)
-        if day is None:
-            undated.append(row)
-            continue
-        earliest = day if earliest is None else min(earliest, day)
-        yield row, day
-    home = _date_in_name(uri) or earliest
-    for row in undated:
-        yield row, home
+        yield row, day_of(row) or home
 
 
 def rows_for_partition(

@@ -368,6 +368,27 @@ def test_an_id_with_surrounding_spaces_is_kept_exactly(harness: Harness, fake: F
     assert {"   padded   ", "padded"} <= set(harness.labels())
 
 
+def test_the_first_row_of_an_id_is_kept_even_when_it_has_no_date(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    """Undated rows belong to the file's day and keep their place in the file: a later, dated
+    row with the same id is the duplicate, as the message says."""
+    source = write_source(
+        harness.home,
+        day_of(Line(review("D-1", good_text(20), created_at="someday")), good("D-1", 21)),
+    )
+
+    harness.run_day()
+
+    rows = [r for r in harness.rows().values() if r["source_id"] == "D-1"]
+    by_code = {r["error_code"]: r for r in rows}
+    assert len(rows) == 2 and set(by_code) == {"missing_date", "duplicate_id"}
+    assert by_code["missing_date"]["error_message"].startswith(f"{source}:5: ")
+    assert by_code["duplicate_id"]["error_message"].startswith(f"{source}:6: ")
+    assert f"already seen at {source}:5" in by_code["duplicate_id"]["error_message"]
+    assert not {r["custom_id"] for r in rows} & set(fake.submitted_custom_ids())
+
+
 def test_a_duplicate_never_shares_a_custom_id_with_a_real_row(
     harness: Harness, fake: FakeOpenAI
 ) -> None:
