@@ -77,6 +77,7 @@ class ModelPrice(BaseModel):
         )
 
 
+@functools.lru_cache(maxsize=1024)
 def _dec(value: float) -> Decimal:
     """The decimal the table's author wrote (0.15, not 0.1499999999999999944…)."""
     return Decimal(repr(value))
