@@ -23,7 +23,7 @@ from llm_assets import steps
 from llm_assets.checks import BUDGET, COST_DRIFT
 from llm_assets.cli import main as cli_main
 from llm_assets.factory import asset_key
-from llm_assets.resources.ledger import LedgerResource, result_table, shard_table
+from llm_assets.resources.ledger import SCHEMA_VERSION, LedgerResource, result_table, shard_table
 from llm_assets.resources.pricing import load_price_table
 from llm_assets.runner import PartitionRunner, StepFailed
 from llm_assets.spec import PipelineSpec
@@ -294,7 +294,7 @@ def test_the_cli_flag_approves_an_over_budget_day(
 
 def test_reservations_never_overspend_a_cap_under_contention(database_url: str) -> None:
     ledger = LedgerResource(database_url=database_url)
-    assert ledger.schema_version() == 2  # the tables exist before the threads race
+    assert ledger.schema_version() == SCHEMA_VERSION  # the tables exist before the threads race
     start = threading.Barrier(8)
     refused: list[str] = []
 
@@ -613,7 +613,7 @@ def test_an_older_ledger_is_upgraded_in_place(tmp_path: Path, database_url: str)
     engine.dispose()
 
     ledger = LedgerResource(database_url=database_url)
-    assert ledger.schema_version() == 2
+    assert ledger.schema_version() == SCHEMA_VERSION
     job = ledger.get_job("j1")
     assert job is not None and job.cost_usd == 1.25 and job.budget_approved_usd is None
     inspector = sa.inspect(ledger.engine)

@@ -46,6 +46,7 @@ def ledger(database_url: str) -> Iterator[LedgerResource]:
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> int:
     """Make every chunked loop of the ledger work in chunks of SMALL_CHUNK rows."""
     monkeypatch.setattr(L, "CHUNK", SMALL_CHUNK)
+    monkeypatch.setattr(L, "BULK_CHUNK", SMALL_CHUNK)
     # `_chunks(items, size=CHUNK)` binds its default when the module is imported, so patching
     # CHUNK alone does not reach it; patch the default as well (harmless once that is fixed).
     monkeypatch.setattr(L._chunks, "__defaults__", (SMALL_CHUNK,))
@@ -947,3 +948,79 @@ def test_update_shard_is_compare_and_set(ledger: LedgerResource, database_url: s
     assert ledger.update_shard(sid, message="note")
     assert [s.shard_id for s in ledger.shards_in_states(["imported"], pipeline="reviews")] == [sid]
     assert ledger.shards_in_states(["imported"], pipeline="other") == []
+
+
+def test_bulk_writes_keep_every_character_and_raise_driver_errors_as_sqlalchemy_does(
+    ledger: LedgerResource, small_chunks: int
+) -> None:
+    """COPY text (PostgreSQL) and raw executemany (SQLite) store any text exactly, in
+    chunks, and a failed bulk write is the IntegrityError the rest of the code expects."""
+    make_job(ledger)
+    n = 2 * small_chunks + 1
+    sid = add_submitted_shard(ledger, n)
+    hard = ["tab\there", "new\nline\r\n", "back\\slash \\N", "\\.", "日本語 ✓ \ue000", "", "'; --"]
+    rows = [ok(cid(i), text=hard[i % len(hard)] + f" {i}") for i in range(n)]
+    rows[3] = dead(cid(3), code="tab\tcode") | {"error_message": "line\nbreak \\ and \\N"}
+
+    stats = ledger.upsert_results(JOB, rows)
+    ledger.replace_outputs(
+        JOB,
+        (
+            {
+                "custom_id": r["custom_id"],
+                "source_id": None,
+                "prompt_version": "v1",
+                "model_name": "m",
+                "output_json": r["result_json"] or "",
+            }
+            for r in rows
+            if r["status"] == SUCCEEDED
+        ),
+    )
+
+    assert stats.applied == n
+    stored = items_by_id(ledger.database_url)
+    for row in rows:
+        got = stored[row["custom_id"]]
+        assert (got["status"], got["result_json"], got["error_message"]) == (
+            row["status"],
+            row["result_json"],
+            row["error_message"],
+        )
+        assert got["shard_id"] == sid
+    outputs = {
+        r["custom_id"]: r["output_json"] for r in table_rows(ledger.database_url, L.output_table)
+    }
+    assert outputs == {r["custom_id"]: r["result_json"] for r in rows if r["status"] == SUCCEEDED}
+
+    # An item row naming a job that does not exist: the foreign key refuses the whole chunk.
+    with pytest.raises(sa.exc.IntegrityError):
+        ledger.add_items([item_row("orphan") | {"job_id": "no-such-job"}])
+
+
+def test_a_version_2_ledger_loses_the_status_index_and_keeps_room_for_updates(
+    database_url: str,
+) -> None:
+    """Imports rewrite every item's status: without an index on it, and with free space in
+    each page, PostgreSQL updates rows in place. An older ledger is upgraded to that."""
+    LedgerResource(database_url=database_url).schema_version()
+    engine = engine_of(database_url)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("CREATE INDEX ix_result_job_status ON llm_batch_result (job_id, status)")
+        )
+        conn.execute(sa.delete(L.schema_version))
+        conn.execute(sa.insert(L.schema_version).values(version=2, applied_at=L.utcnow()))
+    L._schema_ready.cache_clear()
+
+    upgraded = LedgerResource(database_url=database_url)
+
+    assert upgraded.schema_version() == SCHEMA_VERSION == 3
+    names = {i["name"] for i in sa.inspect(upgraded.engine).get_indexes("llm_batch_result")}
+    assert "ix_result_job_status" not in names and "ix_result_shard" in names
+    if upgraded.engine.dialect.name == "postgresql":
+        with upgraded.engine.connect() as conn:
+            options = conn.execute(
+                sa.text("SELECT reloptions FROM pg_class WHERE oid = 'llm_batch_result'::regclass")
+            ).scalar()
+        assert "fillfactor=70" in (options or [])

@@ -24,9 +24,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, PrivateAttr
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CHUNK = 5_000
 BULK_CHUNK = 50_000
+RESULT_FILLFACTOR = 70
+"""Percent of each llm_batch_result page filled on insert; the rest is for in-place updates."""
 """Rows per COPY / executemany: large enough that per-statement costs vanish."""
 
 PENDING = "pending"
@@ -150,8 +152,17 @@ result_table = sa.Table(
     sa.Column("created_at", _Now, nullable=False),
     sa.Column("updated_at", _Now, nullable=False),
     sa.UniqueConstraint("job_id", "custom_id", name="uq_result_job_custom_id"),
-    sa.Index("ix_result_job_status", "job_id", "status"),
     sa.Index("ix_result_shard", "shard_id"),
+    # No index on status: an import changes every row's status, and with no indexed column
+    # changing (and room left in each page) PostgreSQL updates rows in place (HOT), without
+    # touching any index. Queries by job and status read the job's rows by the unique index.
+)
+sa.event.listen(
+    result_table,
+    "after_create",
+    sa.DDL(f"ALTER TABLE llm_batch_result SET (fillfactor = {RESULT_FILLFACTOR})").execute_if(
+        dialect="postgresql"
+    ),
 )
 
 
@@ -364,6 +375,7 @@ def _schema_ready(url: str) -> bool:
             )
         if found is not None and found < SCHEMA_VERSION:
             _add_missing_columns(conn)
+            _upgrade_indexes(conn)
         if found is None or found < SCHEMA_VERSION:
             conn.execute(
                 _insert(conn, schema_version)
@@ -388,6 +400,15 @@ def _add_missing_columns(conn: Connection) -> None:
             if not column.nullable:
                 ddl += " NOT NULL"
             conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {ddl}"))
+
+
+def _upgrade_indexes(conn: Connection) -> None:
+    """Version 3: the status index is gone (see result_table) and result pages keep room."""
+    conn.execute(sa.text("DROP INDEX IF EXISTS ix_result_job_status"))
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            sa.text(f"ALTER TABLE {result_table.name} SET (fillfactor = {RESULT_FILLFACTOR})")
+        )
 
 
 def _spent_since(conn: Connection, pipeline: str, since: dt.date) -> float:
@@ -476,6 +497,15 @@ class _Bulk:
         with self._errors(statement):
             self.cursor.execute(statement, params)
 
+    def join_by_index(self) -> None:
+        """PostgreSQL, for the rest of this transaction: join staged rows to the ledger by its
+        unique index. A hash join would read the whole table for every chunk, and JIT only
+        costs time on statements like these."""
+        assert self.postgres
+        self.execute("SET LOCAL enable_hashjoin = off")
+        self.execute("SET LOCAL enable_mergejoin = off")
+        self.execute("SET LOCAL jit = off")
+
     def value(self, value: Any) -> Any:
         return self._when(value) if isinstance(value, dt.datetime) else value
 
@@ -488,27 +518,20 @@ class _Bulk:
             f"CREATE TEMP TABLE {self.STAGE} ON COMMIT DROP AS "
             f"SELECT {names} FROM {table.name} WITH NO DATA"
         )
-        buffer = io.StringIO()
-        for row in rows:
-            buffer.write("\t".join(map(_copy_text, row)))
-            buffer.write("\n")
-        buffer.seek(0)
-        statement = f"COPY {self.STAGE} ({names}) FROM STDIN"
-        with self._errors(statement):
-            self.cursor.copy_expert(statement, buffer)
+        self.copy(self.STAGE, columns, rows)
         # Without statistics the planner takes a handful of staged rows for thousands and
         # joins them by scanning the whole job.
         self.execute(f"ANALYZE {self.STAGE}")
 
-    def copy(self, table: sa.Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-        """PostgreSQL: COPY rows straight into a table."""
+    def copy(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """PostgreSQL: COPY rows into a table."""
         assert self.postgres
         buffer = io.StringIO()
         for row in rows:
             buffer.write("\t".join(map(_copy_text, row)))
             buffer.write("\n")
         buffer.seek(0)
-        statement = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
+        statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
         with self._errors(statement):
             self.cursor.copy_expert(statement, buffer)
 
@@ -556,6 +579,7 @@ def _apply_results(
             ([cid] + [row.get(k) for k in keys] for cid, row in best.items()),
         )
         sets = ", ".join(f"{k} = s.{k}" for k in keys)
+        bulk.join_by_index()
         bulk.execute(
             f"UPDATE {table} AS r SET {sets}, updated_at = %(now)s FROM {bulk.STAGE} AS s "
             f"WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id "
@@ -1025,6 +1049,7 @@ class LedgerResource(dg.ConfigurableResource):
                         ([row["custom_id"]] + [row.get(k) for k in keys] for row in chunk),
                     )
                     sets = ", ".join(f"{k} = s.{k}" for k in keys)
+                    bulk.join_by_index()
                     bulk.execute(
                         f"UPDATE {table} AS r SET {sets}, updated_at = %(now)s "
                         f"FROM {bulk.STAGE} AS s WHERE r.job_id = %(job)s "
@@ -1648,7 +1673,7 @@ class LedgerResource(dg.ConfigurableResource):
                 columns = [*keys, "job_id", "created_at"]
                 values = ([row.get(k) for k in keys] + [job_id, now] for row in chunk)
                 if bulk.postgres:
-                    bulk.copy(output_table, columns, values)
+                    bulk.copy(output_table.name, columns, values)
                 else:
                     marks = ", ".join("?" for _ in columns)
                     bulk.executemany(
