@@ -1024,3 +1024,21 @@ def test_a_version_2_ledger_loses_the_status_index_and_keeps_room_for_updates(
                 sa.text("SELECT reloptions FROM pg_class WHERE oid = 'llm_batch_result'::regclass")
             ).scalar()
         assert "fillfactor=70" in (options or [])
+
+
+def test_the_background_writer_runs_in_order_and_stops_at_the_first_error() -> None:
+    done: list[int] = []
+
+    def fail() -> None:
+        raise ValueError("write failed")
+
+    with pytest.raises(ValueError, match="write failed"), L.BackgroundWriter(depth=1) as writer:
+        writer.submit(lambda: done.append(1))
+        writer.submit(fail)
+        writer.submit(lambda: done.append(3))  # never runs: an earlier write failed
+    assert done == [1]
+
+    # The caller's own error wins over a write's.
+    with pytest.raises(KeyError), L.BackgroundWriter() as writer:
+        writer.submit(fail)
+        raise KeyError("caller")

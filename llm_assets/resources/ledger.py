@@ -12,7 +12,6 @@ import functools
 import hashlib
 import io
 import os
-import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -649,20 +648,16 @@ class BackgroundWriter:
         if self._error is not None:
             raise self._error
 
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-        self._raise()
-
     def __enter__(self) -> "BackgroundWriter":
         return self
 
     def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
+        """Finish what was queued; a write's error is raised unless the caller already
+        failed (then the caller's error is the one that propagates)."""
+        self._queue.put(None)
+        self._thread.join()
         if kind is None:
-            self.close()
-        else:  # the caller failed: finish what was queued, keep the caller's error
-            self._queue.put(None)
-            self._thread.join()
+            self._raise()
 
 
 class LedgerResource(dg.ConfigurableResource):
@@ -929,12 +924,9 @@ class LedgerResource(dg.ConfigurableResource):
         stats = UpsertStats()
         now = utcnow()
         written: dict[str, str] = {}
-        writer = BackgroundWriter()
-        try:
-            return self._upsert_chunks(job_id, rows, stats, now, written, writer)
-        except BaseException:
-            writer.__exit__(*sys.exc_info())
-            raise
+        with BackgroundWriter() as writer:
+            self._upsert_chunks(job_id, rows, stats, now, written, writer)
+        return stats
 
     def _upsert_chunks(
         self,
@@ -944,7 +936,7 @@ class LedgerResource(dg.ConfigurableResource):
         now: Any,
         written: dict[str, str],
         writer: "BackgroundWriter",
-    ) -> UpsertStats:
+    ) -> None:
         for chunk in _chunks(rows, BULK_CHUNK):
             stats.received += len(chunk)
             best: dict[str, dict[str, Any]] = {}
@@ -976,8 +968,6 @@ class LedgerResource(dg.ConfigurableResource):
             for custom_id, row in best.items():
                 written[custom_id] = row["status"]
             writer.submit(functools.partial(self._apply_chunk, job_id, best, keys, now, stats))
-        writer.close()
-        return stats
 
     def _apply_chunk(
         self,
