@@ -2,6 +2,7 @@
 provider batch per shard between them, on SQLite and on PostgreSQL."""
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -62,3 +63,33 @@ def test_concurrent_submissions_of_a_day_create_one_batch_per_shard(
         submitted = harness.ledger.shards(harness.job_id())
         assert {s.provider_batch_id for s in submitted} == {c["batch_id"] for c in creates}
         assert fake.server_errors == []
+
+
+def test_the_submission_lock_is_per_ledger(database_url: str, tmp_path: Path) -> None:
+    """Two ledgers never block each other's shards, even two PostgreSQL schemas of one
+    database (whose advisory locks are shared); within one ledger the lock is exclusive."""
+    from llm_assets.resources.ledger import LedgerResource
+    from tests.conftest import PG_URL, _pg_schema_url
+
+    if database_url.startswith("sqlite"):
+        other_url = f"sqlite:///{tmp_path / 'other-ledger.db'}"
+        others: Iterator[str] = iter([other_url])
+    else:
+        assert PG_URL is not None
+        others = _pg_schema_url()
+        other_url = next(others)
+    try:
+        ours = LedgerResource(database_url=database_url)
+        theirs = LedgerResource(database_url=other_url)
+        shard = "reviews-openai-20261102-13cdbde217-r00-s00001"
+        with ours.submission_lock(shard) as first:
+            assert first
+            with ours.submission_lock(shard) as again:
+                assert not again
+            with theirs.submission_lock(shard) as elsewhere:
+                assert elsewhere
+        with ours.submission_lock(shard) as after_release:
+            assert after_release
+    finally:
+        for _ in others:
+            pass

@@ -851,13 +851,16 @@ class LedgerResource(dg.ConfigurableResource):
         Two runs of the same day (a sensor's and a backfill's) must not both create a batch
         for a shard. The lock dies with its holder, so a crashed run never blocks the next
         one, which then reconciles from the recorded intent: a PostgreSQL advisory lock on
-        its own connection, or an flock beside a SQLite ledger file.
+        its own connection, or an flock beside a SQLite ledger file. Advisory locks belong
+        to the whole database, so the key includes the ledger's schema: two ledgers in one
+        database never block each other's shards.
         """
-        digest = hashlib.sha256(shard_id.encode()).digest()
         engine = self.engine
         if engine.dialect.name == "postgresql":
-            key = int.from_bytes(digest[:8], "big", signed=True)
             with engine.connect() as conn:
+                schema = conn.execute(sa.select(sa.func.current_schema())).scalar() or ""
+                scoped = hashlib.sha256(f"{schema}\0{shard_id}".encode()).digest()
+                key = int.from_bytes(scoped[:8], "big", signed=True)
                 got = bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(key))).scalar())
                 conn.commit()
                 try:
@@ -871,6 +874,7 @@ class LedgerResource(dg.ConfigurableResource):
         if not database or database == ":memory:":
             yield True
             return
+        digest = hashlib.sha256(shard_id.encode()).digest()
         folder = Path(f"{database}.submission-locks")
         folder.mkdir(exist_ok=True)
         fd = os.open(folder / f"{digest.hex()[:32]}.lock", os.O_RDWR | os.O_CREAT, 0o600)
