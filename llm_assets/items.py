@@ -6,25 +6,30 @@ a reason, under a custom_id that is stable across re-runs.
 
 import datetime as dt
 import zoneinfo
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel
-
+from llm_assets import parallel
 from llm_assets.ids import custom_id
-from llm_assets.resources.providers.base import RequestItem
 from llm_assets.source import SourceRow, parse_date
 from llm_assets.spec import PipelineSpec
-from llm_assets.tokens import counter_for
+from llm_assets.tokens import TokenCounter, counter_for
 
 
-class PreparedItem(BaseModel):
+class PreparedItem(NamedTuple):
+    """A row's outcome: a request line, or an input dead letter with its reason."""
+
     custom_id: str
     source_id: str | None
-    request: RequestItem | None = None
+    line: bytes | None = None
+    """The provider's request line; None for a dead letter."""
     input_tokens: int = 0
     error_code: str | None = None
     error_message: str | None = None
+
+
+LineEncoder = Callable[[str, str], bytes]
+"""(custom_id, user text) → the provider's request line."""
 
 
 def _as_text(value: Any) -> str:
@@ -37,87 +42,121 @@ def render(spec: PipelineSpec, record: dict[str, Any]) -> str:
     return spec.prompt.template.format_map({f: _as_text(record.get(f)) for f in spec.source.fields})
 
 
-def prepare_items(
-    spec: PipelineSpec, partition_date: dt.date, rows: Iterable[SourceRow], context_window: int
-) -> Iterator[PreparedItem]:
-    tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
-    first_seen: dict[str, str] = {}
-    duplicates: dict[str, int] = {}
-    budget = context_window - spec.model.max_output_tokens
-    counter = counter_for(spec)
-    system = spec.prompt.system
-    framing = counter.request(system, "")
+class Preparer:
+    """Everything a row's outcome depends on except the rows before it (duplicates): so it
+    can run in a worker process (it pickles), row by row."""
+
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        partition_date: dt.date,
+        context_window: int,
+        encode: LineEncoder,
+    ) -> None:
+        self.spec = spec
+        self.partition_date = partition_date
+        self.context_window = context_window
+        self.encode = encode
+        self._counter: TokenCounter | None = None
+        self._framing = 0
+        self._tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_counter": None}
+
+    def _count(self) -> tuple[TokenCounter, int]:
+        """The spec's token counter (built on first use, in the process that uses it) and the
+        tokens of the system prompt and chat framing, the same for every item."""
+        if self._counter is None:
+            self._counter = counter_for(self.spec)
+            self._framing = self._counter.request(self.spec.prompt.system, "")
+        return self._counter, self._framing
 
     def dead(
-        key: str, source_id: str | None, code: str, message: str, kind: str = "id"
+        self, key: str, source_id: str | None, code: str, message: str, kind: str = "id"
     ) -> PreparedItem:
         return PreparedItem(
-            custom_id=custom_id(spec.name, partition_date, key, kind),
+            custom_id=custom_id(self.spec.name, self.partition_date, key, kind),
             source_id=source_id,
             error_code=code,
             error_message=message,
         )
 
-    for row in rows:
+    def assess(self, row: SourceRow) -> tuple[str | None, str, PreparedItem]:
+        """(the source id to check for duplicates or None, where the row is, its outcome)."""
+        spec = self.spec
         where = f"{row.file}:{row.line}"
         if row.record is None:
-            yield dead(where, None, "invalid_row", f"{where}: {row.error}", kind="row")
-            continue
-        source_id = _as_text(row.record.get(spec.source.id_field))
-        if not source_id.strip():
-            yield dead(
-                where,
+            return (
                 None,
-                "missing_id",
-                f"{where}: no value in id field {spec.source.id_field!r}",
-                kind="row",
+                where,
+                self.dead(where, None, "invalid_row", f"{where}: {row.error}", "row"),
             )
-            continue
-        if source_id in first_seen:
-            duplicates[source_id] = duplicates.get(source_id, 0) + 1
-            yield dead(
-                f"{source_id}#{duplicates[source_id]}",
-                source_id,
-                "duplicate_id",
-                f"{where}: id {source_id!r} already seen at {first_seen[source_id]}; the first "
-                "row is kept",
-                kind="duplicate",
-            )
-            continue
-        first_seen[source_id] = where
-        if parse_date(row.record.get(spec.source.date_field), tz) is None:
-            yield dead(
-                source_id,
-                source_id,
-                "missing_date",
+        record = row.record
+        source_id = _as_text(record.get(spec.source.id_field))
+        if not source_id.strip():
+            message = f"{where}: no value in id field {spec.source.id_field!r}"
+            return None, where, self.dead(where, None, "missing_id", message, "row")
+        if parse_date(record.get(spec.source.date_field), self._tz) is None:
+            message = (
                 f"{where}: no valid date in {spec.source.date_field!r} "
-                f"(got {_as_text(row.record.get(spec.source.date_field))[:40]!r})",
+                f"(got {_as_text(record.get(spec.source.date_field))[:40]!r})"
             )
-            continue
-        blank = [f for f in spec.source.non_blank_fields if not _as_text(row.record.get(f)).strip()]
+            return source_id, where, self.dead(source_id, source_id, "missing_date", message)
+        blank = [f for f in spec.source.non_blank_fields if not _as_text(record.get(f)).strip()]
         if blank:
-            yield dead(source_id, source_id, "empty_field", f"{where}: empty field(s) {blank}")
-            continue
-        user = render(spec, row.record)
-        # The system prompt and the framing are the same for every item: counted once.
+            message = f"{where}: empty field(s) {blank}"
+            return source_id, where, self.dead(source_id, source_id, "empty_field", message)
+        counter, framing = self._count()
+        budget = self.context_window - spec.model.max_output_tokens
+        user = render(spec, record)
         tokens = framing + counter.text(user)
         if tokens > budget and spec.prompt.truncate_to_context and budget > framing:
             user = counter.truncate(user, budget - framing)
             tokens = framing + counter.text(user)
         if tokens > budget:
             about = "" if counter.exact else "about "
-            yield dead(
-                source_id,
-                source_id,
-                "context_exceeded",
+            message = (
                 f"{where}: {about}{tokens} input tokens; the model's context window is "
-                f"{context_window} with {spec.model.max_output_tokens} kept for output",
+                f"{self.context_window} with {spec.model.max_output_tokens} kept for output"
             )
-            continue
-        cid = custom_id(spec.name, partition_date, source_id)
-        yield PreparedItem(
-            custom_id=cid,
-            source_id=source_id,
-            request=RequestItem(custom_id=cid, system=spec.prompt.system, user=user),
-            input_tokens=tokens,
+            return source_id, where, self.dead(source_id, source_id, "context_exceeded", message)
+        cid = custom_id(spec.name, self.partition_date, source_id)
+        return (
+            source_id,
+            where,
+            PreparedItem(cid, source_id, self.encode(cid, user), tokens),
         )
+
+
+def assess_lines(
+    preparer: Preparer, lines: list[bytes]
+) -> list[tuple[str | None, str, PreparedItem]]:
+    """Snapshot lines → assessed rows: the unit of work of a worker process."""
+    return [preparer.assess(SourceRow.model_validate_json(line)) for line in lines]
+
+
+def prepare_items(preparer: Preparer, lines: Iterable[bytes]) -> Iterator[PreparedItem]:
+    """Snapshot lines → one outcome per row, in order; rows are assessed in worker processes
+    when the day is large (llm_assets.parallel). Of rows sharing a source id the first is
+    kept and the others are `duplicate_id` dead letters, whatever else is wrong with them."""
+    first_seen: dict[str, str] = {}
+    duplicates: dict[str, int] = {}
+    for assessed in parallel.ordered_map(assess_lines, preparer, lines):
+        for source_id, where, item in assessed:
+            if source_id is None:
+                yield item
+                continue
+            if source_id in first_seen:
+                duplicates[source_id] = duplicates.get(source_id, 0) + 1
+                yield preparer.dead(
+                    f"{source_id}#{duplicates[source_id]}",
+                    source_id,
+                    "duplicate_id",
+                    f"{where}: id {source_id!r} already seen at {first_seen[source_id]}; the "
+                    "first row is kept",
+                    kind="duplicate",
+                )
+                continue
+            first_seen[source_id] = where
+            yield item

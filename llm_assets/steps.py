@@ -6,7 +6,9 @@ converges on the same ledger state.
 """
 
 import contextlib
+import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import json
 import logging
@@ -27,7 +29,7 @@ from pydantic import BaseModel
 
 from llm_assets import ids, quality
 from llm_assets.failpoints import failpoint
-from llm_assets.items import PreparedItem, prepare_items
+from llm_assets.items import PreparedItem, Preparer, prepare_items
 from llm_assets.progress import report as report_progress
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
@@ -55,7 +57,7 @@ from llm_assets.resources.providers.base import (
 )
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.sharding import split_shards
-from llm_assets.source import SourceRow, rows_for_partition
+from llm_assets.source import rows_for_partition
 from llm_assets.spec import PipelineSpec
 from llm_assets.tokens import counter_for
 from llm_assets.validation import parse_output
@@ -143,11 +145,6 @@ def current_snapshot_uri(spec: PipelineSpec, day: dt.date, storage: ArtifactStor
             f"no input snapshot for {spec.name} on {day}; materialize input_snapshot first"
         )
     return storage.read_bytes(pointer).decode()
-
-
-def read_snapshot(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:
-    for line in storage.open_lines(uri):
-        yield SourceRow.model_validate_json(line)
 
 
 def job_for(
@@ -379,18 +376,19 @@ def build_shards(
             }
         )
 
+    preparer = Preparer(spec, day, price.context_window, provider.line_encoder(spec))
+
     def fresh_requests() -> Iterator[tuple[PreparedItem, bytes]]:
         nonlocal snapshot_rows, already
-        rows = read_snapshot(snapshot_uri, storage)
-        for item in prepare_items(spec, day, rows, price.context_window):
+        for item in prepare_items(preparer, storage.open_lines(snapshot_uri)):
             snapshot_rows += 1
             if item.custom_id in known:
                 already += 1
                 continue
-            if item.request is None:
+            encoded = item.line
+            if encoded is None:
                 dead(item, item.error_code or "input", item.error_message or "")
                 continue
-            encoded = provider.encode_request(spec, item.request)
             if len(encoded) + 1 > spec.sharding.max_bytes_per_shard:
                 limit = spec.sharding.max_bytes_per_shard
                 dead(
@@ -923,6 +921,46 @@ def _ledger_row(
     }
 
 
+@dataclasses.dataclass
+class _ImportTotals:
+    lines: UpsertStats = dataclasses.field(default_factory=UpsertStats)
+    missing: int = 0
+    imported: list[str] = dataclasses.field(default_factory=list)
+
+
+def _close_imported_shard(
+    ledger: LedgerResource, shard: ShardRecord, shard_stats: UpsertStats, totals: _ImportTotals
+) -> None:
+    """After a shard's results are in: what it did not answer is retried, its cost settled,
+    and it is marked imported."""
+    failpoint("import.after_upsert")
+    stats = totals.lines
+    for field in ("received", "applied", "duplicates", "unknown", "already_terminal"):
+        setattr(stats, field, getattr(stats, field) + getattr(shard_stats, field))
+    stats.duplicate_ids = (stats.duplicate_ids + shard_stats.duplicate_ids)[:100]
+    why = shard.raw_status or shard.status
+    if shard.message:
+        why = f"{why}: {shard.message}"
+    totals.missing += ledger.set_shard_items(
+        shard.shard_id,
+        from_status=[SUBMITTED],
+        status=RETRY,
+        error_class="expired" if shard.status == ShardState.EXPIRED else "transient",
+        error_code=f"missing_result_{shard.status}",
+        error_message=(f"no result in provider batch {shard.provider_batch_id} (batch {why})"),
+    )
+    failpoint("import.after_missing")
+    ledger.settle_shard(shard.shard_id)
+    ledger.update_shard(
+        shard.shard_id,
+        expect_status=ENDED_STATES,
+        status=ShardState.IMPORTED.value,
+        imported_at=utcnow(),
+    )
+    failpoint("import.after_shard")
+    totals.imported.append(shard.shard_id)
+
+
 def import_results(
     spec: PipelineSpec,
     day: dt.date,
@@ -935,56 +973,38 @@ def import_results(
     price = price_for(spec)
     shards = poll_shards(ledger, provider, ledger.shards(job.job_id, IN_FLIGHT_STATES))
     in_flight = sum(1 for s in shards if s.status in IN_FLIGHT_STATES)
-    stats = UpsertStats()
-    missing = 0
-    imported: list[str] = []
-    for shard in ledger.shards(job.job_id, ENDED_STATES):
-        assert shard.provider_batch_id is not None
-        charged = ModelPrice.model_validate_json(shard.price_json) if shard.price_json else price
-        # A shard worked in the step wrote its results as they came: nothing to fetch.
-        results = (
-            iter(())
-            if shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX)
-            else provider.results(shard.provider_batch_id)
-        )
-        rows = (
-            _ledger_row(r, charged, spec.model.name, batch=provider.priced_as_batch)
-            for r in results
-        )
-        shard_stats = ledger.upsert_results(job.job_id, rows)
-        failpoint("import.after_upsert")
-        for field in ("received", "applied", "duplicates", "unknown", "already_terminal"):
-            setattr(stats, field, getattr(stats, field) + getattr(shard_stats, field))
-        stats.duplicate_ids = (stats.duplicate_ids + shard_stats.duplicate_ids)[:100]
-        why = shard.raw_status or shard.status
-        if shard.message:
-            why = f"{why}: {shard.message}"
-        missing += ledger.set_shard_items(
-            shard.shard_id,
-            from_status=[SUBMITTED],
-            status=RETRY,
-            error_class="expired" if shard.status == ShardState.EXPIRED else "transient",
-            error_code=f"missing_result_{shard.status}",
-            error_message=(f"no result in provider batch {shard.provider_batch_id} (batch {why})"),
-        )
-        failpoint("import.after_missing")
-        ledger.settle_shard(shard.shard_id)
-        ledger.update_shard(
-            shard.shard_id,
-            expect_status=ENDED_STATES,
-            status=ShardState.IMPORTED.value,
-            imported_at=utcnow(),
-        )
-        failpoint("import.after_shard")
-        imported.append(shard.shard_id)
+    totals = _ImportTotals()
+    # The ledger writes of one shard (its results, then closing it) run on the writer thread
+    # while the next shard's lines are read and parsed; they run in order, so a shard is
+    # closed only after its results are in, and a failure stops everything queued after it.
+    with BackgroundWriter() as writer:
+        for shard in ledger.shards(job.job_id, ENDED_STATES):
+            assert shard.provider_batch_id is not None
+            charged = (
+                ModelPrice.model_validate_json(shard.price_json) if shard.price_json else price
+            )
+            # A shard worked in the step wrote its results as they came: nothing to fetch.
+            results = (
+                iter(())
+                if shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX)
+                else provider.results(shard.provider_batch_id)
+            )
+            rows = (
+                _ledger_row(r, charged, spec.model.name, batch=provider.priced_as_batch)
+                for r in results
+            )
+            shard_stats = ledger.upsert_results(job.job_id, rows, writer=writer)
+            writer.submit(
+                functools.partial(_close_imported_shard, ledger, shard, shard_stats, totals)
+            )
     retry_shards, gave_up = plan_retries(spec, job, ledger, storage, provider)
     counts = ledger.refresh_job(job.job_id)
     return ImportResult(
         job_id=job.job_id,
-        imported_shards=imported,
+        imported_shards=totals.imported,
         in_flight_shards=in_flight,
-        lines=stats,
-        missing=missing,
+        lines=totals.lines,
+        missing=totals.missing,
         retry_shards=retry_shards,
         gave_up=gave_up,
         counts=counts,
@@ -1090,15 +1110,16 @@ def requeue_dead_letters(
     tokens: dict[str, int] = {}
 
     def lines() -> Iterator[tuple[str, bytes]]:
-        rows = read_snapshot(current_snapshot_uri(spec, day, storage), storage)
-        for item in prepare_items(spec, day, rows, price.context_window):
+        preparer = Preparer(spec, day, price.context_window, provider.line_encoder(spec))
+        snapshot = storage.open_lines(current_snapshot_uri(spec, day, storage))
+        for item in prepare_items(preparer, snapshot):
             if item.custom_id not in chosen:
                 continue
-            if item.request is None:
+            if item.line is None:
                 still_invalid[item.custom_id] = item.error_message or item.error_code or "input"
                 continue
             tokens[item.custom_id] = item.input_tokens
-            yield item.custom_id, provider.encode_request(spec, item.request)
+            yield item.custom_id, item.line
 
     round_no = ledger.next_round(job.job_id)
     shards: list[str] = []

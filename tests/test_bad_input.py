@@ -461,3 +461,104 @@ def test_parquet_integer_ids_next_to_a_missing_id_keep_their_value(
 
         assert (outcome.succeeded, outcome.dead_letters) == (2, 1)
         assert set(harness.labels()) == {"7", "9"}
+
+
+def test_worker_processes_give_the_same_shards_and_dead_letters_as_one_process(
+    tmp_path: Path, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large day's rows are assessed in worker processes; small chunks and a low threshold
+    make this day one, with duplicates of an id in other chunks than its first row."""
+    from llm_assets import parallel
+
+    submitted: list[int] = []
+
+    class CountingPool(parallel.concurrent.futures.ProcessPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            submitted.append(1)
+            return super().submit(*args, **kwargs)
+
+    def shards_and_rows(name: str, workers: str) -> tuple[list[bytes], list[tuple[Any, ...]]]:
+        monkeypatch.setenv("LLM_ASSETS_WORKERS", workers)
+        folder = tmp_path / name
+        folder.mkdir()
+        gen = make_harness(folder, f"sqlite:///{folder / 'ledger.db'}", fake)
+        harness = next(gen)
+        try:
+            write_source(harness.home, bad_day() * 3)
+            source = harness.settings.resolve_source_uri(harness.spec.source.uri)
+            steps.take_snapshot(harness.spec, DAY, source, harness.storage)
+            built = steps.build_shards(
+                harness.spec, DAY, harness.ledger, harness.storage, harness.provider
+            )
+            shards = [harness.storage.read_bytes(uri) for uri in built.shard_uris]
+            keys = ("custom_id", "source_id", "status", "error_code", "error_message")
+            # Rows without an id are named by their file's path, which differs by folder.
+            rows = sorted(
+                tuple(
+                    str(row[k]).replace(str(folder), "<home>")
+                    if row["source_id"] is not None or k != "custom_id"
+                    else "<by path>"
+                    for k in (*keys, "estimated_input_tokens")
+                )
+                for row in harness.rows().values()
+            )
+            return shards, rows
+        finally:
+            gen.close()
+
+    monkeypatch.setattr(parallel.concurrent.futures, "ProcessPoolExecutor", CountingPool)
+    alone_shards, alone_rows = shards_and_rows("alone", "0")
+    assert submitted == []
+    monkeypatch.setattr(parallel, "CHUNK_ROWS", 5)
+    monkeypatch.setattr(parallel, "INLINE_ROWS", 10)
+    spread_shards, spread_rows = shards_and_rows("spread", "2")
+
+    assert len(submitted) >= 20  # 126 rows in chunks of 5, the first two worked here
+    assert spread_shards == alone_shards and alone_shards
+    assert spread_rows == alone_rows
+    codes = Counter(row[3] for row in spread_rows)
+    assert codes["None"] == 29
+    # Every kind of bad row, and in each copy of the day after the first, every row with an
+    # id a duplicate.
+    with_id = sum(1 for line in bad_day() if line.source_id is not None)
+    assert codes["duplicate_id"] == 2 * with_id + 2
+    assert {"empty_field", "missing_id", "context_exceeded", "invalid_row", "missing_date"} < set(
+        codes
+    )
+
+
+def test_ordered_map_keeps_order_raises_worker_errors_and_keeps_unpicklable_work_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llm_assets import parallel
+
+    monkeypatch.setattr(parallel, "CHUNK_ROWS", 3)
+    monkeypatch.setattr(parallel, "INLINE_ROWS", 3)
+    squares = [
+        x for chunk in parallel.ordered_map(_squares, 0, range(40), workers=2) for x in chunk
+    ]
+    assert squares == [n * n for n in range(40)]
+    with pytest.raises(ValueError, match="row 31"):
+        for _ in parallel.ordered_map(_squares, 31, range(40), workers=2):
+            pass
+    # A context that does not pickle (a lambda) is worked in this process to the end.
+    offset = 5
+    local = [
+        x
+        for chunk in parallel.ordered_map(_apply, lambda n: n + offset, range(10), workers=2)
+        for x in chunk
+    ]
+    assert local == [n + 5 for n in range(10)]
+    monkeypatch.setenv("LLM_ASSETS_WORKERS", "two")
+    with pytest.raises(ValueError, match="whole number"):
+        parallel.worker_count()
+
+
+def _squares(fail_at: int, chunk: list[int]) -> list[int]:
+    if fail_at and fail_at in chunk:
+        raise ValueError(f"row {fail_at}")
+    return [n * n for n in chunk]
+
+
+def _apply(function: Any, chunk: list[int]) -> list[int]:
+    return [function(n) for n in chunk]

@@ -5,6 +5,7 @@ import contextlib
 import datetime as dt
 import json
 import math
+import random
 import threading
 from collections.abc import Iterator
 from decimal import Decimal
@@ -92,6 +93,23 @@ def test_the_sonnet_example_and_cached_input_are_exact() -> None:
     assert mini.cost(1000, 100, batch=False, cached_input_tokens=400) == Decimal("0.00018")
     assert mini.cost(1000, 100, batch=True, cached_input_tokens=400) == Decimal("0.00009")
     assert all(m.as_of is not None for m in table.models)
+
+
+def test_the_stored_float_is_the_nearest_to_the_exact_cost() -> None:
+    """cost_usd computes in integers for speed; it must equal float() of the exact Decimal,
+    for every model of the table and for a price with more decimals than its scale."""
+    rng = random.Random(7)
+    table = load_price_table()
+    odd = table.get("openai", "gpt-4o-mini").model_copy(update={"input_per_mtok": 1 / 3})
+    for price in [*table.models, odd]:
+        for batch in (False, True):
+            for _ in range(300):
+                tokens = rng.randrange(0, 10**7)
+                cached = rng.randrange(0, tokens + 1)
+                output = rng.randrange(0, 10**6)
+                exact = price.cost(tokens, output, batch=batch, cached_input_tokens=cached)
+                stored = price.cost_usd(tokens, output, batch=batch, cached_input_tokens=cached)
+                assert stored == float(exact), (price.name, batch, tokens, cached, output)
 
 
 def test_a_price_override_replaces_and_dates_entries(

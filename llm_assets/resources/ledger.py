@@ -6,6 +6,7 @@ terminal row, so re-running any step adds nothing twice and loses nothing.
 """
 
 import contextlib
+import dataclasses
 import datetime as dt
 import fcntl
 import functools
@@ -517,10 +518,9 @@ class _Bulk:
             f"CREATE TEMP TABLE {self.STAGE} ON COMMIT DROP AS "
             f"SELECT {names} FROM {table.name} WITH NO DATA"
         )
+        # Not analysed: the planner sizes a fresh table by its pages, and joins to the ledger
+        # are pinned to its unique index (join_by_index), so statistics would change nothing.
         self.copy(self.STAGE, columns, rows)
-        # Without statistics the planner takes a handful of staged rows for thousands and
-        # joins them by scanning the whole job.
-        self.execute(f"ANALYZE {self.STAGE}")
 
     def copy(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
         """PostgreSQL: COPY rows into a table."""
@@ -558,9 +558,11 @@ class _Bulk:
         )
 
 
-class _Applied(list[str]):
-    """The custom_ids a chunk of results was applied to, and how many were not in the ledger."""
+@dataclasses.dataclass
+class _Applied:
+    """How many rows of a chunk of results were applied, and how many were not in the ledger."""
 
+    count: int = 0
     unknown: int = 0
 
 
@@ -582,16 +584,18 @@ def _apply_results(
         bulk.execute(
             f"UPDATE {table} AS r SET {sets}, updated_at = %(now)s FROM {bulk.STAGE} AS s "
             f"WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id "
-            f"AND r.status NOT IN ({terminal}) RETURNING r.custom_id",
+            f"AND r.status NOT IN ({terminal})",
             {"now": now, "job": job_id},
         )
-        applied.extend(cid for (cid,) in bulk.cursor.fetchall())
-        bulk.execute(
-            f"SELECT count(*) FROM {bulk.STAGE} AS s WHERE NOT EXISTS (SELECT 1 FROM {table} "
-            "AS r WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id)",
-            {"job": job_id},
-        )
-        applied.unknown = int(bulk.cursor.fetchone()[0])
+        applied.count = int(bulk.cursor.rowcount)
+        if applied.count < len(best):
+            # Some rows were not applied: already terminal, or not in the ledger at all.
+            bulk.execute(
+                f"SELECT count(*) FROM {bulk.STAGE} AS s WHERE NOT EXISTS (SELECT 1 FROM "
+                f"{table} AS r WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id)",
+                {"job": job_id},
+            )
+            applied.unknown = int(bulk.cursor.fetchone()[0])
         return applied
     # SQLite: the chunk's current statuses, then one executemany over the open ones.
     current: dict[str, str] = {}
@@ -604,13 +608,14 @@ def _apply_results(
             [job_id, *part],
         )
         current.update(bulk.cursor.fetchall())
-    applied.extend(cid for cid in ids if cid in current and current[cid] not in TERMINAL)
+    open_ids = [cid for cid in ids if cid in current and current[cid] not in TERMINAL]
+    applied.count = len(open_ids)
     applied.unknown = sum(1 for cid in ids if cid not in current)
     sets = ", ".join(f"{k} = ?" for k in keys)
     bulk.executemany(
         f"UPDATE {table} SET {sets}, updated_at = ? WHERE job_id = ? AND custom_id = ? "
         f"AND status NOT IN ({terminal})",
-        ([best[cid].get(k) for k in keys] + [now, job_id, cid] for cid in applied),
+        ([best[cid].get(k) for k in keys] + [now, job_id, cid] for cid in open_ids),
     )
     return applied
 
@@ -918,18 +923,31 @@ class LedgerResource(dg.ConfigurableResource):
                     )
                 )
 
-    def upsert_results(self, job_id: str, rows: Iterable[dict[str, Any]]) -> UpsertStats:
+    def upsert_results(
+        self,
+        job_id: str,
+        rows: Iterable[dict[str, Any]],
+        *,
+        writer: "BackgroundWriter | None" = None,
+    ) -> UpsertStats:
         """Apply normalized results by custom_id, in chunks, never over a terminal row.
 
         Within a chunk a success beats a failure and the first line wins among equals, so
         duplicated output lines change nothing; across chunks and re-imports the WHERE clause
         of the upsert protects rows that are already terminal.
+
+        The writes run on a writer thread while the next chunk is parsed. Given the caller's
+        `writer`, they are only queued on it: the stats are complete once its earlier tasks
+        have run, which is when anything queued after them runs.
         """
         stats = UpsertStats()
         now = utcnow()
         written: dict[str, str] = {}
-        with BackgroundWriter() as writer:
+        if writer is not None:
             self._upsert_chunks(job_id, rows, stats, now, written, writer)
+            return stats
+        with BackgroundWriter() as own:
+            self._upsert_chunks(job_id, rows, stats, now, written, own)
         return stats
 
     def _upsert_chunks(
@@ -983,9 +1001,9 @@ class LedgerResource(dg.ConfigurableResource):
     ) -> None:
         with self.begin() as conn:
             applied = _apply_results(_Bulk(conn), job_id, best, keys, now)
-        stats.applied += len(applied)
+        stats.applied += applied.count
         stats.unknown += applied.unknown
-        stats.already_terminal += len(best) - len(applied) - applied.unknown
+        stats.already_terminal += len(best) - applied.count - applied.unknown
 
     def _override_failures(self, job_id: str, rows: list[dict[str, Any]], now: Any) -> None:
         with self.begin() as conn:

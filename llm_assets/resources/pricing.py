@@ -70,11 +70,46 @@ class ModelPrice(BaseModel):
     def cost_usd(
         self, input_tokens: int, output_tokens: int, *, batch: bool, cached_input_tokens: int = 0
     ) -> float:
-        return float(
-            self.cost(
-                input_tokens, output_tokens, batch=batch, cached_input_tokens=cached_input_tokens
+        """`cost` as the float stored in the ledger. Called once per imported line, so it is
+        done in integers: the nearest float to the same exact value, as a test checks."""
+        scaled = _scaled_prices(self, batch)
+        if scaled is None:
+            return float(
+                self.cost(
+                    input_tokens,
+                    output_tokens,
+                    batch=batch,
+                    cached_input_tokens=cached_input_tokens,
+                )
             )
+        per_input, per_cached, per_output, denominator = scaled
+        cached = min(max(cached_input_tokens, 0), input_tokens)
+        numerator = (
+            (input_tokens - cached) * per_input + cached * per_cached + output_tokens * per_output
         )
+        # int / int is correctly rounded, like float() of the exact Decimal.
+        return numerator / denominator
+
+
+_SCALE = 10**12
+
+
+@functools.lru_cache(maxsize=1024)
+def _scaled_prices(price: ModelPrice, batch: bool) -> tuple[int, int, int, int] | None:
+    """The per-token prices (discount applied) as integers over one denominator, or None
+    when a price has more decimals than the scale holds exactly."""
+    cached_price = price.cached_input_per_mtok
+    if cached_price is None:
+        cached_price = price.input_per_mtok
+    factor = 1 - _dec(price.batch_discount) if batch else Decimal(1)
+    scaled = [
+        _dec(p) * factor * _SCALE
+        for p in (price.input_per_mtok, cached_price, price.output_per_mtok)
+    ]
+    if any(value != value.to_integral_value() for value in scaled):
+        return None
+    per_input, per_cached, per_output = (int(value) for value in scaled)
+    return per_input, per_cached, per_output, _SCALE * 1_000_000
 
 
 @functools.lru_cache(maxsize=1024)

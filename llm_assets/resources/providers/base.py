@@ -6,7 +6,7 @@ provider's batch API; nothing outside `resources/providers/` talks to a provider
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -148,10 +148,19 @@ class BatchProvider(dg.ConfigurableResource):
         if template is None or item.system != spec.prompt.system:
             line = json.dumps(self.request_line(spec, item), ensure_ascii=False)
             return line.encode()
-        head, middle, tail, id_first = template
-        first, second = (item.custom_id, item.user) if id_first else (item.user, item.custom_id)
-        encoded = json.dumps(first, ensure_ascii=False), json.dumps(second, ensure_ascii=False)
-        return f"{head}{encoded[0]}{middle}{encoded[1]}{tail}".encode()
+        return TemplateEncoder(*template)(item.custom_id, item.user)
+
+    def line_encoder(self, spec: "PipelineSpec") -> Callable[[str, str], bytes]:
+        """(custom_id, user text) → request line for items with the spec's system prompt: a
+        TemplateEncoder (it pickles, so worker processes can encode) when the provider's
+        line can be templated, else a call of `encode_request` per item."""
+        template = _line_template(self, spec)
+        if template is not None:
+            return TemplateEncoder(*template)
+        system = spec.prompt.system
+        return lambda custom_id, user: self.encode_request(
+            spec, RequestItem(custom_id=custom_id, system=system, user=user)
+        )
 
     def realtime_request(self, line: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A shard line as (custom_id, request body) for a realtime call."""
@@ -176,6 +185,19 @@ class BatchProvider(dg.ConfigurableResource):
 
     def cancel(self, provider_batch_id: str) -> BatchStatus:
         raise NotImplementedError
+
+
+class TemplateEncoder:
+    """A spec's request line split around its custom_id and user text; filling it in encodes
+    only those two strings."""
+
+    def __init__(self, head: str, middle: str, tail: str, id_first: bool) -> None:
+        self.head, self.middle, self.tail, self.id_first = head, middle, tail, id_first
+
+    def __call__(self, custom_id: str, user: str) -> bytes:
+        first, second = (custom_id, user) if self.id_first else (user, custom_id)
+        a, b = json.dumps(first, ensure_ascii=False), json.dumps(second, ensure_ascii=False)
+        return f"{self.head}{a}{self.middle}{b}{self.tail}".encode()
 
 
 _ID_MARK = "\ue000llm-assets:custom_id\ue000"

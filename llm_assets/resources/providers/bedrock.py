@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
+import orjson
 import pydantic
 from pydantic import PrivateAttr
 
@@ -359,7 +360,7 @@ class BedrockBatchProvider(BatchProvider):
                 body = self.call("read output", lambda k=key: s3.get_object(Bucket=bucket, Key=k))
                 for raw in body["Body"].iter_lines():
                     if raw.strip():
-                        result = normalize_record(json.loads(raw))
+                        result = normalize_record(orjson.loads(raw))
                         if result is not None:
                             read += 1
                             yield result

@@ -10,6 +10,8 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
+import orjson
+
 from llm_assets.resources.ledger import as_utc
 from llm_assets.resources.providers.base import (
     AmbiguousSubmission,
@@ -109,7 +111,7 @@ def classify_error(
 def normalize_line(raw: bytes | str | dict[str, Any]) -> ItemResult | None:
     """One output or error file line → ItemResult; a status_code ≥ 400 is a failure even
     when `error` is null."""
-    line = raw if isinstance(raw, dict) else json.loads(raw)
+    line = raw if isinstance(raw, dict) else orjson.loads(raw)
     custom_id = line.get("custom_id")
     if not custom_id:
         return None
