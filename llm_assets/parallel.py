@@ -4,8 +4,10 @@ Rendering, counting and parsing a million items is Python on one core; the ledge
 files are written by the calling process while workers prepare the next chunks. A day is
 worked in the calling process until it passes `inline_rows`, so small days and tests of
 everything else never start a process. Workers are spawned (not forked: a Dagster run has
-threads of its own) and get the work's context once, pickled; `LLM_ASSETS_WORKERS` sets how
-many (default: the machine's cores; 0 or 1 works everything in the calling process).
+threads of its own) and get the work's context once, pickled. `LLM_ASSETS_WORKERS` sets how
+many; 0 works everything in the calling process. The default is one fewer than the machine's
+cores: the calling process keeps a core for reading, writing files and the ledger, and each
+worker holds its own tokenizer (about 190 MB; see bench/README.md).
 """
 
 import collections
@@ -38,7 +40,7 @@ def worker_count() -> int:
         if count < 0:
             raise ValueError(f"LLM_ASSETS_WORKERS must be 0 or more, got {count}")
         return count
-    return os.cpu_count() or 1
+    return max((os.cpu_count() or 1) - 1, 0)
 
 
 def chunked(rows: Iterable[Chunk], size: int | None = None) -> Iterator[list[Chunk]]:
@@ -86,7 +88,7 @@ def ordered_map(
     for chunk in chunks:
         done += len(chunk)
         yield work(context, chunk)
-        if workers > 1 and done >= INLINE_ROWS:
+        if workers > 0 and done >= INLINE_ROWS:
             break
     else:
         return

@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import pickle
 import random
 import re
 import signal
@@ -1243,10 +1242,10 @@ def validate_outputs(
             }
         )
 
-    with tempfile.TemporaryDirectory() as tmp:
+    # The outputs replace the job's earlier ones once the day's failures are recorded.
+    with tempfile.TemporaryDirectory() as tmp, ledger.replacing_outputs(job.job_id) as keep:
         path = Path(tmp) / "outputs.parquet"
-        outputs_path = Path(tmp) / "outputs.pickle"
-        with pq.ParquetWriter(path, schema) as writer, outputs_path.open("wb") as outputs:
+        with pq.ParquetWriter(path, schema) as writer:
             value_names = [k for k in schema.names if k not in quality.LINEAGE]
 
             def flush(batch: list[dict[str, Any]]) -> None:
@@ -1287,8 +1286,7 @@ def validate_outputs(
                             json.dumps(value, ensure_ascii=False),
                         )
                     )
-                # Kept on disk, a batch at a time, until the day's failures are recorded.
-                pickle.dump(stored, outputs)
+                keep(stored)
 
             batch: list[dict[str, Any]] = []
             wanted = ["custom_id", "source_id", "result_json", "finish_reason"]
@@ -1316,19 +1314,6 @@ def validate_outputs(
         uri = storage.write_file(key, path).uri
         failpoint("validate.after_write")
         ledger.set_item_errors(job.job_id, failed_rows, from_status=[SUCCEEDED])
-
-        def stored_outputs() -> Iterator[dict[str, Any]]:
-            keys = ("custom_id", "source_id", "prompt_version", "model_name", "output_json")
-            with outputs_path.open("rb") as handle:
-                while True:
-                    try:
-                        batch = pickle.load(handle)  # our own file, written above
-                    except EOFError:
-                        return
-                    for values in batch:
-                        yield dict(zip(keys, values, strict=True))
-
-        ledger.replace_outputs(job.job_id, stored_outputs())
     counts = ledger.refresh_job(job.job_id)
     quality_dead = counts.dead_letters_by_class.get("quality", 0)
     judged = counts.succeeded + quality_dead

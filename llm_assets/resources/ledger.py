@@ -13,8 +13,10 @@ import functools
 import hashlib
 import io
 import os
+import pickle
+import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -1672,6 +1674,45 @@ class LedgerResource(dg.ConfigurableResource):
         with self.engine.connect() as conn:
             for row in conn.execution_options(yield_per=CHUNK).execute(query):
                 yield dict(row._mapping)
+
+    @contextlib.contextmanager
+    def replacing_outputs(self, job_id: str) -> Iterator[Callable[[list[tuple[Any, ...]]], None]]:
+        """Replace a job's validated outputs as a whole: the block hands over batches of
+        (custom_id, source_id, prompt_version, model_name, output_json) and the new set
+        replaces the old in one transaction, committed when the block ends without error.
+
+        On PostgreSQL a thread of its own copies each batch in while the caller makes the
+        next one. SQLite takes one writer at a time and the caller writes the ledger too, so
+        there the batches are spooled to a file and written when the block ends.
+        """
+        keys = ("custom_id", "source_id", "prompt_version", "model_name", "output_json")
+        if self.engine.dialect.name != "postgresql":
+            with tempfile.TemporaryFile() as spool:
+
+                def spooled() -> Iterator[dict[str, Any]]:
+                    spool.seek(0)
+                    while True:
+                        try:
+                            batch = pickle.load(spool)  # our own file, written below
+                        except EOFError:
+                            return
+                        for values in batch:
+                            yield dict(zip(keys, values, strict=True))
+
+                yield lambda batch: pickle.dump(batch, spool)
+                self.replace_outputs(job_id, spooled())
+            return
+        now = utcnow()
+        columns = [*keys, "job_id", "created_at"]
+        with self.engine.connect() as conn, conn.begin():
+            conn.execute(sa.delete(output_table).where(output_table.c.job_id == job_id))
+            bulk = _Bulk(conn)
+
+            def copy(batch: list[tuple[Any, ...]]) -> None:
+                bulk.copy(output_table.name, columns, ((*row, job_id, now) for row in batch))
+
+            with BackgroundWriter() as writer:
+                yield lambda batch: writer.submit(functools.partial(copy, batch))
 
     def replace_outputs(self, job_id: str, rows: Iterable[dict[str, Any]]) -> int:
         """The validated outputs of a job, replaced as a whole in one transaction."""
