@@ -26,7 +26,7 @@ import json
 import re
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -256,6 +256,11 @@ class InstantOpenAIProvider(OpenAIBatchProvider):
         for path in (output, errors):
             with path.open("rb") as handle:
                 yield from handle
+
+    def result_lines(
+        self, provider_batch_id: str
+    ) -> tuple[Iterator[bytes], Callable[[bytes], ItemResult | None]]:
+        return self.output_lines(provider_batch_id), normalize_line
 
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
         for raw in self.output_lines(provider_batch_id):

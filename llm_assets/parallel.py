@@ -1,13 +1,13 @@
 """Per-item work of a large day spread over worker processes, results in input order.
 
 Rendering, counting and parsing a million items is Python on one core; the ledger and the
-files are written by the calling process while workers prepare the next chunks. A day is
-worked in the calling process until it passes `inline_rows`, so small days and tests of
+files are written by the calling process while workers work the next chunks. Work is done in
+the calling process until `INLINE_ROWS` rows have gone through, so small days and tests of
 everything else never start a process. Workers are spawned (not forked: a Dagster run has
-threads of its own) and get the work's context once, pickled. `LLM_ASSETS_WORKERS` sets how
-many; 0 works everything in the calling process. The default is one fewer than the machine's
-cores: the calling process keeps a core for reading, writing files and the ledger, and each
-worker holds its own tokenizer (about 190 MB; see bench/README.md).
+threads of its own). `LLM_ASSETS_WORKERS` sets how many; 0 works everything in the calling
+process. The default is one fewer than the machine's cores: the calling process keeps a core
+for reading, writing files and the ledger, and each worker holds its own tokenizer (about
+170 MB; see bench/README.md).
 """
 
 import collections
@@ -15,11 +15,12 @@ import concurrent.futures
 import multiprocessing
 import os
 import pickle
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 Context = TypeVar("Context")
-Chunk = TypeVar("Chunk")
+Row = TypeVar("Row")
 Result = TypeVar("Result")
 
 CHUNK_ROWS = 5_000
@@ -43,9 +44,9 @@ def worker_count() -> int:
     return max((os.cpu_count() or 1) - 1, 0)
 
 
-def chunked(rows: Iterable[Chunk], size: int | None = None) -> Iterator[list[Chunk]]:
+def chunked(rows: Iterable[Row], size: int | None = None) -> Iterator[list[Row]]:
     size = size or CHUNK_ROWS
-    batch: list[Chunk] = []
+    batch: list[Row] = []
     for row in rows:
         batch.append(row)
         if len(batch) >= size:
@@ -55,63 +56,90 @@ def chunked(rows: Iterable[Chunk], size: int | None = None) -> Iterator[list[Chu
         yield batch
 
 
-_context: Any = None
+# In a worker: the contexts of the latest maps, unpickled once each.
+_contexts: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
 
 
-def _install(pickled: bytes) -> None:
-    global _context
-    _context = pickle.loads(pickled)
+def _call(work: Callable[[Any, Any], Any], key: str, context: bytes, chunk: Any) -> Any:
+    found = _contexts.get(key)
+    if found is None:
+        found = _contexts[key] = pickle.loads(context)
+        while len(_contexts) > 4:
+            _contexts.popitem(last=False)
+    return work(found, chunk)
 
 
-def _call(work: Callable[[Any, Any], Any], chunk: Any) -> Any:
-    return work(_context, chunk)
+class Workers:
+    """A pool of worker processes, started when first needed and shared by every `map` in
+    the `with` block (a day's shards, say), so a process starts once per step."""
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = worker_count() if workers is None else workers
+        self._done = 0
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def map(
+        self,
+        work: Callable[[Context, list[Row]], Result],
+        context: Context,
+        rows: Iterable[Row],
+    ) -> Iterator[Result]:
+        """`work(context, chunk)` for consecutive chunks of `rows`, yielded in order.
+
+        `work` must be a module-level function and `context` picklable. Chunks are worked
+        here until the block has seen `INLINE_ROWS` rows; after that they go to the workers,
+        with at most two chunks per worker waiting, so memory stays bounded however long
+        the input is. An error in a worker is raised here, and nothing after it is
+        yielded. A context that does not pickle is worked here.
+        """
+        chunks = chunked(rows)
+        for chunk in chunks:
+            self._done += len(chunk)
+            yield work(context, chunk)
+            if self.workers > 0 and self._done >= INLINE_ROWS:
+                break
+        else:
+            return
+        try:
+            pickled = pickle.dumps(context)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            # Work that cannot travel (a provider that encodes each line itself) stays here.
+            for chunk in chunks:
+                yield work(context, chunk)
+            return
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")
+            )
+        key = uuid.uuid4().hex
+        pending: collections.deque[concurrent.futures.Future[Result]] = collections.deque()
+        try:
+            for chunk in chunks:
+                pending.append(self._pool.submit(_call, work, key, pickled, chunk))
+                if len(pending) >= 2 * self.workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def ordered_map(
-    work: Callable[[Context, list[Chunk]], Result],
+    work: Callable[[Context, list[Row]], Result],
     context: Context,
-    rows: Iterable[Chunk],
+    rows: Iterable[Row],
     *,
     workers: int | None = None,
 ) -> Iterator[Result]:
-    """`work(context, chunk)` for consecutive chunks of `rows`, yielded in order.
-
-    `work` must be a module-level function and `context` picklable. The first `INLINE_ROWS`
-    rows are worked here; after that, chunks go to `workers` processes, with at most two
-    chunks per worker waiting, so memory stays bounded however long the input is. An error in
-    a worker is raised here, and nothing after it is yielded. A context that does not pickle
-    is worked here to the end.
-    """
-    workers = worker_count() if workers is None else workers
-    chunks = chunked(rows)
-    done = 0
-    for chunk in chunks:
-        done += len(chunk)
-        yield work(context, chunk)
-        if workers > 0 and done >= INLINE_ROWS:
-            break
-    else:
-        return
-    try:
-        pickled = pickle.dumps(context)
-    except (pickle.PicklingError, TypeError, AttributeError):
-        # Work that cannot travel (a provider that encodes each line itself) stays here.
-        for chunk in chunks:
-            yield work(context, chunk)
-        return
-    pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_install,
-        initargs=(pickled,),
-    )
-    pending: collections.deque[concurrent.futures.Future[Result]] = collections.deque()
-    try:
-        for chunk in chunks:
-            pending.append(pool.submit(_call, work, chunk))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    """`Workers.map` with a pool of its own."""
+    with Workers(workers) as pool:
+        yield from pool.map(work, context, rows)

@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import BaseModel
 
-from llm_assets import ids, quality
+from llm_assets import ids, parallel, quality
 from llm_assets.failpoints import failpoint
 from llm_assets.items import PreparedItem, Preparer, prepare_items
 from llm_assets.progress import report as report_progress
@@ -885,6 +886,24 @@ class ImportResult(BaseModel):
     counts: JobCounts
 
 
+@dataclasses.dataclass(frozen=True)
+class _RowMaker:
+    price: ModelPrice
+    model_name: str
+    batch: bool
+
+    def __call__(self, result: ItemResult) -> dict[str, Any]:
+        return _ledger_row(result, self.price, self.model_name, batch=self.batch)
+
+
+def _ledger_rows(
+    context: tuple[Callable[[bytes], ItemResult | None], _RowMaker], lines: list[bytes]
+) -> list[dict[str, Any]]:
+    """Raw result lines → ledger rows: the unit of work of a worker process."""
+    parse, to_row = context
+    return [to_row(result) for result in map(parse, lines) if result is not None]
+
+
 def _ledger_row(
     result: ItemResult, price: ModelPrice, model_name: str, *, batch: bool
 ) -> dict[str, Any]:
@@ -976,22 +995,27 @@ def import_results(
     # The ledger writes of one shard (its results, then closing it) run on the writer thread
     # while the next shard's lines are read and parsed; they run in order, so a shard is
     # closed only after its results are in, and a failure stops everything queued after it.
-    with BackgroundWriter() as writer:
+    with BackgroundWriter() as writer, parallel.Workers() as workers:
         for shard in ledger.shards(job.job_id, ENDED_STATES):
             assert shard.provider_batch_id is not None
             charged = (
                 ModelPrice.model_validate_json(shard.price_json) if shard.price_json else price
             )
-            # A shard worked in the step wrote its results as they came: nothing to fetch.
-            results = (
-                iter(())
-                if shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX)
-                else provider.results(shard.provider_batch_id)
-            )
-            rows = (
-                _ledger_row(r, charged, spec.model.name, batch=provider.priced_as_batch)
-                for r in results
-            )
+            to_row = _RowMaker(charged, spec.model.name, provider.priced_as_batch)
+            rows: Iterable[dict[str, Any]]
+            if shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX):
+                # A shard worked in the step wrote its results as they came: nothing to fetch.
+                rows = ()
+            elif (lines := provider.result_lines(shard.provider_batch_id)) is not None:
+                # Lines are parsed in worker processes when the day is large.
+                raw, parse = lines
+                rows = (
+                    row
+                    for chunk in workers.map(_ledger_rows, (parse, to_row), raw)
+                    for row in chunk
+                )
+            else:
+                rows = map(to_row, provider.results(shard.provider_batch_id))
             shard_stats = ledger.upsert_results(job.job_id, rows, writer=writer)
             writer.submit(
                 functools.partial(_close_imported_shard, ledger, shard, shard_stats, totals)
@@ -1250,43 +1274,40 @@ def validate_outputs(
 
             def flush(batch: list[dict[str, Any]]) -> None:
                 nonlocal valid, low_confidence
-                stored: list[tuple[str, str, str, str, str]] = []
-                frame = pd.DataFrame(batch, columns=schema.names)
+                names = list(schema.names)
+                frame = pd.DataFrame({name: [row.get(name) for row in batch] for name in names})
                 passed, broken = quality.validate_frame(spec, frame, seen_sources)
                 for failure in broken:
                     fail(failure.custom_id, failure.rule, f"{failure.rule}: got {failure.value!r}")
-                # Columns to Python lists at C speed, then rows (DataFrame.to_dict boxes every
-                # value in Python).
-                names = list(schema.names)
-                rows = [
-                    dict(zip(names, values, strict=True))
-                    for values in zip(*(passed[name].tolist() for name in names), strict=True)
-                ]
-                if rows:
-                    writer.write_table(pa.Table.from_pylist(rows, schema=schema))
-                for row in rows:
-                    valid += 1
-                    if len(preview) < 10:
-                        preview.append(row)
-                    if label_name:
-                        labels[str(row[label_name])] += 1
-                    if (
-                        confidence_name
-                        and spec.quality.min_confidence is not None
-                        and row[confidence_name] < spec.quality.min_confidence
-                    ):
-                        low_confidence += 1
-                    value = {k: row[k] for k in value_names}
-                    stored.append(
-                        (
-                            row["custom_id"],
-                            row["source_id"],
-                            job.prompt_version,
-                            job.model_name,
-                            json.dumps(value, ensure_ascii=False),
+                if passed.empty:
+                    return
+                # Columns to Python lists at C speed; rows only where rows are needed.
+                columns = {name: passed[name].tolist() for name in names}
+                writer.write_table(pa.Table.from_pydict(columns, schema=schema))
+                count = len(columns["custom_id"])
+                valid += count
+                for values in zip(*columns.values(), strict=True):
+                    if len(preview) >= 10:
+                        break
+                    preview.append(dict(zip(names, values, strict=True)))
+                if label_name:
+                    for label in columns[label_name]:
+                        labels[str(label)] += 1
+                floor = spec.quality.min_confidence
+                if confidence_name and floor is not None:
+                    low_confidence += sum(1 for c in columns[confidence_name] if c < floor)
+                outputs = (
+                    orjson.dumps(dict(zip(value_names, values, strict=True))).decode()
+                    for values in zip(*(columns[k] for k in value_names), strict=True)
+                )
+                keep(
+                    [
+                        (custom_id, source_id, job.prompt_version, job.model_name, output)
+                        for custom_id, source_id, output in zip(
+                            columns["custom_id"], columns["source_id"], outputs, strict=True
                         )
-                    )
-                keep(stored)
+                    ]
+                )
 
             batch: list[dict[str, Any]] = []
             wanted = ["custom_id", "source_id", "result_json", "finish_reason"]

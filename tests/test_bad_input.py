@@ -6,6 +6,7 @@ objects, a row without a date) and with ids that try to escape paths or inject S
 runs through Dagster against the fake OpenAI server on SQLite and PostgreSQL.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -463,11 +464,12 @@ def test_parquet_integer_ids_next_to_a_missing_id_keep_their_value(
         assert set(harness.labels()) == {"7", "9"}
 
 
-def test_worker_processes_give_the_same_shards_and_dead_letters_as_one_process(
+def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_process(
     tmp_path: Path, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A large day's rows are assessed in worker processes; small chunks and a low threshold
-    make this day one, with duplicates of an id in other chunks than its first row."""
+    """A large day's rows are assessed, and its result lines parsed, in worker processes;
+    small chunks and a low threshold make this day one, with duplicates of an id in other
+    chunks than its first row, and transient failures among the results."""
     from llm_assets import parallel
 
     submitted: list[int] = []
@@ -491,7 +493,26 @@ def test_worker_processes_give_the_same_shards_and_dead_letters_as_one_process(
                 harness.spec, DAY, harness.ledger, harness.storage, harness.provider
             )
             shards = [harness.storage.read_bytes(uri) for uri in built.shard_uris]
-            keys = ("custom_id", "source_id", "status", "error_code", "error_message")
+            steps.submit_shards(
+                harness.spec, DAY, harness.ledger, harness.storage, harness.provider
+            )
+            harness.runner().wait_for_batches(DAY)
+            imported = steps.import_results(
+                harness.spec, DAY, harness.ledger, harness.storage, harness.provider
+            )
+            assert imported.lines.applied == 29 and imported.lines.duplicates > 0
+            keys = (
+                "custom_id",
+                "source_id",
+                "status",
+                "error_class",
+                "error_code",
+                "error_message",
+                "input_tokens",
+                "output_tokens",
+                "cost_usd",
+                "result_json",
+            )
             # Rows without an id are named by their file's path, which differs by folder.
             rows = sorted(
                 tuple(
@@ -507,17 +528,24 @@ def test_worker_processes_give_the_same_shards_and_dead_letters_as_one_process(
             gen.close()
 
     monkeypatch.setattr(parallel.concurrent.futures, "ProcessPoolExecutor", CountingPool)
+    # About a fifth of the lines fail with a 500 (to be retried) and a fifth come twice.
+    fake.line_fault = line_fault
     alone_shards, alone_rows = shards_and_rows("alone", "0")
     assert submitted == []
     monkeypatch.setattr(parallel, "CHUNK_ROWS", 5)
     monkeypatch.setattr(parallel, "INLINE_ROWS", 10)
     spread_shards, spread_rows = shards_and_rows("spread", "2")
 
-    assert len(submitted) >= 20  # 126 rows in chunks of 5, the first two worked here
+    # 126 rows in chunks of 5, the first two worked here; then 29 result lines.
+    assert len(submitted) >= 23 + 3
     assert spread_shards == alone_shards and alone_shards
     assert spread_rows == alone_rows
-    codes = Counter(row[3] for row in spread_rows)
-    assert codes["None"] == 29
+    codes = Counter(row[4] for row in spread_rows)
+    requests = [row for row in spread_rows if row[2] != "dead_letter"]
+    failed = [row for row in requests if line_fault(row[0], None) == "5xx"]
+    assert len(requests) == 29 and 0 < len(failed) < 29
+    assert all(row[2] == "succeeded" for row in requests if row not in failed)
+    assert all(row[2] != "succeeded" and row[3] == "transient" for row in failed)
     # Every kind of bad row, and in each copy of the day after the first, every row with an
     # id a duplicate.
     with_id = sum(1 for line in bad_day() if line.source_id is not None)
@@ -552,6 +580,11 @@ def test_ordered_map_keeps_order_raises_worker_errors_and_keeps_unpicklable_work
     monkeypatch.setenv("LLM_ASSETS_WORKERS", "two")
     with pytest.raises(ValueError, match="whole number"):
         parallel.worker_count()
+
+
+def line_fault(custom_id: str, body: Any) -> str | None:
+    residue = int(hashlib.sha256(custom_id.encode()).hexdigest(), 16) % 5
+    return {0: "5xx", 1: "duplicate"}.get(residue)
 
 
 def _squares(fail_at: int, chunk: list[int]) -> list[int]:

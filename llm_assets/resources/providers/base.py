@@ -183,6 +183,14 @@ class BatchProvider(dg.ConfigurableResource):
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
         raise NotImplementedError
 
+    def result_lines(
+        self, provider_batch_id: str
+    ) -> tuple[Iterator[bytes], Callable[[bytes], ItemResult | None]] | None:
+        """For a provider whose results are lines: the batch's raw lines (what `results`
+        reads) and the module-level function that normalizes one (what `results` applies),
+        so that a large import can parse them in worker processes. None: use `results`."""
+        return None
+
     def cancel(self, provider_batch_id: str) -> BatchStatus:
         raise NotImplementedError
 

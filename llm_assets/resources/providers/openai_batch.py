@@ -7,7 +7,7 @@ before a crash can be found again instead of paid for twice.
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
@@ -326,6 +326,17 @@ class OpenAIBatchProvider(RemoteBatchProvider):
                     raise
 
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
+        for raw in self._result_lines(provider_batch_id):
+            result = normalize_line(raw)
+            if result is not None:
+                yield result
+
+    def result_lines(
+        self, provider_batch_id: str
+    ) -> tuple[Iterator[bytes], Callable[[bytes], ItemResult | None]]:
+        return self._result_lines(provider_batch_id), normalize_line
+
+    def _result_lines(self, provider_batch_id: str) -> Iterator[bytes]:
         batch = self.call("retrieve", lambda: self.client.batches.retrieve(provider_batch_id))
         if STATUS_MAP.get(batch.status) not in (
             ShardState.COMPLETED,
@@ -335,7 +346,4 @@ class OpenAIBatchProvider(RemoteBatchProvider):
         ):
             raise RuntimeError(f"OpenAI batch {provider_batch_id} has not ended ({batch.status})")
         for file_id in (batch.output_file_id, batch.error_file_id):
-            for raw in self._file_lines(file_id):
-                result = normalize_line(raw)
-                if result is not None:
-                    yield result
+            yield from self._file_lines(file_id)
