@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from llm_assets import steps
 from llm_assets.factory import asset_key
-from llm_assets.resources.ledger import TERMINAL, metadata, result_table
+from llm_assets.resources.ledger import TERMINAL, metadata, output_table, result_table
 from tests import test_openai_provider as openai_tests
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, review_spec
@@ -501,6 +501,13 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
                 harness.spec, DAY, harness.ledger, harness.storage, harness.provider
             )
             assert imported.lines.applied == 29 and imported.lines.duplicates > 0
+            validated = steps.validate_outputs(harness.spec, DAY, harness.ledger, harness.storage)
+            assert validated.quality_failures and validated.valid_rows
+            with harness.ledger.engine.connect() as conn:
+                outputs = sorted(
+                    (r.custom_id, r.output_json) for r in conn.execute(sa.select(output_table))
+                )
+            assert len(outputs) == validated.valid_rows
             keys = (
                 "custom_id",
                 "source_id",
@@ -523,13 +530,15 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
                 )
                 for row in harness.rows().values()
             )
-            return shards, rows
+            return shards, rows + [("output", *o) for o in outputs]
         finally:
             gen.close()
 
     monkeypatch.setattr(parallel.concurrent.futures, "ProcessPoolExecutor", CountingPool)
-    # About a fifth of the lines fail with a 500 (to be retried) and a fifth come twice.
+    # About a fifth of the lines fail with a 500 (to be retried) and a fifth come twice; some
+    # answers are not JSON or break the schema (quality dead letters).
     fake.line_fault = line_fault
+    fake.responder = sloppy
     alone_shards, alone_rows = shards_and_rows("alone", "0")
     assert submitted == []
     monkeypatch.setattr(parallel, "CHUNK_ROWS", 5)
@@ -540,12 +549,18 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     assert len(submitted) >= 23 + 3
     assert spread_shards == alone_shards and alone_shards
     assert spread_rows == alone_rows
-    codes = Counter(row[4] for row in spread_rows)
-    requests = [row for row in spread_rows if row[2] != "dead_letter"]
+    codes = Counter(row[4] for row in spread_rows if row[0] != "output")
+    items = [row for row in spread_rows if row[0] != "output"]
+    requests = [row for row in items if row[3] != "input"]
     failed = [row for row in requests if line_fault(row[0], None) == "5xx"]
     assert len(requests) == 29 and 0 < len(failed) < 29
-    assert all(row[2] == "succeeded" for row in requests if row not in failed)
     assert all(row[2] != "succeeded" and row[3] == "transient" for row in failed)
+    answered = Counter(row[3] for row in requests if row not in failed)
+    assert answered["None"] and answered["quality"]
+    assert {row[4] for row in requests if row[3] == "quality"} <= {
+        "invalid_json",
+        "label.literal_error",
+    }
     # Every kind of bad row, and in each copy of the day after the first, every row with an
     # id a duplicate.
     with_id = sum(1 for line in bad_day() if line.source_id is not None)
@@ -580,6 +595,16 @@ def test_ordered_map_keeps_order_raises_worker_errors_and_keeps_unpicklable_work
     monkeypatch.setenv("LLM_ASSETS_WORKERS", "two")
     with pytest.raises(ValueError, match="whole number"):
         parallel.worker_count()
+
+
+def sloppy(body: Any) -> str:
+    """Answers like a good model, except for some texts: not JSON, or a label not allowed."""
+    text = openai_tests.user_text(body)
+    residue = int(hashlib.sha256(text.encode()).hexdigest(), 16) % 4
+    if residue == 0:
+        return "{not json"
+    answer = json.loads(openai_tests.truthful(body))
+    return json.dumps({**answer, "label": "lukewarm"}) if residue == 1 else json.dumps(answer)
 
 
 def line_fault(custom_id: str, body: Any) -> str | None:

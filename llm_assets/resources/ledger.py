@@ -1101,8 +1101,9 @@ class LedgerResource(dg.ConfigurableResource):
         query = query.order_by(result_table.c.custom_id)
         with self.engine.connect() as conn:
             result = conn.execution_options(yield_per=CHUNK).execute(query)
+            keys = list(result.keys())
             for row in result:
-                yield dict(row._mapping)
+                yield dict(zip(keys, row, strict=True))
 
     def counts(self, job_id: str) -> JobCounts:
         with self.engine.connect() as conn:
