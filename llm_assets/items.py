@@ -129,11 +129,12 @@ class Preparer:
         )
 
 
-def assess_lines(
-    preparer: Preparer, lines: list[bytes]
-) -> list[tuple[str | None, str, PreparedItem]]:
-    """Snapshot lines → assessed rows: the unit of work of a worker process."""
-    return [preparer.assess(SourceRow.model_validate_json(line)) for line in lines]
+def assess_lines(preparer: Preparer, lines: list[bytes]) -> list[tuple[Any, ...]]:
+    """Snapshot lines → assessed rows: the unit of work of a worker process. Each is one
+    flat tuple, (source id, where, *PreparedItem): a million named tuples inside tuples
+    take 10 µs each to pickle and unpickle, flat ones under 3 µs."""
+    rows = (preparer.assess(SourceRow.model_validate_json(line)) for line in lines)
+    return [(source_id, where, *item) for source_id, where, item in rows]
 
 
 def prepare_items(preparer: Preparer, lines: Iterable[bytes]) -> Iterator[PreparedItem]:
@@ -146,7 +147,8 @@ def prepare_items(preparer: Preparer, lines: Iterable[bytes]) -> Iterator[Prepar
     files: dict[str, int] = {}
     duplicates: dict[str, int] = {}
     for assessed in parallel.ordered_map(assess_lines, preparer, lines):
-        for source_id, where, item in assessed:
+        for source_id, where, *fields in assessed:
+            item = PreparedItem(*fields)
             if source_id is None:
                 yield item
                 continue

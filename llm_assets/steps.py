@@ -5,7 +5,6 @@ each step's idempotency easy to see and to test: every step can run again at any
 converges on the same ledger state.
 """
 
-import collections
 import contextlib
 import dataclasses
 import datetime as dt
@@ -1234,33 +1233,6 @@ def _arrow_schema(spec: PipelineSpec) -> Any:
     return pa.schema([*lineage, *fields])
 
 
-_Parsed = tuple[bool, str | None, str | None, dict[str, Any] | None]
-"""A ParsedOutput's (ok, rule, message, value): plain tuples pickle ten times faster."""
-
-
-def _parse_outputs(spec: PipelineSpec, texts: list[tuple[str | None, str | None]]) -> list[_Parsed]:
-    """(result text, finish reason) → parsed outputs: the unit of work of a worker process."""
-    parsed = (parse_output(spec, text, finish) for text, finish in texts)
-    return [(p.ok, p.rule, p.message, p.value) for p in parsed]
-
-
-def _parsed_outputs(
-    spec: PipelineSpec, items: Iterable[dict[str, Any]]
-) -> Iterator[tuple[dict[str, Any], _Parsed]]:
-    """Each item with its parsed output, in order; parsed in worker processes when the day
-    is large. The items themselves stay here: only their texts travel."""
-    waiting: collections.deque[dict[str, Any]] = collections.deque()
-
-    def texts() -> Iterator[tuple[str | None, str | None]]:
-        for item in items:
-            waiting.append(item)
-            yield item["result_json"], item["finish_reason"]
-
-    for chunk in parallel.ordered_map(_parse_outputs, spec, texts()):
-        for parsed in chunk:
-            yield waiting.popleft(), parsed
-
-
 def validate_outputs(
     spec: PipelineSpec, day: dt.date, ledger: LedgerResource, storage: ArtifactStorage
 ) -> ValidateResult:
@@ -1339,11 +1311,14 @@ def validate_outputs(
 
             batch: list[dict[str, Any]] = []
             wanted = ["custom_id", "source_id", "result_json", "finish_reason"]
-            items = ledger.iter_items(job.job_id, [SUCCEEDED], columns=wanted)
-            for item, (ok, rule, message, value) in _parsed_outputs(spec, items):
-                if not ok:
-                    fail(item["custom_id"], rule or "unknown", message or "")
+            # Parsed here: handing the texts to a worker process and the values back costs
+            # more than parsing them (measured: bench/README.md).
+            for item in ledger.iter_items(job.job_id, [SUCCEEDED], columns=wanted):
+                parsed = parse_output(spec, item["result_json"], item["finish_reason"])
+                if not parsed.ok:
+                    fail(item["custom_id"], parsed.rule or "unknown", parsed.message or "")
                     continue
+                value = parsed.value
                 batch.append(
                     {
                         "job_id": job.job_id,
