@@ -242,11 +242,14 @@ def _child_pids() -> list[int]:
 
 def children_rss_mb() -> float:
     """Memory of this process's children (the worker processes of llm_assets.parallel), as
-    their PSS: a child being spawned shares this process's pages until it execs, and its RSS
-    would count them twice."""
+    their PSS. A child being spawned shares this process's pages until it execs; until then
+    its command line is ours, and it is not counted (its pages are this process's)."""
     total = 0
+    ours = Path("/proc/self/cmdline").read_bytes()
     for pid in _child_pids():
         try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == ours:
+                continue
             with open(f"/proc/{pid}/smaps_rollup") as rollup:
                 for line in rollup:
                     if line.startswith("Pss:"):

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from llm_assets.fastjson import json_loads
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec import PipelineSpec
 
@@ -87,7 +88,7 @@ def _jsonl_rows(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:
             yield SourceRow(file=uri, line=number, error=f"invalid UTF-8 at byte {exc.start}")
             continue
         try:
-            record = json.loads(text)
+            record = json_loads(text)
         except json.JSONDecodeError as exc:
             yield SourceRow(file=uri, line=number, error=f"not valid JSON: {exc.msg}")
             continue

@@ -1,11 +1,12 @@
 """From a spec's output schema to the pydantic model each result is parsed with."""
 
 import functools
+import json
 from typing import Any, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from llm_assets.fastjson import json_loads
 from llm_assets.spec import FieldSpec, OutputSpec, PipelineSpec
 
 _PY_TYPES: dict[str, Any] = {
@@ -114,8 +115,8 @@ def parse_output(spec: PipelineSpec, text: str | None, finish_reason: str | None
                 )
         return ParsedOutput(ok=True, value={"text": text})
     try:
-        raw = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
+        raw = json_loads(text)
+    except json.JSONDecodeError as exc:
         return ParsedOutput(ok=False, rule="invalid_json", message=f"{exc}: {text[:200]!r}")
     try:
         value = output_model(spec).model_validate(raw)

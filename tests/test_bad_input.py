@@ -6,6 +6,8 @@ objects, a row without a date) and with ids that try to escape paths or inject S
 runs through Dagster against the fake OpenAI server on SQLite and PostgreSQL.
 """
 
+import datetime as dt
+import decimal
 import hashlib
 import json
 import os
@@ -26,6 +28,7 @@ import sqlalchemy as sa
 from llm_assets import steps
 from llm_assets.factory import asset_key
 from llm_assets.resources.ledger import TERMINAL, metadata, output_table, result_table
+from llm_assets.source import SourceRow
 from tests import test_openai_provider as openai_tests
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, review_spec
@@ -620,3 +623,40 @@ def _squares(fail_at: int, chunk: list[int]) -> list[int]:
 
 def _apply(function: Any, chunk: list[int]) -> list[int]:
     return [function(n) for n in chunk]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"a": 1, "b": 2.5, "c": "ümlaut ✓ 😀", "d": None, "e": True, "f": [1, "x", {"g": 0.1}]},
+        {"ctl": "line\nbreak\ttab\x01\x7f\u2028", "q": '"quoted" \\ slash /'},
+        {"big": 2**70, "neg": -(2**63)},
+        {"utc": dt.datetime(2026, 11, 2, 9, 30, tzinfo=dt.UTC), "naive": dt.datetime(2026, 11, 2)},
+        {"offset": dt.datetime(2026, 11, 2, tzinfo=dt.timezone(dt.timedelta(hours=1)))},
+        {"day": dt.date(2026, 11, 2), "decimal": decimal.Decimal("1.10"), "tiny": 1e-7},
+        {"huge": 1e300, "sum": 0.30000000000000004, "nan": float("nan")},
+        None,
+    ],
+)
+def test_snapshot_lines_are_written_as_pydantic_writes_them(record: Any) -> None:
+    """The snapshot is content-addressed: its fast writer must match SourceRow's JSON byte for
+    byte (parquet sources bring datetimes and decimals; JSON brings huge integers)."""
+    error = None if record is not None else "not a JSON object"
+    expected = SourceRow(file="f.jsonl", line=3, record=record, error=error).model_dump_json()
+    assert steps._snapshot_line("f.jsonl", 3, record, error) == expected.encode() + b"\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": NaN, "b": Infinity}',
+        '{"big": 123456789012345678901234567890, "id": 9223372036854775808}',
+        '{"s": "\\udc80"}',
+    ],
+)
+def test_source_lines_orjson_cannot_read_are_read_as_json_reads_them(text: str) -> None:
+    from llm_assets.fastjson import json_loads
+
+    assert repr(json_loads(text)) == repr(json.loads(text))
+    with pytest.raises(json.JSONDecodeError, match="Expecting value"):
+        json_loads('{"review_id": "J-1", "created_at": ')
