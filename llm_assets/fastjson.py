@@ -1,21 +1,43 @@
 """JSON reading at orjson's speed, with json's results."""
 
 import json
-import re
 from typing import Any
 
 import orjson
 
-_LONG_NUMBER = re.compile(r"\d{19}")
+_HUGE = float(2**63)
 
 
-def json_loads(text: str) -> Any:
-    """json.loads, at orjson's speed where orjson reads the same: not where a number may
-    pass 64 bits (orjson makes such an integer a float, and an id would lose digits), nor
-    where orjson refuses (NaN, Infinity, lone surrogates), and json's errors are reported."""
-    if _LONG_NUMBER.search(text):
-        return json.loads(text)
+def parse(text: str | bytes) -> tuple[Any, bool]:
+    """(json.loads(text), whether orjson read it). orjson reads 3-4x faster and refuses lone
+    surrogates, so what it read has only valid Unicode. json reads where orjson refuses (NaN,
+    Infinity, lone surrogates; json's errors are the ones reported), and where orjson made an
+    integer past 64 bits a float (an id would lose digits): a float that large is read again
+    by json, which keeps integers whole and reads real floats the same."""
     try:
-        return orjson.loads(text)
+        value = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return json.loads(text)
+        return json.loads(text), False
+    if _has_huge_float(value):
+        return json.loads(text), False
+    return value, True
+
+
+def json_loads(text: str | bytes) -> Any:
+    """json.loads, at orjson's speed where orjson reads the same (see `parse`)."""
+    return parse(text)[0]
+
+
+def _has_huge_float(value: Any) -> bool:
+    kind = type(value)
+    if kind is float:
+        return not -_HUGE < value < _HUGE
+    if kind is dict:
+        for item in value.values():
+            if _has_huge_float(item):
+                return True
+    elif kind is list:
+        for item in value:
+            if _has_huge_float(item):
+                return True
+    return False

@@ -57,7 +57,7 @@ from llm_assets.resources.providers.base import (
 )
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.sharding import split_shards
-from llm_assets.source import SourceRow, rows_for_partition
+from llm_assets.source import rows_for_partition
 from llm_assets.spec import PipelineSpec
 from llm_assets.tokens import counter_for
 from llm_assets.validation import parse_output
@@ -99,20 +99,6 @@ class SnapshotResult(BaseModel):
     files: int
 
 
-def _snapshot_line(file: str, line: int, record: dict[str, Any] | None, error: str | None) -> bytes:
-    """A SourceRow as its JSON line, exactly as `model_dump_json` writes it (a test checks);
-    orjson is four times faster, and pydantic writes what orjson cannot (huge integers)."""
-    try:
-        text = orjson.dumps(
-            {"file": file, "line": line, "record": record, "error": error},
-            option=orjson.OPT_UTC_Z,
-        )
-    except TypeError:
-        row = SourceRow(file=file, line=line, record=record, error=error)
-        text = row.model_dump_json().encode()
-    return text + b"\n"
-
-
 def take_snapshot(
     spec: PipelineSpec, day: dt.date, source_uri: str, storage: ArtifactStorage
 ) -> SnapshotResult:
@@ -126,12 +112,11 @@ def take_snapshot(
         try:
             for row in rows_for_partition(spec, source_uri, day, storage):
                 files.add(row.file)
-                record = row.record
-                if record is not None:
-                    record = {k: v for k, v in record.items() if k in keep}
+                if row.record is not None:
+                    row = row._replace(record={k: v for k, v in row.record.items() if k in keep})
                 else:
                     unreadable += 1
-                line = _snapshot_line(row.file, row.line, record, row.error)
+                line = row.to_json() + b"\n"
                 digest.update(line)
                 tmp.write(line)
                 rows += 1

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from llm_assets import steps
 from llm_assets.factory import asset_key
 from llm_assets.resources.ledger import TERMINAL, metadata, output_table, result_table
-from llm_assets.source import SourceRow
+from llm_assets.source import SourceRow, SourceRowModel
 from tests import test_openai_provider as openai_tests
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, review_spec
@@ -639,11 +639,17 @@ def _apply(function: Any, chunk: list[int]) -> list[int]:
     ],
 )
 def test_snapshot_lines_are_written_as_pydantic_writes_them(record: Any) -> None:
-    """The snapshot is content-addressed: its fast writer must match SourceRow's JSON byte for
-    byte (parquet sources bring datetimes and decimals; JSON brings huge integers)."""
+    """The snapshot is content-addressed: its fast writer must match the pydantic model's
+    JSON byte for byte (parquet sources bring datetimes and decimals; JSON brings huge
+    integers), and JSON rows must read back as they were."""
     error = None if record is not None else "not a JSON object"
-    expected = SourceRow(file="f.jsonl", line=3, record=record, error=error).model_dump_json()
-    assert steps._snapshot_line("f.jsonl", 3, record, error) == expected.encode() + b"\n"
+    expected = SourceRowModel(file="f.jsonl", line=3, record=record, error=error)
+    row = SourceRow("f.jsonl", 3, record, error)
+    assert row.to_json() == expected.model_dump_json().encode()
+    # What JSON can hold reads back as it was (NaN is written as null, as pydantic does).
+    plain = (str, int, float, bool, list, type(None))
+    if record is None or all(isinstance(v, plain) and v == v for v in record.values()):
+        assert SourceRow.from_json(row.to_json()) == row
 
 
 @pytest.mark.parametrize(
