@@ -15,6 +15,9 @@ import concurrent.futures
 import multiprocessing
 import os
 import pickle
+import signal
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -54,6 +57,26 @@ def chunked(rows: Iterable[Row], size: int | None = None) -> Iterator[list[Row]]
             batch = []
     if batch:
         yield batch
+
+
+def _die_with(parent: int) -> None:
+    """Worker initializer: end when the process that started us ends, even by SIGKILL (a
+    terminated run), instead of living on as an orphan with 170 MB of tokenizer."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before prctl
+        os._exit(1)
+
+    def watch() -> None:  # elsewhere than Linux: poll
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 # In a worker: the contexts of the latest maps, unpickled once each.
@@ -96,9 +119,10 @@ class Workers:
 
         `work` must be a module-level function and `context` picklable. Chunks are worked
         here until the block has seen `INLINE_ROWS` rows; after that they go to the workers,
-        with at most two chunks per worker waiting, so memory stays bounded however long
-        the input is. An error in a worker is raised here, and nothing after it is
-        yielded. A context that does not pickle is worked here.
+        two per worker at a time, and this process works the next chunk itself while the
+        oldest sent one is not back; at most two such results wait for it, so memory stays
+        bounded however long the input is. An error in a worker is raised here, and
+        nothing after it is yielded. A context that does not pickle is worked here.
         """
         chunks = chunked(rows)
         for chunk in chunks:
@@ -117,15 +141,28 @@ class Workers:
             return
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")
+                max_workers=self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_die_with,
+                initargs=(os.getpid(),),
             )
         key = uuid.uuid4().hex
+        # Results in input order: chunks sent to the workers, and chunks worked here while
+        # the oldest sent one is not back (so this process never idles behind the workers).
         pending: collections.deque[concurrent.futures.Future[Result]] = collections.deque()
+        sent = 2 * self.workers
         try:
             for chunk in chunks:
-                pending.append(self._pool.submit(_call, work, key, pickled, chunk))
-                if len(pending) >= 2 * self.workers:
+                while pending and pending[0].done():
                     yield pending.popleft().result()
+                if sum(1 for f in pending if not f.done()) < sent:
+                    pending.append(self._pool.submit(_call, work, key, pickled, chunk))
+                    continue
+                if len(pending) >= sent + 2:
+                    yield pending.popleft().result()
+                here: concurrent.futures.Future[Result] = concurrent.futures.Future()
+                here.set_result(work(context, chunk))
+                pending.append(here)
             while pending:
                 yield pending.popleft().result()
         finally:

@@ -475,11 +475,11 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     chunks than its first row, and transient failures among the results."""
     from llm_assets import parallel
 
-    submitted: list[int] = []
+    submitted: list[str] = []
 
     class CountingPool(parallel.concurrent.futures.ProcessPoolExecutor):
         def submit(self, *args: Any, **kwargs: Any) -> Any:
-            submitted.append(1)
+            submitted.append(args[1].__name__)  # (_call, work, ...)
             return super().submit(*args, **kwargs)
 
     def shards_and_rows(name: str, workers: str) -> tuple[list[bytes], list[tuple[Any, ...]]]:
@@ -548,8 +548,8 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     monkeypatch.setattr(parallel, "INLINE_ROWS", 10)
     spread_shards, spread_rows = shards_and_rows("spread", "2")
 
-    # 126 rows in chunks of 5, the first two worked here; then 29 result lines.
-    assert len(submitted) >= 23 + 3
+    # Rows assessed and result lines parsed in the worker (and some chunks here meanwhile).
+    assert {"assess_lines", "_ledger_rows"} <= set(submitted)
     assert spread_shards == alone_shards and alone_shards
     assert spread_rows == alone_rows
     codes = Counter(row[4] for row in spread_rows if row[0] != "output")
@@ -666,3 +666,60 @@ def test_source_lines_orjson_cannot_read_are_read_as_json_reads_them(text: str) 
     assert repr(json_loads(text)) == repr(json.loads(text))
     with pytest.raises(json.JSONDecodeError, match="Expecting value"):
         json_loads('{"review_id": "J-1", "created_at": ')
+
+
+WORKER_PARENT = """
+from llm_assets import parallel
+from tests.test_bad_input import _pid_then_block
+
+if __name__ == "__main__":  # spawned workers import this module again
+    parallel.CHUNK_ROWS = 1
+    parallel.INLINE_ROWS = 1
+    with parallel.Workers(1) as workers:
+        for result in workers.map(_pid_then_block, None, range(3)):
+            print(result, flush=True)
+"""
+
+
+def _pid_then_block(_: Any, chunk: list[int]) -> int:
+    """The worker's pid for the first chunks; the later ones never finish on their own."""
+    if chunk[0] >= 2:
+        os.read(_never_readable(), 1)
+    return os.getpid()
+
+
+def _never_readable() -> int:
+    read_end, _write_end = os.pipe()  # the write end stays open in this process: read blocks
+    return read_end
+
+
+def test_a_worker_ends_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    """A run killed with SIGKILL (terminated from the UI, say) must not leave its worker
+    processes running with their tokenizers."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(WORKER_PARENT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env)
+    assert parent.stdout is not None
+    first = int(parent.stdout.readline())  # worked here (the inline part)
+    worker = int(parent.stdout.readline())
+    assert worker not in (first, parent.pid)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+
+    def alive(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return False
+        return "\nState:\tZ" not in state
+
+    deadline = time.monotonic() + 30
+    while alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(worker), f"worker {worker} outlived its parent"

@@ -142,6 +142,19 @@ class _HashingWriter:
         return self._hash.hexdigest()
 
 
+def _write_block(out: _HashingWriter, lines: list[bytes], before: int, key: str) -> int:
+    """Lines written as one block (a write and a hash update per line took 4 µs each, of a
+    million-line day's budget of about 1); returns the count of lines written so far."""
+    block = b"\n".join(lines) + b"\n"
+    if block.count(b"\n") != len(lines):
+        bad = before + next(n for n, line in enumerate(lines) if b"\n" in line)
+        raise ValueError(
+            f"line {bad} for key {key!r} contains a newline; pass lines without line terminators"
+        )
+    out.write(block)
+    return before + len(lines)
+
+
 def _copy_counting_lines(source: IO[bytes], out: _HashingWriter) -> int:
     newlines = 0
     last = b""
@@ -220,16 +233,13 @@ class ArtifactStorage(dg.ConfigurableResource):
 
         def fill(out: _HashingWriter) -> int:
             count = 0
+            batch: list[bytes] = []
             for line in lines:
-                if b"\n" in line:
-                    raise ValueError(
-                        f"line {count} for key {key!r} contains a newline; "
-                        "pass lines without line terminators"
-                    )
-                out.write(line)
-                out.write(b"\n")
-                count += 1
-            return count
+                batch.append(line)
+                if len(batch) >= 1000:
+                    count = _write_block(out, batch, count, key)
+                    batch = []
+            return _write_block(out, batch, count, key) if batch else count
 
         return self._write(key, fill)
 
