@@ -66,10 +66,13 @@ def _die_with(parent: int) -> None:
         import ctypes
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+        told = True
     except (OSError, AttributeError):
-        pass
+        told = False
     if os.getppid() != parent:  # the parent died before prctl
         os._exit(1)
+    if told:
+        return
 
     def watch() -> None:  # elsewhere than Linux: poll
         while os.getppid() == parent:

@@ -1316,7 +1316,6 @@ def validate_outputs(
                 if not parsed.ok:
                     fail(item["custom_id"], parsed.rule or "unknown", parsed.message or "")
                     continue
-                value = parsed.value
                 batch.append(
                     {
                         "job_id": job.job_id,
@@ -1324,7 +1323,7 @@ def validate_outputs(
                         "source_id": item["source_id"],
                         "prompt_version": job.prompt_version,
                         "model": job.model_name,
-                        **(value or {}),
+                        **(parsed.value or {}),
                     }
                 )
                 if len(batch) >= 10_000:

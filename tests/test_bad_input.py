@@ -696,10 +696,10 @@ def _never_readable() -> int:
 def test_a_worker_ends_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
     """A run killed with SIGKILL (terminated from the UI, say) must not leave its worker
     processes running with their tokenizers."""
+    import select
     import signal
     import subprocess
     import sys
-    import time
 
     script = tmp_path / "parent.py"
     script.write_text(WORKER_PARENT)
@@ -709,17 +709,12 @@ def test_a_worker_ends_when_the_process_that_started_it_is_killed(tmp_path: Path
     first = int(parent.stdout.readline())  # worked here (the inline part)
     worker = int(parent.stdout.readline())
     assert worker not in (first, parent.pid)
-    parent.send_signal(signal.SIGKILL)
-    parent.wait(timeout=30)
-
-    def alive(pid: int) -> bool:
-        try:
-            state = Path(f"/proc/{pid}/status").read_text()
-        except FileNotFoundError:
-            return False
-        return "\nState:\tZ" not in state
-
-    deadline = time.monotonic() + 30
-    while alive(worker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(worker), f"worker {worker} outlived its parent"
+    # Readable once the worker has exited (opened before the kill: its pid cannot be reused).
+    exited = os.pidfd_open(worker)
+    try:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        ready, _, _ = select.select([exited], [], [], 30)
+        assert ready, f"worker {worker} outlived its parent"
+    finally:
+        os.close(exited)

@@ -47,10 +47,12 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> int:
     """Make every chunked loop of the ledger work in chunks of SMALL_CHUNK rows."""
     monkeypatch.setattr(L, "CHUNK", SMALL_CHUNK)
     monkeypatch.setattr(L, "BULK_CHUNK", SMALL_CHUNK)
-    # `_chunks(items, size=CHUNK)` binds its default when the module is imported, so patching
-    # CHUNK alone does not reach it; patch the default as well (harmless once that is fixed).
-    monkeypatch.setattr(L._chunks, "__defaults__", (SMALL_CHUNK,))
-    assert [len(c) for c in L._chunks(range(2 * SMALL_CHUNK + 1))] == [SMALL_CHUNK, SMALL_CHUNK, 1]
+    # The ledger passes CHUNK or BULK_CHUNK to `chunked` at each call, so these two reach it.
+    assert [len(c) for c in L.chunked(range(2 * SMALL_CHUNK + 1), L.CHUNK)] == [
+        SMALL_CHUNK,
+        SMALL_CHUNK,
+        1,
+    ]
     return SMALL_CHUNK
 
 

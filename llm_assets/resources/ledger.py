@@ -26,12 +26,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, PrivateAttr
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from llm_assets.parallel import chunked
+
 SCHEMA_VERSION = 3
 CHUNK = 5_000
 BULK_CHUNK = 50_000
+"""Rows per COPY / executemany: large enough that per-statement costs vanish."""
 RESULT_FILLFACTOR = 70
 """Percent of each llm_batch_result page filled on insert; the rest is for in-place updates."""
-"""Rows per COPY / executemany: large enough that per-statement costs vanish."""
 
 PENDING = "pending"
 SUBMITTED = "submitted"
@@ -438,18 +440,6 @@ def _insert(conn: Connection, table: sa.Table) -> Any:
     return sqlite.insert(table)
 
 
-def _chunks(items: Iterable[Any], size: int | None = None) -> Iterator[list[Any]]:
-    size = size or CHUNK
-    batch: list[Any] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def _copy_text(value: Any) -> str:
     """One value in PostgreSQL's COPY text format."""
     if value is None:
@@ -782,7 +772,7 @@ class LedgerResource(dg.ConfigurableResource):
         """Insert item rows (e.g. input dead letters); existing (job_id, custom_id) are kept."""
         now = utcnow()
         inserted = 0
-        for chunk in _chunks(items):
+        for chunk in chunked(items, CHUNK):
             with self.begin() as conn:
                 inserted += self._insert_items(conn, chunk, now)
         return inserted
@@ -794,7 +784,7 @@ class LedgerResource(dg.ConfigurableResource):
         keys = list(items[0])
         columns = [*keys, "created_at", "updated_at"]
         inserted = 0
-        for chunk in _chunks(items, BULK_CHUNK):
+        for chunk in chunked(items, BULK_CHUNK):
             rows = [[item.get(k) for k in keys] + [now, now] for item in chunk]
             inserted += bulk.insert_ignoring_existing(
                 result_table, columns, rows, "uq_result_job_custom_id"
@@ -961,7 +951,7 @@ class LedgerResource(dg.ConfigurableResource):
         written: dict[str, str],
         writer: "BackgroundWriter",
     ) -> None:
-        for chunk in _chunks(rows, BULK_CHUNK):
+        for chunk in chunked(rows, BULK_CHUNK):
             stats.received += len(chunk)
             best: dict[str, dict[str, Any]] = {}
             overrides: list[dict[str, Any]] = []
@@ -1029,7 +1019,7 @@ class LedgerResource(dg.ConfigurableResource):
         """Move items from one of `from_status` to new values, in chunks; returns rows moved."""
         moved = 0
         now = utcnow()
-        for chunk in _chunks(custom_ids):
+        for chunk in chunked(custom_ids, CHUNK):
             with self.begin() as conn:
                 moved += conn.execute(
                     sa.update(result_table)
@@ -1052,7 +1042,7 @@ class LedgerResource(dg.ConfigurableResource):
         table = result_table.name
         moved = 0
         now = utcnow()
-        for chunk in _chunks(rows, BULK_CHUNK):
+        for chunk in chunked(rows, BULK_CHUNK):
             keys = [k for k in chunk[0] if k != "custom_id"]
             with self.begin() as conn:
                 bulk = _Bulk(conn)
@@ -1187,7 +1177,7 @@ class LedgerResource(dg.ConfigurableResource):
                 .values(**shard, status="created", created_at=now, updated_at=now)
                 .on_conflict_do_nothing()
             )
-            for chunk in _chunks(custom_ids):
+            for chunk in chunked(custom_ids, CHUNK):
                 moved += conn.execute(
                     sa.update(result_table)
                     .where(
@@ -1722,7 +1712,7 @@ class LedgerResource(dg.ConfigurableResource):
         with self.begin() as conn:
             conn.execute(sa.delete(output_table).where(output_table.c.job_id == job_id))
             bulk = _Bulk(conn)
-            for chunk in _chunks(rows, BULK_CHUNK):
+            for chunk in chunked(rows, BULK_CHUNK):
                 keys = list(chunk[0])
                 columns = [*keys, "job_id", "created_at"]
                 values = ([row.get(k) for k in keys] + [job_id, now] for row in chunk)
