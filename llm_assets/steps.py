@@ -34,6 +34,7 @@ from llm_assets.progress import report as report_progress
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
     PENDING,
+    RESULT_COLUMNS,
     RETRY,
     SUBMITTED,
     SUCCEEDED,
@@ -41,7 +42,9 @@ from llm_assets.resources.ledger import (
     JobCounts,
     JobRecord,
     LedgerResource,
+    ResultStager,
     ShardRecord,
+    StagedResults,
     UpsertStats,
     utcnow,
 )
@@ -890,51 +893,72 @@ class _RowMaker:
     model_name: str
     batch: bool
 
-    def __call__(self, result: ItemResult) -> dict[str, Any]:
-        return _ledger_row(result, self.price, self.model_name, batch=self.batch)
+    def __call__(self, result: ItemResult) -> tuple[Any, ...]:
+        return _ledger_values(result, self.price, self.model_name, batch=self.batch)
 
 
-def _ledger_rows(
-    context: tuple[Callable[[bytes], ItemResult | None], _RowMaker], lines: list[bytes]
-) -> list[dict[str, Any]]:
-    """Raw result lines → ledger rows: the unit of work of a worker process."""
-    parse, to_row = context
-    return [to_row(result) for result in map(parse, lines) if result is not None]
+def _staged_results(
+    context: tuple[Callable[[bytes], ItemResult | None], _RowMaker, ResultStager],
+    lines: list[bytes],
+) -> StagedResults:
+    """Raw result lines → ledger rows in the ledger's bulk format: the unit of work of a
+    worker process, so that the importing process only picks rows and passes them on."""
+    parse, to_row, stage = context
+    return stage([to_row(result) for result in map(parse, lines) if result is not None])
 
 
 def _ledger_row(
     result: ItemResult, price: ModelPrice, model_name: str, *, batch: bool
 ) -> dict[str, Any]:
-    """A normalized result as a ledger row. Only successes are billed, so only they carry
-    tokens and cost (at the price recorded when their shard was submitted)."""
+    """A normalized result as a ledger row: its custom_id and RESULT_COLUMNS."""
+    values = _ledger_values(result, price, model_name, batch=batch)
+    return dict(zip(("custom_id", *RESULT_COLUMNS), values, strict=True))
+
+
+def _ledger_values(
+    result: ItemResult, price: ModelPrice, model_name: str, *, batch: bool
+) -> tuple[Any, ...]:
+    """A normalized result as ledger values, custom_id then RESULT_COLUMNS. Only successes
+    are billed, so only they carry tokens and cost (at the price recorded when their shard
+    was submitted)."""
     if result.succeeded:
-        status, error_class = SUCCEEDED, None
-    elif result.error_class in ("transient", "expired"):
+        return (
+            result.custom_id,
+            SUCCEEDED,
+            None,
+            result.error_code,
+            result.error_message,
+            model_name,
+            result.input_tokens,
+            result.cached_input_tokens,
+            result.output_tokens,
+            price.cost_usd(
+                result.input_tokens,
+                result.output_tokens,
+                batch=batch,
+                cached_input_tokens=result.cached_input_tokens,
+            ),
+            result.finish_reason,
+            result.output_text,
+        )
+    if result.error_class in ("transient", "expired"):
         status, error_class = RETRY, result.error_class
     else:
         status, error_class = DEAD_LETTER, result.error_class or "deterministic"
-    billed = result.succeeded
-    return {
-        "custom_id": result.custom_id,
-        "status": status,
-        "error_class": error_class,
-        "error_code": result.error_code,
-        "error_message": result.error_message,
-        "model_name": model_name,
-        "input_tokens": result.input_tokens if billed else 0,
-        "cached_input_tokens": result.cached_input_tokens if billed else 0,
-        "output_tokens": result.output_tokens if billed else 0,
-        "cost_usd": price.cost_usd(
-            result.input_tokens,
-            result.output_tokens,
-            batch=batch,
-            cached_input_tokens=result.cached_input_tokens,
-        )
-        if billed
-        else 0.0,
-        "finish_reason": result.finish_reason,
-        "result_json": result.output_text,
-    }
+    return (
+        result.custom_id,
+        status,
+        error_class,
+        result.error_code,
+        result.error_message,
+        model_name,
+        0,
+        0,
+        0,
+        0.0,
+        result.finish_reason,
+        result.output_text,
+    )
 
 
 @dataclasses.dataclass
@@ -990,6 +1014,7 @@ def import_results(
     shards = poll_shards(ledger, provider, ledger.shards(job.job_id, IN_FLIGHT_STATES))
     in_flight = sum(1 for s in shards if s.status in IN_FLIGHT_STATES)
     totals = _ImportTotals()
+    stage = ledger.result_stager()
     # The ledger writes of one shard (its results, then closing it) run on the writer thread
     # while the next shard's lines are read and parsed; they run in order, so a shard is
     # closed only after its results are in, and a failure stops everything queued after it.
@@ -1000,21 +1025,21 @@ def import_results(
                 ModelPrice.model_validate_json(shard.price_json) if shard.price_json else price
             )
             to_row = _RowMaker(charged, spec.model.name, provider.priced_as_batch)
-            rows: Iterable[dict[str, Any]]
+            staged: Iterable[StagedResults]
             if shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX):
                 # A shard worked in the step wrote its results as they came: nothing to fetch.
-                rows = ()
+                staged = ()
             elif (lines := provider.result_lines(shard.provider_batch_id)) is not None:
-                # Lines are parsed in worker processes when the day is large.
+                # Lines are parsed, and made into ledger rows, in worker processes when the
+                # day is large.
                 raw, parse = lines
-                rows = (
-                    row
-                    for chunk in workers.map(_ledger_rows, (parse, to_row), raw)
-                    for row in chunk
-                )
+                staged = workers.map(_staged_results, (parse, to_row, stage), raw)
             else:
-                rows = map(to_row, provider.results(shard.provider_batch_id))
-            shard_stats = ledger.upsert_results(job.job_id, rows, writer=writer)
+                staged = map(
+                    stage,
+                    parallel.chunked(map(to_row, provider.results(shard.provider_batch_id))),
+                )
+            shard_stats = ledger.upsert_staged(job.job_id, staged, writer=writer)
             writer.submit(
                 functools.partial(_close_imported_shard, ledger, shard, shard_stats, totals)
             )

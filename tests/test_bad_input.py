@@ -549,7 +549,7 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     spread_shards, spread_rows = shards_and_rows("spread", "2")
 
     # Rows assessed and result lines parsed in the worker (and some chunks here meanwhile).
-    assert {"assess_lines", "_ledger_rows"} <= set(submitted)
+    assert {"assess_lines", "_staged_results"} <= set(submitted)
     assert spread_shards == alone_shards and alone_shards
     assert spread_rows == alone_rows
     codes = Counter(row[4] for row in spread_rows if row[0] != "output")

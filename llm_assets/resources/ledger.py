@@ -18,7 +18,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import dagster as dg
 import sqlalchemy as sa
@@ -41,6 +41,22 @@ RETRY = "retry"
 SUCCEEDED = "succeeded"
 DEAD_LETTER = "dead_letter"
 TERMINAL = (SUCCEEDED, DEAD_LETTER)
+
+RESULT_COLUMNS = (
+    "status",
+    "error_class",
+    "error_code",
+    "error_message",
+    "model_name",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "finish_reason",
+    "result_json",
+)
+"""What an import writes over an item, in the order of a result row after its custom_id."""
+_RESULT_DEFAULTS = {"input_tokens": 0, "cached_input_tokens": 0, "output_tokens": 0, "cost_usd": 0}
 
 # Why a shard was made: an item's first send, a retry round, or an operator's requeue. Cost of
 # `retry` and `requeue` shards is the retry overhead.
@@ -458,6 +474,37 @@ def _copy_text(value: Any) -> str:
     return str(value)
 
 
+def _copy_line(row: Sequence[Any]) -> str:
+    """A row as one line of COPY text (without its newline)."""
+    return "\t".join([_copy_text(value) for value in row])
+
+
+class StagedResults(NamedTuple):
+    """A chunk of result rows in the ledger's bulk format, made where the rows are made (a
+    worker process), so that the process writing the ledger only picks and passes them on."""
+
+    custom_ids: list[str]
+    statuses: list[str]
+    rows: list[Any]
+    """Per row: a line of COPY text (PostgreSQL) or a tuple (SQLite), custom_id first, then
+    RESULT_COLUMNS."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultStager:
+    """Result rows (custom_id, *RESULT_COLUMNS) → StagedResults; picklable."""
+
+    copy_text: bool
+
+    def __call__(self, rows: Iterable[Sequence[Any]]) -> StagedResults:
+        rows = list(rows)
+        return StagedResults(
+            [row[0] for row in rows],
+            [row[1] for row in rows],
+            [_copy_line(row) for row in rows] if self.copy_text else rows,
+        )
+
+
 class _Bulk:
     """Writes of many rows without per-row SQLAlchemy work, inside the caller's transaction.
 
@@ -501,8 +548,16 @@ class _Bulk:
     def value(self, value: Any) -> Any:
         return self._when(value) if isinstance(value, dt.datetime) else value
 
-    def stage(self, table: sa.Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-        """PostgreSQL: a temporary table of `columns` (typed as in `table`) filled by COPY."""
+    def stage(
+        self,
+        table: sa.Table,
+        columns: Sequence[str],
+        rows: Iterable[Sequence[Any]],
+        *,
+        lines: Sequence[str] | None = None,
+    ) -> None:
+        """PostgreSQL: a temporary table of `columns` (typed as in `table`) filled by COPY,
+        from rows or from lines of COPY text made already."""
         assert self.postgres
         names = ", ".join(columns)
         self.execute(f"DROP TABLE IF EXISTS {self.STAGE}")
@@ -512,16 +567,21 @@ class _Bulk:
         )
         # Not analysed: the planner sizes a fresh table by its pages, and joins to the ledger
         # are pinned to its unique index (join_by_index), so statistics would change nothing.
-        self.copy(self.STAGE, columns, rows)
+        self.copy(self.STAGE, columns, rows, lines=lines)
 
-    def copy(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-        """PostgreSQL: COPY rows into a table."""
+    def copy(
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: Iterable[Sequence[Any]],
+        *,
+        lines: Sequence[str] | None = None,
+    ) -> None:
+        """PostgreSQL: COPY rows (or lines of COPY text) into a table."""
         assert self.postgres
-        buffer = io.StringIO()
-        for row in rows:
-            buffer.write("\t".join(map(_copy_text, row)))
-            buffer.write("\n")
-        buffer.seek(0)
+        if lines is None:
+            lines = [_copy_line(row) for row in rows]
+        buffer = io.StringIO("\n".join(lines) + "\n" if lines else "")
         statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
         with self._errors(statement):
             self.cursor.copy_expert(statement, buffer)
@@ -558,29 +618,34 @@ class _Applied:
     unknown: int = 0
 
 
-def _apply_results(
-    bulk: _Bulk, job_id: str, best: dict[str, dict[str, Any]], keys: list[str], now: Any
+def _apply_staged(
+    bulk: _Bulk, job_id: str, rows: list[Any], now: Any, *, override: bool = False
 ) -> _Applied:
-    """Write results over items that are not terminal yet; one set-based statement."""
-    terminal = ", ".join(f"'{s}'" for s in TERMINAL)
+    """Write staged result rows over items that are not terminal yet; one set-based statement.
+
+    With `override`, the rows are successes that replace a failure this same upsert wrote (at
+    `now`): the only writes over a terminal row, and never over one terminal before it.
+    """
     table = result_table.name
+    columns = ["custom_id", *RESULT_COLUMNS]
+    guard = (
+        f"status <> '{SUCCEEDED}' AND {{r}}updated_at = {{now}}"
+        if override
+        else "status NOT IN ({})".format(", ".join(f"'{s}'" for s in TERMINAL))
+    )
     applied = _Applied()
     if bulk.postgres:
-        bulk.stage(
-            result_table,
-            ["custom_id", *keys],
-            ([cid] + [row.get(k) for k in keys] for cid, row in best.items()),
-        )
-        sets = ", ".join(f"{k} = s.{k}" for k in keys)
+        bulk.stage(result_table, columns, (), lines=rows)
+        sets = ", ".join(f"{k} = s.{k}" for k in RESULT_COLUMNS)
         bulk.join_by_index()
         bulk.execute(
             f"UPDATE {table} AS r SET {sets}, updated_at = %(now)s FROM {bulk.STAGE} AS s "
             f"WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id "
-            f"AND r.status NOT IN ({terminal})",
+            f"AND r.{guard.format(r='r.', now='%(now)s')}",
             {"now": now, "job": job_id},
         )
         applied.count = int(bulk.cursor.rowcount)
-        if applied.count < len(best):
+        if applied.count < len(rows) and not override:
             # Some rows were not applied: already terminal, or not in the ledger at all.
             bulk.execute(
                 f"SELECT count(*) FROM {bulk.STAGE} AS s WHERE NOT EXISTS (SELECT 1 FROM "
@@ -589,9 +654,21 @@ def _apply_results(
             )
             applied.unknown = int(bulk.cursor.fetchone()[0])
         return applied
+    sets = ", ".join(f"{k} = ?" for k in RESULT_COLUMNS)
+    update = (
+        f"UPDATE {table} SET {sets}, updated_at = ? WHERE job_id = ? AND custom_id = ? "
+        f"AND {guard.format(r='', now='?')}"
+    )
+    if override:
+        stamp = bulk.value(now)
+        return _Applied(
+            count=bulk.executemany(
+                update, (row[1:] + (stamp, job_id, row[0], stamp) for row in rows)
+            )
+        )
     # SQLite: the chunk's current statuses, then one executemany over the open ones.
     current: dict[str, str] = {}
-    ids = list(best)
+    ids = [row[0] for row in rows]
     for start in range(0, len(ids), CHUNK):
         part = ids[start : start + CHUNK]
         marks = ", ".join("?" for _ in part)
@@ -600,15 +677,11 @@ def _apply_results(
             [job_id, *part],
         )
         current.update(bulk.cursor.fetchall())
-    open_ids = [cid for cid in ids if cid in current and current[cid] not in TERMINAL]
-    applied.count = len(open_ids)
+    open_rows = [row for row in rows if current.get(row[0], SUCCEEDED) not in TERMINAL]
+    applied.count = len(open_rows)
     applied.unknown = sum(1 for cid in ids if cid not in current)
-    sets = ", ".join(f"{k} = ?" for k in keys)
-    bulk.executemany(
-        f"UPDATE {table} SET {sets}, updated_at = ? WHERE job_id = ? AND custom_id = ? "
-        f"AND status NOT IN ({terminal})",
-        ([best[cid].get(k) for k in keys] + [now, job_id, cid] for cid in open_ids),
-    )
+    stamp = bulk.value(now)
+    bulk.executemany(update, (row[1:] + (stamp, job_id, row[0]) for row in open_rows))
     return applied
 
 
@@ -915,6 +988,10 @@ class LedgerResource(dg.ConfigurableResource):
                     )
                 )
 
+    def result_stager(self) -> ResultStager:
+        """Turns result rows into this ledger's bulk format; picklable, for worker processes."""
+        return ResultStager(copy_text=self.engine.dialect.name == "postgresql")
+
     def upsert_results(
         self,
         job_id: str,
@@ -922,7 +999,25 @@ class LedgerResource(dg.ConfigurableResource):
         *,
         writer: "BackgroundWriter | None" = None,
     ) -> UpsertStats:
-        """Apply normalized results by custom_id, in chunks, never over a terminal row.
+        """Apply normalized results (dicts of custom_id and RESULT_COLUMNS) by custom_id;
+        see upsert_staged."""
+        stager = self.result_stager()
+
+        def values(row: dict[str, Any]) -> tuple[Any, ...]:
+            defaults = _RESULT_DEFAULTS
+            return (row["custom_id"], *(row.get(k, defaults.get(k)) for k in RESULT_COLUMNS))
+
+        staged = (stager(map(values, chunk)) for chunk in chunked(rows, CHUNK))
+        return self.upsert_staged(job_id, staged, writer=writer)
+
+    def upsert_staged(
+        self,
+        job_id: str,
+        chunks: Iterable[StagedResults],
+        *,
+        writer: "BackgroundWriter | None" = None,
+    ) -> UpsertStats:
+        """Apply staged results by custom_id, in chunks, never over a terminal row.
 
         Within a chunk a success beats a failure and the first line wins among equals, so
         duplicated output lines change nothing; across chunks and re-imports the WHERE clause
@@ -934,84 +1029,75 @@ class LedgerResource(dg.ConfigurableResource):
         """
         stats = UpsertStats()
         now = utcnow()
-        written: dict[str, str] = {}
         if writer is not None:
-            self._upsert_chunks(job_id, rows, stats, now, written, writer)
+            self._upsert_chunks(job_id, chunks, stats, now, writer)
             return stats
         with BackgroundWriter() as own:
-            self._upsert_chunks(job_id, rows, stats, now, written, own)
+            self._upsert_chunks(job_id, chunks, stats, now, own)
         return stats
 
     def _upsert_chunks(
         self,
         job_id: str,
-        rows: Iterable[dict[str, Any]],
+        chunks: Iterable[StagedResults],
         stats: UpsertStats,
         now: Any,
-        written: dict[str, str],
         writer: "BackgroundWriter",
     ) -> None:
-        for chunk in chunked(rows, BULK_CHUNK):
-            stats.received += len(chunk)
-            best: dict[str, dict[str, Any]] = {}
-            overrides: list[dict[str, Any]] = []
-            for row in chunk:
-                cid = row["custom_id"]
-                if cid in written:
-                    # A duplicate of a line applied earlier in this import: a success still
-                    # replaces the failure this import wrote, nothing else changes.
+        # The status each custom_id was given by this upsert (queued, not necessarily written).
+        written: dict[str, str] = {}
+        rows: list[Any] = []
+        statuses: list[str] = []
+        at: dict[str, int] = {}
+        overrides: list[Any] = []
+
+        def flush() -> None:
+            nonlocal rows, statuses, at, overrides
+            if overrides:
+                writer.submit(functools.partial(self._apply_chunk, job_id, overrides, now, None))
+            if rows:
+                # Counted as written when queued: a later duplicate's override is guarded by
+                # the time it expects, so it changes nothing where this chunk was not applied.
+                written.update(zip(at, statuses, strict=True))
+                writer.submit(functools.partial(self._apply_chunk, job_id, rows, now, stats))
+            rows, statuses, at, overrides = [], [], {}, []
+
+        for chunk in chunks:
+            stats.received += len(chunk.custom_ids)
+            for cid, status, row in zip(*chunk, strict=True):
+                earlier = written.get(cid)
+                if earlier is not None:
+                    # A duplicate of a line applied earlier in this upsert: a success still
+                    # replaces the failure written then, nothing else changes.
                     stats.note_duplicate(cid)
-                    if row["status"] == SUCCEEDED and written[cid] != SUCCEEDED:
-                        overrides.append({**row, "_was": written[cid]})
+                    if status == SUCCEEDED and earlier != SUCCEEDED:
+                        overrides.append(row)
                         written[cid] = SUCCEEDED
                     continue
-                seen = best.get(cid)
-                if seen is None:
-                    best[cid] = row
+                index = at.get(cid)
+                if index is None:
+                    at[cid] = len(rows)
+                    rows.append(row)
+                    statuses.append(status)
                     continue
                 stats.note_duplicate(cid)
-                if row["status"] == SUCCEEDED and seen["status"] != SUCCEEDED:
-                    best[cid] = row
-            if overrides:
-                writer.submit(functools.partial(self._override_failures, job_id, overrides, now))
-            if not best:
-                continue
-            keys = [k for k in next(iter(best.values())) if k not in ("job_id", "custom_id")]
-            # Counted as written when queued: a later duplicate's override is guarded by the
-            # status it expects, so it changes nothing where this chunk was not applied.
-            for custom_id, row in best.items():
-                written[custom_id] = row["status"]
-            writer.submit(functools.partial(self._apply_chunk, job_id, best, keys, now, stats))
+                if status == SUCCEEDED and statuses[index] != SUCCEEDED:
+                    rows[index] = row
+                    statuses[index] = status
+            if len(rows) >= BULK_CHUNK:
+                flush()
+        flush()
 
     def _apply_chunk(
-        self,
-        job_id: str,
-        best: dict[str, dict[str, Any]],
-        keys: list[str],
-        now: Any,
-        stats: UpsertStats,
+        self, job_id: str, rows: list[Any], now: Any, stats: UpsertStats | None
     ) -> None:
+        """Apply staged rows (stats given) or the overrides of a failure (stats None)."""
         with self.begin() as conn:
-            applied = _apply_results(_Bulk(conn), job_id, best, keys, now)
-        stats.applied += applied.count
-        stats.unknown += applied.unknown
-        stats.already_terminal += len(best) - applied.count - applied.unknown
-
-    def _override_failures(self, job_id: str, rows: list[dict[str, Any]], now: Any) -> None:
-        with self.begin() as conn:
-            for row in rows:
-                values = {k: v for k, v in row.items() if k not in ("custom_id", "_was")}
-                conn.execute(
-                    sa.update(result_table)
-                    .where(
-                        result_table.c.job_id == job_id,
-                        result_table.c.custom_id == row["custom_id"],
-                        result_table.c.status == row["_was"],
-                        # Only what this import wrote: never a row terminal before it.
-                        result_table.c.updated_at == now,
-                    )
-                    .values(**values, updated_at=now)
-                )
+            applied = _apply_staged(_Bulk(conn), job_id, rows, now, override=stats is None)
+        if stats is not None:
+            stats.applied += applied.count
+            stats.unknown += applied.unknown
+            stats.already_terminal += len(rows) - applied.count - applied.unknown
 
     def set_item_status(
         self, job_id: str, custom_ids: Iterable[str], *, from_status: Sequence[str], **values: Any
