@@ -1000,24 +1000,29 @@ def test_bulk_writes_keep_every_character_and_raise_driver_errors_as_sqlalchemy_
         ledger.add_items([item_row("orphan") | {"job_id": "no-such-job"}])
 
 
-def test_a_version_2_ledger_loses_the_status_index_and_keeps_room_for_updates(
-    database_url: str,
+@pytest.mark.parametrize("version", [2, 3])
+def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
+    database_url: str, version: int
 ) -> None:
     """Imports rewrite every item's status: without an index on it, and with free space in
-    each page, PostgreSQL updates rows in place. An older ledger is upgraded to that."""
+    each page, PostgreSQL updates rows in place. An older ledger is upgraded to that: version
+    2 had the index, version 3 left less room (fillfactor 70)."""
     LedgerResource(database_url=database_url).schema_version()
     engine = engine_of(database_url)
     with engine.begin() as conn:
-        conn.execute(
-            sa.text("CREATE INDEX ix_result_job_status ON llm_batch_result (job_id, status)")
-        )
+        if version == 2:
+            conn.execute(
+                sa.text("CREATE INDEX ix_result_job_status ON llm_batch_result (job_id, status)")
+            )
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text("ALTER TABLE llm_batch_result SET (fillfactor = 70)"))
         conn.execute(sa.delete(L.schema_version))
-        conn.execute(sa.insert(L.schema_version).values(version=2, applied_at=L.utcnow()))
+        conn.execute(sa.insert(L.schema_version).values(version=version, applied_at=L.utcnow()))
     L._schema_ready.cache_clear()
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert upgraded.schema_version() == SCHEMA_VERSION == 3
+    assert upgraded.schema_version() == SCHEMA_VERSION == 4
     names = {i["name"] for i in sa.inspect(upgraded.engine).get_indexes("llm_batch_result")}
     assert "ix_result_job_status" not in names and "ix_result_shard" in names
     if upgraded.engine.dialect.name == "postgresql":
@@ -1025,7 +1030,7 @@ def test_a_version_2_ledger_loses_the_status_index_and_keeps_room_for_updates(
             options = conn.execute(
                 sa.text("SELECT reloptions FROM pg_class WHERE oid = 'llm_batch_result'::regclass")
             ).scalar()
-        assert "fillfactor=70" in (options or [])
+        assert "fillfactor=40" in (options or [])
 
 
 def test_the_background_writer_runs_in_order_and_stops_at_the_first_error() -> None:
