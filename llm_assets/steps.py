@@ -892,9 +892,13 @@ class _RowMaker:
     price: ModelPrice
     model_name: str
     batch: bool
+    cost: Callable[[int, int, int], float] = dataclasses.field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cost", self.price.cost_calculator(batch=self.batch))
 
     def __call__(self, result: ItemResult) -> tuple[Any, ...]:
-        return _ledger_values(result, self.price, self.model_name, batch=self.batch)
+        return _ledger_values(result, self.cost, self.model_name)
 
 
 def _staged_results(
@@ -911,12 +915,12 @@ def _ledger_row(
     result: ItemResult, price: ModelPrice, model_name: str, *, batch: bool
 ) -> dict[str, Any]:
     """A normalized result as a ledger row: its custom_id and RESULT_COLUMNS."""
-    values = _ledger_values(result, price, model_name, batch=batch)
+    values = _ledger_values(result, price.cost_calculator(batch=batch), model_name)
     return dict(zip(("custom_id", *RESULT_COLUMNS), values, strict=True))
 
 
 def _ledger_values(
-    result: ItemResult, price: ModelPrice, model_name: str, *, batch: bool
+    result: ItemResult, cost: Callable[[int, int, int], float], model_name: str
 ) -> tuple[Any, ...]:
     """A normalized result as ledger values, custom_id then RESULT_COLUMNS. Only successes
     are billed, so only they carry tokens and cost (at the price recorded when their shard
@@ -932,12 +936,7 @@ def _ledger_values(
             result.input_tokens,
             result.cached_input_tokens,
             result.output_tokens,
-            price.cost_usd(
-                result.input_tokens,
-                result.output_tokens,
-                batch=batch,
-                cached_input_tokens=result.cached_input_tokens,
-            ),
+            cost(result.input_tokens, result.output_tokens, result.cached_input_tokens),
             result.finish_reason,
             result.output_text,
         )

@@ -8,6 +8,7 @@ batch) and only becomes a float when it is stored.
 import datetime as dt
 import functools
 import os
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Literal
@@ -70,25 +71,42 @@ class ModelPrice(BaseModel):
     def cost_usd(
         self, input_tokens: int, output_tokens: int, *, batch: bool, cached_input_tokens: int = 0
     ) -> float:
-        """`cost` as the float stored in the ledger. Called once per imported line, so it is
-        done in integers: the nearest float to the same exact value, as a test checks."""
+        """`cost` as the float stored in the ledger: the nearest float to the exact value."""
+        return self.cost_calculator(batch=batch)(input_tokens, output_tokens, cached_input_tokens)
+
+    def cost_calculator(self, *, batch: bool) -> Callable[[int, int, int], float]:
+        """cost_usd(input_tokens, output_tokens, cached_input_tokens) with this price bound,
+        for a call per imported line: done in integers, the nearest float to the same exact
+        value (a test checks). Picklable, for worker processes."""
         scaled = _scaled_prices(self, batch)
         if scaled is None:
-            return float(
-                self.cost(
-                    input_tokens,
-                    output_tokens,
-                    batch=batch,
-                    cached_input_tokens=cached_input_tokens,
-                )
-            )
-        per_input, per_cached, per_output, denominator = scaled
-        cached = min(max(cached_input_tokens, 0), input_tokens)
-        numerator = (
-            (input_tokens - cached) * per_input + cached * per_cached + output_tokens * per_output
+            return functools.partial(_exact_cost_usd, self, batch)
+        return functools.partial(_scaled_cost_usd, scaled)
+
+
+def _exact_cost_usd(
+    price: ModelPrice, batch: bool, input_tokens: int, output_tokens: int, cached_input_tokens: int
+) -> float:
+    return float(
+        price.cost(
+            input_tokens, output_tokens, batch=batch, cached_input_tokens=cached_input_tokens
         )
-        # int / int is correctly rounded, like float() of the exact Decimal.
-        return numerator / denominator
+    )
+
+
+def _scaled_cost_usd(
+    scaled: tuple[int, int, int, int],
+    input_tokens: int,
+    output_tokens: int,
+    cached_input_tokens: int,
+) -> float:
+    per_input, per_cached, per_output, denominator = scaled
+    cached = min(max(cached_input_tokens, 0), input_tokens)
+    numerator = (
+        (input_tokens - cached) * per_input + cached * per_cached + output_tokens * per_output
+    )
+    # int / int is correctly rounded, like float() of the exact Decimal.
+    return numerator / denominator
 
 
 _SCALE = 10**12
