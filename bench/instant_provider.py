@@ -39,6 +39,7 @@ from llm_assets.resources.providers.base import (
     ShardSubmission,
 )
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider, normalize_line
+from llm_assets.resources.storage import split_lines
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -255,7 +256,7 @@ class InstantOpenAIProvider(OpenAIBatchProvider):
         output, errors, _ = self._paths(provider_batch_id)
         for path in (output, errors):
             with path.open("rb") as handle:
-                yield from handle
+                yield from split_lines(iter(lambda: handle.read(1 << 20), b""))
 
     def result_lines(
         self, provider_batch_id: str

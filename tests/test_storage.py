@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 
-from llm_assets.resources.storage import ArtifactStorage, WrittenArtifact, validate_key
+from llm_assets.resources.storage import (
+    ArtifactStorage,
+    WrittenArtifact,
+    split_lines,
+    validate_key,
+)
 from tests.conftest import MotoS3
 
 READ_CHUNK = 64
@@ -312,3 +317,17 @@ def test_s3_reads_objects_outside_base(moto_s3: MotoS3) -> None:
     moto_s3.client().put_object(Bucket=moto_s3.bucket, Key=key, Body=b"t1\nt2")
     storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/elsewhere")
     assert list(storage.open_lines(f"s3://{moto_s3.bucket}/{key}")) == [b"t1", b"t2"]
+
+
+def test_split_lines_gives_the_same_lines_however_the_bytes_are_chunked() -> None:
+    """Lines end at b"\\n" only; a line may span chunks, empty chunks change nothing, and
+    the text after the last newline is a line of its own."""
+    rng = random.Random(7)
+    for _ in range(5000):
+        data = bytes(rng.choice(b"ab\r\n") for _ in range(rng.randint(0, 40)))
+        cuts = sorted(rng.randint(0, len(data)) for _ in range(rng.randint(0, 6)))
+        chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        expected = data.split(b"\n")
+        if expected[-1] == b"":
+            expected.pop()
+        assert list(split_lines(chunks)) == expected, chunks

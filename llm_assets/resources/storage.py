@@ -84,18 +84,25 @@ def _parse_uri(uri: str) -> _S3Location | Path:
     return Path(os.path.abspath(uri))
 
 
-def _split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Split on b"\\n" only, so local and S3 reads agree byte for byte (no CR/CRLF magic)."""
+def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Split on b"\\n" only, so local and S3 reads agree byte for byte (no CR/CRLF magic).
+    A chunk is split at once (bytes.split); an unfinished line waits, in pieces, for the
+    chunk that ends it."""
     pending: list[bytes] = []
     for chunk in chunks:
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            pending.append(chunk[start:end])
-            yield b"".join(pending)
+        if b"\n" not in chunk:
+            if chunk:
+                pending.append(chunk)
+            continue
+        if pending:
+            pending.append(chunk)
+            chunk = b"".join(pending)
             pending = []
-            start = end + 1
-        if start < len(chunk):
-            pending.append(chunk[start:])
+        lines = chunk.split(b"\n")
+        last = lines.pop()
+        yield from lines
+        if last:
+            pending.append(last)
     if pending:
         yield b"".join(pending)
 
@@ -325,12 +332,12 @@ class ArtifactStorage(dg.ConfigurableResource):
     @staticmethod
     def _iter_local_lines(handle: IO[bytes], chunk_size: int) -> Iterator[bytes]:
         with handle:
-            yield from _split_lines(iter(lambda: handle.read(chunk_size), b""))
+            yield from split_lines(iter(lambda: handle.read(chunk_size), b""))
 
     @staticmethod
     def _iter_s3_lines(body: Any, chunk_size: int) -> Iterator[bytes]:
         try:
-            yield from _split_lines(body.iter_chunks(chunk_size))
+            yield from split_lines(body.iter_chunks(chunk_size))
         finally:
             body.close()
 

@@ -23,6 +23,7 @@ from llm_assets.resources.providers.base import (
 )
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.providers.retrying import is_transient
+from llm_assets.resources.storage import split_lines
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -319,7 +320,8 @@ class OpenAIBatchProvider(RemoteBatchProvider):
         for attempt in range(self.max_attempts):
             try:
                 with self.client.files.with_streaming_response.content(file_id) as response:
-                    yield from (line.encode() for line in response.iter_lines() if line)
+                    lines = split_lines(response.iter_bytes(1 << 20))
+                    yield from (line for line in lines if line.strip())
                 return
             except Exception as exc:
                 if not is_transient(exc) or attempt == self.max_attempts - 1:
