@@ -606,10 +606,13 @@ class _Bulk:
         with self._errors(statement):
             self.cursor.copy_expert(statement, buffer)
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
-        """SQLite: one statement over many tuples; the rows it changed."""
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], *, encoded: bool = False) -> int:
+        """SQLite: one statement over many tuples; the rows it changed. `encoded`: the rows
+        hold no datetimes (or hold them encoded already), so they are passed as they are."""
+        if not encoded:
+            rows = [tuple(self.value(v) for v in row) for row in rows]
         with self._errors(sql):
-            self.cursor.executemany(sql, [tuple(self.value(v) for v in row) for row in rows])
+            self.cursor.executemany(sql, rows)
         return max(self.cursor.rowcount, 0)
 
     def insert_ignoring_existing(
@@ -683,7 +686,7 @@ def _apply_staged(
         stamp = bulk.value(now)
         return _Applied(
             count=bulk.executemany(
-                update, (row[1:] + (stamp, job_id, row[0], stamp) for row in rows)
+                update, [row[1:] + (stamp, job_id, row[0], stamp) for row in rows], encoded=True
             )
         )
     # SQLite: the chunk's current statuses, then one executemany over the open ones.
@@ -701,7 +704,8 @@ def _apply_staged(
     applied.count = len(open_rows)
     applied.unknown = sum(1 for cid in ids if cid not in current)
     stamp = bulk.value(now)
-    bulk.executemany(update, (row[1:] + (stamp, job_id, row[0]) for row in open_rows))
+    # Result values are strings and numbers; the one datetime is encoded above.
+    bulk.executemany(update, [row[1:] + (stamp, job_id, row[0]) for row in open_rows], encoded=True)
     return applied
 
 
