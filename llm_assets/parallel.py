@@ -12,6 +12,7 @@ for reading, writing files and the ledger, and each worker holds its own tokeniz
 
 import collections
 import concurrent.futures
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -86,13 +87,23 @@ def _die_with(parent: int) -> None:
 _contexts: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
 
 
-def _call(work: Callable[[Any, Any], Any], key: str, context: bytes, chunk: Any) -> Any:
+def _context(key: str, context: bytes) -> Any:
     found = _contexts.get(key)
     if found is None:
         found = _contexts[key] = pickle.loads(context)
         while len(_contexts) > 4:
             _contexts.popitem(last=False)
-    return work(found, chunk)
+    return found
+
+
+def _call(work: Callable[[Any, Any], Any], key: str, context: bytes, chunk: Any) -> Any:
+    return work(_context(key, context), chunk)
+
+
+def _warm(work: Callable[[Any, Any], Any], key: str, context: bytes) -> None:
+    """Load what a map's chunks will need (the modules of `work` and of its context) in a
+    worker, and nothing else: done when the worker is ready for chunks."""
+    _context(key, context)
 
 
 class Workers:
@@ -150,6 +161,17 @@ class Workers:
                 initargs=(os.getpid(),),
             )
         key = uuid.uuid4().hex
+        # A worker takes about a second to start and import what the work needs; this
+        # process goes on alone until one is ready, instead of waiting for its first result.
+        ready = self._pool.submit(_warm, work, key, pickled)
+        for chunk in chunks:
+            if ready.done():
+                ready.result()  # a worker that cannot load the work fails here
+                chunks = itertools.chain([chunk], chunks)
+                break
+            yield work(context, chunk)
+        else:
+            return
         # Results in input order: chunks sent to the workers, and chunks worked here while
         # the oldest sent one is not back (so this process never idles behind the workers).
         pending: collections.deque[concurrent.futures.Future[Result]] = collections.deque()

@@ -10,6 +10,7 @@ import datetime as dt
 import decimal
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 from collections import Counter
@@ -669,6 +670,8 @@ def test_source_lines_orjson_cannot_read_are_read_as_json_reads_them(text: str) 
 
 
 WORKER_PARENT = """
+import itertools
+
 from llm_assets import parallel
 from tests.test_bad_input import _pid_then_block
 
@@ -676,15 +679,20 @@ if __name__ == "__main__":  # spawned workers import this module again
     parallel.CHUNK_ROWS = 1
     parallel.INLINE_ROWS = 1
     with parallel.Workers(1) as workers:
-        for result in workers.map(_pid_then_block, None, range(3)):
+        for result in workers.map(_pid_then_block, None, itertools.count()):
             print(result, flush=True)
 """
 
+_chunks_in_worker = [0]
+
 
 def _pid_then_block(_: Any, chunk: list[int]) -> int:
-    """The worker's pid for the first chunks; the later ones never finish on their own."""
-    if chunk[0] >= 2:
-        os.read(_never_readable(), 1)
+    """The pid of the process that works the chunk; in a worker, only the first chunk it
+    gets ends: the later ones never finish on their own."""
+    if multiprocessing.parent_process() is not None:
+        _chunks_in_worker[0] += 1
+        if _chunks_in_worker[0] > 1:
+            os.read(_never_readable(), 1)
     return os.getpid()
 
 
@@ -706,9 +714,11 @@ def test_a_worker_ends_when_the_process_that_started_it_is_killed(tmp_path: Path
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env)
     assert parent.stdout is not None
-    first = int(parent.stdout.readline())  # worked here (the inline part)
+    # Chunks are worked in the parent until its worker has started; then one by the worker.
     worker = int(parent.stdout.readline())
-    assert worker not in (first, parent.pid)
+    assert worker == parent.pid
+    while worker == parent.pid:
+        worker = int(parent.stdout.readline())
     # Readable once the worker has exited (opened before the kill: its pid cannot be reused).
     exited = os.pidfd_open(worker)
     try:

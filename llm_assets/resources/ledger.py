@@ -32,6 +32,9 @@ SCHEMA_VERSION = 4
 CHUNK = 5_000
 BULK_CHUNK = 50_000
 """Rows per COPY / executemany: large enough that per-statement costs vanish."""
+COPY_BUFFER = 1 << 22
+"""Bytes handed to a COPY per read of its buffer. psycopg2 reads 8 KB at a time by default,
+taking the GIL for each read: behind a busy main thread, that kept the writer waiting."""
 RESULT_FILLFACTOR = 40
 """Percent of each llm_batch_result page filled on insert; the rest is for in-place updates.
 An item's row is rewritten twice (submitted, then its result, about twice as wide): at 70 the
@@ -604,7 +607,7 @@ class _Bulk:
         buffer = io.StringIO("\n".join(lines) + "\n" if lines else "")
         statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
         with self._errors(statement):
-            self.cursor.copy_expert(statement, buffer)
+            self.cursor.copy_expert(statement, buffer, size=COPY_BUFFER)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]], *, encoded: bool = False) -> int:
         """SQLite: one statement over many tuples; the rows it changed. `encoded`: the rows
