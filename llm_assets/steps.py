@@ -926,24 +926,12 @@ def _ledger_values(
     are billed, so only they carry tokens and cost (at the price recorded when their shard
     was submitted)."""
     if result.succeeded:
-        return (
-            result.custom_id,
-            SUCCEEDED,
-            None,
-            result.error_code,
-            result.error_message,
-            model_name,
-            result.input_tokens,
-            result.cached_input_tokens,
-            result.output_tokens,
-            cost(result.input_tokens, result.output_tokens, result.cached_input_tokens),
-            result.finish_reason,
-            result.output_text,
-        )
-    if result.error_class in ("transient", "expired"):
+        status, error_class = SUCCEEDED, None
+    elif result.error_class in ("transient", "expired"):
         status, error_class = RETRY, result.error_class
     else:
         status, error_class = DEAD_LETTER, result.error_class or "deterministic"
+    billed = result.succeeded
     return (
         result.custom_id,
         status,
@@ -951,10 +939,12 @@ def _ledger_values(
         result.error_code,
         result.error_message,
         model_name,
-        0,
-        0,
-        0,
-        0.0,
+        result.input_tokens if billed else 0,
+        result.cached_input_tokens if billed else 0,
+        result.output_tokens if billed else 0,
+        cost(result.input_tokens, result.output_tokens, result.cached_input_tokens)
+        if billed
+        else 0.0,
         result.finish_reason,
         result.output_text,
     )

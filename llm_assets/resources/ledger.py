@@ -654,11 +654,14 @@ def _apply_staged(
     """
     table = result_table.name
     columns = ["custom_id", *RESULT_COLUMNS]
-    guard = (
-        f"status <> '{SUCCEEDED}' AND {{r}}updated_at = {{now}}"
-        if override
-        else "status NOT IN ({})".format(", ".join(f"'{s}'" for s in TERMINAL))
-    )
+    terminal = ", ".join(f"'{s}'" for s in TERMINAL)
+
+    def guard(r: str, now: str) -> str:
+        """Which rows may be written: `r` is the table's alias, `now` the time's parameter."""
+        if override:
+            return f"{r}status <> '{SUCCEEDED}' AND {r}updated_at = {now}"
+        return f"{r}status NOT IN ({terminal})"
+
     applied = _Applied()
     if bulk.postgres:
         bulk.stage(result_table, columns, (), lines=rows)
@@ -667,7 +670,7 @@ def _apply_staged(
         bulk.execute(
             f"UPDATE {table} AS r SET {sets}, updated_at = %(now)s FROM {bulk.STAGE} AS s "
             f"WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id "
-            f"AND r.{guard.format(r='r.', now='%(now)s')}",
+            f"AND {guard('r.', '%(now)s')}",
             {"now": now, "job": job_id},
         )
         applied.count = int(bulk.cursor.rowcount)
@@ -683,7 +686,7 @@ def _apply_staged(
     sets = ", ".join(f"{k} = ?" for k in RESULT_COLUMNS)
     update = (
         f"UPDATE {table} SET {sets}, updated_at = ? WHERE job_id = ? AND custom_id = ? "
-        f"AND {guard.format(r='', now='?')}"
+        f"AND {guard('', '?')}"
     )
     if override:
         stamp = bulk.value(now)
@@ -1031,8 +1034,8 @@ class LedgerResource(dg.ConfigurableResource):
         stager = self.result_stager()
 
         def values(row: dict[str, Any]) -> tuple[Any, ...]:
-            defaults = _RESULT_DEFAULTS
-            return (row["custom_id"], *(row.get(k, defaults.get(k)) for k in RESULT_COLUMNS))
+            given = (row.get(k, _RESULT_DEFAULTS.get(k)) for k in RESULT_COLUMNS)
+            return (row["custom_id"], *given)
 
         staged = (stager(map(values, chunk)) for chunk in chunked(rows, CHUNK))
         return self.upsert_staged(job_id, staged, writer=writer)
