@@ -1,5 +1,6 @@
 """The openai adapter through the official SDK against the fake Files + Batches server."""
 
+import contextlib
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -474,3 +475,171 @@ def test_over_context_text_is_dead_lettered_or_truncated_as_the_spec_asks(
         sent_tokens = counter_for(harness.spec).request(harness.spec.prompt.system, content)
         assert room - 4 <= sent_tokens <= room
         assert row["input_tokens"] == sent_tokens
+
+
+# --- Result lines: the typed fast path reads every line as the general path does ---------
+
+_MISSING = object()
+_CHAT = {
+    "id": "batch_req_1",
+    "custom_id": "c-1",
+    "response": {
+        "status_code": 200,
+        "request_id": "req_1",
+        "body": {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1764547200,
+            "model": "gpt-4o-mini-2024-07-18",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": '{"label": "ok"}', "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": 96,
+                "completion_tokens": 38,
+                "total_tokens": 134,
+                "prompt_tokens_details": {"cached_tokens": 32, "audio_tokens": 0},
+            },
+            "system_fingerprint": "fp_1",
+        },
+    },
+    "error": None,
+}
+_ERROR_FILE = {
+    "id": "batch_req_2",
+    "custom_id": "c-2",
+    "response": {
+        "status_code": 429,
+        "body": {"error": {"message": "slow down", "type": "rate_limit_error", "code": None}},
+    },
+    "error": None,
+}
+_EXPIRED = {
+    "id": "batch_req_3",
+    "custom_id": "c-3",
+    "response": None,
+    "error": {"code": "batch_expired", "message": "not run before the batch expired"},
+}
+_RESPONSES = {
+    "custom_id": "c-4",
+    "response": {
+        "status_code": 200,
+        "body": {
+            "object": "response",
+            "output": [{"content": [{"type": "output_text", "text": "hello"}]}],
+            "usage": {"input_tokens": 10, "output_tokens": 2, "input_tokens_details": {}},
+        },
+    },
+    "error": None,
+}
+# Where a line can hold something else, and what else it can hold.
+_PATHS = [
+    ("custom_id",),
+    ("error",),
+    ("response",),
+    ("response", "status_code"),
+    ("response", "body"),
+    ("response", "body", "object"),
+    ("response", "body", "choices"),
+    ("response", "body", "choices", 0),
+    ("response", "body", "choices", 0, "message"),
+    ("response", "body", "choices", 0, "message", "content"),
+    ("response", "body", "choices", 0, "finish_reason"),
+    ("response", "body", "usage"),
+    ("response", "body", "usage", "prompt_tokens"),
+    ("response", "body", "usage", "completion_tokens"),
+    ("response", "body", "usage", "prompt_tokens_details"),
+    ("response", "body", "usage", "prompt_tokens_details", "cached_tokens"),
+]
+_VALUES = [
+    _MISSING, None, {}, [], "", "x", 0, 7, 1.0, 2.5, True, 200, 404, 500,
+    {"code": "server_error", "message": "boom"}, [{"message": {"content": "hi"}}],
+    [{}], [{"message": None, "finish_reason": "length"}, "not a choice"],
+    {"cached_tokens": 5}, {"prompt_tokens": 3.0},
+]  # fmt: skip
+
+
+def _mutated(line: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any] | None:
+    line = json.loads(json.dumps(line))
+    node: Any = line
+    for step in path[:-1]:
+        try:
+            node = node[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+        if not isinstance(node, dict | list):
+            return None
+    last = path[-1]
+    if isinstance(node, list) and not (isinstance(last, int) and last < len(node)):
+        return None
+    if isinstance(node, dict) and not isinstance(last, str):
+        return None
+    if value is _MISSING:
+        if isinstance(node, list):
+            return None
+        node.pop(last, None)
+    else:
+        node[last] = value
+    return line
+
+
+def _outcome(read: Any, raw: bytes) -> tuple[str, Any]:
+    try:
+        return "read", read(raw)
+    except Exception as exc:  # the same failure either way
+        return "raised", type(exc)
+
+
+def test_result_lines_read_the_same_on_the_fast_and_the_general_path() -> None:
+    """normalize_line decodes answered chat lines into typed structs of the fields it reads and
+    sends everything else through the general dict path: for any line, odd values anywhere
+    included (one or two changes to real line shapes), both give the same result or the
+    same error."""
+    import random
+
+    import orjson
+
+    from llm_assets.resources.providers import openai_batch
+
+    def general(raw: bytes) -> Any:
+        return openai_batch._normalize(orjson.loads(raw))
+
+    lines: list[dict[str, Any]] = []
+    for base in (_CHAT, _ERROR_FILE, _EXPIRED, _RESPONSES):
+        lines.append(base)
+        for path in _PATHS:
+            for value in _VALUES:
+                changed = _mutated(base, path, value)
+                if changed is not None:
+                    lines.append(changed)
+    rng = random.Random(7)
+    for _ in range(3000):
+        changed = _mutated(_CHAT, rng.choice(_PATHS), rng.choice(_VALUES))
+        if changed is not None:
+            changed = _mutated(changed, rng.choice(_PATHS), rng.choice(_VALUES))
+        if changed is not None:
+            lines.append(changed)
+    fast = 0
+    for line in lines:
+        raw = orjson.dumps(line)
+        expected = _outcome(general, raw)
+        assert _outcome(openai_batch.normalize_line, raw) == expected, raw
+        assert _outcome(openai_batch.normalize_line, raw.decode()) == expected, raw
+        with contextlib.suppress(Exception):
+            fast += openai_batch._answered_chat(openai_batch._chat_line.decode(raw)) is not None
+    assert len(lines) > 2000
+    # Both paths were exercised: answered chat lines on the fast one, the rest on the other.
+    assert 200 < fast < len(lines) - 1000
+    answered = openai_batch.normalize_line(orjson.dumps(_CHAT))
+    assert answered is not None and answered.succeeded
+    assert (answered.input_tokens, answered.cached_input_tokens, answered.output_tokens) == (
+        96,
+        32,
+        38,
+    )
+    assert openai_batch._answered_chat(openai_batch._chat_line.decode(orjson.dumps(_CHAT)))

@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
 import orjson
 
 from llm_assets.resources.ledger import as_utc
@@ -109,10 +110,79 @@ def classify_error(
     return "deterministic"
 
 
+class _Message(msgspec.Struct, gc=False):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct, gc=False):
+    message: _Message | None = None
+    finish_reason: str | None = None
+
+
+class _ChatBody(msgspec.Struct, gc=False):
+    choices: list[_Choice] | None = None
+    usage: dict[str, Any] | None = None
+
+
+class _Response(msgspec.Struct, gc=False):
+    status_code: int | None = None
+    body: _ChatBody | None = None
+
+
+class _ChatLine(msgspec.Struct, gc=False):
+    """The fields of a Chat Completions output line that an import reads; others are skipped
+    unparsed."""
+
+    custom_id: str | None = None
+    response: _Response | None = None
+    error: Any = None
+
+
+_chat_line = msgspec.json.Decoder(_ChatLine)
+
+
 def normalize_line(raw: bytes | str | dict[str, Any]) -> ItemResult | None:
     """One output or error file line → ItemResult; a status_code ≥ 400 is a failure even
-    when `error` is null."""
-    line = raw if isinstance(raw, dict) else orjson.loads(raw)
+    when `error` is null.
+
+    Almost every line of a day is an answered chat completion: it is decoded into typed
+    structs of just the fields read (a third of the time of building the whole line as dicts;
+    see bench/README.md). Any other line, or one whose values are not of the usual types,
+    goes through the general path, which reads every shape.
+    """
+    if not isinstance(raw, dict):
+        try:
+            line = _chat_line.decode(raw)
+        except msgspec.DecodeError:  # also a value of another type than declared
+            pass
+        else:
+            answered = _answered_chat(line)
+            if answered is not None:
+                return answered
+        raw = orjson.loads(raw)
+    return _normalize(raw)
+
+
+def _answered_chat(line: _ChatLine) -> ItemResult | None:
+    """A successful chat completion line as the general path reads it; None for anything
+    else (the general path decides)."""
+    response = line.response
+    if not line.custom_id or line.error is not None or response is None:
+        return None
+    status, body = response.status_code, response.body
+    if status is None or status >= 400 or body is None or not body.choices:
+        return None
+    choice = body.choices[0]
+    return _succeeded(
+        line.custom_id,
+        status,
+        choice.message.content if choice.message is not None else None,
+        choice.finish_reason,
+        body.usage or {},
+    )
+
+
+def _normalize(line: dict[str, Any]) -> ItemResult | None:
     custom_id = line.get("custom_id")
     if not custom_id:
         return None
@@ -133,9 +203,14 @@ def normalize_line(raw: bytes | str | dict[str, Any]) -> ItemResult | None:
             error_code=str(code) if code else f"http_{status}",
             error_message=str(message),
         )
-    usage = body.get("usage") or {}
-    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
     text, finish = _content_of(body)
+    return _succeeded(custom_id, status, text, finish, body.get("usage") or {})
+
+
+def _succeeded(
+    custom_id: str, status: int, text: str | None, finish: str | None, usage: dict[str, Any]
+) -> ItemResult:
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
     return ItemResult(
         custom_id=custom_id,
         succeeded=True,
