@@ -1033,6 +1033,24 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
         assert "fillfactor=40" in (options or [])
 
 
+def test_each_connection_opens_with_the_ledger_session_settings(ledger: LedgerResource) -> None:
+    """SQLite: WAL and a busy timeout for concurrent runs. PostgreSQL: temp_buffers big enough
+    that an import's staged chunk is not written out and read back (settable only before a
+    session's first temporary table, so it must come with the connection)."""
+    with ledger.engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            # A pooled connection used for a staged upsert first, then a fresh one.
+            ledger.upsert_results("no-job", [{"custom_id": "c", "status": "succeeded"}])
+            assert conn.execute(sa.text("SHOW temp_buffers")).scalar() == L.TEMP_BUFFERS
+        else:
+            assert conn.execute(sa.text("PRAGMA journal_mode")).scalar() == "wal"
+            assert conn.execute(sa.text("PRAGMA busy_timeout")).scalar() == 30000
+    ledger.engine.dispose()
+    with ledger.engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            assert conn.execute(sa.text("SHOW temp_buffers")).scalar() == L.TEMP_BUFFERS
+
+
 def test_the_background_writer_runs_in_order_and_stops_at_the_first_error() -> None:
     done: list[int] = []
 

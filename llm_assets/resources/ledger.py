@@ -35,6 +35,8 @@ BULK_CHUNK = 50_000
 COPY_BUFFER = 1 << 22
 """Bytes handed to a COPY per read of its buffer. psycopg2 reads 8 KB at a time by default,
 taking the GIL for each read: behind a busy main thread, that kept the writer waiting."""
+TEMP_BUFFERS = "64MB"
+"""PostgreSQL temp_buffers of the ledger's sessions: a staged chunk of results stays in memory."""
 RESULT_FILLFACTOR = 40
 """Percent of each llm_batch_result page filled on insert; the rest is for in-place updates.
 An item's row is rewritten twice (submitted, then its result, about twice as wide): at 70 the
@@ -362,6 +364,17 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _postgres_session(dbapi_connection: Any, _record: Any) -> None:
+    """Room for an import's staging table (a chunk of results) in the session's temporary
+    buffers: with the default 8 MB it was written out by COPY and read back by the UPDATE,
+    for every chunk. Taken only as used; settable only before a session's first temporary
+    table, so it is set when the connection opens."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"SET temp_buffers = '{TEMP_BUFFERS}'")
+    cursor.close()
+    dbapi_connection.commit()
+
+
 def get_engine(url: str) -> Engine:
     """One engine per URL per process, with SQLite set up for concurrent runs."""
     with _engines_lock:
@@ -377,6 +390,7 @@ def get_engine(url: str) -> Engine:
                 sa.event.listen(engine, "connect", _sqlite_pragmas)
             else:
                 engine = sa.create_engine(url, pool_pre_ping=True)
+                sa.event.listen(engine, "connect", _postgres_session)
             _engines[url] = engine
         return engine
 
