@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from llm_assets import ids, parallel, quality
 from llm_assets.failpoints import failpoint
 from llm_assets.items import PreparedItem, Preparer, prepare_items
+from llm_assets.memory import release_free_memory
 from llm_assets.progress import report as report_progress
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
@@ -449,6 +450,7 @@ def build_shards(
                 )
             )
             created.append(shard_id)
+            release_free_memory()
     ledger.add_items(dead_rows)
     if created:
         ledger.analyze()

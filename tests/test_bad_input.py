@@ -728,3 +728,37 @@ def test_a_worker_ends_when_the_process_that_started_it_is_killed(tmp_path: Path
         assert ready, f"worker {worker} outlived its parent"
     finally:
         os.close(exited)
+
+
+RELEASE_CHILD = """
+import os
+from llm_assets.memory import release_free_memory
+
+def rss_mb():
+    with open("/proc/self/status") as status:
+        return int(status.read().split("VmRSS:")[1].split()[0]) // 1024
+
+# Lines of a shard (bytes past pymalloc's small-object size come from malloc), most freed
+# and a few kept alive between them: the heap is full of holes glibc keeps for reuse.
+lines = [bytes([n % 251]) * 600 for n in range(400_000)]
+kept = lines[::50]
+del lines
+freed = rss_mb()
+release_free_memory()
+print(freed, rss_mb(), len(kept))
+"""
+
+
+def test_memory_freed_between_shards_goes_back_to_the_operating_system(tmp_path: Path) -> None:
+    """The shards step builds and frees a shard's lines again and again; what it freed must
+    not stay in the process's RSS (glibc keeps it unless asked)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", RELEASE_CHILD], env=env, capture_output=True, text=True, check=True
+    )
+    freed, released, _ = map(int, done.stdout.split())
+    assert freed > 200  # about 250 MB of lines were allocated, a fiftieth kept
+    assert released < freed - 150, (freed, released)
