@@ -1,5 +1,6 @@
 """From a spec's output schema to the pydantic model each result is parsed with."""
 
+import dataclasses
 import functools
 import json
 from typing import Any, Literal
@@ -89,7 +90,11 @@ def chat_response_format(spec: PipelineSpec) -> dict[str, Any]:
     }
 
 
-class ParsedOutput(BaseModel):
+@dataclasses.dataclass(slots=True)
+class ParsedOutput:
+    """A plain dataclass: validation makes one per result (a pydantic model took longer to
+    build than the output's own validation)."""
+
     ok: bool
     value: dict[str, Any] | None = None
     rule: str | None = None
@@ -128,4 +133,6 @@ def parse_output(spec: PipelineSpec, text: str | None, finish_reason: str | None
             rule=f"{where}.{first['type']}",
             message=f"{first['msg']}; got {str(first.get('input'))[:200]!r}",
         )
-    return ParsedOutput(ok=True, value=value.model_dump())
+    # The fields are flat (strings, numbers, booleans, lists of them): the validated values
+    # are the output, without model_dump's serializer (as long as the validation itself).
+    return ParsedOutput(ok=True, value=dict(value.__dict__))

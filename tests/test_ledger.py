@@ -965,6 +965,7 @@ def test_bulk_writes_keep_every_character_and_raise_driver_errors_as_sqlalchemy_
     rows[3] = dead(cid(3), code="tab\tcode") | {"error_message": "line\nbreak \\ and \\N"}
 
     stats = ledger.upsert_results(JOB, rows)
+    before = L.utcnow()
     ledger.replace_outputs(
         JOB,
         (
@@ -990,10 +991,12 @@ def test_bulk_writes_keep_every_character_and_raise_driver_errors_as_sqlalchemy_
             row["error_message"],
         )
         assert got["shard_id"] == sid
-    outputs = {
-        r["custom_id"]: r["output_json"] for r in table_rows(ledger.database_url, L.output_table)
-    }
+    written = table_rows(ledger.database_url, L.output_table)
+    outputs = {r["custom_id"]: r["output_json"] for r in written}
     assert outputs == {r["custom_id"]: r["result_json"] for r in rows if r["status"] == SUCCEEDED}
+    # One time for the whole set, encoded once and read back as the time it was.
+    stamps = {L.as_utc(r["created_at"]) for r in written}
+    assert len(stamps) == 1 and before <= stamps.pop() <= L.utcnow()
 
     # An item row naming a job that does not exist: the foreign key refuses the whole chunk.
     with pytest.raises(sa.exc.IntegrityError):

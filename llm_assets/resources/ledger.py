@@ -1823,7 +1823,7 @@ class LedgerResource(dg.ConfigurableResource):
                 yield lambda batch: pickle.dump(batch, spool)
                 self.replace_outputs(job_id, spooled())
             return
-        now = utcnow()
+        now = _copy_text(utcnow())  # once, not per row
         columns = [*keys, "job_id", "created_at"]
         with self.engine.connect() as conn, conn.begin():
             conn.execute(sa.delete(output_table).where(output_table.c.job_id == job_id))
@@ -1836,16 +1836,19 @@ class LedgerResource(dg.ConfigurableResource):
                 yield lambda batch: writer.submit(functools.partial(copy, batch))
 
     def replace_outputs(self, job_id: str, rows: Iterable[dict[str, Any]]) -> int:
-        """The validated outputs of a job, replaced as a whole in one transaction."""
+        """The validated outputs of a job (string values), replaced as a whole in one
+        transaction."""
         now = utcnow()
         written = 0
         with self.begin() as conn:
             conn.execute(sa.delete(output_table).where(output_table.c.job_id == job_id))
             bulk = _Bulk(conn)
+            # Outputs are strings; the one timestamp is encoded once, not per row.
+            stamp = _copy_text(now) if bulk.postgres else bulk.value(now)
             for chunk in chunked(rows, BULK_CHUNK):
                 keys = list(chunk[0])
                 columns = [*keys, "job_id", "created_at"]
-                values = ([row.get(k) for k in keys] + [job_id, now] for row in chunk)
+                values = ([row.get(k) for k in keys] + [job_id, stamp] for row in chunk)
                 if bulk.postgres:
                     bulk.copy(output_table.name, columns, values)
                 else:
@@ -1853,6 +1856,7 @@ class LedgerResource(dg.ConfigurableResource):
                     bulk.executemany(
                         f"INSERT INTO {output_table.name} ({', '.join(columns)}) VALUES ({marks})",
                         values,
+                        encoded=True,
                     )
                 written += len(chunk)
         return written
