@@ -6,8 +6,10 @@ in paths and SQL. The business key stays in the ledger's `source_id`.
 """
 
 import datetime as dt
+import functools
 import hashlib
 import re
+from typing import Any
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9]+")
 
@@ -27,8 +29,20 @@ def custom_id(pipeline: str, date: dt.date, source_key: str, kind: str = "id") -
     `kind` keeps keys of different origins apart (a real id, the n-th duplicate of an id, a
     row without an id), so no source id can ever produce another row's custom_id.
     """
-    digest = _digest(pipeline, date.isoformat(), kind, source_key, length=20)
-    return f"{date:%Y%m%d}_{slug(source_key, 30)}_{digest}"
+    hashed, day = _custom_id_prefix(pipeline, date, kind)
+    digest = hashed.copy()
+    digest.update(source_key.encode("utf-8", errors="surrogatepass"))
+    return f"{day}_{slug(source_key, 30)}_{digest.hexdigest()[:20]}"
+
+
+@functools.lru_cache(maxsize=64)
+def _custom_id_prefix(pipeline: str, date: dt.date, kind: str) -> tuple[Any, str]:
+    """What every custom_id of one (pipeline, day, kind) shares: the hash of the leading
+    parts (as `_digest` joins them) and the date; made once, not per item."""
+    joined = "\x1f".join((pipeline, date.isoformat(), kind, "")).encode(
+        "utf-8", errors="surrogatepass"
+    )
+    return hashlib.sha256(joined), f"{date:%Y%m%d}"
 
 
 def job_id(pipeline: str, date: dt.date, prompt_version: str, provider: str, model: str) -> str:

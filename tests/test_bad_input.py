@@ -762,3 +762,21 @@ def test_memory_freed_between_shards_goes_back_to_the_operating_system(tmp_path:
     freed, released, _ = map(int, done.stdout.split())
     assert freed > 200  # about 250 MB of lines were allocated, a fiftieth kept
     assert released < freed - 150, (freed, released)
+
+
+@pytest.mark.parametrize(
+    "key", ["T00000001", "", "a b/c?d", "日本語", "\ud800 lone", "x" * 100, "--a--", "A_b-9"]
+)
+@pytest.mark.parametrize("kind", ["id", "dup-1", "row"])
+def test_custom_ids_stay_what_earlier_versions_made(key: str, kind: str) -> None:
+    """A custom_id is the item's identity in ledgers written by earlier versions: however it
+    is computed, it stays the date, the readable part and the first 20 hex digits of the
+    SHA-256 of pipeline, date, kind and key joined by U+001F."""
+    from llm_assets import ids
+
+    day = dt.date(2026, 11, 2)
+    joined = "\x1f".join(("reviews", day.isoformat(), kind, key))
+    digest = hashlib.sha256(joined.encode("utf-8", errors="surrogatepass")).hexdigest()[:20]
+    readable = re.sub(r"[^A-Za-z0-9]+", "-", key).strip("-")[:30].strip("-") or "x"
+    assert ids.custom_id("reviews", day, key, kind) == f"20261102_{readable}_{digest}"
+    assert ids.custom_id("reviews", day, key, kind) == ids.custom_id("reviews", day, key, kind)

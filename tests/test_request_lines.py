@@ -40,3 +40,21 @@ def test_encoded_lines_equal_the_request_line(
     # An item whose system prompt is not the spec's is serialized on its own.
     odd = RequestItem(custom_id="20261102_R-2_abcdef", system="Other", user="x")
     assert json.loads(provider.encode_request(spec, odd)) == provider.request_line(spec, odd)
+
+
+def test_json_strings_are_the_bytes_json_writes_for_every_character() -> None:
+    """Request lines fill their template with orjson: for every character (in a string with
+    neighbours, so escapes are not at an edge) the bytes json.dumps(ensure_ascii=False)
+    wrote before, and a lone surrogate fails as it did there."""
+    from llm_assets.resources.providers.base import json_string
+
+    every = [chr(cp) for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
+    for start in range(0, len(every), 4096):
+        text = "x".join(every[start : start + 4096])
+        assert json_string(text) == json.dumps(text, ensure_ascii=False).encode()
+    for text in HARD_TEXTS:
+        assert json_string(text) == json.dumps(text, ensure_ascii=False).encode()
+    with pytest.raises(UnicodeEncodeError):
+        json.dumps("lone \ud800", ensure_ascii=False).encode()
+    with pytest.raises(UnicodeEncodeError):
+        json_string("lone \ud800")

@@ -901,8 +901,9 @@ class LedgerResource(dg.ConfigurableResource):
         keys = list(items[0])
         columns = [*keys, "created_at", "updated_at"]
         inserted = 0
+        stamp = _copy_text(now) if bulk.postgres else now  # COPY text once, not per row
         for chunk in chunked(items, BULK_CHUNK):
-            rows = [[item.get(k) for k in keys] + [now, now] for item in chunk]
+            rows = [[item.get(k) for k in keys] + [stamp, stamp] for item in chunk]
             inserted += bulk.insert_ignoring_existing(
                 result_table, columns, rows, "uq_result_job_custom_id"
             )

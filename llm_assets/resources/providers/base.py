@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import dagster as dg
+import orjson
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
@@ -206,12 +207,24 @@ class TemplateEncoder:
     only those two strings."""
 
     def __init__(self, head: str, middle: str, tail: str, id_first: bool) -> None:
-        self.head, self.middle, self.tail, self.id_first = head, middle, tail, id_first
+        self.head, self.middle, self.tail = head.encode(), middle.encode(), tail.encode()
+        self.id_first = id_first
 
     def __call__(self, custom_id: str, user: str) -> bytes:
         first, second = (custom_id, user) if self.id_first else (user, custom_id)
-        a, b = json.dumps(first, ensure_ascii=False), json.dumps(second, ensure_ascii=False)
-        return f"{self.head}{a}{self.middle}{b}{self.tail}".encode()
+        return b"".join(
+            (self.head, json_string(first), self.middle, json_string(second), self.tail)
+        )
+
+
+def json_string(text: str) -> bytes:
+    """json.dumps(text, ensure_ascii=False).encode(): the same bytes for every character
+    (tested), at orjson's speed. A string orjson refuses (a lone surrogate) goes json's way,
+    and fails as it did there."""
+    try:
+        return orjson.dumps(text)
+    except orjson.JSONEncodeError:
+        return json.dumps(text, ensure_ascii=False).encode()
 
 
 _ID_MARK = "\ue000llm-assets:custom_id\ue000"
