@@ -15,6 +15,7 @@ import pytest
 from llm_assets.resources.storage import (
     ArtifactStorage,
     WrittenArtifact,
+    line_blocks,
     split_lines,
     validate_key,
 )
@@ -331,3 +332,19 @@ def test_split_lines_gives_the_same_lines_however_the_bytes_are_chunked() -> Non
         if expected[-1] == b"":
             expected.pop()
         assert list(split_lines(chunks)) == expected, chunks
+
+
+def test_line_blocks_are_the_same_bytes_cut_after_newlines() -> None:
+    """However the bytes are chunked, the blocks join to them, every block but a last one
+    without newline ends with one, and splitting the blocks gives split_lines' lines."""
+    rng = random.Random(11)
+    for _ in range(5000):
+        data = bytes(rng.choice(b"ab\r\n") for _ in range(rng.randint(0, 40)))
+        cuts = sorted(rng.randint(0, len(data)) for _ in range(rng.randint(0, 6)))
+        chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        blocks = list(line_blocks(chunks))
+        assert b"".join(blocks) == data
+        assert all(block.endswith(b"\n") for block in blocks[:-1])
+        assert all(blocks), chunks
+        lines = [line for block in blocks for line in split_lines([block])]
+        assert lines == list(split_lines(chunks)), chunks
