@@ -111,16 +111,23 @@ def line_blocks(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """The same bytes as `chunks`, cut after a newline: each block is whole lines (with their
     newlines), except the text after the file's last newline, which comes last on its own.
     For scans that look at a few of many lines without making an object of each."""
-    pending = b""
+    # The pieces of an unfinished line, joined once: a line longer than many chunks is not
+    # copied again for each of them.
+    pending: list[bytes] = []
     for chunk in chunks:
         end = chunk.rfind(b"\n") + 1
         if not end:
-            pending += chunk
+            if chunk:
+                pending.append(chunk)
             continue
-        yield pending + chunk[:end] if pending else chunk[:end]
-        pending = chunk[end:]
+        if pending:
+            pending.append(chunk[:end])
+            yield b"".join(pending)
+        else:
+            yield chunk[:end]
+        pending = [chunk[end:]] if end < len(chunk) else []
     if pending:
-        yield pending
+        yield b"".join(pending)
 
 
 def _is_staging_file(name: str) -> bool:
