@@ -86,33 +86,19 @@ def _parse_uri(uri: str) -> _S3Location | Path:
 
 def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """Split on b"\\n" only, so local and S3 reads agree byte for byte (no CR/CRLF magic).
-    A chunk is split at once (bytes.split); an unfinished line waits, in pieces, for the
-    chunk that ends it."""
-    pending: list[bytes] = []
-    for chunk in chunks:
-        if b"\n" not in chunk:
-            if chunk:
-                pending.append(chunk)
-            continue
-        if pending:
-            pending.append(chunk)
-            chunk = b"".join(pending)
-            pending = []
-        lines = chunk.split(b"\n")
-        last = lines.pop()
+    A block of whole lines is split at once (bytes.split)."""
+    for block in line_blocks(chunks):
+        lines = block.split(b"\n")
+        if block.endswith(b"\n"):
+            lines.pop()  # the empty text after the block's last newline
         yield from lines
-        if last:
-            pending.append(last)
-    if pending:
-        yield b"".join(pending)
 
 
 def line_blocks(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """The same bytes as `chunks`, cut after a newline: each block is whole lines (with their
     newlines), except the text after the file's last newline, which comes last on its own.
-    For scans that look at a few of many lines without making an object of each."""
-    # The pieces of an unfinished line, joined once: a line longer than many chunks is not
-    # copied again for each of them.
+    An unfinished line waits, in pieces, for the chunk that ends it (joined once: a line
+    longer than many chunks is not copied again for each of them)."""
     pending: list[bytes] = []
     for chunk in chunks:
         end = chunk.rfind(b"\n") + 1
