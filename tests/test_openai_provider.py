@@ -555,6 +555,11 @@ _PATHS = [
     ("response", "body", "usage", "completion_tokens"),
     ("response", "body", "usage", "prompt_tokens_details"),
     ("response", "body", "usage", "prompt_tokens_details", "cached_tokens"),
+    ("response", "body", "usage", "input_tokens"),
+    ("response", "body", "usage", "output_tokens"),
+    ("response", "body", "usage", "input_tokens_details"),
+    ("response", "body", "usage", "total_tokens"),
+    ("response", "body", "usage", "completion_tokens_details"),
 ]
 _VALUES = [
     _MISSING, None, {}, [], "", "x", 0, 7, 1.0, 2.5, True, 200, 404, 500,
@@ -624,6 +629,13 @@ def test_result_lines_read_the_same_on_the_fast_and_the_general_path() -> None:
             changed = _mutated(changed, rng.choice(_PATHS), rng.choice(_VALUES))
         if changed is not None:
             lines.append(changed)
+    # Which details the general path reads depends on whether prompt_tokens_details is empty.
+    for prompt_details in ({}, {"audio_tokens": 0}, None, {"cached_tokens": 0}):
+        line = json.loads(json.dumps(_CHAT))
+        usage = line["response"]["body"]["usage"]
+        usage["prompt_tokens_details"] = prompt_details
+        usage["input_tokens_details"] = {"cached_tokens": 5}
+        lines.append(line)
     fast = 0
     for line in lines:
         raw = orjson.dumps(line)

@@ -119,9 +119,22 @@ class _Choice(msgspec.Struct, gc=False):
     finish_reason: str | None = None
 
 
+class _Details(msgspec.Struct, gc=False):
+    cached_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct, gc=False):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    prompt_tokens_details: _Details | None = None
+    input_tokens_details: _Details | None = None
+
+
 class _ChatBody(msgspec.Struct, gc=False):
     choices: list[_Choice] | None = None
-    usage: dict[str, Any] | None = None
+    usage: _Usage | None = None
 
 
 class _Response(msgspec.Struct, gc=False):
@@ -173,13 +186,28 @@ def _answered_chat(line: _ChatLine) -> ItemResult | None:
     if status is None or status >= 400 or body is None or not body.choices:
         return None
     choice = body.choices[0]
+    usage = body.usage or _NO_USAGE
+    details = usage.prompt_tokens_details
+    if usage.input_tokens_details is not None and (
+        details is None or details.cached_tokens is None
+    ):
+        if details is not None:
+            # An empty object here sends the general path to input_tokens_details, one with
+            # other fields does not; unknown fields are not kept to tell them apart.
+            return None
+        details = usage.input_tokens_details
     return _succeeded(
         line.custom_id,
         status,
         choice.message.content if choice.message is not None else None,
         choice.finish_reason,
-        body.usage or {},
+        usage.prompt_tokens or usage.input_tokens or 0,
+        details.cached_tokens or 0 if details is not None else 0,
+        usage.completion_tokens or usage.output_tokens or 0,
     )
+
+
+_NO_USAGE = _Usage()
 
 
 def _normalize(line: dict[str, Any]) -> ItemResult | None:
@@ -204,22 +232,37 @@ def _normalize(line: dict[str, Any]) -> ItemResult | None:
             error_message=str(message),
         )
     text, finish = _content_of(body)
-    return _succeeded(custom_id, status, text, finish, body.get("usage") or {})
+    usage = body.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    return _succeeded(
+        custom_id,
+        status,
+        text,
+        finish,
+        int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
+        int(details.get("cached_tokens") or 0),
+        int(usage.get("completion_tokens") or usage.get("output_tokens") or 0),
+    )
 
 
 def _succeeded(
-    custom_id: str, status: int, text: str | None, finish: str | None, usage: dict[str, Any]
+    custom_id: str,
+    status: int,
+    text: str | None,
+    finish: str | None,
+    input_tokens: int,
+    cached_input_tokens: int,
+    output_tokens: int,
 ) -> ItemResult:
-    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
     return ItemResult(
         custom_id=custom_id,
         succeeded=True,
         status_code=status,
         output_text=text,
         finish_reason=finish,
-        input_tokens=int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
-        cached_input_tokens=int(details.get("cached_tokens") or 0),
-        output_tokens=int(usage.get("completion_tokens") or usage.get("output_tokens") or 0),
+        input_tokens=input_tokens,
+        cached_input_tokens=cached_input_tokens,
+        output_tokens=output_tokens,
     )
 
 
