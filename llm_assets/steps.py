@@ -20,7 +20,7 @@ import statistics
 import tempfile
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +186,17 @@ def _shard_key(spec: PipelineSpec, job: JobRecord, shard_id: str) -> str:
     )
 
 
+def line_offsets(lines: Sequence[tuple[str, bytes]]) -> list[tuple[str, int]]:
+    """(custom_id, byte offset of its line) for the lines of a shard file, in its order, as
+    ArtifactStorage.write_lines lays them out (each line and a newline)."""
+    offsets = []
+    at = 0
+    for cid, line in lines:
+        offsets.append((cid, at))
+        at += len(line) + 1
+    return offsets
+
+
 def _write_shard(
     spec: PipelineSpec,
     job: JobRecord,
@@ -222,7 +233,7 @@ def _write_shard(
         if items is not None:
             ledger.add_shard_with_items(shard, items)
         else:
-            ledger.reassign_items_to_shard(job.job_id, shard, [cid for cid, _ in lines])
+            ledger.reassign_items_to_shard(job.job_id, shard, line_offsets(lines))
         failpoint("shards.after_record")
 
     if writer is not None:
@@ -417,7 +428,7 @@ def build_shards(
         for index, shard_lines in enumerate(shards_for(spec, lines())):
             shard_id = ids.shard_id(job.job_id, round_no, index)
             items = []
-            for cid, _ in shard_lines:
+            for cid, offset in line_offsets(shard_lines):
                 item = fresh.pop(cid)
                 items.append(
                     {
@@ -428,6 +439,7 @@ def build_shards(
                         "status": PENDING,
                         "model_name": spec.model.name,
                         "estimated_input_tokens": item.input_tokens,
+                        "request_offset": offset,
                     }
                 )
             shard_estimate = estimator.shard(
@@ -1030,7 +1042,9 @@ def import_results(
                     stage,
                     parallel.chunked(map(to_row, provider.results(shard.provider_batch_id))),
                 )
-            shard_stats = ledger.upsert_staged(job.job_id, staged, writer=writer)
+            shard_stats = ledger.upsert_staged(
+                job.job_id, staged, writer=writer, shard_id=shard.shard_id
+            )
             writer.submit(
                 functools.partial(_close_imported_shard, ledger, shard, shard_stats, totals)
             )
@@ -1056,13 +1070,20 @@ def plan_retries(
     provider: BatchProvider,
 ) -> tuple[list[str], int]:
     """Dead-letter retryable items out of attempts; put the rest into a new round of shards."""
-    retry_by_shard: dict[str, set[str]] = defaultdict(set)
+    retry_by_shard: dict[str, dict[str, int | None]] = defaultdict(dict)
     tokens: dict[str, int] = {}
     exhausted: list[dict[str, Any]] = []
     for item in ledger.iter_items(
         job.job_id,
         [RETRY],
-        columns=["custom_id", "shard_id", "attempts", "error_message", "estimated_input_tokens"],
+        columns=[
+            "custom_id",
+            "shard_id",
+            "attempts",
+            "error_message",
+            "estimated_input_tokens",
+            "request_offset",
+        ],
     ):
         tokens[item["custom_id"]] = item["estimated_input_tokens"]
         if item["attempts"] >= spec.retry.max_attempts:
@@ -1075,7 +1096,7 @@ def plan_retries(
                 }
             )
         else:
-            retry_by_shard[item["shard_id"]].add(item["custom_id"])
+            retry_by_shard[item["shard_id"]][item["custom_id"]] = item["request_offset"]
     gave_up = ledger.set_item_errors(job.job_id, exhausted, from_status=[RETRY])
     if not retry_by_shard:
         return [], gave_up
@@ -1086,7 +1107,7 @@ def plan_retries(
             wanted = retry_by_shard[old_shard_id]
             old = ledger.get_shard(old_shard_id)
             assert old is not None
-            yield from lines_with_ids(storage.open_line_blocks(old.input_uri), wanted)
+            yield from request_lines(storage, old.input_uri, wanted)
 
     created: list[str] = []
     not_before = utcnow() + dt.timedelta(seconds=retry_backoff(spec, round_no))
@@ -1179,7 +1200,7 @@ def requeue_dead_letters(
                     sum(tokens[cid] for cid, _ in shard_lines), len(shard_lines)
                 ).model_dump(),
             },
-            [cid for cid, _ in shard_lines],
+            line_offsets(shard_lines),
         )
         shards.append(shard_id)
     ledger.refresh_job(job.job_id)
@@ -1192,6 +1213,32 @@ _LEADING_ID = re.compile(rb'^\{"(?:custom_id|recordId)": "([A-Za-z0-9_.:-]+)"')
 
 
 _ID_STARTS = (b'{"custom_id": "', b'{"recordId": "')
+
+
+def request_lines(
+    storage: ArtifactStorage, uri: str, wanted: dict[str, int | None]
+) -> list[tuple[str, bytes]]:
+    """(custom_id, line) of wanted items' lines in a shard file, in file order. Each line is
+    read where the ledger says it starts (`wanted`: custom_id → request_offset), so a retry
+    round reads a few lines of each file, not every line. A file with items of no recorded
+    offset (written before ledger version 5), or with a line there that is not the item's,
+    is read whole instead."""
+    if None not in wanted.values():
+        by_offset = sorted((offset, cid) for cid, offset in wanted.items() if offset is not None)
+        found: list[tuple[str, bytes]] = []
+        for (_, cid), line in zip(
+            by_offset, storage.lines_at(uri, [offset for offset, _ in by_offset]), strict=True
+        ):
+            try:
+                if line_custom_id(line) != cid:
+                    break
+            except (ValueError, KeyError, AttributeError):
+                break
+            found.append((cid, line))
+        else:
+            return found
+        log.warning("request lines of %s are not where the ledger says; reading it whole", uri)
+    return list(lines_with_ids(storage.open_line_blocks(uri), set(wanted)))
 
 
 def lines_with_ids(blocks: Iterable[bytes], wanted: set[str]) -> Iterator[tuple[str, bytes]]:

@@ -614,6 +614,95 @@ def test_upsert_success_wins_over_failure_in_an_earlier_chunk(
     assert stats.duplicates == 1
 
 
+def test_upsert_of_one_shards_results_matches_its_items_first_and_still_every_other(
+    ledger: LedgerResource,
+    database_url: str,
+    small_chunks: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shard's result file names (nearly) only its own items: PostgreSQL matches them by
+    reading the shard's rows into a hash table. Lines for items that have moved to another
+    shard, lines for items of another shard, unknown ids, terminal rows and duplicates come
+    out exactly as when every line is matched by custom_id."""
+    monkeypatch.setattr(L, "HASH_JOIN_ROWS", 2)
+    hashed: list[int] = []
+    join_by_hash = L._Bulk.join_by_hash
+
+    def counted(bulk: L._Bulk) -> None:
+        hashed.append(1)
+        join_by_hash(bulk)
+
+    monkeypatch.setattr(L._Bulk, "join_by_hash", counted)
+    n = 2 * small_chunks + 3
+
+    def day(job_id: str) -> str:
+        make_job(ledger, job_id, prompt_version=job_id)
+        s0, s1 = shard_id(0, 0, job_id), shard_id(0, 1, job_id)
+        ledger.add_shard_with_items(
+            shard_row(0, 0, item_count=n, job_id=job_id),
+            [item_row(cid(i), shard=s0, job_id=job_id) for i in range(n)],
+        )
+        ledger.add_shard_with_items(
+            shard_row(0, 1, item_count=3, job_id=job_id),
+            [item_row(cid(i), shard=s1, job_id=job_id) for i in range(n, n + 3)],
+        )
+        ledger.mark_submitted(s0, f"batch-{job_id}", SUBMITTED)
+        ledger.mark_submitted(s1, f"batch-1-{job_id}", SUBMITTED)
+        # Items 0 and 1 are terminal already; 2..4 failed and moved to a retry shard.
+        ledger.upsert_results(job_id, [ok(cid(0), "kept"), dead(cid(1), "kept")])
+        ledger.upsert_results(job_id, [retry(cid(i)) for i in (2, 3, 4)])
+        ledger.reassign_items_to_shard(
+            job_id,
+            shard_row(1, 0, item_count=3, job_id=job_id),
+            [(cid(2), 0), (cid(3), 10), (cid(4), 20)],
+        )
+        return s0
+
+    lines = [
+        dead(cid(0), "late"),  # terminal: not applied
+        ok(cid(1), "late"),  # terminal: not applied
+        ok(cid(2), "moved, answered late"),  # now in the retry shard: still applied
+        dead(cid(3), "moved"),
+        *[ok(cid(i), f"answer {i}") for i in range(5, n)],
+        retry(cid(6)),  # a duplicate: the success stays
+        ok(cid(n), "of the other shard"),
+        ok("20240501_not-in-the-ledger"),
+    ]
+    results = {}
+    for job_id, by_shard in (("job-any", False), ("job-shard", True)):
+        s0 = day(job_id)
+        hashed.clear()
+        stats = ledger.upsert_results(job_id, lines, shard_id=s0 if by_shard else None)
+        assert bool(hashed) == (by_shard and ledger.engine.dialect.name == "postgresql")
+        assert_accounted(stats)
+        items = items_by_id(database_url, job_id)
+        results[job_id] = (stats, {c: state(r) for c, r in items.items()})
+    stats, items = results["job-shard"]
+    assert stats == UpsertStats(
+        received=len(lines),
+        applied=len(lines) - 4,
+        duplicates=1,
+        unknown=1,
+        already_terminal=2,
+        duplicate_ids=[cid(6)],
+    )
+    assert items[cid(2)]["result_json"] == "moved, answered late"
+    assert items[cid(2)]["shard_id"] == shard_id(1, 0, "job-shard")
+    assert items[cid(n)]["status"] == SUCCEEDED
+    assert items[cid(6)]["status"] == SUCCEEDED
+    assert items[cid(4)]["status"] == PENDING  # moved, no line
+    other_stats, other_items = results["job-any"]
+    assert other_stats == stats
+
+    def same_day(rows: dict[str, Any], job_id: str) -> dict[str, Any]:
+        return {
+            c: {**r, "shard_id": (r["shard_id"] or "").replace(job_id, "J")}
+            for c, r in rows.items()
+        }
+
+    assert same_day(items, "job-shard") == same_day(other_items, "job-any")
+
+
 # -------------------------------------------------------------------------- status transitions
 
 
@@ -727,7 +816,7 @@ def test_reassign_retry_items_to_a_new_shard(
     assert ledger.next_round(JOB) == 1
 
     s1 = shard_id(1, 0)
-    everything = [cid(i) for i in range(n)]
+    everything = [(cid(i), 100 * i) for i in range(n)]
     assert (
         ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=n - 2), everything) == n - 2
     )
@@ -737,6 +826,8 @@ def test_reassign_retry_items_to_a_new_shard(
     for i in range(2, n):
         assert (items[cid(i)]["status"], items[cid(i)]["shard_id"]) == (PENDING, s1)
         assert items[cid(i)]["attempts"] == 1
+        # Where its line is in the retry shard's file.
+        assert items[cid(i)]["request_offset"] == 100 * i
     shard = ledger.get_shard(s1)
     assert shard is not None
     assert (shard.round, shard.status, shard.provider_batch_id) == (1, "created", None)
@@ -882,7 +973,7 @@ def test_shard_totals_attribute_items_tokens_and_cost(
             dead(cid(11)),
         ],
     )
-    ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=1), [cid(2)])
+    ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=1), [(cid(2), 0)])
     totals = ledger.shard_totals(JOB)
     assert [t["shard_id"] for t in totals] == [s0, s1, shard_id(1, 0)]
     by_id = {t["shard_id"]: t for t in totals}
@@ -1003,16 +1094,18 @@ def test_bulk_writes_keep_every_character_and_raise_driver_errors_as_sqlalchemy_
         ledger.add_items([item_row("orphan") | {"job_id": "no-such-job"}])
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", [2, 3, 4])
 def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
     database_url: str, version: int
 ) -> None:
     """Imports rewrite every item's status: without an index on it, and with free space in
     each page, PostgreSQL updates rows in place. An older ledger is upgraded to that: version
-    2 had the index, version 3 left less room (fillfactor 70)."""
+    2 had the index, version 3 left less room (fillfactor 70); before version 5 items had no
+    request_offset."""
     LedgerResource(database_url=database_url).schema_version()
     engine = engine_of(database_url)
     with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE llm_batch_result DROP COLUMN request_offset"))
         if version == 2:
             conn.execute(
                 sa.text("CREATE INDEX ix_result_job_status ON llm_batch_result (job_id, status)")
@@ -1025,7 +1118,9 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert upgraded.schema_version() == SCHEMA_VERSION == 4
+    assert upgraded.schema_version() == SCHEMA_VERSION == 5
+    columns = {c["name"] for c in sa.inspect(upgraded.engine).get_columns("llm_batch_result")}
+    assert "request_offset" in columns
     names = {i["name"] for i in sa.inspect(upgraded.engine).get_indexes("llm_batch_result")}
     assert "ix_result_job_status" not in names and "ix_result_shard" in names
     if upgraded.engine.dialect.name == "postgresql":
@@ -1033,7 +1128,7 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
             options = conn.execute(
                 sa.text("SELECT reloptions FROM pg_class WHERE oid = 'llm_batch_result'::regclass")
             ).scalar()
-        assert "fillfactor=40" in (options or [])
+        assert f"fillfactor={L.RESULT_FILLFACTOR}" in (options or [])
 
 
 def test_each_connection_opens_with_the_ledger_session_settings(ledger: LedgerResource) -> None:

@@ -283,6 +283,66 @@ def test_a_cancelled_batch_is_retried_for_its_missing_items_only(platform: Platf
     assert len(platform.provider_batches()) == 2
 
 
+def assert_lines_are_where_the_ledger_says(platform: Platform, job_id: str) -> int:
+    """Every item in a shard has the offset of its request line in that shard's file."""
+    checked = 0
+    for shard in platform.ledger.shards(job_id):
+        rows = [r for r in platform.rows(job_id) if r["shard_id"] == shard.shard_id]
+        rows.sort(key=lambda r: r["request_offset"])
+        lines = platform.storage.lines_at(shard.input_uri, [r["request_offset"] for r in rows])
+        for row, line in zip(rows, lines, strict=True):
+            assert steps.line_custom_id(line) == row["custom_id"]
+            checked += 1
+    return checked
+
+
+def test_a_retry_round_reads_request_lines_where_the_ledger_says(
+    platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each item records where its request line starts in its shard file; a retry round (and
+    a requeue) reads just those lines, records where they are in the new file, and reads a
+    whole file only for items with no offset (an older ledger) or a wrong one."""
+    platform.materialize(("input_snapshot", "request_shards"))
+    spec, ledger, storage = platform.spec, platform.ledger, platform.storage
+    job = steps.existing_job(spec, DAY, ledger)
+    [first] = ledger.shards(job.job_id)
+    assert assert_lines_are_where_the_ledger_says(platform, job.job_id) == first.item_count
+    all_lines = list(storage.open_lines(first.input_uri))
+    chosen = all_lines[1::3]
+    chosen_ids = [steps.line_custom_id(line) for line in chosen]
+    by_offset = {r["custom_id"]: r["request_offset"] for r in platform.rows(job.job_id)}
+
+    # Where the ledger says, and nowhere else: the file is not scanned.
+    wanted = {cid: by_offset[cid] for cid in chosen_ids}
+    with monkeypatch.context() as patched:
+        patched.setattr(steps, "lines_with_ids", None)
+        assert steps.request_lines(storage, first.input_uri, wanted) == list(
+            zip(chosen_ids, chosen, strict=True)
+        )
+    # No offset (rows of an older ledger), or one that points elsewhere: the file is read.
+    for broken in (None, 1):
+        wrong = {**wanted, chosen_ids[-1]: broken}
+        assert steps.request_lines(storage, first.input_uri, wrong) == list(
+            zip(chosen_ids, chosen, strict=True)
+        )
+
+    ledger.set_item_status(job.job_id, chosen_ids, from_status=["pending"], status="retry")
+    retry_shards, gave_up = steps.plan_retries(spec, job, ledger, storage, platform.provider)
+    assert gave_up == 0
+    [retry_shard] = [ledger.get_shard(s) for s in retry_shards]
+    assert retry_shard is not None
+    assert list(storage.open_lines(retry_shard.input_uri)) == chosen
+    assert assert_lines_are_where_the_ledger_says(platform, job.job_id) == first.item_count
+
+    requeued_ids = chosen_ids[:2] + [steps.line_custom_id(all_lines[0])]
+    ledger.set_item_status(job.job_id, requeued_ids, from_status=["pending"], status="dead_letter")
+    requeued = steps.requeue_dead_letters(
+        spec, DAY, ledger, storage, platform.provider, chosen_ids=set(requeued_ids)
+    )
+    assert requeued.requeued == 3
+    assert assert_lines_are_where_the_ledger_says(platform, job.job_id) == first.item_count
+
+
 def test_results_that_break_the_output_schema_become_quality_dead_letters(
     platform: Platform,
 ) -> None:

@@ -111,6 +111,27 @@ def test_open_lines_chunk_boundaries(storage: ArtifactStorage) -> None:
     assert list(storage.open_lines(written.uri)) == raw.split(b"\n")
 
 
+def test_lines_at_offsets_are_the_lines_that_start_there(storage: ArtifactStorage) -> None:
+    """Lines read by their start offsets are the lines split from the whole file: across
+    read chunks, longer than several chunks, empty, and the last one without a newline; an
+    offset past the end reads nothing."""
+    lines = [b"a" * (READ_CHUNK - 1), b"", b"b" * (3 * READ_CHUNK + 7), b"c", b"d\r", b"tail"]
+    raw = b"\n".join(lines)
+    written = storage.write_bytes("offsets.txt", raw)
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    assert list(storage.lines_at(written.uri, starts)) == lines
+    picked = [1, 2, 5]
+    past = len(raw) + 10
+    assert list(storage.lines_at(written.uri, [starts[i] for i in picked] + [past, past])) == [
+        lines[i] for i in picked
+    ] + [b"", b""]
+    # A start inside a line reads the rest of it (the caller checks what it got).
+    assert list(storage.lines_at(written.uri, [starts[2] + 5])) == [lines[2][5:]]
+    assert list(storage.lines_at(written.uri, [])) == []
+
+
 def test_write_bytes_overwrites(storage: ArtifactStorage) -> None:
     storage.write_bytes("blob.bin", b"old contents")
     written = storage.write_bytes("blob.bin", bytes(range(256)))

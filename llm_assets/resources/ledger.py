@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from llm_assets.parallel import chunked
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 CHUNK = 5_000
 BULK_CHUNK = 50_000
 """Rows per COPY / executemany: large enough that per-statement costs vanish."""
@@ -37,11 +37,18 @@ COPY_BUFFER = 1 << 22
 taking the GIL for each read: behind a busy main thread, that kept the writer waiting."""
 TEMP_BUFFERS = "64MB"
 """PostgreSQL temp_buffers of the ledger's sessions: a staged chunk of results stays in memory."""
-RESULT_FILLFACTOR = 40
+HASH_JOIN_ROWS = 1_000
+"""Fewer staged rows of a shard than this are matched by the unique index: reading all of a
+large shard's rows would cost more than their descents."""
+HASH_WORK_MEM = "64MB"
+"""PostgreSQL work_mem of a statement that joins a staged chunk to a shard's rows by a hash
+table: the table of one shard's rows (or of the chunk) is built in memory, in one batch."""
+RESULT_FILLFACTOR = 36
 """Percent of each llm_batch_result page filled on insert; the rest is for in-place updates.
 An item's row is rewritten twice (submitted, then its result, about twice as wide): at 70 the
 first rewrite used the room and 40% of the second moved to other pages, with new entries in
-every index; at 40 both stay in place."""
+every index; at 40 both stayed in place until version 5 made each row 8 bytes wider (7% of
+the results moved); at 36 all of them stay (see docs/decisions.md)."""
 
 PENDING = "pending"
 SUBMITTED = "submitted"
@@ -177,6 +184,9 @@ result_table = sa.Table(
     sa.Column("prior_cost_usd", sa.Float, nullable=False, server_default="0"),
     sa.Column("finish_reason", sa.String(64), nullable=True),
     sa.Column("result_json", sa.Text, nullable=True),
+    # Where the item's request line starts in its shard's input file, in bytes: a retry round
+    # reads the lines it sends again there (null in rows of ledgers before version 5).
+    sa.Column("request_offset", _BigInt, nullable=True),
     sa.Column("created_at", _Now, nullable=False),
     sa.Column("updated_at", _Now, nullable=False),
     sa.UniqueConstraint("job_id", "custom_id", name="uq_result_job_custom_id"),
@@ -444,7 +454,7 @@ def _add_missing_columns(conn: Connection) -> None:
 
 def _upgrade_indexes(conn: Connection) -> None:
     """Version 3: the status index is gone (see result_table) and result pages keep room;
-    version 4: more room (RESULT_FILLFACTOR). Pages written before keep what they had."""
+    versions 4 and 5: more room (RESULT_FILLFACTOR). Pages written before keep what they had."""
     conn.execute(sa.text("DROP INDEX IF EXISTS ix_result_job_status"))
     if conn.dialect.name == "postgresql":
         conn.execute(
@@ -574,13 +584,25 @@ class _Bulk:
             self.cursor.execute(statement, params)
 
     def join_by_index(self) -> None:
-        """PostgreSQL, for the rest of this transaction: join staged rows to the ledger by its
-        unique index. A hash join would read the whole table for every chunk, and JIT only
-        costs time on statements like these."""
+        """PostgreSQL, for the rest of this transaction (or until join_by_hash): join staged
+        rows to the ledger by its unique index. A hash join would read the whole table for
+        every chunk, and JIT only costs time on statements like these."""
         assert self.postgres
-        self.execute("SET LOCAL enable_hashjoin = off")
-        self.execute("SET LOCAL enable_mergejoin = off")
-        self.execute("SET LOCAL jit = off")
+        self.execute(
+            "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; "
+            "SET LOCAL enable_nestloop = on; SET LOCAL enable_seqscan = on; SET LOCAL jit = off"
+        )
+
+    def join_by_hash(self) -> None:
+        """PostgreSQL, for the rest of this transaction (or until join_by_index): join staged
+        rows to ledger rows read by another condition (one shard's, by its index) through a
+        hash table in memory, never by a scan of the whole ledger."""
+        assert self.postgres
+        self.execute(
+            "SET LOCAL enable_hashjoin = on; SET LOCAL enable_mergejoin = off; "
+            "SET LOCAL enable_nestloop = off; SET LOCAL enable_seqscan = off; "
+            f"SET LOCAL work_mem = '{HASH_WORK_MEM}'; SET LOCAL jit = off"
+        )
 
     def value(self, value: Any) -> Any:
         return self._when(value) if isinstance(value, dt.datetime) else value
@@ -659,12 +681,23 @@ class _Applied:
 
 
 def _apply_staged(
-    bulk: _Bulk, job_id: str, rows: list[Any], now: Any, *, override: bool = False
+    bulk: _Bulk,
+    job_id: str,
+    rows: list[Any],
+    now: Any,
+    *,
+    override: bool = False,
+    shard_id: str | None = None,
 ) -> _Applied:
-    """Write staged result rows over items that are not terminal yet; one set-based statement.
+    """Write staged result rows over items that are not terminal yet, set-based.
 
     With `override`, the rows are successes that replace a failure this same upsert wrote (at
     `now`): the only writes over a terminal row, and never over one terminal before it.
+
+    `shard_id`: the rows are that shard's results, so almost all of them are its items. On
+    PostgreSQL those are matched by reading the shard's rows (by its index, in file order)
+    into a hash table, instead of one descent of the unique index per row; what the shard
+    does not hold (items moved to another shard since) is then matched by the unique index.
     """
     table = result_table.name
     columns = ["custom_id", *RESULT_COLUMNS]
@@ -680,20 +713,38 @@ def _apply_staged(
     if bulk.postgres:
         bulk.stage(result_table, columns, (), lines=rows)
         sets = ", ".join(f"{k} = s.{k}" for k in RESULT_COLUMNS)
-        bulk.join_by_index()
-        bulk.execute(
+        params = {"now": now, "job": job_id, "shard": shard_id}
+        update = (
             f"UPDATE {table} AS r SET {sets}, updated_at = %(now)s FROM {bulk.STAGE} AS s "
-            f"WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id "
-            f"AND {guard('r.', '%(now)s')}",
-            {"now": now, "job": job_id},
+            f"WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id AND {guard('r.', '%(now)s')}"
         )
-        applied.count = int(bulk.cursor.rowcount)
-        if applied.count < len(rows) and not override:
+        left = len(rows)
+        if shard_id is not None and not override and left >= HASH_JOIN_ROWS:
+            bulk.join_by_hash()
+            bulk.execute(f"{update} AND r.shard_id = %(shard)s", params)
+            applied.count = int(bulk.cursor.rowcount)
+            if applied.count == left:
+                return applied
+            # The shard's items are done with (written, or terminal already); the rest of the
+            # chunk is matched by the unique index below.
+            bulk.execute(
+                f"DELETE FROM {bulk.STAGE} AS s USING {table} AS r WHERE r.job_id = %(job)s "
+                f"AND r.shard_id = %(shard)s AND r.custom_id = s.custom_id",
+                params,
+            )
+            left -= int(bulk.cursor.rowcount)
+            if not left:
+                return applied
+        bulk.join_by_index()
+        bulk.execute(update, params)
+        written = int(bulk.cursor.rowcount)
+        applied.count += written
+        if written < left and not override:
             # Some rows were not applied: already terminal, or not in the ledger at all.
             bulk.execute(
                 f"SELECT count(*) FROM {bulk.STAGE} AS s WHERE NOT EXISTS (SELECT 1 FROM "
                 f"{table} AS r WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id)",
-                {"job": job_id},
+                params,
             )
             applied.unknown = int(bulk.cursor.fetchone()[0])
         return applied
@@ -1043,6 +1094,7 @@ class LedgerResource(dg.ConfigurableResource):
         rows: Iterable[dict[str, Any]],
         *,
         writer: "BackgroundWriter | None" = None,
+        shard_id: str | None = None,
     ) -> UpsertStats:
         """Apply normalized results (dicts of custom_id and RESULT_COLUMNS) by custom_id;
         see upsert_staged."""
@@ -1053,7 +1105,7 @@ class LedgerResource(dg.ConfigurableResource):
             return (row["custom_id"], *given)
 
         staged = (stager(map(values, chunk)) for chunk in chunked(rows, CHUNK))
-        return self.upsert_staged(job_id, staged, writer=writer)
+        return self.upsert_staged(job_id, staged, writer=writer, shard_id=shard_id)
 
     def upsert_staged(
         self,
@@ -1061,6 +1113,7 @@ class LedgerResource(dg.ConfigurableResource):
         chunks: Iterable[StagedResults],
         *,
         writer: "BackgroundWriter | None" = None,
+        shard_id: str | None = None,
     ) -> UpsertStats:
         """Apply staged results by custom_id, in chunks, never over a terminal row.
 
@@ -1071,14 +1124,17 @@ class LedgerResource(dg.ConfigurableResource):
         The writes run on a writer thread while the next chunk is parsed. Given the caller's
         `writer`, they are only queued on it: the stats are complete once its earlier tasks
         have run, which is when anything queued after them runs.
+
+        `shard_id`: the results are those of one shard's provider batch, so they are matched
+        to its items first (see _apply_staged); any custom_id of the job is still applied.
         """
         stats = UpsertStats()
         now = utcnow()
         if writer is not None:
-            self._upsert_chunks(job_id, chunks, stats, now, writer)
+            self._upsert_chunks(job_id, chunks, stats, now, writer, shard_id)
             return stats
         with BackgroundWriter() as own:
-            self._upsert_chunks(job_id, chunks, stats, now, own)
+            self._upsert_chunks(job_id, chunks, stats, now, own, shard_id)
         return stats
 
     def _upsert_chunks(
@@ -1088,6 +1144,7 @@ class LedgerResource(dg.ConfigurableResource):
         stats: UpsertStats,
         now: Any,
         writer: "BackgroundWriter",
+        shard_id: str | None,
     ) -> None:
         # The status each custom_id was given by this upsert (queued, not necessarily written).
         written: dict[str, str] = {}
@@ -1099,12 +1156,16 @@ class LedgerResource(dg.ConfigurableResource):
         def flush() -> None:
             nonlocal rows, statuses, at, overrides
             if overrides:
-                writer.submit(functools.partial(self._apply_chunk, job_id, overrides, now, None))
+                writer.submit(
+                    functools.partial(self._apply_chunk, job_id, overrides, now, None, None)
+                )
             if rows:
                 # Counted as written when queued: a later duplicate's override is guarded by
                 # the time it expects, so it changes nothing where this chunk was not applied.
                 written.update(zip(at, statuses, strict=True))
-                writer.submit(functools.partial(self._apply_chunk, job_id, rows, now, stats))
+                writer.submit(
+                    functools.partial(self._apply_chunk, job_id, rows, now, stats, shard_id)
+                )
             rows, statuses, at, overrides = [], [], {}, []
 
         for chunk in chunks:
@@ -1134,11 +1195,18 @@ class LedgerResource(dg.ConfigurableResource):
         flush()
 
     def _apply_chunk(
-        self, job_id: str, rows: list[Any], now: Any, stats: UpsertStats | None
+        self,
+        job_id: str,
+        rows: list[Any],
+        now: Any,
+        stats: UpsertStats | None,
+        shard_id: str | None,
     ) -> None:
         """Apply staged rows (stats given) or the overrides of a failure (stats None)."""
         with self.begin() as conn:
-            applied = _apply_staged(_Bulk(conn), job_id, rows, now, override=stats is None)
+            applied = _apply_staged(
+                _Bulk(conn), job_id, rows, now, override=stats is None, shard_id=shard_id
+            )
         if stats is not None:
             stats.applied += applied.count
             stats.unknown += applied.unknown
@@ -1282,25 +1350,32 @@ class LedgerResource(dg.ConfigurableResource):
         return counts
 
     def reassign_items_to_shard(
-        self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str]
+        self, job_id: str, shard: dict[str, Any], lines: Sequence[tuple[str, int]]
     ) -> int:
-        """Record a retry shard and move its items (from `retry`) into it, atomically."""
-        return self._move_into_shard(
-            job_id, {**shard, "kind": RETRY_SHARD}, custom_ids, from_status=RETRY
-        )
+        """Record a retry shard and move its items (from `retry`) into it, atomically; `lines`
+        are (custom_id, request_offset in the new shard's file)."""
+        return self._move_into_shard(job_id, {**shard, "kind": RETRY_SHARD}, lines, RETRY)
 
     def requeue_into_shard(
-        self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str]
+        self, job_id: str, shard: dict[str, Any], lines: Sequence[tuple[str, int]]
     ) -> int:
         """Send dead letters back: a new shard, the items pending in it, atomically."""
-        return self._move_into_shard(
-            job_id, {**shard, "kind": REQUEUE_SHARD}, custom_ids, from_status=DEAD_LETTER
-        )
+        return self._move_into_shard(job_id, {**shard, "kind": REQUEUE_SHARD}, lines, DEAD_LETTER)
 
     def _move_into_shard(
-        self, job_id: str, shard: dict[str, Any], custom_ids: Sequence[str], from_status: str
+        self,
+        job_id: str,
+        shard: dict[str, Any],
+        lines: Sequence[tuple[str, int]],
+        from_status: str,
     ) -> int:
+        _status_in([from_status])  # only known statuses reach the SQL below
         now = utcnow()
+        table = result_table.name
+        # The last attempt's cost stays with the shard that paid it.
+        sets = (
+            f"status = '{PENDING}', prior_cost_usd = r.prior_cost_usd + r.cost_usd, cost_usd = 0, "
+        )
         moved = 0
         with self.begin() as conn:
             conn.execute(
@@ -1308,23 +1383,29 @@ class LedgerResource(dg.ConfigurableResource):
                 .values(**shard, status="created", created_at=now, updated_at=now)
                 .on_conflict_do_nothing()
             )
-            for chunk in chunked(custom_ids, CHUNK):
-                moved += conn.execute(
-                    sa.update(result_table)
-                    .where(
-                        result_table.c.job_id == job_id,
-                        result_table.c.custom_id.in_(chunk),
-                        result_table.c.status == from_status,
+            bulk = _Bulk(conn)
+            for chunk in chunked(lines, BULK_CHUNK):
+                if bulk.postgres:
+                    bulk.stage(result_table, ["custom_id", "request_offset"], chunk)
+                    bulk.join_by_index()
+                    bulk.execute(
+                        f"UPDATE {table} AS r SET {sets}shard_id = %(shard)s, "
+                        "request_offset = s.request_offset, updated_at = %(now)s "
+                        f"FROM {bulk.STAGE} AS s WHERE r.job_id = %(job)s "
+                        f"AND r.custom_id = s.custom_id AND r.status = '{from_status}'",
+                        {"shard": shard["shard_id"], "now": now, "job": job_id},
                     )
-                    .values(
-                        status=PENDING,
-                        shard_id=shard["shard_id"],
-                        # The last attempt's cost stays with the shard that paid it.
-                        prior_cost_usd=result_table.c.prior_cost_usd + result_table.c.cost_usd,
-                        cost_usd=0.0,
-                        updated_at=now,
-                    )
-                ).rowcount
+                    moved += int(bulk.cursor.rowcount)
+                    continue
+                moved += bulk.executemany(
+                    f"UPDATE {table} AS r SET {sets}shard_id = ?, request_offset = ?, "
+                    f"updated_at = ? WHERE job_id = ? AND custom_id = ? AND status = ?",
+                    [
+                        (shard["shard_id"], offset, bulk.value(now), job_id, cid, from_status)
+                        for cid, offset in chunk
+                    ],
+                    encoded=True,
+                )
         return moved
 
     def set_shard_items(self, shard_id: str, *, from_status: Sequence[str], **values: Any) -> int:

@@ -116,6 +116,25 @@ def line_blocks(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield b"".join(pending)
 
 
+def _lines_at(blocks: Iterable[bytes], offsets: Iterable[int]) -> Iterator[bytes]:
+    """The lines starting at ascending byte offsets of a stream of whole-line blocks."""
+    chunks = iter(blocks)
+    block: bytes | None = b""
+    start = 0  # where `block` starts in the file
+    for offset in offsets:
+        if offset < start:
+            raise ValueError(f"offsets must ascend: {offset} comes after {start}")
+        while block is not None and offset >= start + len(block):
+            start += len(block)
+            block = next(chunks, None)
+        if block is None:
+            yield b""
+            continue
+        at = offset - start
+        end = block.find(b"\n", at)
+        yield block[at:] if end < 0 else block[at:end]
+
+
 def _is_staging_file(name: str) -> bool:
     return name.startswith(".") and name.endswith(_STAGING_SUFFIX)
 
@@ -332,6 +351,26 @@ class ArtifactStorage(dg.ConfigurableResource):
     def open_line_blocks(self, uri: str) -> Iterator[bytes]:
         """Stream the file in blocks of whole lines (see `line_blocks`); opens eagerly."""
         return line_blocks(self._open_chunks(uri))
+
+    def lines_at(self, uri: str, offsets: Iterable[int]) -> Iterator[bytes]:
+        """The lines (without newline) that start at these byte offsets, ascending: a few
+        lines of a large file without splitting the rest. A local file is read only there;
+        an S3 object is streamed once. An offset past the end gives b""."""
+        target = _parse_uri(uri)
+        if isinstance(target, Path):
+            try:
+                handle = target.open("rb")
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"no such artifact: {uri}") from exc
+            return self._local_lines_at(handle, offsets)
+        return _lines_at(line_blocks(self._open_chunks(uri)), offsets)
+
+    @staticmethod
+    def _local_lines_at(handle: IO[bytes], offsets: Iterable[int]) -> Iterator[bytes]:
+        with handle:
+            for offset in offsets:
+                handle.seek(offset)
+                yield handle.readline().removesuffix(b"\n")
 
     def _open_chunks(self, uri: str) -> Iterator[bytes]:
         target = _parse_uri(uri)
