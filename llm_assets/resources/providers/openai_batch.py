@@ -202,7 +202,7 @@ def _answered_chat(line: _ChatLine) -> ItemResult | None:
         choice.message.content if choice.message is not None else None,
         choice.finish_reason,
         usage.prompt_tokens or usage.input_tokens or 0,
-        details.cached_tokens or 0 if details is not None else 0,
+        (details.cached_tokens or 0) if details is not None else 0,
         usage.completion_tokens or usage.output_tokens or 0,
     )
 
