@@ -230,6 +230,10 @@ def test_schema_is_created_on_first_use(ledger: LedgerResource, database_url: st
     assert table_names(database_url) >= TABLES
     versions = table_rows(database_url, L.schema_version)
     assert [v["version"] for v in versions] == [SCHEMA_VERSION]
+    # Items and outputs name their job without a foreign key (a check per inserted row).
+    inspector = sa.inspect(engine_of(database_url))
+    assert inspector.get_foreign_keys("llm_batch_result") == []
+    assert inspector.get_foreign_keys("llm_batch_output") == []
 
 
 def test_schema_creation_is_idempotent(ledger: LedgerResource, database_url: str) -> None:
@@ -338,7 +342,7 @@ def test_add_shard_with_items_is_idempotent(ledger: LedgerResource, database_url
 
 def test_add_shard_with_items_is_one_transaction(ledger: LedgerResource, database_url: str) -> None:
     make_job(ledger)
-    bad = [item_row(cid(0), shard=shard_id(0, 0)), item_row(cid(1), job_id="no-such-job")]
+    bad = [item_row(cid(0), shard=shard_id(0, 0)), item_row(cid(1), status=None)]
     with pytest.raises(sa.exc.IntegrityError):
         ledger.add_shard_with_items(shard_row(item_count=2), bad)
     assert ledger.get_shard(shard_id(0, 0)) is None
@@ -1089,9 +1093,10 @@ def test_bulk_writes_keep_every_character_and_raise_driver_errors_as_sqlalchemy_
     stamps = {L.as_utc(r["created_at"]) for r in written}
     assert len(stamps) == 1 and before <= stamps.pop() <= L.utcnow()
 
-    # An item row naming a job that does not exist: the foreign key refuses the whole chunk.
+    # An item row without a status: the NOT NULL constraint refuses the whole chunk.
     with pytest.raises(sa.exc.IntegrityError):
-        ledger.add_items([item_row("orphan") | {"job_id": "no-such-job"}])
+        ledger.add_items([item_row(cid(900)), item_row("no-status") | {"status": None}])
+    assert cid(900) not in items_by_id(ledger.database_url)
 
 
 @pytest.mark.parametrize("version", [2, 3, 4])
@@ -1104,8 +1109,16 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
     request_offset."""
     LedgerResource(database_url=database_url).schema_version()
     engine = engine_of(database_url)
+    postgres = engine.dialect.name == "postgresql"
     with engine.begin() as conn:
         conn.execute(sa.text("ALTER TABLE llm_batch_result DROP COLUMN request_offset"))
+        if postgres:  # items and outputs had a foreign key to their job
+            for table in ("llm_batch_result", "llm_batch_output"):
+                conn.execute(
+                    sa.text(
+                        f"ALTER TABLE {table} ADD FOREIGN KEY (job_id) REFERENCES llm_batch_job"
+                    )
+                )
         if version == 2:
             conn.execute(
                 sa.text("CREATE INDEX ix_result_job_status ON llm_batch_result (job_id, status)")
@@ -1121,6 +1134,10 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
     assert upgraded.schema_version() == SCHEMA_VERSION == 5
     columns = {c["name"] for c in sa.inspect(upgraded.engine).get_columns("llm_batch_result")}
     assert "request_offset" in columns
+    if postgres:
+        inspector = sa.inspect(upgraded.engine)
+        assert inspector.get_foreign_keys("llm_batch_result") == []
+        assert inspector.get_foreign_keys("llm_batch_output") == []
     names = {i["name"] for i in sa.inspect(upgraded.engine).get_indexes("llm_batch_result")}
     assert "ix_result_job_status" not in names and "ix_result_shard" in names
     if upgraded.engine.dialect.name == "postgresql":
