@@ -135,6 +135,14 @@ def _lines_at(blocks: Iterable[bytes], offsets: Iterable[int]) -> Iterator[bytes
         yield block[at:] if end < 0 else block[at:end]
 
 
+def _open_local(path: Path, uri: str) -> IO[bytes]:
+    """A local artifact opened for reading; a missing one is named by its uri."""
+    try:
+        return path.open("rb")
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"no such artifact: {uri}") from exc
+
+
 def _is_staging_file(name: str) -> bool:
     return name.startswith(".") and name.endswith(_STAGING_SUFFIX)
 
@@ -358,11 +366,7 @@ class ArtifactStorage(dg.ConfigurableResource):
         an S3 object is streamed once. An offset past the end gives b""."""
         target = _parse_uri(uri)
         if isinstance(target, Path):
-            try:
-                handle = target.open("rb")
-            except FileNotFoundError as exc:
-                raise FileNotFoundError(f"no such artifact: {uri}") from exc
-            return self._local_lines_at(handle, offsets)
+            return self._local_lines_at(_open_local(target, uri), offsets)
         return _lines_at(line_blocks(self._open_chunks(uri)), offsets)
 
     @staticmethod
@@ -376,11 +380,7 @@ class ArtifactStorage(dg.ConfigurableResource):
         target = _parse_uri(uri)
         chunk_size = self.read_chunk_bytes
         if isinstance(target, Path):
-            try:
-                handle = target.open("rb")
-            except FileNotFoundError as exc:
-                raise FileNotFoundError(f"no such artifact: {uri}") from exc
-            return self._iter_local_chunks(handle, chunk_size)
+            return self._iter_local_chunks(_open_local(target, uri), chunk_size)
         body = self._get_object(target, uri)
         return self._iter_s3_chunks(body, chunk_size)
 
