@@ -43,6 +43,8 @@ large shard's rows would cost more than their descents."""
 HASH_WORK_MEM = "64MB"
 """PostgreSQL work_mem of a statement that joins a staged chunk to a shard's rows by a hash
 table: the table of one shard's rows (or of the chunk) is built in memory, in one batch."""
+UNIQUE_VIOLATION = "23505"
+"""PostgreSQL's SQLSTATE for a duplicate key."""
 RESULT_FILLFACTOR = 36
 """Percent of each llm_batch_result page filled on insert; the rest is for in-place updates.
 An item's row is rewritten twice (submitted, then its result, about twice as wide): at 70 the
@@ -667,9 +669,25 @@ class _Bulk:
     def insert_ignoring_existing(
         self, table: sa.Table, columns: Sequence[str], rows: list[Sequence[Any]], key: str
     ) -> int:
-        """Insert rows whose unique `key` constraint is free; returns how many went in."""
+        """Insert rows whose unique `key` constraint is free; returns how many went in.
+
+        PostgreSQL: callers leave out what the ledger already holds, so the rows are first
+        COPYed straight into the table (heap pages written in batches: a third of the time
+        of an INSERT ... ON CONFLICT from a staging table). Only when one exists after all
+        (a run beside this one wrote it) is that undone and the rows staged and inserted
+        one by one, skipping the existing ones."""
         names = ", ".join(columns)
         if self.postgres:
+            self.execute("SAVEPOINT llm_direct_copy")
+            try:
+                self.copy(table.name, columns, rows)
+            except sa.exc.IntegrityError as exc:
+                if getattr(exc.orig, "pgcode", None) != UNIQUE_VIOLATION:
+                    raise
+                self.execute("ROLLBACK TO SAVEPOINT llm_direct_copy")
+            else:
+                self.execute("RELEASE SAVEPOINT llm_direct_copy")
+                return len(rows)
             self.stage(table, columns, rows)
             self.execute(
                 f"INSERT INTO {table.name} ({names}) SELECT {names} FROM {self.STAGE} "
