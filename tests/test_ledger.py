@@ -340,6 +340,26 @@ def test_add_shard_with_items_is_idempotent(ledger: LedgerResource, database_url
     assert snapshot(database_url) == before
 
 
+def test_add_shard_with_items_skips_items_another_run_wrote(
+    ledger: LedgerResource, database_url: str
+) -> None:
+    """New items go in at once (PostgreSQL: COPYed straight into the table); when one is in
+    the ledger already, only it is skipped, and the new shard is still recorded."""
+    make_job(ledger)
+    first, second = shard_id(0, 0), shard_id(0, 1)
+    ledger.add_shard_with_items(shard_row(item_count=1), [item_row(cid(0), shard=first)])
+    before = items_by_id(database_url)[cid(0)]
+
+    items = [item_row(c, shard=second) for c in (cid(1), cid(0), cid(2))]
+    assert ledger.add_shard_with_items(shard_row(0, 1, item_count=3), items) == 2
+    shard = ledger.get_shard(second)
+    assert shard is not None and shard.item_count == 3
+    rows = items_by_id(database_url)
+    assert rows[cid(0)] == before
+    assert (rows[cid(1)]["shard_id"], rows[cid(2)]["shard_id"]) == (second, second)
+    assert sorted(rows) == [cid(0), cid(1), cid(2)]
+
+
 def test_add_shard_with_items_is_one_transaction(ledger: LedgerResource, database_url: str) -> None:
     make_job(ledger)
     bad = [item_row(cid(0), shard=shard_id(0, 0)), item_row(cid(1), status=None)]
