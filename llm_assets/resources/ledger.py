@@ -672,10 +672,10 @@ class _Bulk:
         """Insert rows whose unique `key` constraint is free; returns how many went in.
 
         PostgreSQL: callers leave out what the ledger already holds, so the rows are first
-        COPYed straight into the table (heap pages written in batches: a third of the time
-        of an INSERT ... ON CONFLICT from a staging table). Only when one exists after all
-        (a run beside this one wrote it) is that undone and the rows staged and inserted
-        one by one, skipping the existing ones."""
+        COPYed straight into the table (heap pages written in batches, no speculative
+        insertion: two thirds of the time of staging them and inserting with ON CONFLICT).
+        Only when one exists after all (a run beside this one wrote it) is that undone and
+        the rows staged and inserted by one statement that skips the existing ones."""
         names = ", ".join(columns)
         if self.postgres:
             self.execute("SAVEPOINT llm_direct_copy")
