@@ -517,6 +517,8 @@ class FakeOnline:
         json_schema response_format with a schema-valid instance).
     models: served model ids; None accepts any model. GET /v1/models lists them.
     api_key: when set, requests must carry `Authorization: Bearer <api_key>` (401 otherwise).
+    clock: when a request arrived, as the rate limiter measures it (time.monotonic); a test
+        that needs requests to arrive at one instant, whatever the machine's load, stops it.
     """
 
     def __init__(self, *, port: int | None = None) -> None:
@@ -530,6 +532,7 @@ class FakeOnline:
         self.responder: Callable[[JSON], str] | None = None
         self.models: list[str] | None = None
         self.api_key: str | None = None
+        self.clock: Callable[[], float] = time.monotonic
         self.server_errors: list[str] = []
         self.limiter = RateLimiter()
         self._calls: list[OnlineCall] = []
@@ -713,7 +716,7 @@ class FakeOnline:
                 self._flight.notify_all()
 
     def _serve_chat(self, handler: _Handler, raw: bytes) -> Reply | None:
-        arrived, arrived_wall = time.monotonic(), time.time()
+        arrived, arrived_wall = self.clock(), time.time()
         retry_count = handler.headers.get("x-stainless-retry-count")
         call: JSON = {
             "arrived": arrived,
