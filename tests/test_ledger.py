@@ -1152,15 +1152,14 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
     upgraded = LedgerResource(database_url=database_url)
 
     assert upgraded.schema_version() == SCHEMA_VERSION == 5
-    columns = {c["name"] for c in sa.inspect(upgraded.engine).get_columns("llm_batch_result")}
+    inspector = sa.inspect(upgraded.engine)
+    columns = {c["name"] for c in inspector.get_columns("llm_batch_result")}
     assert "request_offset" in columns
+    names = {i["name"] for i in inspector.get_indexes("llm_batch_result")}
+    assert "ix_result_job_status" not in names and "ix_result_shard" in names
     if postgres:
-        inspector = sa.inspect(upgraded.engine)
         assert inspector.get_foreign_keys("llm_batch_result") == []
         assert inspector.get_foreign_keys("llm_batch_output") == []
-    names = {i["name"] for i in sa.inspect(upgraded.engine).get_indexes("llm_batch_result")}
-    assert "ix_result_job_status" not in names and "ix_result_shard" in names
-    if upgraded.engine.dialect.name == "postgresql":
         with upgraded.engine.connect() as conn:
             options = conn.execute(
                 sa.text("SELECT reloptions FROM pg_class WHERE oid = 'llm_batch_result'::regclass")
