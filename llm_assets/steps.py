@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from llm_assets import ids, parallel, quality
 from llm_assets.failpoints import failpoint
 from llm_assets.items import PreparedItem, Preparer, prepare_items
-from llm_assets.memory import release_free_memory
+from llm_assets.memory import collector_paused, release_free_memory
 from llm_assets.progress import report as report_progress
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
@@ -424,7 +424,7 @@ def build_shards(
             yield item.custom_id, line
 
     # The database records shard k while shard k+1 is rendered, counted and written.
-    with BackgroundWriter(depth=1) as writer:
+    with collector_paused(), BackgroundWriter(depth=1) as writer:
         for index, shard_lines in enumerate(shards_for(spec, lines())):
             shard_id = ids.shard_id(job.job_id, round_no, index)
             items = []

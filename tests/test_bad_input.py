@@ -764,6 +764,53 @@ def test_memory_freed_between_shards_goes_back_to_the_operating_system(tmp_path:
     assert released < freed - 150, (freed, released)
 
 
+def test_the_collector_is_paused_in_the_block_and_left_as_it_was() -> None:
+    import gc
+
+    from llm_assets.memory import collector_paused
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+        with collector_paused():  # nested: the inner block leaves it paused
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("a failed step")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # paused by someone else before: not ours to start
+    finally:
+        gc.enable()
+
+
+def test_shards_are_built_with_the_collector_paused(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shards step holds a shard's items while it makes millions of short-lived objects:
+    full collections walking the live ones again cost seconds at a million items."""
+    import gc
+
+    seen: list[bool] = []
+    write_shard = steps._write_shard
+
+    def recording(*args: Any, **kwargs: Any) -> str:
+        seen.append(gc.isenabled())
+        return write_shard(*args, **kwargs)
+
+    monkeypatch.setattr(steps, "_write_shard", recording)
+    write_source(harness.home, bad_day())
+    source = harness.settings.resolve_source_uri(harness.spec.source.uri)
+    steps.take_snapshot(harness.spec, DAY, source, harness.storage)
+    built = steps.build_shards(harness.spec, DAY, harness.ledger, harness.storage, harness.provider)
+    assert built.shards_created and seen == [False] * len(built.shards_created)
+    assert gc.isenabled()
+
+
 @pytest.mark.parametrize(
     "key", ["T00000001", "", "a b/c?d", "日本語", "\ud800 lone", "x" * 100, "--a--", "A_b-9"]
 )
