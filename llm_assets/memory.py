@@ -37,9 +37,10 @@ def collector_paused() -> Iterator[None]:
     """No cyclic garbage collection inside the block; afterwards the collector is as it was.
 
     The shards step keeps a shard's items alive (tuples and dicts, which the collector
-    tracks) while it makes millions of short-lived ones; every full collection walks all the
-    live ones again: at 1M items, pausing it took the step from 42.3 / 42.6 s to 35.7 / 35.0 s
-    (alternated runs, bench/README.md).
+    tracks) while it makes millions of short-lived ones, and every full collection walks all
+    the live ones again: at 1M items, in a fresh process as a Dagster step runs, pausing it
+    saved this process 2-8 CPU seconds of the step's 33-48 (bench/README.md).
+
     What the step frees is freed by reference counting; the few cycles it may leave are
     collected once the block ends. Process-wide: a block in another thread may find the
     collector paused, or running again before it ends, which changes only when cycles go."""
