@@ -23,6 +23,7 @@ from llm_assets.resources.ledger import (
     LedgerResource,
     UpsertStats,
 )
+from tests.conftest import DATABASES
 
 DAY = dt.date(2024, 5, 1)
 JOB = "reviews-20240501-abc"
@@ -1201,3 +1202,59 @@ def test_the_background_writer_runs_in_order_and_stops_at_the_first_error() -> N
     with pytest.raises(KeyError), L.BackgroundWriter() as writer:
         writer.submit(fail)
         raise KeyError("caller")
+
+
+@pytest.mark.parametrize("database_url", [DATABASES[1]], indirect=True)
+def test_copy_data_is_read_as_utf8_whatever_the_session_encoding_was(
+    database_url: str,
+) -> None:
+    """Result rows reach PostgreSQL's COPY as UTF-8 bytes made in worker processes: a
+    connection whose default client encoding is another (here LATIN1, from the URL) must
+    still store them exactly. (PostgreSQL only: SQLite stores Python strings.)"""
+    url = sa.engine.make_url(database_url).update_query_dict({"client_encoding": "LATIN1"})
+    ledger = LedgerResource(database_url=url.render_as_string(hide_password=False))
+    try:
+        make_job(ledger)
+        add_submitted_shard(ledger, 2)
+        texts = ["日本語 ✓ café", "tab\there"]
+        rows = [ok(cid(i), text=texts[i]) for i in range(2)]
+
+        assert ledger.upsert_results(JOB, rows).applied == 2
+
+        stored = items_by_id(ledger.database_url)
+        assert [stored[cid(i)]["result_json"] for i in range(2)] == [r["result_json"] for r in rows]
+    finally:
+        engine = L._engines.pop(ledger.database_url, None)
+        if engine is not None:
+            engine.dispose()
+
+
+@pytest.mark.parametrize("database_url", [DATABASES[1]], indirect=True)
+def test_join_settings_go_with_the_next_statement_and_last_the_transaction(
+    ledger: LedgerResource,
+) -> None:
+    """join_by_hash / join_by_index are sent with the statement after them (one round trip);
+    they hold for the rest of the transaction and are gone after it."""
+
+    def setting(bulk: L._Bulk) -> str:
+        bulk.execute("SHOW enable_seqscan")
+        return str(bulk.cursor.fetchone()[0])
+
+    with ledger.begin() as conn:
+        bulk = L._Bulk(conn)
+        assert setting(bulk) == "on"
+        bulk.join_by_hash()
+        assert setting(bulk) == "off"
+        assert setting(bulk) == "off"
+        bulk.execute("SHOW enable_hashjoin")
+        assert bulk.cursor.fetchone()[0] == "on"
+        bulk.join_by_index()
+        bulk.execute("SELECT 1 WHERE false")
+        assert bulk.cursor.rowcount == 0  # the statement's, not the settings'
+        assert setting(bulk) == "on"
+        bulk.execute("SHOW enable_hashjoin")
+        assert bulk.cursor.fetchone()[0] == "off"
+    with ledger.begin() as conn:
+        bulk = L._Bulk(conn)
+        bulk.execute("SHOW enable_hashjoin")
+        assert bulk.cursor.fetchone()[0] == "on"
