@@ -19,7 +19,6 @@ POINTS = (
     "submit.after_create",
     "submit.after_record",
     "import.after_upsert",
-    "import.after_missing",
     "import.after_shard",
     "retry.after_file",
     "validate.after_write",

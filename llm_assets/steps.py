@@ -543,18 +543,16 @@ def _dead_letter_below_minimum(
         f"{minimum} records per job, and bedrock.below_minimum is 'merge'; requeue them with "
         "more items, or set bedrock.below_minimum: online to send them at on-demand prices"
     )
-    ledger.set_shard_items(
+    now = utcnow()
+    ledger.close_shard(
         shard.shard_id,
         from_status=[PENDING],
-        status=DEAD_LETTER,
-        error_class="deterministic",
-        error_code="below_minimum",
-        error_message=message,
-    )
-    ledger.settle_shard(shard.shard_id)
-    now = utcnow()
-    ledger.update_shard(
-        shard.shard_id,
+        items={
+            "status": DEAD_LETTER,
+            "error_class": "deterministic",
+            "error_code": "below_minimum",
+            "error_message": message,
+        },
         status=ShardState.IMPORTED.value,
         raw_status="below_minimum",
         message=message,
@@ -984,22 +982,21 @@ def _close_imported_shard(
     why = shard.raw_status or shard.status
     if shard.message:
         why = f"{why}: {shard.message}"
-    totals.missing += ledger.set_shard_items(
+    # One transaction: the writer thread waits for the GIL again after every statement.
+    missing, _ = ledger.close_shard(
         shard.shard_id,
         from_status=[SUBMITTED],
-        status=RETRY,
-        error_class="expired" if shard.status == ShardState.EXPIRED else "transient",
-        error_code=f"missing_result_{shard.status}",
-        error_message=(f"no result in provider batch {shard.provider_batch_id} (batch {why})"),
-    )
-    failpoint("import.after_missing")
-    ledger.settle_shard(shard.shard_id)
-    ledger.update_shard(
-        shard.shard_id,
+        items={
+            "status": RETRY,
+            "error_class": "expired" if shard.status == ShardState.EXPIRED else "transient",
+            "error_code": f"missing_result_{shard.status}",
+            "error_message": f"no result in provider batch {shard.provider_batch_id} (batch {why})",
+        },
         expect_status=ENDED_STATES,
         status=ShardState.IMPORTED.value,
         imported_at=utcnow(),
     )
+    totals.missing += missing
     failpoint("import.after_shard")
     totals.imported.append(shard.shard_id)
 

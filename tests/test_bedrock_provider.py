@@ -133,7 +133,7 @@ CLI = str(Path(sys.executable).parent / "llm-assets")
 
 
 @pytest.mark.parametrize(
-    "point", ["submit.after_create", "import.after_upsert", "import.after_missing:2"]
+    "point", ["submit.after_create", "import.after_upsert", "import.after_shard:2"]
 )
 def test_a_kill_after_create_or_mid_import_neither_creates_nor_sends_again(
     tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock, point: str

@@ -157,7 +157,7 @@ def test_killed_at_every_failpoint_the_partition_still_ends_exactly_once(
         "submit.after_record:3",
         "runner.between_runs",
         "import.after_upsert",
-        "import.after_missing:2",
+        "import.after_upsert:2",
         "import.after_shard:3",
         "retry.after_file",
         "submit.after_create",

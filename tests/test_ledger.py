@@ -830,6 +830,73 @@ def test_set_shard_items_moves_one_shards_open_items(
     assert ledger.set_shard_items(s1, from_status=[SUBMITTED], status=RETRY) == 2
 
 
+def test_close_shard_moves_open_items_freezes_the_bill_and_sets_the_shard_at_once(
+    ledger: LedgerResource, database_url: str
+) -> None:
+    """Closing an imported shard: its unanswered items move, what its items were billed is
+    frozen on the shard and its reservation, and the shard is marked (compare-and-set) — in
+    one transaction, so a failure in any part leaves all of it undone."""
+    make_job(ledger)
+    s0 = add_submitted_shard(ledger, 4)
+    s1 = add_submitted_shard(ledger, 2, index=1, first=10, batch_id="batch-1")
+    assert (
+        ledger.reserve_budget(
+            pipeline="reviews",
+            job_id=JOB,
+            shards={s0: 5.0, s1: 5.0},
+            max_per_day=None,
+            max_per_month=None,
+        )
+        is None
+    )
+    ledger.upsert_results(JOB, [ok(cid(0), tokens=10, cost=0.25), ok(cid(1), tokens=4, cost=0.5)])
+    ledger.update_shard(s0, status="completed")
+    missing = {"status": RETRY, "error_class": "expired", "error_code": "missing"}
+
+    with pytest.raises(sa.exc.SQLAlchemyError):  # the shard's values fail: nothing is kept
+        ledger.close_shard(s0, from_status=[SUBMITTED], items=missing, no_such_column=1)
+    assert {items_by_id(database_url)[cid(i)]["status"] for i in (2, 3)} == {SUBMITTED}
+    assert ledger.get_shard(s0).actual_cost_usd is None  # type: ignore[union-attr]
+
+    moved, changed = ledger.close_shard(
+        s0,
+        from_status=[SUBMITTED],
+        items=missing,
+        expect_status=["completed"],
+        status="imported",
+    )
+
+    assert (moved, changed) == (2, True)
+    items = items_by_id(database_url)
+    assert [(items[cid(i)]["status"], items[cid(i)]["error_class"]) for i in range(4)] == [
+        (SUCCEEDED, None),
+        (SUCCEEDED, None),
+        (RETRY, "expired"),
+        (RETRY, "expired"),
+    ]
+    assert {items[c]["status"] for c in (cid(10), cid(11))} == {SUBMITTED}
+    shard = ledger.get_shard(s0)
+    assert shard is not None
+    assert (shard.status, shard.actual_input_tokens, shard.actual_output_tokens) == (
+        "imported",
+        14,
+        7,
+    )
+    assert shard.actual_cost_usd == pytest.approx(0.75)
+    with ledger.engine.connect() as conn:
+        settled = dict(
+            conn.execute(
+                sa.select(L.reservation_table.c.shard_id, L.reservation_table.c.actual_usd)
+            ).all()
+        )
+    assert settled == {s0: pytest.approx(0.75), s1: None}
+    # Not in the expected state (imported already): the shard row is left as it is.
+    assert ledger.close_shard(
+        s0, from_status=[SUBMITTED], items=missing, expect_status=["completed"], status="x"
+    ) == (0, False)
+    assert ledger.get_shard(s0).status == "imported"  # type: ignore[union-attr]
+
+
 def test_reassign_retry_items_to_a_new_shard(
     ledger: LedgerResource, database_url: str, small_chunks: int
 ) -> None:

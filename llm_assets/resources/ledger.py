@@ -1502,7 +1502,7 @@ class LedgerResource(dg.ConfigurableResource):
     def shard_totals(self, job_id: str) -> list[dict[str, Any]]:
         """Per shard: its state, estimate and the tokens and cost it was billed.
 
-        Billed numbers are frozen when the shard is imported (`settle_shard`), because items
+        Billed numbers are frozen when the shard is imported (`close_shard`), because items
         may later move to retry or requeue shards; before that they are the live sums.
         """
         live = self._live_shard_totals(job_id)
@@ -1546,34 +1546,62 @@ class LedgerResource(dg.ConfigurableResource):
         with self.engine.connect() as conn:
             return [dict(zip(names, row, strict=True)) for row in conn.execute(query)]
 
-    def settle_shard(self, shard_id: str) -> float:
+    def close_shard(
+        self,
+        shard_id: str,
+        *,
+        from_status: Sequence[str],
+        items: dict[str, Any],
+        expect_status: Iterable[str] | None = None,
+        **values: Any,
+    ) -> tuple[int, bool]:
+        """End a shard in one transaction: its items still in one of `from_status` get
+        `items` (what its batch did not answer), what it was billed is frozen and its budget
+        reservation settled, and the shard gets `values` if its status is in `expect_status`.
+        Returns how many items moved and whether the shard row changed."""
+        now = utcnow()
+        with self.begin() as conn:
+            moved = conn.execute(
+                sa.update(result_table)
+                .where(
+                    result_table.c.shard_id == shard_id,
+                    result_table.c.status.in_(list(from_status)),
+                )
+                .values(**items, updated_at=now)
+            ).rowcount
+            self._settle(conn, shard_id, now)
+            query = sa.update(shard_table).where(shard_table.c.shard_id == shard_id)
+            if expect_status is not None:
+                query = query.where(shard_table.c.status.in_(list(expect_status)))
+            changed = conn.execute(query.values(**values, updated_at=now)).rowcount > 0
+        return moved, changed
+
+    def _settle(self, conn: Connection, shard_id: str, now: dt.datetime) -> float:
         """Freeze what an ended shard was billed (its items' last attempts, all from this
         shard's batch) and settle its budget reservation; safe to repeat until the shard is
         marked imported, as nothing moves its items before that. Returns the cost."""
-        now = utcnow()
-        with self.begin() as conn:
-            tin, tout, cost = conn.execute(
-                sa.select(
-                    sa.func.coalesce(sa.func.sum(result_table.c.input_tokens), 0),
-                    sa.func.coalesce(sa.func.sum(result_table.c.output_tokens), 0),
-                    sa.func.coalesce(sa.func.sum(result_table.c.cost_usd), 0.0),
-                ).where(result_table.c.shard_id == shard_id)
-            ).one()
-            conn.execute(
-                sa.update(shard_table)
-                .where(shard_table.c.shard_id == shard_id)
-                .values(
-                    actual_input_tokens=int(tin),
-                    actual_output_tokens=int(tout),
-                    actual_cost_usd=float(cost),
-                    updated_at=now,
-                )
+        tin, tout, cost = conn.execute(
+            sa.select(
+                sa.func.coalesce(sa.func.sum(result_table.c.input_tokens), 0),
+                sa.func.coalesce(sa.func.sum(result_table.c.output_tokens), 0),
+                sa.func.coalesce(sa.func.sum(result_table.c.cost_usd), 0.0),
+            ).where(result_table.c.shard_id == shard_id)
+        ).one()
+        conn.execute(
+            sa.update(shard_table)
+            .where(shard_table.c.shard_id == shard_id)
+            .values(
+                actual_input_tokens=int(tin),
+                actual_output_tokens=int(tout),
+                actual_cost_usd=float(cost),
+                updated_at=now,
             )
-            conn.execute(
-                sa.update(reservation_table)
-                .where(reservation_table.c.shard_id == shard_id)
-                .values(actual_usd=float(cost), settled_at=now)
-            )
+        )
+        conn.execute(
+            sa.update(reservation_table)
+            .where(reservation_table.c.shard_id == shard_id)
+            .values(actual_usd=float(cost), settled_at=now)
+        )
         return float(cost)
 
     def estimate_accuracy(self, job_id: str) -> float | None:
