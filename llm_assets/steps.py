@@ -43,7 +43,6 @@ from llm_assets.resources.ledger import (
     JobCounts,
     JobRecord,
     LedgerResource,
-    ResultStager,
     ShardRecord,
     StagedResults,
     UpsertStats,
@@ -60,6 +59,7 @@ from llm_assets.resources.providers.base import (
     ShardSubmission,
 )
 from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.result_rows import RowMaker, ledger_values, staged_results
 from llm_assets.sharding import split_shards
 from llm_assets.source import rows_for_partition
 from llm_assets.spec import PipelineSpec
@@ -899,67 +899,12 @@ class ImportResult(BaseModel):
     counts: JobCounts
 
 
-@dataclasses.dataclass(frozen=True)
-class _RowMaker:
-    price: ModelPrice
-    model_name: str
-    batch: bool
-    cost: Callable[[int, int, int], float] = dataclasses.field(init=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "cost", self.price.cost_calculator(batch=self.batch))
-
-    def __call__(self, result: ItemResult) -> tuple[Any, ...]:
-        return _ledger_values(result, self.cost, self.model_name)
-
-
-def _staged_results(
-    context: tuple[Callable[[bytes], ItemResult | None], _RowMaker, ResultStager],
-    lines: list[bytes],
-) -> StagedResults:
-    """Raw result lines → ledger rows in the ledger's bulk format: the unit of work of a
-    worker process, so that the importing process only picks rows and passes them on."""
-    parse, to_row, stage = context
-    return stage([to_row(result) for result in map(parse, lines) if result is not None])
-
-
 def _ledger_row(
     result: ItemResult, price: ModelPrice, model_name: str, *, batch: bool
 ) -> dict[str, Any]:
     """A normalized result as a ledger row: its custom_id and RESULT_COLUMNS."""
-    values = _ledger_values(result, price.cost_calculator(batch=batch), model_name)
+    values = ledger_values(result, price.cost_calculator(batch=batch), model_name)
     return dict(zip(("custom_id", *RESULT_COLUMNS), values, strict=True))
-
-
-def _ledger_values(
-    result: ItemResult, cost: Callable[[int, int, int], float], model_name: str
-) -> tuple[Any, ...]:
-    """A normalized result as ledger values, custom_id then RESULT_COLUMNS. Only successes
-    are billed, so only they carry tokens and cost (at the price recorded when their shard
-    was submitted)."""
-    if result.succeeded:
-        status, error_class = SUCCEEDED, None
-    elif result.error_class in ("transient", "expired"):
-        status, error_class = RETRY, result.error_class
-    else:
-        status, error_class = DEAD_LETTER, result.error_class or "deterministic"
-    billed = result.succeeded
-    return (
-        result.custom_id,
-        status,
-        error_class,
-        result.error_code,
-        result.error_message,
-        model_name,
-        result.input_tokens if billed else 0,
-        result.cached_input_tokens if billed else 0,
-        result.output_tokens if billed else 0,
-        cost(result.input_tokens, result.output_tokens, result.cached_input_tokens)
-        if billed
-        else 0.0,
-        result.finish_reason,
-        result.output_text,
-    )
 
 
 @dataclasses.dataclass
@@ -1024,7 +969,9 @@ def import_results(
             charged = (
                 ModelPrice.model_validate_json(shard.price_json) if shard.price_json else price
             )
-            to_row = _RowMaker(charged, spec.model.name, provider.priced_as_batch)
+            to_row = RowMaker(
+                charged.cost_calculator(batch=provider.priced_as_batch), spec.model.name
+            )
             staged: Iterable[StagedResults]
             if shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX):
                 # A shard worked in the step wrote its results as they came: nothing to fetch.
@@ -1033,7 +980,7 @@ def import_results(
                 # Lines are parsed, and made into ledger rows, in worker processes when the
                 # day is large.
                 raw, parse = lines
-                staged = workers.map(_staged_results, (parse, to_row, stage), raw)
+                staged = workers.map(staged_results, (parse, to_row, stage), raw)
             else:
                 staged = map(
                     stage,

@@ -550,7 +550,7 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     spread_shards, spread_rows = shards_and_rows("spread", "2")
 
     # Rows assessed and result lines parsed in the worker (and some chunks here meanwhile).
-    assert {"assess_lines", "_staged_results"} <= set(submitted)
+    assert {"assess_lines", "staged_results"} <= set(submitted)
     assert spread_shards == alone_shards and alone_shards
     assert spread_rows == alone_rows
     codes = Counter(row[4] for row in spread_rows if row[0] != "output")
@@ -728,6 +728,49 @@ def test_a_worker_ends_when_the_process_that_started_it_is_killed(tmp_path: Path
         assert ready, f"worker {worker} outlived its parent"
     finally:
         os.close(exited)
+
+
+LIGHT_CHILD = """
+import pickle, sys
+work, context = pickle.loads(sys.stdin.buffer.read())
+staged = work(context, [sys.argv[1].encode()])
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"dagster", "sqlalchemy", "pydantic",
+    "openai", "anthropic", "boto3", "pandas", "pyarrow", "yaml", "tiktoken"})
+print(staged.statuses, heavy)
+"""
+
+
+def test_an_import_worker_needs_none_of_the_heavy_packages(tmp_path: Path) -> None:
+    """What the import sends a worker (the work and its context, as import_results builds
+    them) unpickles and runs in a fresh interpreter without importing Dagster, SQLAlchemy,
+    pydantic or an SDK: importing the steps module cost a worker 1.8 s and 200 MB."""
+    import pickle
+    import subprocess
+    import sys
+
+    from llm_assets.resources.pricing import load_price_table
+    from llm_assets.resources.providers.openai_batch import normalize_line
+    from llm_assets.result_rows import ResultStager, RowMaker, staged_results
+
+    price = load_price_table().get("openai", "gpt-4o-mini")
+    assert price is not None
+    context = (
+        normalize_line,
+        RowMaker(price.cost_calculator(batch=True), price.name),
+        ResultStager(copy_text=True),  # as LedgerResource.result_stager makes it
+    )
+    line = json.dumps(openai_tests._CHAT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    done = subprocess.run(
+        [sys.executable, "-c", LIGHT_CHILD, line],
+        input=pickle.dumps((staged_results, context)),
+        env=env,
+        capture_output=True,
+        check=True,
+    )
+
+    assert done.stdout.decode().split() == ["['succeeded']", "[]"]
 
 
 RELEASE_CHILD = """

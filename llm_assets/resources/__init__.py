@@ -1,19 +1,24 @@
-"""The one place that maps the environment to resources."""
+"""The one place that maps the environment to resources.
+
+Nothing heavy is imported here: importing a module of this package (a worker process that
+parses results with `providers.openai_lines`) runs this file first.
+"""
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dagster as dg
-
-from llm_assets.settings import Settings
+if TYPE_CHECKING:
+    from llm_assets.settings import Settings
 
 
 def _secret(name: str) -> Any:
     """Keys reach resources only through dg.EnvVar; unset, the SDK reports what is missing."""
+    import dagster as dg
+
     return dg.EnvVar(name) if os.environ.get(name) else None
 
 
-def build_resources(settings: Settings) -> dict[str, Any]:
+def build_resources(settings: "Settings") -> dict[str, Any]:
     from llm_assets.resources.ledger import LedgerResource
     from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
     from llm_assets.resources.providers.bedrock import BedrockBatchProvider

@@ -18,7 +18,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any
 
 import dagster as dg
 import sqlalchemy as sa
@@ -27,6 +27,19 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from llm_assets.parallel import chunked
+from llm_assets.result_rows import (
+    DEAD_LETTER,
+    PENDING,
+    RESULT_COLUMNS,
+    RETRY,
+    SUBMITTED,
+    SUCCEEDED,
+    TERMINAL,
+    ResultStager,
+    StagedResults,
+    copy_line,
+    copy_text,
+)
 
 SCHEMA_VERSION = 5
 CHUNK = 5_000
@@ -52,27 +65,6 @@ first rewrite used the room and 40% of the second moved to other pages, with new
 every index; at 40 both stayed in place until version 5 made each row 8 bytes wider (7% of
 the results moved); at 36 all of them stay (see docs/decisions.md)."""
 
-PENDING = "pending"
-SUBMITTED = "submitted"
-RETRY = "retry"
-SUCCEEDED = "succeeded"
-DEAD_LETTER = "dead_letter"
-TERMINAL = (SUCCEEDED, DEAD_LETTER)
-
-RESULT_COLUMNS = (
-    "status",
-    "error_class",
-    "error_code",
-    "error_message",
-    "model_name",
-    "input_tokens",
-    "cached_input_tokens",
-    "output_tokens",
-    "cost_usd",
-    "finish_reason",
-    "result_json",
-)
-"""What an import writes over an item, in the order of a result row after its custom_id."""
 _RESULT_DEFAULTS = {"input_tokens": 0, "cached_input_tokens": 0, "output_tokens": 0, "cost_usd": 0}
 
 # Why a shard was made: an item's first send, a retry round, or an operator's requeue. Cost of
@@ -501,71 +493,6 @@ def _insert(conn: Connection, table: sa.Table) -> Any:
     return sqlite.insert(table)
 
 
-def _copy_text(value: Any) -> str:
-    """One value in PostgreSQL's COPY text format."""
-    if value is None:
-        return "\\N"
-    if isinstance(value, str):
-        if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
-            value = (
-                value.replace("\\", "\\\\")
-                .replace("\t", "\\t")
-                .replace("\n", "\\n")
-                .replace("\r", "\\r")
-            )
-        return value
-    if isinstance(value, dt.datetime | dt.date):
-        return value.isoformat()
-    return str(value)
-
-
-def _copy_line(row: Sequence[Any]) -> str:
-    """A row as one line of COPY text (without its newline): _copy_text of each value, with
-    the common cases inline (a line per imported result)."""
-    return "\t".join(
-        [
-            "\\N"
-            if value is None
-            else value
-            if value.__class__ is str
-            and "\\" not in value
-            and "\t" not in value
-            and "\n" not in value
-            and "\r" not in value
-            else str(value)
-            if value.__class__ is int or value.__class__ is float
-            else _copy_text(value)
-            for value in row
-        ]
-    )
-
-
-class StagedResults(NamedTuple):
-    """A chunk of result rows in the ledger's bulk format, made where the rows are made (a
-    worker process), so that the process writing the ledger only picks and passes them on."""
-
-    custom_ids: list[str]
-    statuses: list[str]
-    rows: list[Any]
-    """Per row: a line of COPY text encoded in UTF-8 (PostgreSQL) or a tuple (SQLite),
-    custom_id first, then RESULT_COLUMNS."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ResultStager:
-    """Result rows (custom_id, *RESULT_COLUMNS) → StagedResults; picklable."""
-
-    copy_text: bool
-
-    def __call__(self, rows: Iterable[Sequence[Any]]) -> StagedResults:
-        rows = list(rows)
-        return StagedResults(
-            [row[0] for row in rows],
-            [row[1] for row in rows],
-            [_copy_line(row).encode() for row in rows] if self.copy_text else rows,
-        )
-
-
 class _Bulk:
     """Writes of many rows without per-row SQLAlchemy work, inside the caller's transaction.
 
@@ -664,7 +591,7 @@ class _Bulk:
         times as long to make, on the thread that writes the ledger, holding the GIL."""
         assert self.postgres
         if lines is None:
-            lines = [_copy_line(row) for row in rows]
+            lines = [copy_line(row) for row in rows]
         if not lines:
             data = b""
         elif isinstance(lines[0], bytes):
@@ -999,7 +926,7 @@ class LedgerResource(dg.ConfigurableResource):
         keys = list(items[0])
         columns = [*keys, "created_at", "updated_at"]
         inserted = 0
-        stamp = _copy_text(now) if bulk.postgres else now  # COPY text once, not per row
+        stamp = copy_text(now) if bulk.postgres else now  # COPY text once, not per row
         for chunk in chunked(items, BULK_CHUNK):
             rows = [[item.get(k) for k in keys] + [stamp, stamp] for item in chunk]
             inserted += bulk.insert_ignoring_existing(
@@ -1992,7 +1919,7 @@ class LedgerResource(dg.ConfigurableResource):
                 yield lambda batch: pickle.dump(batch, spool)
                 self.replace_outputs(job_id, spooled())
             return
-        now = _copy_text(utcnow())  # once, not per row
+        now = copy_text(utcnow())  # once, not per row
         columns = [*keys, "job_id", "created_at"]
         with self.engine.connect() as conn, conn.begin():
             conn.execute(sa.delete(output_table).where(output_table.c.job_id == job_id))
@@ -2013,7 +1940,7 @@ class LedgerResource(dg.ConfigurableResource):
             conn.execute(sa.delete(output_table).where(output_table.c.job_id == job_id))
             bulk = _Bulk(conn)
             # Outputs are strings; the one timestamp is encoded once, not per row.
-            stamp = _copy_text(now) if bulk.postgres else bulk.value(now)
+            stamp = copy_text(now) if bulk.postgres else bulk.value(now)
             for chunk in chunked(rows, BULK_CHUNK):
                 keys = list(chunk[0])
                 columns = [*keys, "job_id", "created_at"]

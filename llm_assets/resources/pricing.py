@@ -17,6 +17,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llm_assets.result_rows import scaled_cost_usd
+
 DEFAULT_PRICES = Path(__file__).with_name("prices.yaml")
 
 
@@ -82,7 +84,7 @@ class ModelPrice(BaseModel):
         scaled = _scaled_prices(self, batch)
         if scaled is None:
             return functools.partial(_exact_cost_usd, self, batch)
-        return functools.partial(_scaled_cost_usd, scaled)
+        return functools.partial(scaled_cost_usd, scaled)
 
 
 def _exact_cost_usd(
@@ -93,23 +95,6 @@ def _exact_cost_usd(
             input_tokens, output_tokens, batch=batch, cached_input_tokens=cached_input_tokens
         )
     )
-
-
-def _scaled_cost_usd(
-    scaled: tuple[int, int, int, int],
-    input_tokens: int,
-    output_tokens: int,
-    cached_input_tokens: int,
-) -> float:
-    per_input, per_cached, per_output, denominator = scaled
-    # int / int is correctly rounded, like float() of the exact Decimal.
-    if cached_input_tokens <= 0 <= input_tokens:  # nothing cached: most lines
-        return (input_tokens * per_input + output_tokens * per_output) / denominator
-    cached = min(max(cached_input_tokens, 0), input_tokens)
-    numerator = (
-        (input_tokens - cached) * per_input + cached * per_cached + output_tokens * per_output
-    )
-    return numerator / denominator
 
 
 _SCALE = 10**12

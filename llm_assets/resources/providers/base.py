@@ -4,16 +4,17 @@ Adapters translate between the ledger's world (shards of requests keyed by custo
 provider's batch API; nothing outside `resources/providers/` talks to a provider SDK.
 """
 
-import dataclasses
 import datetime as dt
 import json
 from collections.abc import Callable, Iterator
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import dagster as dg
 import orjson
 from pydantic import BaseModel, ConfigDict
+
+from llm_assets.result_rows import ItemResult
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -40,8 +41,6 @@ IN_FLIGHT_STATES = frozenset({ShardState.SUBMITTED, ShardState.RUNNING})
 ENDED_STATES = frozenset(
     {ShardState.COMPLETED, ShardState.FAILED, ShardState.EXPIRED, ShardState.CANCELLED}
 )
-
-ErrorClass = Literal["input", "deterministic", "transient", "expired", "quality"]
 
 
 class RequestItem(BaseModel):
@@ -98,31 +97,6 @@ class BatchStatus(BaseModel):
     @property
     def ended(self) -> bool:
         return self.state in ENDED_STATES
-
-
-@dataclasses.dataclass(slots=True, kw_only=True)
-class ItemResult:
-    """One normalized result line, whatever the provider's format.
-
-    A plain dataclass: an import makes one per result line, and a pydantic model took as
-    long to build as parsing the line. Adapters build it from values they have checked. Not
-    frozen: a frozen dataclass sets each field through object.__setattr__, which made its
-    construction four times slower.
-    """
-
-    custom_id: str
-    succeeded: bool
-    output_text: str | None = None
-    finish_reason: str | None = None
-    input_tokens: int = 0
-    """All input tokens billed, cached ones included."""
-    cached_input_tokens: int = 0
-    """The part of input_tokens read from the provider's prompt cache (cheaper)."""
-    output_tokens: int = 0
-    status_code: int | None = None
-    error_class: ErrorClass | None = None
-    error_code: str | None = None
-    error_message: str | None = None
 
 
 def resolve_secret(value: str | None) -> str | None:
