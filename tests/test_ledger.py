@@ -897,6 +897,30 @@ def test_close_shard_moves_open_items_freezes_the_bill_and_sets_the_shard_at_onc
     assert ledger.get_shard(s0).status == "imported"  # type: ignore[union-attr]
 
 
+def test_close_shard_moves_every_open_item_of_an_unanswered_shard(
+    ledger: LedgerResource, database_url: str, small_chunks: int
+) -> None:
+    """A batch that answered nothing (expired, say): more open items than are moved by id
+    in one statement are moved all the same, and the bill is what was answered: nothing."""
+    make_job(ledger)
+    n = 2 * small_chunks + 1
+    s0 = add_submitted_shard(ledger, n)
+    ledger.upsert_results(JOB, [ok(cid(0), tokens=10, cost=0.25)])
+
+    moved, _ = ledger.close_shard(
+        s0, from_status=[SUBMITTED], items={"status": RETRY, "error_class": "expired"}
+    )
+
+    assert moved == n - 1
+    items = items_by_id(database_url)
+    assert [items[cid(i)]["status"] for i in range(n)] == [SUCCEEDED] + [RETRY] * (n - 1)
+    shard = ledger.get_shard(s0)
+    assert shard is not None
+    assert (shard.actual_input_tokens, shard.actual_cost_usd) == (10, pytest.approx(0.25))
+    with pytest.raises(ValueError, match="does not change what was billed"):
+        ledger.close_shard(s0, from_status=[RETRY], items={"status": RETRY, "cost_usd": 0})
+
+
 def test_reassign_retry_items_to_a_new_shard(
     ledger: LedgerResource, database_url: str, small_chunks: int
 ) -> None:
