@@ -701,16 +701,19 @@ def _apply_staged(
             applied.count = int(bulk.cursor.rowcount)
             if applied.count == left:
                 return applied
-            # The shard's items are done with (written, or terminal already); the rest of the
-            # chunk is matched by the unique index below.
+            # The shard's items are done with (written, or terminal already). When they are
+            # the whole chunk (a re-import), counting them is enough; otherwise they are taken
+            # out and the rest of the chunk is matched by the unique index below.
+            in_shard = "r.job_id = %(job)s AND r.shard_id = %(shard)s AND r.custom_id = s.custom_id"
             bulk.execute(
-                f"DELETE FROM {bulk.STAGE} AS s USING {table} AS r WHERE r.job_id = %(job)s "
-                f"AND r.shard_id = %(shard)s AND r.custom_id = s.custom_id",
-                params,
+                f"SELECT count(*) FROM {bulk.STAGE} AS s, {table} AS r WHERE {in_shard}", params
+            )
+            if int(bulk.cursor.fetchone()[0]) == left:
+                return applied
+            bulk.execute(
+                f"DELETE FROM {bulk.STAGE} AS s USING {table} AS r WHERE {in_shard}", params
             )
             left -= int(bulk.cursor.rowcount)
-            if not left:
-                return applied
         bulk.join_by_index()
         bulk.execute(update, params)
         written = int(bulk.cursor.rowcount)
