@@ -739,23 +739,29 @@ def _apply_staged(
                 update, [row[1:] + (stamp, job_id, row[0], stamp) for row in rows], encoded=True
             )
         )
-    # SQLite: the chunk's current statuses, then one executemany over the open ones.
-    current: dict[str, str] = {}
-    ids = [row[0] for row in rows]
-    for start in range(0, len(ids), CHUNK):
-        part = ids[start : start + CHUNK]
-        marks = ", ".join("?" for _ in part)
+    # SQLite: the chunk into a temporary table, applied by one statement (SQLite works
+    # without the GIL for all of it, not between per-row binds of an executemany).
+    stage = "temp.llm_stage"
+    bulk.execute(f"DROP TABLE IF EXISTS {stage}")
+    bulk.execute(f"CREATE TABLE {stage} ({', '.join(columns)})")
+    marks = ", ".join("?" for _ in columns)
+    # Result values are strings and numbers; the one datetime is encoded below.
+    bulk.executemany(f"INSERT INTO {stage} VALUES ({marks})", rows, encoded=True)
+    sets = ", ".join(f"{k} = s.{k}" for k in RESULT_COLUMNS)
+    bulk.execute(
+        f"UPDATE {table} AS r SET {sets}, updated_at = ? FROM {stage} AS s "
+        f"WHERE r.job_id = ? AND r.custom_id = s.custom_id AND {guard('r.', '?')}",
+        (bulk.value(now), job_id),
+    )
+    applied.count = max(bulk.cursor.rowcount, 0)
+    if applied.count < len(rows):
         bulk.execute(
-            f"SELECT custom_id, status FROM {table} WHERE job_id = ? AND custom_id IN ({marks})",
-            [job_id, *part],
+            f"SELECT count(*) FROM {stage} AS s WHERE NOT EXISTS (SELECT 1 FROM "
+            f"{table} AS r WHERE r.job_id = ? AND r.custom_id = s.custom_id)",
+            (job_id,),
         )
-        current.update(bulk.cursor.fetchall())
-    open_rows = [row for row in rows if current.get(row[0], SUCCEEDED) not in TERMINAL]
-    applied.count = len(open_rows)
-    applied.unknown = sum(1 for cid in ids if cid not in current)
-    stamp = bulk.value(now)
-    # Result values are strings and numbers; the one datetime is encoded above.
-    bulk.executemany(update, [row[1:] + (stamp, job_id, row[0]) for row in open_rows], encoded=True)
+        applied.unknown = int(bulk.cursor.fetchone()[0])
+    bulk.execute(f"DROP TABLE {stage}")
     return applied
 
 
