@@ -6,6 +6,7 @@ SQLite file and a fresh PostgreSQL schema.
 
 import datetime as dt
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -1349,3 +1350,19 @@ def test_join_settings_go_with_the_next_statement_and_last_the_transaction(
         bulk = L._Bulk(conn)
         bulk.execute("SHOW enable_hashjoin")
         assert bulk.cursor.fetchone()[0] == "on"
+
+
+def test_an_sqlite_too_old_for_the_import_is_refused_with_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SQLite import applies results with UPDATE ... FROM (SQLite 3.33, 2020): an older
+    library is refused when the ledger opens, not at the first import with a syntax error."""
+    import sqlite3
+
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 31, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.31.1")
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+
+    with pytest.raises(RuntimeError, match=r"needs SQLite 3\.33\.0 or newer .* has 3\.31\.1"):
+        L.get_engine(url)
+    assert url not in L._engines

@@ -385,12 +385,28 @@ def _postgres_session(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.set_client_encoding("UTF8")
 
 
+SQLITE_MIN = (3, 33, 0)
+"""The oldest SQLite the ledger runs on: an import applies results with UPDATE ... FROM."""
+
+
+def _check_sqlite_version() -> None:
+    import sqlite3
+
+    if sqlite3.sqlite_version_info < SQLITE_MIN:
+        raise RuntimeError(
+            f"the SQLite ledger needs SQLite {'.'.join(map(str, SQLITE_MIN))} or newer "
+            f"(UPDATE ... FROM); this Python's sqlite3 module has {sqlite3.sqlite_version}. "
+            "Use a Python built with a newer SQLite, or a PostgreSQL ledger."
+        )
+
+
 def get_engine(url: str) -> Engine:
     """One engine per URL per process, with SQLite set up for concurrent runs."""
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
             if url.startswith("sqlite"):
+                _check_sqlite_version()
                 path = sa.engine.make_url(url).database
                 if path and path != ":memory:":
                     import pathlib
