@@ -743,12 +743,13 @@ def _apply_staged(
             )
             applied.unknown = int(bulk.cursor.fetchone()[0])
         return applied
-    sets = ", ".join(f"{k} = ?" for k in RESULT_COLUMNS)
-    update = (
-        f"UPDATE {table} SET {sets}, updated_at = ? WHERE job_id = ? AND custom_id = ? "
-        f"AND {guard('', '?')}"
-    )
     if override:
+        # SQLite: the few overrides row by row, each guarded by the time it expects.
+        sets = ", ".join(f"{k} = ?" for k in RESULT_COLUMNS)
+        update = (
+            f"UPDATE {table} SET {sets}, updated_at = ? WHERE job_id = ? AND custom_id = ? "
+            f"AND {guard('', '?')}"
+        )
         stamp = bulk.value(now)
         return _Applied(
             count=bulk.executemany(
