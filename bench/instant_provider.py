@@ -38,8 +38,13 @@ from llm_assets.resources.providers.base import (
     ShardState,
     ShardSubmission,
 )
-from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider, normalize_line
+from llm_assets.resources.providers.openai_batch import (
+    OpenAIBatchProvider,
+    normalize_line,
+    read_line,
+)
 from llm_assets.resources.storage import split_lines
+from llm_assets.result_rows import Answered
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -260,8 +265,8 @@ class InstantOpenAIProvider(OpenAIBatchProvider):
 
     def result_lines(
         self, provider_batch_id: str
-    ) -> tuple[Iterator[bytes], Callable[[bytes], ItemResult | None]]:
-        return self.output_lines(provider_batch_id), normalize_line
+    ) -> tuple[Iterator[bytes], Callable[[bytes], Answered | ItemResult | None]]:
+        return self.output_lines(provider_batch_id), read_line
 
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
         for raw in self.output_lines(provider_batch_id):

@@ -63,6 +63,32 @@ class ItemResult:
     error_message: str | None = None
 
 
+class Answered(NamedTuple):
+    """A plain success as a provider's line parser reads it, before it is an ItemResult: the
+    shape of almost every result line of a day, made into a ledger row without building one
+    (see staged_results)."""
+
+    custom_id: str
+    status_code: int
+    output_text: str | None
+    finish_reason: str | None
+    input_tokens: int
+    cached_input_tokens: int
+    output_tokens: int
+
+    def result(self) -> ItemResult:
+        return ItemResult(
+            custom_id=self.custom_id,
+            succeeded=True,
+            status_code=self.status_code,
+            output_text=self.output_text,
+            finish_reason=self.finish_reason,
+            input_tokens=self.input_tokens,
+            cached_input_tokens=self.cached_input_tokens,
+            output_tokens=self.output_tokens,
+        )
+
+
 def copy_text(value: Any) -> str:
     """One value in PostgreSQL's COPY text format."""
     if value is None:
@@ -118,6 +144,10 @@ class ResultStager:
     """Result rows (custom_id, *RESULT_COLUMNS) → StagedResults; picklable."""
 
     copy_text: bool
+
+    def row(self, values: Sequence[Any]) -> Any:
+        """One result row in the bulk format."""
+        return copy_line(values).encode() if self.copy_text else values
 
     def __call__(self, rows: Iterable[Sequence[Any]]) -> StagedResults:
         rows = list(rows)
@@ -189,11 +219,67 @@ class RowMaker:
         return ledger_values(result, self.cost, self.model_name)
 
 
+def _escaped(value: str | None) -> str:
+    """copy_text of a string or None, for strings that need no escape without a call."""
+    if value is None:
+        return "\\N"
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        return copy_text(value)
+    return value
+
+
+def _answered_row(answered: Answered, to_row: RowMaker, copy: bool) -> Any:
+    """The ledger row of a plain success as `ResultStager(copy)([to_row(answered.result())])`
+    makes it, in half the time: no ItemResult, and COPY text formatted at once with the
+    columns a success leaves empty written as constants."""
+    cid, _, text, finish, tokens_in, cached, tokens_out = answered
+    cost = to_row.cost(tokens_in, tokens_out, cached)
+    if not copy:
+        model = to_row.model_name
+        return (
+            cid,
+            SUCCEEDED,
+            None,
+            None,
+            None,
+            model,
+            tokens_in,
+            cached,
+            tokens_out,
+            cost,
+            finish,
+            text,
+        )
+    return (
+        f"{_escaped(cid)}\t{SUCCEEDED}\t\\N\t\\N\t\\N\t{_escaped(to_row.model_name)}\t"
+        f"{tokens_in}\t{cached}\t{tokens_out}\t{cost}\t{_escaped(finish)}\t{_escaped(text)}"
+    ).encode()
+
+
 def staged_results(
-    context: tuple[Callable[[bytes], ItemResult | None], RowMaker, ResultStager],
+    context: tuple[Callable[[bytes], "Answered | ItemResult | None"], RowMaker, ResultStager],
     lines: list[bytes],
 ) -> StagedResults:
     """Raw result lines → ledger rows in the ledger's bulk format: the unit of work of a
-    worker process, so that the importing process only picks rows and passes them on."""
+    worker process, so that the importing process only picks rows and passes them on.
+
+    The parser gives an Answered for a plain success (almost every line), made into its row
+    directly; anything else as an ItemResult, made into one by `to_row` and the stager."""
     parse, to_row, stage = context
-    return stage([to_row(result) for result in map(parse, lines) if result is not None])
+    copy = stage.copy_text
+    ids: list[str] = []
+    statuses: list[str] = []
+    rows: list[Any] = []
+    for read in map(parse, lines):
+        if read is None:
+            continue
+        if read.__class__ is Answered:
+            ids.append(read.custom_id)  # type: ignore[union-attr]
+            statuses.append(SUCCEEDED)
+            rows.append(_answered_row(read, to_row, copy))  # type: ignore[arg-type]
+            continue
+        values = to_row(read)  # type: ignore[arg-type]
+        ids.append(values[0])
+        statuses.append(values[1])
+        rows.append(stage.row(values))
+    return StagedResults(ids, statuses, rows)

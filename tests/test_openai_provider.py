@@ -1,6 +1,7 @@
 """The openai adapter through the official SDK against the fake Files + Batches server."""
 
 import contextlib
+import functools
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -565,7 +566,7 @@ _VALUES = [
     _MISSING, None, {}, [], "", "x", 0, 7, 1.0, 2.5, True, 200, 404, 500,
     {"code": "server_error", "message": "boom"}, [{"message": {"content": "hi"}}],
     [{}], [{"message": None, "finish_reason": "length"}, "not a choice"],
-    {"cached_tokens": 5}, {"prompt_tokens": 3.0},
+    {"cached_tokens": 5}, {"prompt_tokens": 3.0}, "tab\there\\back\nnew\rret é ✓",
 ]  # fmt: skip
 
 
@@ -600,19 +601,9 @@ def _outcome(read: Any, raw: bytes) -> tuple[str, Any]:
         return "raised", type(exc)
 
 
-def test_result_lines_read_the_same_on_the_fast_and_the_general_path() -> None:
-    """normalize_line decodes answered chat lines into typed structs of the fields it reads and
-    sends everything else through the general dict path: for any line, odd values anywhere
-    included (one or two changes to real line shapes), both give the same result or the
-    same error."""
+def _odd_lines() -> list[dict[str, Any]]:
+    """Result lines of every shape: one or two changes to real ones, odd values anywhere."""
     import random
-
-    import orjson
-
-    from llm_assets.resources.providers import openai_batch
-
-    def general(raw: bytes) -> Any:
-        return openai_batch._normalize(orjson.loads(raw))
 
     lines: list[dict[str, Any]] = []
     for base in (_CHAT, _ERROR_FILE, _EXPIRED, _RESPONSES):
@@ -636,6 +627,22 @@ def test_result_lines_read_the_same_on_the_fast_and_the_general_path() -> None:
         usage["prompt_tokens_details"] = prompt_details
         usage["input_tokens_details"] = {"cached_tokens": 5}
         lines.append(line)
+    return lines
+
+
+def test_result_lines_read_the_same_on_the_fast_and_the_general_path() -> None:
+    """normalize_line decodes answered chat lines into typed structs of the fields it reads and
+    sends everything else through the general dict path: for any line, odd values anywhere
+    included (one or two changes to real line shapes), both give the same result or the
+    same error."""
+    import orjson
+
+    from llm_assets.resources.providers import openai_batch
+
+    def general(raw: bytes) -> Any:
+        return openai_batch._normalize(orjson.loads(raw))
+
+    lines = _odd_lines()
     fast = 0
     for line in lines:
         raw = orjson.dumps(line)
@@ -655,3 +662,39 @@ def test_result_lines_read_the_same_on_the_fast_and_the_general_path() -> None:
         38,
     )
     assert openai_batch._answered_chat(openai_batch._chat_line.decode(orjson.dumps(_CHAT)))
+
+
+def test_an_import_makes_the_same_ledger_rows_from_answered_lines_as_from_their_results() -> None:
+    """An import's workers make a plain success (an Answered, from read_line) into its ledger
+    row directly, without an ItemResult: for lines of every shape, in both ledger formats
+    (COPY text, tuples), the rows are those made from what normalize_line gives, escapes in
+    ids and texts and a price with cached tokens included."""
+    import orjson
+
+    from llm_assets.resources.pricing import load_price_table
+    from llm_assets.resources.providers import openai_batch
+    from llm_assets.result_rows import Answered, ResultStager, RowMaker, staged_results
+
+    price = load_price_table().get("openai", "gpt-4o-mini")
+    assert price is not None
+    to_row = RowMaker(price.cost_calculator(batch=True), "gpt-4o-mini\tbatch")
+    lines = [orjson.dumps(line) for line in _odd_lines()]
+    odd_id = json.loads(json.dumps(_CHAT))
+    odd_id["custom_id"] = "c\\1\t2"
+    lines.append(orjson.dumps(odd_id))
+    answered = sum(isinstance(_outcome(openai_batch.read_line, raw)[1], Answered) for raw in lines)
+    assert 200 < answered < len(lines) - 1000
+
+    def rows(stage: ResultStager, raw: bytes) -> Any:
+        result = openai_batch.normalize_line(raw)
+        return stage([to_row(result)] if result is not None else [])
+
+    def staged(stage: ResultStager, raw: bytes) -> Any:
+        return staged_results((openai_batch.read_line, to_row, stage), [raw])
+
+    for copy_text in (True, False):
+        stage = ResultStager(copy_text=copy_text)
+        for raw in lines:
+            # Lines that cannot be read (a custom_id of another type, say) fail both ways.
+            expected = _outcome(functools.partial(rows, stage), raw)
+            assert _outcome(functools.partial(staged, stage), raw) == expected, raw

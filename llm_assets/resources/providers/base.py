@@ -14,7 +14,7 @@ import dagster as dg
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from llm_assets.result_rows import ItemResult
+from llm_assets.result_rows import Answered, ItemResult
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -166,10 +166,12 @@ class BatchProvider(dg.ConfigurableResource):
 
     def result_lines(
         self, provider_batch_id: str
-    ) -> tuple[Iterator[bytes], Callable[[bytes], ItemResult | None]] | None:
+    ) -> tuple[Iterator[bytes], Callable[[bytes], Answered | ItemResult | None]] | None:
         """For a provider whose results are lines: the batch's raw lines (what `results`
-        reads) and the module-level function that normalizes one (what `results` applies),
-        so that a large import can parse them in worker processes. None: use `results`."""
+        reads) and the module-level function that reads one, so that a large import can parse
+        them in worker processes. It gives what `results` would (None: no result), except
+        that a plain success may come as an Answered, made into a ledger row without an
+        ItemResult. None: use `results`."""
         return None
 
     def cancel(self, provider_batch_id: str) -> BatchStatus:

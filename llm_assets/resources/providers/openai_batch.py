@@ -25,10 +25,12 @@ from llm_assets.resources.providers.openai_lines import (  # noqa: F401  (also r
     _normalize,
     classify_error,
     normalize_line,
+    read_line,
 )
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.providers.retrying import is_transient
 from llm_assets.resources.storage import split_lines
+from llm_assets.result_rows import Answered
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -267,8 +269,8 @@ class OpenAIBatchProvider(RemoteBatchProvider):
 
     def result_lines(
         self, provider_batch_id: str
-    ) -> tuple[Iterator[bytes], Callable[[bytes], ItemResult | None]]:
-        return self._result_lines(provider_batch_id), normalize_line
+    ) -> tuple[Iterator[bytes], Callable[[bytes], Answered | ItemResult | None]]:
+        return self._result_lines(provider_batch_id), read_line
 
     def _result_lines(self, provider_batch_id: str) -> Iterator[bytes]:
         batch = self.call("retrieve", lambda: self.client.batches.retrieve(provider_batch_id))

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import msgspec
 import orjson
 
-from llm_assets.result_rows import ItemResult
+from llm_assets.result_rows import Answered, ItemResult
 
 
 def classify_error(
@@ -68,9 +68,10 @@ class _ChatLine(msgspec.Struct, gc=False):
 _chat_line = msgspec.json.Decoder(_ChatLine)
 
 
-def normalize_line(raw: bytes | str | dict[str, Any]) -> ItemResult | None:
-    """One output or error file line → ItemResult; a status_code ≥ 400 is a failure even
-    when `error` is null.
+def read_line(raw: bytes | str | dict[str, Any]) -> Answered | ItemResult | None:
+    """One output or error file line, read: an Answered for an answered chat completion (a
+    plain success), an ItemResult for anything else, None for a line without a custom_id.
+    A status_code ≥ 400 is a failure even when `error` is null.
 
     Almost every line of a day is an answered chat completion: it is decoded into typed
     structs of just the fields read (a third of the time of building the whole line as dicts;
@@ -90,7 +91,13 @@ def normalize_line(raw: bytes | str | dict[str, Any]) -> ItemResult | None:
     return _normalize(raw)
 
 
-def _answered_chat(line: _ChatLine) -> ItemResult | None:
+def normalize_line(raw: bytes | str | dict[str, Any]) -> ItemResult | None:
+    """One output or error file line → ItemResult (see read_line)."""
+    read = read_line(raw)
+    return read.result() if isinstance(read, Answered) else read
+
+
+def _answered_chat(line: _ChatLine) -> Answered | None:
     """A successful chat completion line as the general path reads it; None for anything
     else (the general path decides)."""
     response = line.response
@@ -110,7 +117,7 @@ def _answered_chat(line: _ChatLine) -> ItemResult | None:
             # other fields does not; unknown fields are not kept to tell them apart.
             return None
         details = usage.input_tokens_details
-    return _succeeded(
+    return Answered(
         line.custom_id,
         status,
         choice.message.content if choice.message is not None else None,
@@ -148,35 +155,16 @@ def _normalize(line: dict[str, Any]) -> ItemResult | None:
     text, finish = _content_of(body)
     usage = body.get("usage") or {}
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
-    return _succeeded(
-        custom_id,
-        status,
-        text,
-        finish,
-        int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
-        int(details.get("cached_tokens") or 0),
-        int(usage.get("completion_tokens") or usage.get("output_tokens") or 0),
-    )
-
-
-def _succeeded(
-    custom_id: str,
-    status: int,
-    text: str | None,
-    finish: str | None,
-    input_tokens: int,
-    cached_input_tokens: int,
-    output_tokens: int,
-) -> ItemResult:
+    # An ItemResult, not an Answered: the values of an odd line may be of any JSON type.
     return ItemResult(
         custom_id=custom_id,
         succeeded=True,
         status_code=status,
         output_text=text,
         finish_reason=finish,
-        input_tokens=input_tokens,
-        cached_input_tokens=cached_input_tokens,
-        output_tokens=output_tokens,
+        input_tokens=int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
+        cached_input_tokens=int(details.get("cached_tokens") or 0),
+        output_tokens=int(usage.get("completion_tokens") or usage.get("output_tokens") or 0),
     )
 
 
