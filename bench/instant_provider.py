@@ -2,8 +2,9 @@
 
 `submit` reads the shard and writes the OpenAI batch output and error files a real batch
 would produce (the provider's work, timed apart in `generation_seconds`); `poll` says
-completed; `results` reads those files and passes every line through the real adapter's
-`normalize_line`, so reading and parsing results is counted as ours. Request lines are
+completed; `result_blocks` hands those files' lines to the import as the real adapter does
+(in blocks of whole lines, read by its `read_line`), so reading and parsing results is
+counted as ours. Request lines are
 built by the real `OpenAIBatchProvider.request_line`.
 
 Every path runs, chosen per custom_id by a hash so that runs are reproducible:
@@ -43,8 +44,8 @@ from llm_assets.resources.providers.openai_batch import (
     normalize_line,
     read_line,
 )
-from llm_assets.resources.storage import split_lines
-from llm_assets.result_rows import Answered
+from llm_assets.resources.storage import line_blocks
+from llm_assets.result_rows import Answered, block_lines
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -256,17 +257,21 @@ class InstantOpenAIProvider(OpenAIBatchProvider):
     def cancel(self, provider_batch_id: str) -> BatchStatus:
         return self._status_of(provider_batch_id)
 
-    def output_lines(self, provider_batch_id: str) -> Iterator[bytes]:
-        """The raw provider lines of a batch, output file then error file."""
+    def output_blocks(self, provider_batch_id: str) -> Iterator[bytes]:
+        """The raw provider lines of a batch, output file then error file, in blocks of whole
+        lines as they are read."""
         output, errors, _ = self._paths(provider_batch_id)
         for path in (output, errors):
             with path.open("rb") as handle:
-                yield from split_lines(iter(lambda: handle.read(1 << 20), b""))
+                yield from line_blocks(iter(lambda: handle.read(1 << 20), b""))
 
-    def result_lines(
+    def output_lines(self, provider_batch_id: str) -> Iterator[bytes]:
+        return block_lines(self.output_blocks(provider_batch_id))
+
+    def result_blocks(
         self, provider_batch_id: str
     ) -> tuple[Iterator[bytes], Callable[[bytes], Answered | ItemResult | None]]:
-        return self.output_lines(provider_batch_id), read_line
+        return self.output_blocks(provider_batch_id), read_line
 
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
         for raw in self.output_lines(provider_batch_id):

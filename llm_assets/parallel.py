@@ -48,14 +48,27 @@ def worker_count() -> int:
     return max((os.cpu_count() or 1) - 1, 0)
 
 
-def chunked(rows: Iterable[Row], size: int | None = None) -> Iterator[list[Row]]:
+def chunked(
+    rows: Iterable[Row], size: int | None = None, weight: Callable[[Row], int] | None = None
+) -> Iterator[list[Row]]:
+    """Consecutive lists of `size` rows, or of rows weighing `size` together (a block of
+    lines weighs its lines, say) when `weight` is given."""
     size = size or CHUNK_ROWS
     batch: list[Row] = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) >= size:
-            yield batch
-            batch = []
+    if weight is None:
+        for row in rows:
+            batch.append(row)
+            if len(batch) >= size:
+                yield batch
+                batch = []
+    else:
+        held = 0
+        for row in rows:
+            batch.append(row)
+            held += weight(row)
+            if held >= size:
+                yield batch
+                batch, held = [], 0
     if batch:
         yield batch
 
@@ -128,8 +141,11 @@ class Workers:
         work: Callable[[Context, list[Row]], Result],
         context: Context,
         rows: Iterable[Row],
+        weight: Callable[[Row], int] | None = None,
     ) -> Iterator[Result]:
-        """`work(context, chunk)` for consecutive chunks of `rows`, yielded in order.
+        """`work(context, chunk)` for consecutive chunks of `rows`, yielded in order; with
+        `weight`, a row counts as that many (a block of lines as its lines) in a chunk's size
+        and in the rows worked here before the workers start.
 
         `work` must be a module-level function and `context` picklable. Chunks are worked
         here until the block has seen `INLINE_ROWS` rows; after that they go to the workers,
@@ -138,9 +154,9 @@ class Workers:
         bounded however long the input is. An error in a worker is raised here, and
         nothing after it is yielded. A context that does not pickle is worked here.
         """
-        chunks = chunked(rows)
+        chunks = chunked(rows, weight=weight)
         for chunk in chunks:
-            self._done += len(chunk)
+            self._done += len(chunk) if weight is None else sum(map(weight, chunk))
             yield work(context, chunk)
             if self.workers > 0 and self._done >= INLINE_ROWS:
                 break

@@ -9,7 +9,7 @@ and the providers import from here, never the other way round.
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, NamedTuple
 
 # An item's status in the ledger.
@@ -256,12 +256,22 @@ def _answered_row(answered: Answered, to_row: RowMaker, copy: bool) -> Any:
     ).encode()
 
 
+def block_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of blocks of whole lines (a block's last one may lack its newline; lines
+    never run on into the next block), blank ones skipped."""
+    for block in blocks:
+        for line in block.split(b"\n"):
+            if line and not line.isspace():
+                yield line
+
+
 def staged_results(
     context: tuple[Callable[[bytes], "Answered | ItemResult | None"], RowMaker, ResultStager],
-    lines: list[bytes],
+    blocks: list[bytes],
 ) -> StagedResults:
-    """Raw result lines → ledger rows in the ledger's bulk format: the unit of work of a
-    worker process, so that the importing process only picks rows and passes them on.
+    """Raw result lines, in blocks of whole lines (see block_lines) → ledger rows in the
+    ledger's bulk format: the unit of work of a worker process, so that the importing process
+    only passes blocks of a file on, and picks the rows.
 
     The parser gives an Answered for a plain success (almost every line), made into its row
     directly; anything else as an ItemResult, made into one by `to_row` and the stager."""
@@ -270,7 +280,7 @@ def staged_results(
     ids: list[str] = []
     statuses: list[str] = []
     rows: list[Any] = []
-    for read in map(parse, lines):
+    for read in map(parse, block_lines(blocks)):
         if read is None:
             continue
         if read.__class__ is Answered:

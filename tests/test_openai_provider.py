@@ -698,3 +698,44 @@ def test_an_import_makes_the_same_ledger_rows_from_answered_lines_as_from_their_
             # Lines that cannot be read (a custom_id of another type, say) fail both ways.
             expected = _outcome(functools.partial(rows, stage), raw)
             assert _outcome(functools.partial(staged, stage), raw) == expected, raw
+
+
+def test_an_import_worker_reads_blocks_of_whole_lines_as_the_lines_they_hold() -> None:
+    """An import hands a worker the result files in the blocks they were read in: however the
+    bytes were cut, the rows are those of the files' lines one by one, blank lines skipped
+    and a file's unfinished last line never run on into the next file. Blocks go to workers
+    in chunks weighing CHUNK_ROWS lines."""
+    import orjson
+
+    from llm_assets import parallel
+    from llm_assets.resources.pricing import load_price_table
+    from llm_assets.resources.providers import openai_batch
+    from llm_assets.resources.storage import line_blocks
+    from llm_assets.result_rows import ResultStager, RowMaker, block_lines, staged_results
+
+    price = load_price_table().get("openai", "gpt-4o-mini")
+    assert price is not None
+    to_row = RowMaker(price.cost_calculator(batch=True), "gpt-4o-mini")
+    stage = ResultStager(copy_text=True)
+    output = [dict(_CHAT, custom_id=f"ok-{n}") for n in range(7)] + [_RESPONSES]
+    errors = [_ERROR_FILE, _EXPIRED]
+    lines = [orjson.dumps(line) for line in output + errors]
+    expected = stage([to_row(openai_batch.normalize_line(line)) for line in lines])
+    # The output file ends without a newline and has blank lines in it.
+    output_file = b"\n".join(lines[:3]) + b"\n\n \r\n" + b"\n".join(lines[3:8])
+    error_file = b"\n".join(lines[8:]) + b"\n"
+    for size in (1, 7, 100, 1 << 20):
+        blocks = [
+            block
+            for data in (output_file, error_file)
+            for block in line_blocks(data[at : at + size] for at in range(0, len(data), size))
+        ]
+        assert list(block_lines(blocks)) == lines
+        got = staged_results((openai_batch.read_line, to_row, stage), blocks)
+        assert got == expected, size
+
+    def count(block: bytes) -> int:
+        return block.count(b"\n")
+
+    blocks = [b"a\nb\n", b"c\n", b"d\ne\nf\n", b"g"]
+    assert list(parallel.chunked(blocks, 3, weight=count)) == [blocks[:2], blocks[2:3], blocks[3:]]

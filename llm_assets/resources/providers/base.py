@@ -164,14 +164,15 @@ class BatchProvider(dg.ConfigurableResource):
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
         raise NotImplementedError
 
-    def result_lines(
+    def result_blocks(
         self, provider_batch_id: str
     ) -> tuple[Iterator[bytes], Callable[[bytes], Answered | ItemResult | None]] | None:
         """For a provider whose results are lines: the batch's raw lines (what `results`
-        reads) and the module-level function that reads one, so that a large import can parse
-        them in worker processes. It gives what `results` would (None: no result), except
-        that a plain success may come as an Answered, made into a ledger row without an
-        ItemResult. None: use `results`."""
+        reads), in blocks of whole lines (blank lines are skipped), and the module-level
+        function that reads one line, so that a large import can hand blocks to worker
+        processes as they are, and parse them there. The function gives what `results` would
+        (None: no result), except that a plain success may come as an Answered, made into a
+        ledger row without an ItemResult. None: use `results`."""
         return None
 
     def cancel(self, provider_batch_id: str) -> BatchStatus:

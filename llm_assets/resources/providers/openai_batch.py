@@ -29,8 +29,8 @@ from llm_assets.resources.providers.openai_lines import (  # noqa: F401  (also r
 )
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.providers.retrying import is_transient
-from llm_assets.resources.storage import split_lines
-from llm_assets.result_rows import Answered
+from llm_assets.resources.storage import line_blocks
+from llm_assets.result_rows import Answered, block_lines
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -246,7 +246,8 @@ class OpenAIBatchProvider(RemoteBatchProvider):
         batch = self.call("cancel", lambda: self.client.batches.cancel(provider_batch_id))
         return self._status(batch)
 
-    def _file_lines(self, file_id: str | None) -> Iterator[bytes]:
+    def _file_blocks(self, file_id: str | None) -> Iterator[bytes]:
+        """A result file's bytes in blocks of whole lines."""
         if not file_id:
             return
         # Streamed in chunks; a transient failure restarts the download, and the ledger's
@@ -254,25 +255,24 @@ class OpenAIBatchProvider(RemoteBatchProvider):
         for attempt in range(self.max_attempts):
             try:
                 with self.client.files.with_streaming_response.content(file_id) as response:
-                    lines = split_lines(response.iter_bytes(1 << 20))
-                    yield from (line for line in lines if line.strip())
+                    yield from line_blocks(response.iter_bytes(1 << 20))
                 return
             except Exception as exc:
                 if not is_transient(exc) or attempt == self.max_attempts - 1:
                     raise
 
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
-        for raw in self._result_lines(provider_batch_id):
+        for raw in block_lines(self._result_blocks(provider_batch_id)):
             result = normalize_line(raw)
             if result is not None:
                 yield result
 
-    def result_lines(
+    def result_blocks(
         self, provider_batch_id: str
     ) -> tuple[Iterator[bytes], Callable[[bytes], Answered | ItemResult | None]]:
-        return self._result_lines(provider_batch_id), read_line
+        return self._result_blocks(provider_batch_id), read_line
 
-    def _result_lines(self, provider_batch_id: str) -> Iterator[bytes]:
+    def _result_blocks(self, provider_batch_id: str) -> Iterator[bytes]:
         batch = self.call("retrieve", lambda: self.client.batches.retrieve(provider_batch_id))
         if STATUS_MAP.get(batch.status) not in (
             ShardState.COMPLETED,
@@ -282,4 +282,4 @@ class OpenAIBatchProvider(RemoteBatchProvider):
         ):
             raise RuntimeError(f"OpenAI batch {provider_batch_id} has not ended ({batch.status})")
         for file_id in (batch.output_file_id, batch.error_file_id):
-            yield from self._file_lines(file_id)
+            yield from self._file_blocks(file_id)
