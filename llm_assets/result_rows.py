@@ -9,6 +9,8 @@ and the providers import from here, never the other way round.
 
 import dataclasses
 import datetime as dt
+import functools
+import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -128,6 +130,48 @@ def copy_line(row: Sequence[Any]) -> str:
     )
 
 
+COPY_BINARY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
+"""The start of PostgreSQL's binary COPY data: signature, flags and header extension (none)."""
+COPY_BINARY_TRAILER = b"\xff\xff"
+_NULL = b"\xff\xff\xff\xff"
+_length = struct.Struct(">i").pack
+_int4 = struct.Struct(">ii").pack
+_float8 = struct.Struct(">id").pack
+_tokens_and_cost = struct.Struct(">iiiiiiid").pack
+_INT4_COLUMNS = frozenset({"input_tokens", "cached_input_tokens", "output_tokens"})
+_RESULT_KINDS = tuple(
+    "int4" if c in _INT4_COLUMNS else "float8" if c == "cost_usd" else "text"
+    for c in ("custom_id", *RESULT_COLUMNS)
+)
+_RESULT_FIELDS = struct.pack(">h", len(_RESULT_KINDS))
+
+
+def _binary_text(value: Any) -> bytes:
+    """A text field of binary COPY: its UTF-8 length, then the bytes; the text of a value that
+    is not a string is the one COPY text would give it."""
+    if value is None:
+        return _NULL
+    data = (value if value.__class__ is str else copy_text(value)).encode()
+    return _length(len(data)) + data
+
+
+def binary_result_row(values: Sequence[Any]) -> bytes:
+    """A result row (custom_id, *RESULT_COLUMNS) as one tuple of PostgreSQL's binary COPY
+    format for the ledger's column types (integer tokens, double precision cost, text): no
+    text for the server to parse, a third less of its time than COPY text."""
+    parts = [_RESULT_FIELDS]
+    for kind, value in zip(_RESULT_KINDS, values, strict=True):
+        if value is None:
+            parts.append(_NULL)
+        elif kind == "int4":
+            parts.append(_int4(4, value))
+        elif kind == "float8":
+            parts.append(_float8(8, value))
+        else:
+            parts.append(_binary_text(value))
+    return b"".join(parts)
+
+
 class StagedResults(NamedTuple):
     """A chunk of result rows in the ledger's bulk format, made where the rows are made (a
     worker process), so that the process writing the ledger only picks and passes them on."""
@@ -135,26 +179,27 @@ class StagedResults(NamedTuple):
     custom_ids: list[str]
     statuses: list[str]
     rows: list[Any]
-    """Per row: a line of COPY text encoded in UTF-8 (PostgreSQL) or a tuple (SQLite),
-    custom_id first, then RESULT_COLUMNS."""
+    """Per row: a tuple of binary COPY (PostgreSQL, binary_result_row) or a tuple of values
+    (SQLite), custom_id first, then RESULT_COLUMNS."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ResultStager:
     """Result rows (custom_id, *RESULT_COLUMNS) → StagedResults; picklable."""
 
-    copy_text: bool
+    binary_copy: bool
+    """PostgreSQL: rows as tuples of binary COPY; otherwise as they are."""
 
     def row(self, values: Sequence[Any]) -> Any:
         """One result row in the bulk format."""
-        return copy_line(values).encode() if self.copy_text else values
+        return binary_result_row(values) if self.binary_copy else values
 
     def __call__(self, rows: Iterable[Sequence[Any]]) -> StagedResults:
         rows = list(rows)
         return StagedResults(
             [row[0] for row in rows],
             [row[1] for row in rows],
-            [copy_line(row).encode() for row in rows] if self.copy_text else rows,
+            [binary_result_row(row) for row in rows] if self.binary_copy else rows,
         )
 
 
@@ -218,23 +263,20 @@ class RowMaker:
     def __call__(self, result: ItemResult) -> tuple[Any, ...]:
         return ledger_values(result, self.cost, self.model_name)
 
-
-def _escaped(value: str | None) -> str:
-    """copy_text of a string or None, for strings that need no escape without a call."""
-    if value is None:
-        return "\\N"
-    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
-        return copy_text(value)
-    return value
+    @functools.cached_property
+    def success_fields(self) -> bytes:
+        """Binary COPY of the columns of a success from its status to its model name, the same
+        for every success."""
+        return _binary_text(SUCCEEDED) + _NULL * 3 + _binary_text(self.model_name)
 
 
-def _answered_row(answered: Answered, to_row: RowMaker, copy: bool) -> Any:
-    """The ledger row of a plain success as `ResultStager(copy)([to_row(answered.result())])`
-    makes it, in half the time: no ItemResult, and COPY text formatted at once with the
-    columns a success leaves empty written as constants."""
+def _answered_row(answered: Answered, to_row: RowMaker, binary_copy: bool) -> Any:
+    """The ledger row of a plain success as `ResultStager(binary_copy)([to_row(answered.result())])`
+    makes it, in half the time: no ItemResult, and the columns a success leaves empty or the
+    same written as constants."""
     cid, _, text, finish, tokens_in, cached, tokens_out = answered
     cost = to_row.cost(tokens_in, tokens_out, cached)
-    if not copy:
+    if not binary_copy:
         model = to_row.model_name
         return (
             cid,
@@ -250,10 +292,18 @@ def _answered_row(answered: Answered, to_row: RowMaker, copy: bool) -> Any:
             finish,
             text,
         )
-    return (
-        f"{_escaped(cid)}\t{SUCCEEDED}\t\\N\t\\N\t\\N\t{_escaped(to_row.model_name)}\t"
-        f"{tokens_in}\t{cached}\t{tokens_out}\t{cost}\t{_escaped(finish)}\t{_escaped(text)}"
-    ).encode()
+    cid_bytes = cid.encode()
+    return b"".join(
+        (
+            _RESULT_FIELDS,
+            _length(len(cid_bytes)),
+            cid_bytes,
+            to_row.success_fields,
+            _tokens_and_cost(4, tokens_in, 4, cached, 4, tokens_out, 8, cost),
+            _binary_text(finish),
+            _binary_text(text),
+        )
+    )
 
 
 def block_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
@@ -276,7 +326,7 @@ def staged_results(
     The parser gives an Answered for a plain success (almost every line), made into its row
     directly; anything else as an ItemResult, made into one by `to_row` and the stager."""
     parse, to_row, stage = context
-    copy = stage.copy_text
+    binary_copy = stage.binary_copy
     ids: list[str] = []
     statuses: list[str] = []
     rows: list[Any] = []
@@ -286,7 +336,7 @@ def staged_results(
         if read.__class__ is Answered:
             ids.append(read.custom_id)  # type: ignore[union-attr]
             statuses.append(SUCCEEDED)
-            rows.append(_answered_row(read, to_row, copy))  # type: ignore[arg-type]
+            rows.append(_answered_row(read, to_row, binary_copy))  # type: ignore[arg-type]
             continue
         values = to_row(read)  # type: ignore[arg-type]
         ids.append(values[0])

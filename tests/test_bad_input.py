@@ -757,7 +757,7 @@ def test_an_import_worker_needs_none_of_the_heavy_packages(tmp_path: Path) -> No
     context = (
         normalize_line,
         RowMaker(price.cost_calculator(batch=True), price.name),
-        ResultStager(copy_text=True),  # as LedgerResource.result_stager makes it
+        ResultStager(binary_copy=True),  # as LedgerResource.result_stager makes it
     )
     line = json.dumps(openai_tests._CHAT)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

@@ -1321,6 +1321,35 @@ def test_copy_data_is_read_as_utf8_whatever_the_session_encoding_was(
             engine.dispose()
 
 
+def test_every_result_column_is_stored_as_given_through_the_bulk_format(
+    ledger: LedgerResource,
+) -> None:
+    """Result rows go to PostgreSQL as binary COPY made for the ledger's column types (to
+    SQLite as values): texts of any characters, NULLs in every nullable column, integers to
+    the column's limit, costs to the last bit and a non-string output text all come back as
+    they were given (the text of what is not a string)."""
+    make_job(ledger)
+    add_submitted_shard(ledger, 5)
+    rows = [
+        ok(cid(0), text="日本語 ✓ café \\N tab\there\nnew\r\\", tokens=2**31 - 1, cost=0.1 + 0.2),
+        ok(cid(1), text="", tokens=0, cost=1e-300),
+        {**ok(cid(2), cost=123456.789012345678), "result_json": None, "finish_reason": None},
+        {**dead(cid(3), code="e\tr\\r"), "error_message": "line\none ✓", "model_name": None},
+        {**ok(cid(4)), "result_json": 12.5, "cached_input_tokens": 3},
+    ]
+
+    assert ledger.upsert_results(JOB, rows).applied == 5
+
+    stored = items_by_id(ledger.database_url)
+    for row in rows:
+        expected = {k: row.get(k, L._RESULT_DEFAULTS.get(k)) for k in L.RESULT_COLUMNS}
+        if row["custom_id"] == cid(4):
+            expected["result_json"] = "12.5"
+        got = {k: stored[row["custom_id"]][k] for k in L.RESULT_COLUMNS}
+        assert got == expected
+        assert isinstance(got["cost_usd"], float)
+
+
 @pytest.mark.parametrize("database_url", [DATABASES[1]], indirect=True)
 def test_join_settings_go_with_the_next_statement_and_last_the_transaction(
     ledger: LedgerResource,

@@ -667,7 +667,7 @@ def test_result_lines_read_the_same_on_the_fast_and_the_general_path() -> None:
 def test_an_import_makes_the_same_ledger_rows_from_answered_lines_as_from_their_results() -> None:
     """An import's workers make a plain success (an Answered, from read_line) into its ledger
     row directly, without an ItemResult: for lines of every shape, in both ledger formats
-    (COPY text, tuples), the rows are those made from what normalize_line gives, escapes in
+    (binary COPY, tuples), the rows are those made from what normalize_line gives, escapes in
     ids and texts and a price with cached tokens included."""
     import orjson
 
@@ -692,8 +692,8 @@ def test_an_import_makes_the_same_ledger_rows_from_answered_lines_as_from_their_
     def staged(stage: ResultStager, raw: bytes) -> Any:
         return staged_results((openai_batch.read_line, to_row, stage), [raw])
 
-    for copy_text in (True, False):
-        stage = ResultStager(copy_text=copy_text)
+    for binary_copy in (True, False):
+        stage = ResultStager(binary_copy=binary_copy)
         for raw in lines:
             # Lines that cannot be read (a custom_id of another type, say) fail both ways.
             expected = _outcome(functools.partial(rows, stage), raw)
@@ -716,7 +716,7 @@ def test_an_import_worker_reads_blocks_of_whole_lines_as_the_lines_they_hold() -
     price = load_price_table().get("openai", "gpt-4o-mini")
     assert price is not None
     to_row = RowMaker(price.cost_calculator(batch=True), "gpt-4o-mini")
-    stage = ResultStager(copy_text=True)
+    stage = ResultStager(binary_copy=True)
     output = [dict(_CHAT, custom_id=f"ok-{n}") for n in range(7)] + [_RESPONSES]
     errors = [_ERROR_FILE, _EXPIRED]
     lines = [orjson.dumps(line) for line in output + errors]

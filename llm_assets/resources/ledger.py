@@ -28,6 +28,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from llm_assets.parallel import chunked
 from llm_assets.result_rows import (
+    COPY_BINARY_HEADER,
+    COPY_BINARY_TRAILER,
     DEAD_LETTER,
     PENDING,
     RESULT_COLUMNS,
@@ -581,10 +583,10 @@ class _Bulk:
         columns: Sequence[str],
         rows: Iterable[Sequence[Any]],
         *,
-        lines: Sequence[str] | Sequence[bytes] | None = None,
+        binary: Sequence[bytes] | None = None,
     ) -> None:
         """PostgreSQL: a temporary table of `columns` (typed as in `table`) filled by COPY,
-        from rows or from lines of COPY text made already."""
+        from rows or from tuples of binary COPY made already (result rows, ResultStager)."""
         assert self.postgres
         names = ", ".join(columns)
         self.execute(
@@ -593,31 +595,34 @@ class _Bulk:
         )
         # Not analysed: the planner sizes a fresh table by its pages, and joins to the ledger
         # are pinned to its unique index (join_by_index), so statistics would change nothing.
-        self.copy(self.STAGE, columns, rows, lines=lines)
+        if binary is not None:
+            self.copy_binary(self.STAGE, columns, binary)
+        else:
+            self.copy(self.STAGE, columns, rows)
 
     def copy(
         self,
         table: str,
         columns: Sequence[str],
         rows: Iterable[Sequence[Any]],
-        *,
-        lines: Sequence[str] | Sequence[bytes] | None = None,
     ) -> None:
-        """PostgreSQL: COPY rows (or lines of COPY text, str or UTF-8) into a table.
+        """PostgreSQL: COPY rows into a table, as COPY text.
 
         The data goes to the driver as bytes: a str buffer of a chunk (12 MB) took three
         times as long to make, on the thread that writes the ledger, holding the GIL."""
         assert self.postgres
-        if lines is None:
-            lines = [copy_line(row) for row in rows]
-        if not lines:
-            data = b""
-        elif isinstance(lines[0], bytes):
-            data = b"\n".join(lines) + b"\n"  # type: ignore[arg-type]
-        else:
-            data = ("\n".join(lines) + "\n").encode()  # type: ignore[arg-type]
-        buffer = io.BytesIO(data)
+        lines = [copy_line(row) for row in rows]
+        buffer = io.BytesIO(("\n".join(lines) + "\n").encode() if lines else b"")
         statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+        with self._errors(statement):
+            self.cursor.copy_expert(statement, buffer, size=COPY_BUFFER)
+
+    def copy_binary(self, table: str, columns: Sequence[str], tuples: Sequence[bytes]) -> None:
+        """PostgreSQL: COPY tuples of binary COPY (made for the table's column types) into a
+        table."""
+        assert self.postgres
+        buffer = io.BytesIO(b"".join((COPY_BINARY_HEADER, *tuples, COPY_BINARY_TRAILER)))
+        statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT binary)"
         with self._errors(statement):
             self.cursor.copy_expert(statement, buffer, size=COPY_BUFFER)
 
@@ -703,7 +708,7 @@ def _apply_staged(
 
     applied = _Applied()
     if bulk.postgres:
-        bulk.stage(result_table, columns, (), lines=rows)
+        bulk.stage(result_table, columns, (), binary=rows)
         sets = ", ".join(f"{k} = s.{k}" for k in RESULT_COLUMNS)
         params = {"now": now, "job": job_id, "shard": shard_id}
         update = (
@@ -1088,7 +1093,7 @@ class LedgerResource(dg.ConfigurableResource):
 
     def result_stager(self) -> ResultStager:
         """Turns result rows into this ledger's bulk format; picklable, for worker processes."""
-        return ResultStager(copy_text=self.engine.dialect.name == "postgresql")
+        return ResultStager(binary_copy=self.engine.dialect.name == "postgresql")
 
     def upsert_results(
         self,
