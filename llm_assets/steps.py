@@ -68,6 +68,10 @@ from llm_assets.validation import parse_output
 
 log = logging.getLogger("llm_assets")
 
+RETRY_READ_AT_ONCE = 100_000
+"""Items to retry read by one query (PostgreSQL spreads it over parallel workers) before the
+rest are streamed: a few percent of a large day's items, a whole day's when a batch expired."""
+
 
 class GateBlocked(Exception):
     """A gate refused to let the step go on; `gate` names it, the message says why."""
@@ -1035,6 +1039,7 @@ def plan_retries(
             "estimated_input_tokens",
             "request_offset",
         ],
+        few=RETRY_READ_AT_ONCE,
     ):
         tokens[item["custom_id"]] = item["estimated_input_tokens"]
         if item["attempts"] >= spec.retry.max_attempts:

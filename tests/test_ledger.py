@@ -1072,6 +1072,15 @@ def test_iter_items_streams_in_custom_id_order(
     assert list(ledger.iter_items(JOB, [], columns=["custom_id"])) == []
     assert list(ledger.iter_items(JOB, shard_id="no-such-shard")) == []
 
+    # Read by one query up to `few` rows, the rest streamed after them: the same rows either
+    # way, each once, in order, whether there are fewer, as many or more than `few`.
+    for few in (1, len(done) - 1, len(done), len(done) + 1, 10 * n):
+        read = list(ledger.iter_items(JOB, [SUCCEEDED], few=few))
+        assert read == done, few
+    tokens = list(ledger.iter_items(JOB, [PENDING], columns=["attempts"], few=2))
+    assert [r["custom_id"] for r in tokens] == [cid(i) for i in range(n) if i % 3]
+    assert {tuple(r) for r in tokens} == {("attempts", "custom_id")}
+
 
 def test_shard_totals_attribute_items_tokens_and_cost(
     ledger: LedgerResource, database_url: str
@@ -1263,7 +1272,7 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
 def test_each_connection_opens_with_the_ledger_session_settings(ledger: LedgerResource) -> None:
     """SQLite: WAL and a busy timeout for concurrent runs. PostgreSQL: temp_buffers big enough
     that an import's staged chunk is not written out and read back (settable only before a
-    session's first temporary table, so it must come with the connection)."""
+    session's first temporary table, so it must come with the connection), and no JIT."""
     with ledger.engine.connect() as conn:
         if conn.dialect.name == "postgresql":
             # A pooled connection used for a staged upsert first, then a fresh one.
@@ -1276,6 +1285,7 @@ def test_each_connection_opens_with_the_ledger_session_settings(ledger: LedgerRe
     with ledger.engine.connect() as conn:
         if conn.dialect.name == "postgresql":
             assert conn.execute(sa.text("SHOW temp_buffers")).scalar() == L.TEMP_BUFFERS
+            assert conn.execute(sa.text("SHOW jit")).scalar() == "off"
 
 
 def test_the_background_writer_runs_in_order_and_stops_at_the_first_error() -> None:

@@ -381,6 +381,9 @@ def _postgres_session(dbapi_connection: Any, _record: Any) -> None:
     table, so it is set when the connection opens."""
     cursor = dbapi_connection.cursor()
     cursor.execute(f"SET temp_buffers = '{TEMP_BUFFERS}'")
+    # The ledger's statements read by index, or whole days set-based; JIT compiled the counts
+    # of a million items for 70 ms of their 400 and made them no faster.
+    cursor.execute("SET jit = off")
     cursor.close()
     dbapi_connection.commit()
     # COPY data is sent as UTF-8 bytes, made in worker processes that do not know the session.
@@ -1298,16 +1301,35 @@ class LedgerResource(dg.ConfigurableResource):
         *,
         shard_id: str | None = None,
         columns: Sequence[str] | None = None,
+        few: int | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Stream item rows in custom_id order without loading them all."""
+        """Stream item rows in custom_id order without loading them all.
+
+        `few`: the caller expects about that many rows at most (the items to retry among a
+        day's, say). Up to that many are read by one query, which PostgreSQL can spread over
+        its parallel workers (it reads a cursor in one process: 0.7 s instead of 0.3 s for a
+        million rows); only when there are more is the rest streamed, after the last
+        custom_id read. The rows also hold their custom_id then."""
+        key = result_table.c.custom_id
         cols = [result_table.c[c] for c in columns] if columns else [result_table]
+        if few is not None and columns and "custom_id" not in columns:
+            cols.append(key)
         query = sa.select(*cols).where(result_table.c.job_id == job_id)
         if statuses is not None:
             query = query.where(result_table.c.status.in_(list(statuses)))
         if shard_id is not None:
             query = query.where(result_table.c.shard_id == shard_id)
-        query = query.order_by(result_table.c.custom_id)
+        query = query.order_by(key)
         with self.engine.connect() as conn:
+            if few is not None:
+                result = conn.execute(query.limit(few + 1))
+                keys = list(result.keys())
+                rows = result.all()
+                for row in rows[:few]:
+                    yield dict(zip(keys, row, strict=True))
+                if len(rows) <= few:
+                    return
+                query = query.where(key > rows[few - 1].custom_id)
             result = conn.execution_options(yield_per=CHUNK).execute(query)
             keys = list(result.keys())
             for row in result:
