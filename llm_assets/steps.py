@@ -911,8 +911,10 @@ def _ledger_row(
     return dict(zip(("custom_id", *RESULT_COLUMNS), values, strict=True))
 
 
-def _line_count(block: bytes) -> int:
-    return block.count(b"\n")
+def _about_lines(block: bytes) -> int:
+    """A block of result lines weighed as lines, by its size: a result line is about a
+    kilobyte, and counting the newlines of a million took a second."""
+    return len(block) // 1024 + 1
 
 
 @dataclasses.dataclass
@@ -990,7 +992,7 @@ def import_results(
                 # pickling each line here took a third of this process's time).
                 raw, parse = blocks
                 staged = workers.map(
-                    staged_results, (parse, to_row, stage), raw, weight=_line_count
+                    staged_results, (parse, to_row, stage), raw, weight=_about_lines
                 )
             else:
                 staged = map(
