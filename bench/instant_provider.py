@@ -4,8 +4,7 @@
 would produce (the provider's work, timed apart in `generation_seconds`); `poll` says
 completed; `result_blocks` hands those files' lines to the import as the real adapter does
 (in blocks of whole lines, read by its `read_line`), so reading and parsing results is
-counted as ours. Request lines are
-built by the real `OpenAIBatchProvider.request_line`.
+counted as ours. Request lines are built by the real `OpenAIBatchProvider.request_line`.
 
 Every path runs, chosen per custom_id by a hash so that runs are reproducible:
 

@@ -52,7 +52,7 @@ def chunked(
     rows: Iterable[Row], size: int | None = None, weight: Callable[[Row], int] | None = None
 ) -> Iterator[list[Row]]:
     """Consecutive lists of `size` rows, or of rows weighing `size` together (a block of
-    lines weighs its lines, say) when `weight` is given."""
+    lines about as many as its lines, say) when `weight` is given."""
     size = size or CHUNK_ROWS
     batch: list[Row] = []
     if weight is None:

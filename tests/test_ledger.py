@@ -1080,6 +1080,8 @@ def test_iter_items_streams_in_custom_id_order(
     tokens = list(ledger.iter_items(JOB, [PENDING], columns=["attempts"], few=2))
     assert [r["custom_id"] for r in tokens] == [cid(i) for i in range(n) if i % 3]
     assert {tuple(r) for r in tokens} == {("attempts", "custom_id")}
+    with pytest.raises(ValueError, match="few must be 1 or more"):
+        list(ledger.iter_items(JOB, few=0))
 
 
 def test_shard_totals_attribute_items_tokens_and_cost(

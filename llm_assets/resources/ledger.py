@@ -1310,6 +1310,8 @@ class LedgerResource(dg.ConfigurableResource):
         its parallel workers (it reads a cursor in one process: 0.7 s instead of 0.3 s for a
         million rows); only when there are more is the rest streamed, after the last
         custom_id read. The rows also hold their custom_id then."""
+        if few is not None and few < 1:
+            raise ValueError(f"few must be 1 or more, got {few}")
         key = result_table.c.custom_id
         cols = [result_table.c[c] for c in columns] if columns else [result_table]
         if few is not None and columns and "custom_id" not in columns:
