@@ -155,17 +155,17 @@ def _normalize(line: dict[str, Any]) -> ItemResult | None:
     text, finish = _content_of(body)
     usage = body.get("usage") or {}
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
-    # An ItemResult, not an Answered: the values of an odd line may be of any JSON type.
-    return ItemResult(
-        custom_id=custom_id,
-        succeeded=True,
-        status_code=status,
-        output_text=text,
-        finish_reason=finish,
-        input_tokens=int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
-        cached_input_tokens=int(details.get("cached_tokens") or 0),
-        output_tokens=int(usage.get("completion_tokens") or usage.get("output_tokens") or 0),
-    )
+    # Given as an ItemResult, not an Answered: an odd line's values may be of any JSON type,
+    # which only the row maker's general path writes.
+    return Answered(
+        custom_id,
+        status,
+        text,
+        finish,
+        int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
+        int(details.get("cached_tokens") or 0),
+        int(usage.get("completion_tokens") or usage.get("output_tokens") or 0),
+    ).result()
 
 
 def _content_of(body: dict[str, Any]) -> tuple[str | None, str | None]:
