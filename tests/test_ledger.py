@@ -1178,6 +1178,7 @@ def test_bulk_writes_keep_every_character_and_raise_driver_errors_as_sqlalchemy_
     chunks, and a failed bulk write is the IntegrityError the rest of the code expects."""
     make_job(ledger)
     n = 2 * small_chunks + 1
+    added = L.utcnow()
     sid = add_submitted_shard(ledger, n)
     hard = ["tab\there", "new\nline\r\n", "back\\slash \\N", "\\.", "日本語 ✓ \ue000", "", "'; --"]
     rows = [ok(cid(i), text=hard[i % len(hard)] + f" {i}") for i in range(n)]
@@ -1216,6 +1217,16 @@ def test_bulk_writes_keep_every_character_and_raise_driver_errors_as_sqlalchemy_
     # One time for the whole set, encoded once and read back as the time it was.
     stamps = {L.as_utc(r["created_at"]) for r in written}
     assert len(stamps) == 1 and before <= stamps.pop() <= L.utcnow()
+    # So are the items' creation times (SQLite: encoded once for all the rows), stored as
+    # SQLAlchemy stores a time, or comparisons in SQL would compare other strings.
+    stamps = {L.as_utc(r["created_at"]) for r in stored.values()}
+    assert len(stamps) == 1 and added <= (stamp := stamps.pop()) <= before
+    engine = engine_of(ledger.database_url)
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as conn:
+            raw = set(conn.exec_driver_sql("SELECT created_at FROM llm_batch_result").scalars())
+        encode = L._Now.dialect_impl(engine.dialect).bind_processor(engine.dialect)
+        assert raw == {encode(stamp)}
 
     # An item row without a status: the NOT NULL constraint refuses the whole chunk.
     with pytest.raises(sa.exc.IntegrityError):

@@ -641,7 +641,8 @@ class _Bulk:
     def insert_ignoring_existing(
         self, table: sa.Table, columns: Sequence[str], rows: list[Sequence[Any]], key: str
     ) -> int:
-        """Insert rows whose unique `key` constraint is free; returns how many went in.
+        """Insert rows whose unique `key` constraint is free; returns how many went in. On
+        SQLite the rows' datetimes are encoded already (`value`).
 
         PostgreSQL: callers leave out what the ledger already holds, so the rows are first
         COPYed straight into the table (heap pages written in batches, no speculative
@@ -668,7 +669,9 @@ class _Bulk:
             return int(self.cursor.rowcount)
         marks = ", ".join("?" for _ in columns)
         return self.executemany(
-            f"INSERT INTO {table.name} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING", rows
+            f"INSERT INTO {table.name} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING",
+            rows,
+            encoded=True,
         )
 
 
@@ -962,7 +965,8 @@ class LedgerResource(dg.ConfigurableResource):
         keys = list(items[0])
         columns = [*keys, "created_at", "updated_at"]
         inserted = 0
-        stamp = copy_text(now) if bulk.postgres else now  # COPY text once, not per row
+        # The item's datetimes are these two stamps, encoded once (not per row and value).
+        stamp = copy_text(now) if bulk.postgres else bulk.value(now)
         for chunk in chunked(items, BULK_CHUNK):
             rows = [[item.get(k) for k in keys] + [stamp, stamp] for item in chunk]
             inserted += bulk.insert_ignoring_existing(
