@@ -12,11 +12,15 @@ for reading, writing files and the ledger, and each worker holds its own tokeniz
 
 import collections
 import concurrent.futures
+import contextlib
+import functools
 import itertools
 import multiprocessing
 import os
 import pickle
+import shutil
 import signal
+import tempfile
 import threading
 import time
 import uuid
@@ -31,6 +35,9 @@ CHUNK_ROWS = 5_000
 """Rows per task: large enough that pickling is a small part of a task."""
 INLINE_ROWS = 50_000
 """Rows worked in the calling process before workers are started."""
+QUEUED_PER_WORKER = 6
+"""Chunks sent to each worker and not back yet, at most: enough that a worker always has the
+next one while this process writes a shard file or works a chunk itself."""
 
 
 def worker_count() -> int:
@@ -109,8 +116,44 @@ def _context(key: str, context: bytes) -> Any:
     return found
 
 
-def _call(work: Callable[[Any, Any], Any], key: str, context: bytes, chunk: Any) -> Any:
-    return work(_context(key, context), chunk)
+def _call(
+    work: Callable[[Any, Any], Any], key: str, context: bytes, chunk: Any, spill: str
+) -> tuple[Any] | None:
+    """Work a chunk in a worker. The result is left in the file `spill` (None returned): sent
+    back through the pool's pipe, 64 KB at a time, each piece waiting for the calling
+    process's busy interpreter to read it, a worker stood idle about a third of the time.
+    Where the file cannot be written (a full /dev/shm), the result comes through the pipe."""
+    result = work(_context(key, context), chunk)
+    data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        with open(spill, "wb") as handle:
+            handle.write(data)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(spill)
+        return (result,)
+    return None
+
+
+SPILLS_PREFIX = "llm-assets-results-"
+
+
+def _spill_dir() -> str:
+    """A folder for this process's workers to leave results in: in memory (/dev/shm) where
+    the system has it. Folders left by processes that were killed are removed first."""
+    shm = "/dev/shm"
+    root = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    for name in os.listdir(root):
+        owner = name[len(SPILLS_PREFIX) :].split("-")[0]
+        if not name.startswith(SPILLS_PREFIX) or not owner.isdigit():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        except OSError:  # alive, another user's
+            pass
+    return tempfile.mkdtemp(prefix=f"{SPILLS_PREFIX}{os.getpid()}-", dir=root)
 
 
 def _warm(work: Callable[[Any, Any], Any], key: str, context: bytes) -> None:
@@ -127,6 +170,8 @@ class Workers:
         self.workers = worker_count() if workers is None else workers
         self._done = 0
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._spills: str | None = None
+        self._sent = 0
 
     def __enter__(self) -> "Workers":
         return self
@@ -135,6 +180,27 @@ class Workers:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._spills is not None:  # results of chunks sent and not taken back
+            shutil.rmtree(self._spills, ignore_errors=True)
+            self._spills = None
+
+    def _send(self, call: Any, chunk: Any) -> tuple[concurrent.futures.Future[Any], str | None]:
+        assert self._pool is not None and self._spills is not None
+        self._sent += 1
+        spill = os.path.join(self._spills, str(self._sent))
+        return self._pool.submit(call, chunk, spill), spill
+
+    @staticmethod
+    def _take(sent: tuple[concurrent.futures.Future[Any], str | None]) -> Any:
+        """A chunk's result: from its worker's file, or as worked here (spill None)."""
+        future, spill = sent
+        got = future.result()  # a worker's error is raised here
+        if spill is None or got is not None:
+            return got if spill is None else got[0]
+        with open(spill, "rb") as handle:
+            data = handle.read()
+        os.unlink(spill)
+        return pickle.loads(data)  # our own worker's file
 
     def map(
         self,
@@ -149,10 +215,11 @@ class Workers:
 
         `work` must be a module-level function and `context` picklable. Chunks are worked
         here until the block has seen `INLINE_ROWS` rows; after that they go to the workers,
-        two per worker at a time, and this process works the next chunk itself while the
-        oldest sent one is not back; at most two such results wait for it, so memory stays
-        bounded however long the input is. An error in a worker is raised here, and
-        nothing after it is yielded. A context that does not pickle is worked here.
+        up to `QUEUED_PER_WORKER` per worker at a time, and this process works the next
+        chunk itself while that many are out; at most two such results wait for the oldest
+        sent one, so memory stays bounded however long the input is. An error in a worker
+        is raised here, and nothing after it is yielded. A context that does not pickle is
+        worked here.
         """
         chunks = chunked(rows, weight=weight)
         for chunk in chunks:
@@ -176,7 +243,9 @@ class Workers:
                 initializer=_die_with,
                 initargs=(os.getpid(),),
             )
+            self._spills = _spill_dir()
         key = uuid.uuid4().hex
+        call = functools.partial(_call, work, key, pickled)
         # A worker takes about a second to start and import what the work needs; this
         # process goes on alone until one is ready, instead of waiting for its first result.
         ready = self._pool.submit(_warm, work, key, pickled)
@@ -190,24 +259,25 @@ class Workers:
             return
         # Results in input order: chunks sent to the workers, and chunks worked here while
         # the oldest sent one is not back (so this process never idles behind the workers).
-        pending: collections.deque[concurrent.futures.Future[Result]] = collections.deque()
-        sent = 2 * self.workers
+        pending: collections.deque[tuple[concurrent.futures.Future[Any], str | None]]
+        pending = collections.deque()
+        queued = QUEUED_PER_WORKER * self.workers
         try:
             for chunk in chunks:
-                while pending and pending[0].done():
-                    yield pending.popleft().result()
-                if sum(1 for f in pending if not f.done()) < sent:
-                    pending.append(self._pool.submit(_call, work, key, pickled, chunk))
+                while pending and pending[0][0].done():
+                    yield self._take(pending.popleft())
+                if sum(1 for future, _ in pending if not future.done()) < queued:
+                    pending.append(self._send(call, chunk))
                     continue
-                if len(pending) >= sent + 2:
-                    yield pending.popleft().result()
+                if len(pending) >= queued + 2:
+                    yield self._take(pending.popleft())
                 here: concurrent.futures.Future[Result] = concurrent.futures.Future()
                 here.set_result(work(context, chunk))
-                pending.append(here)
+                pending.append((here, None))
             while pending:
-                yield pending.popleft().result()
+                yield self._take(pending.popleft())
         finally:
-            for future in pending:
+            for future, _ in pending:
                 future.cancel()
 
 

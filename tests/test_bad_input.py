@@ -13,6 +13,8 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -479,9 +481,13 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     submitted: list[str] = []
 
     class CountingPool(parallel.concurrent.futures.ProcessPoolExecutor):
-        def submit(self, *args: Any, **kwargs: Any) -> Any:
-            submitted.append(args[1].__name__)  # (_call, work, ...)
-            return super().submit(*args, **kwargs)
+        def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            future = super().submit(fn, *args, **kwargs)
+            if fn is parallel._warm:
+                future.result()  # the workers are ready: the next chunks go to them
+            else:
+                submitted.append(fn.args[0].__name__)  # partial(_call, work, ...)
+            return future
 
     def shards_and_rows(name: str, workers: str) -> tuple[list[bytes], list[tuple[Any, ...]]]:
         monkeypatch.setenv("LLM_ASSETS_WORKERS", workers)
@@ -549,7 +555,7 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     monkeypatch.setattr(parallel, "INLINE_ROWS", 10)
     spread_shards, spread_rows = shards_and_rows("spread", "2")
 
-    # Rows assessed and result lines parsed in the worker (and some chunks here meanwhile).
+    # Rows assessed and result lines parsed in the workers (and some chunks here meanwhile).
     assert {"assess_lines", "staged_results"} <= set(submitted)
     assert spread_shards == alone_shards and alone_shards
     assert spread_rows == alone_rows
@@ -599,6 +605,66 @@ def test_ordered_map_keeps_order_raises_worker_errors_and_keeps_unpicklable_work
     monkeypatch.setenv("LLM_ASSETS_WORKERS", "two")
     with pytest.raises(ValueError, match="whole number"):
         parallel.worker_count()
+
+
+def test_worker_results_come_back_in_files_that_are_removed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Workers leave their results in files (not the pool's pipe); each is removed when its
+    result is taken, the folder when the block ends; folders of processes that are gone
+    are removed when a pool starts. Where a file cannot be written, the result comes
+    through the pipe."""
+    import subprocess
+    import sys
+
+    from llm_assets import parallel
+
+    monkeypatch.setattr(parallel, "CHUNK_ROWS", 3)
+    monkeypatch.setattr(parallel, "INLINE_ROWS", 3)
+    returned: list[Any] = []
+
+    class ReadyPool(parallel.concurrent.futures.ProcessPoolExecutor):
+        def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            future = super().submit(fn, *args, **kwargs)
+            if fn is parallel._warm:
+                future.result()  # the worker is ready: the next chunks go to it
+            else:
+                returned.append(future)
+            return future
+
+    monkeypatch.setattr(parallel.concurrent.futures, "ProcessPoolExecutor", ReadyPool)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    root = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+    stale = root / f"{parallel.SPILLS_PREFIX}{int(gone.stdout)}-test"
+    stale.mkdir()
+    (stale / "7").write_bytes(b"left by a killed run")
+    alive = root / f"{parallel.SPILLS_PREFIX}{os.getpid()}-test"
+    alive.mkdir()
+    try:
+        with parallel.Workers(1) as workers:
+            squares = [x for chunk in workers.map(_squares, 0, range(60)) for x in chunk]
+            spills = workers._spills
+            assert spills is not None and os.listdir(spills) == []
+        assert not stale.exists() and alive.exists()
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+        alive.rmdir()
+    assert squares == [n * n for n in range(60)]
+    assert returned and all(future.result() is None for future in returned)
+    assert not os.path.exists(spills)
+
+    # No folder to write to: the results come through the pipe, the same.
+    returned.clear()
+    monkeypatch.setattr(parallel, "_spill_dir", lambda: str(tmp_path / "missing"))
+    with parallel.Workers(1) as workers:
+        squares = [x for chunk in workers.map(_squares, 0, range(60)) for x in chunk]
+    assert squares == [n * n for n in range(60)]
+    assert returned and all(future.result() is not None for future in returned)
 
 
 def sloppy(body: Any) -> str:
