@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from llm_assets import parallel
+from llm_assets.fastjson import json_string
 from llm_assets.ids import custom_id
 from llm_assets.source import SourceRow, parse_date
 from llm_assets.spec import PipelineSpec
@@ -30,6 +31,22 @@ class PreparedItem(NamedTuple):
 
 LineEncoder = Callable[[str, str], bytes]
 """(custom_id, user text) → the provider's request line."""
+
+
+class TemplateEncoder:
+    """A spec's request line split around its custom_id and user text; filling it in encodes
+    only those two strings. Here, not with the providers: a worker process that assesses
+    rows unpickles it without importing Dagster."""
+
+    def __init__(self, head: str, middle: str, tail: str, id_first: bool) -> None:
+        self.head, self.middle, self.tail = head.encode(), middle.encode(), tail.encode()
+        self.id_first = id_first
+
+    def __call__(self, custom_id: str, user: str) -> bytes:
+        first, second = (custom_id, user) if self.id_first else (user, custom_id)
+        return b"".join(
+            (self.head, json_string(first), self.middle, json_string(second), self.tail)
+        )
 
 
 def _as_text(value: Any) -> str:

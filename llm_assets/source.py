@@ -14,14 +14,16 @@ import re
 import zoneinfo
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 from pydantic import BaseModel
 
 from llm_assets import fastjson
-from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec import PipelineSpec
+
+if TYPE_CHECKING:  # Dagster; rows are read in worker processes without it
+    from llm_assets.resources.storage import ArtifactStorage
 
 _DATE_IN_NAME = re.compile(r"(\d{4}-\d{2}-\d{2})")
 _GLOB = re.compile(r"[*?\[]")
@@ -62,7 +64,7 @@ class SourceRowModel(BaseModel):
     error: str | None = None
 
 
-def list_source_files(uri: str, storage: ArtifactStorage) -> list[str]:
+def list_source_files(uri: str, storage: "ArtifactStorage") -> list[str]:
     """Expand a file, folder or glob into sorted file uris."""
     if uri.startswith("s3://"):
         if not _GLOB.search(uri):
@@ -70,6 +72,8 @@ def list_source_files(uri: str, storage: ArtifactStorage) -> list[str]:
         bucket, _, key_pattern = uri[len("s3://") :].partition("/")
         prefix = _GLOB.split(key_pattern, maxsplit=1)[0]
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        from llm_assets.resources.storage import ArtifactStorage
+
         candidates = ArtifactStorage(base_url=f"s3://{bucket}").list_uris(folder)
         return sorted(u for u in candidates if fnmatch.fnmatch(u, uri))
     path = Path(uri)
@@ -105,7 +109,7 @@ def parse_date(value: Any, tz: zoneinfo.ZoneInfo) -> dt.date | None:
     return stamp.astimezone(tz).date()
 
 
-def _jsonl_rows(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:
+def _jsonl_rows(uri: str, storage: "ArtifactStorage") -> Iterator[SourceRow]:
     for number, raw in enumerate(storage.open_lines(uri), start=1):
         if not raw.strip():
             continue
@@ -152,7 +156,7 @@ def _encodable(value: Any) -> None:
             _encodable(item)
 
 
-def _csv_rows(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:
+def _csv_rows(uri: str, storage: "ArtifactStorage") -> Iterator[SourceRow]:
     """Rows keep their physical line number, also after quoted fields that span lines."""
     import csv
 
@@ -164,7 +168,7 @@ def _csv_rows(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:
             start = reader.line_num + 1
 
 
-def _parquet_rows(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:
+def _parquet_rows(uri: str, storage: "ArtifactStorage") -> Iterator[SourceRow]:
     """Read with pyarrow so integer ids next to nulls stay integers."""
     import pyarrow.parquet as pq
 
@@ -176,7 +180,7 @@ def _parquet_rows(uri: str, storage: ArtifactStorage) -> Iterator[SourceRow]:
                 yield _checked(uri, number, record)
 
 
-def read_file_rows(uri: str, spec: PipelineSpec, storage: ArtifactStorage) -> Iterator[SourceRow]:
+def read_file_rows(uri: str, spec: PipelineSpec, storage: "ArtifactStorage") -> Iterator[SourceRow]:
     if spec.source.kind == "jsonl":
         return _jsonl_rows(uri, storage)
     if spec.source.kind == "csv":
@@ -195,7 +199,7 @@ def _date_in_name(uri: str) -> dt.date | None:
 
 
 def _dated_rows(
-    spec: PipelineSpec, uri: str, storage: ArtifactStorage
+    spec: PipelineSpec, uri: str, storage: "ArtifactStorage"
 ) -> Iterator[tuple[SourceRow, dt.date | None]]:
     """A file's rows in file order with their partition date; a row that cannot be dated
     gets the file's date: from its name, else its earliest dated row (found by reading the
@@ -218,7 +222,7 @@ def _dated_rows(
 
 
 def rows_for_partition(
-    spec: PipelineSpec, source_uri: str, partition_date: dt.date, storage: ArtifactStorage
+    spec: PipelineSpec, source_uri: str, partition_date: dt.date, storage: "ArtifactStorage"
 ) -> Iterator[SourceRow]:
     """Every source row that belongs to `partition_date`, in file and line order."""
     for uri in list_source_files(source_uri, storage):
@@ -227,6 +231,6 @@ def rows_for_partition(
                 yield row
 
 
-def file_dates(spec: PipelineSpec, uri: str, storage: ArtifactStorage) -> set[dt.date]:
+def file_dates(spec: PipelineSpec, uri: str, storage: "ArtifactStorage") -> set[dt.date]:
     """The partition dates a source file has rows for."""
     return {day for _, day in _dated_rows(spec, uri, storage) if day is not None}

@@ -839,6 +839,50 @@ def test_an_import_worker_needs_none_of_the_heavy_packages(tmp_path: Path) -> No
     assert done.stdout.decode().split() == ["['succeeded']", "[]"]
 
 
+ASSESS_CHILD = """
+import pickle, sys
+work, context = pickle.loads(sys.stdin.buffer.read())
+rows = work(context, [sys.argv[1].encode()])
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"dagster", "sqlalchemy", "openai",
+    "anthropic", "boto3", "pandas", "pyarrow"})
+sys.stdout.buffer.write(pickle.dumps((rows, heavy)))
+"""
+
+
+def test_a_shards_worker_needs_neither_dagster_nor_the_sdks() -> None:
+    """What the shards step sends a worker (assess_lines and the Preparer, as build_shards
+    makes it) unpickles and assesses a row in a fresh interpreter without Dagster,
+    SQLAlchemy, pandas or an SDK: Dagster alone was 65 MB of the worker and most of its
+    start."""
+    import pickle
+    import subprocess
+    import sys
+
+    from llm_assets.items import Preparer, assess_lines
+    from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
+    from llm_assets.spec import PipelineSpec
+
+    spec = PipelineSpec.model_validate(review_spec("openai", "gpt-4o-mini"))
+    provider = OpenAIBatchProvider(api_key="test-key")
+    preparer = Preparer(spec, DAY, 128_000, provider.line_encoder(spec))
+    record = {"review_id": "R-1", "created_at": DAY.isoformat(), "text": "Arrived broken."}
+    row = json.dumps({"file": "reviews/a.jsonl", "line": 1, "record": record})  # a snapshot's
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    done = subprocess.run(
+        [sys.executable, "-c", ASSESS_CHILD, row],
+        input=pickle.dumps((assess_lines, preparer)),
+        env=env,
+        capture_output=True,
+        check=True,
+    )
+
+    rows, heavy = pickle.loads(done.stdout)
+    assert rows == assess_lines(preparer, [row.encode()])
+    assert rows[0][4] and rows[0][5] > 0  # a request line, its tokens counted
+    assert heavy == []
+
+
 RELEASE_CHILD = """
 import os
 from llm_assets.memory import release_free_memory

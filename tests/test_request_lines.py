@@ -46,7 +46,7 @@ def test_json_strings_are_the_bytes_json_writes_for_every_character() -> None:
     """Request lines fill their template with orjson: for every character (in a string with
     neighbours, so escapes are not at an edge) the bytes json.dumps(ensure_ascii=False)
     wrote before, and a lone surrogate fails as it did there."""
-    from llm_assets.resources.providers.base import json_string
+    from llm_assets.fastjson import json_string
 
     every = [chr(cp) for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
     for start in range(0, len(every), 4096):

@@ -11,9 +11,9 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import dagster as dg
-import orjson
 from pydantic import BaseModel, ConfigDict
 
+from llm_assets.items import TemplateEncoder
 from llm_assets.result_rows import Answered, ItemResult
 
 if TYPE_CHECKING:
@@ -177,31 +177,6 @@ class BatchProvider(dg.ConfigurableResource):
 
     def cancel(self, provider_batch_id: str) -> BatchStatus:
         raise NotImplementedError
-
-
-class TemplateEncoder:
-    """A spec's request line split around its custom_id and user text; filling it in encodes
-    only those two strings."""
-
-    def __init__(self, head: str, middle: str, tail: str, id_first: bool) -> None:
-        self.head, self.middle, self.tail = head.encode(), middle.encode(), tail.encode()
-        self.id_first = id_first
-
-    def __call__(self, custom_id: str, user: str) -> bytes:
-        first, second = (custom_id, user) if self.id_first else (user, custom_id)
-        return b"".join(
-            (self.head, json_string(first), self.middle, json_string(second), self.tail)
-        )
-
-
-def json_string(text: str) -> bytes:
-    """json.dumps(text, ensure_ascii=False).encode(): the same bytes for every character
-    (tested), at orjson's speed. A string orjson refuses (a lone surrogate) goes json's way,
-    and fails as it did there."""
-    try:
-        return orjson.dumps(text)
-    except orjson.JSONEncodeError:
-        return json.dumps(text, ensure_ascii=False).encode()
 
 
 _ID_MARK = "\ue000llm-assets:custom_id\ue000"
