@@ -136,23 +136,31 @@ def _call(
 
 
 SPILLS_PREFIX = "llm-assets-results-"
+STALE_SPILLS_SECONDS = 600
 
 
 def _spill_dir() -> str:
     """A folder for this process's workers to leave results in: in memory (/dev/shm) where
-    the system has it. Folders left by processes that were killed are removed first."""
+    the system has it. Folders left by processes that were killed are removed first: those
+    of no running process, untouched for `STALE_SPILLS_SECONDS` (a folder of a live run in
+    another PID namespace sharing /dev/shm changes with every chunk)."""
     shm = "/dev/shm"
     root = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
     for name in os.listdir(root):
         owner = name[len(SPILLS_PREFIX) :].split("-")[0]
         if not name.startswith(SPILLS_PREFIX) or not owner.isdigit():
             continue
+        path = os.path.join(root, name)
         try:
             os.kill(int(owner), 0)
+            continue  # running
         except ProcessLookupError:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-        except OSError:  # alive, another user's
             pass
+        except OSError:  # running, another user's
+            continue
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_mtime < time.time() - STALE_SPILLS_SECONDS:
+                shutil.rmtree(path, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{SPILLS_PREFIX}{os.getpid()}-", dir=root)
 
 

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -611,9 +612,9 @@ def test_worker_results_come_back_in_files_that_are_removed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Workers leave their results in files (not the pool's pipe); each is removed when its
-    result is taken, the folder when the block ends; folders of processes that are gone
-    are removed when a pool starts. Where a file cannot be written, the result comes
-    through the pipe."""
+    result is taken, the folder when the block ends; folders of processes that are gone,
+    untouched for a while, are removed when a pool starts. Where a file cannot be written,
+    the result comes through the pipe."""
     import subprocess
     import sys
 
@@ -643,16 +644,23 @@ def test_worker_results_come_back_in_files_that_are_removed(
     stale = root / f"{parallel.SPILLS_PREFIX}{int(gone.stdout)}-test"
     stale.mkdir()
     (stale / "7").write_bytes(b"left by a killed run")
+    # A folder of the same gone process, just changed: another namespace's live run.
+    recent = root / f"{parallel.SPILLS_PREFIX}{int(gone.stdout)}-recent"
+    recent.mkdir()
     alive = root / f"{parallel.SPILLS_PREFIX}{os.getpid()}-test"
     alive.mkdir()
+    old = time.time() - parallel.STALE_SPILLS_SECONDS - 1
+    for folder in (stale, alive):
+        os.utime(folder, (old, old))
     try:
         with parallel.Workers(1) as workers:
             squares = [x for chunk in workers.map(_squares, 0, range(60)) for x in chunk]
             spills = workers._spills
             assert spills is not None and os.listdir(spills) == []
-        assert not stale.exists() and alive.exists()
+        assert not stale.exists() and recent.exists() and alive.exists()
     finally:
         shutil.rmtree(stale, ignore_errors=True)
+        recent.rmdir()
         alive.rmdir()
     assert squares == [n * n for n in range(60)]
     assert returned and all(future.result() is None for future in returned)
