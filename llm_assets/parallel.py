@@ -6,8 +6,9 @@ the calling process until `INLINE_ROWS` rows have gone through, so small days an
 everything else never start a process. Workers are spawned (not forked: a Dagster run has
 threads of its own). `LLM_ASSETS_WORKERS` sets how many; 0 works everything in the calling
 process. The default is one fewer than the machine's cores: the calling process keeps a core
-for reading, writing files and the ledger, and each worker holds its own tokenizer (about
-170 MB; see bench/README.md).
+for reading, writing files and the ledger, and each worker holds its own tokenizer (a worker
+of the shards step is about 125 MB; see bench/README.md). Workers leave their results in
+files (in /dev/shm where the system has it) rather than sending them through the pool's pipe.
 """
 
 import collections
