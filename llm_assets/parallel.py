@@ -204,8 +204,10 @@ class Workers:
         """A chunk's result: from its worker's file, or as worked here (spill None)."""
         future, spill = sent
         got = future.result()  # a worker's error is raised here
-        if spill is None or got is not None:
-            return got if spill is None else got[0]
+        if spill is None:
+            return got
+        if got is not None:  # it came through the pipe
+            return got[0]
         with open(spill, "rb") as handle:
             data = handle.read()
         os.unlink(spill)
