@@ -608,6 +608,11 @@ def test_ordered_map_keeps_order_raises_worker_errors_and_keeps_unpicklable_work
         parallel.worker_count()
 
 
+def _spill_root() -> Path:
+    """Where worker processes leave their results (llm_assets.parallel._spill_dir)."""
+    return Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+
+
 def test_worker_results_come_back_in_files_that_are_removed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -640,7 +645,7 @@ def test_worker_results_come_back_in_files_that_are_removed(
         capture_output=True,
         text=True,
     )
-    root = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+    root = _spill_root()
     stale = root / f"{parallel.SPILLS_PREFIX}{int(gone.stdout)}-test"
     stale.mkdir()
     (stale / "7").write_bytes(b"left by a killed run")
@@ -802,6 +807,12 @@ def test_a_worker_ends_when_the_process_that_started_it_is_killed(tmp_path: Path
         assert ready, f"worker {worker} outlived its parent"
     finally:
         os.close(exited)
+    # Its workers' results folder stays behind, for the next run that starts workers to
+    # remove once it is old (test_worker_results_come_back_in_files_that_are_removed).
+    from llm_assets import parallel
+
+    [left] = _spill_root().glob(f"{parallel.SPILLS_PREFIX}{parent.pid}-*")
+    shutil.rmtree(left)
 
 
 LIGHT_CHILD = """
