@@ -471,6 +471,24 @@ def test_parquet_integer_ids_next_to_a_missing_id_keep_their_value(
         assert set(harness.labels()) == {"7", "9"}
 
 
+def ready_pool(sent: list[tuple[Any, Any]]) -> type:
+    """A ProcessPoolExecutor for llm_assets.parallel whose workers are ready before its first
+    chunk is sent (so chunks do go to them, not all worked here while one starts); each
+    chunk's call (partial(_call, work, ...)) and future are appended to `sent`."""
+    from llm_assets import parallel
+
+    class ReadyPool(parallel.concurrent.futures.ProcessPoolExecutor):
+        def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            future = super().submit(fn, *args, **kwargs)
+            if fn is parallel._warm:
+                future.result()
+            else:
+                sent.append((fn, future))
+            return future
+
+    return ReadyPool
+
+
 def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_process(
     tmp_path: Path, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -479,16 +497,7 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     chunks than its first row, and transient failures among the results."""
     from llm_assets import parallel
 
-    submitted: list[str] = []
-
-    class CountingPool(parallel.concurrent.futures.ProcessPoolExecutor):
-        def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-            future = super().submit(fn, *args, **kwargs)
-            if fn is parallel._warm:
-                future.result()  # the workers are ready: the next chunks go to them
-            else:
-                submitted.append(fn.args[0].__name__)  # partial(_call, work, ...)
-            return future
+    submitted: list[tuple[Any, Any]] = []
 
     def shards_and_rows(name: str, workers: str) -> tuple[list[bytes], list[tuple[Any, ...]]]:
         monkeypatch.setenv("LLM_ASSETS_WORKERS", workers)
@@ -545,7 +554,7 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
         finally:
             gen.close()
 
-    monkeypatch.setattr(parallel.concurrent.futures, "ProcessPoolExecutor", CountingPool)
+    monkeypatch.setattr(parallel.concurrent.futures, "ProcessPoolExecutor", ready_pool(submitted))
     # About a fifth of the lines fail with a 500 (to be retried) and a fifth come twice; some
     # answers are not JSON or break the schema (quality dead letters).
     fake.line_fault = line_fault
@@ -557,7 +566,7 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     spread_shards, spread_rows = shards_and_rows("spread", "2")
 
     # Rows assessed and result lines parsed in the workers (and some chunks here meanwhile).
-    assert {"assess_lines", "staged_results"} <= set(submitted)
+    assert {"assess_lines", "staged_results"} <= {call.args[0].__name__ for call, _ in submitted}
     assert spread_shards == alone_shards and alone_shards
     assert spread_rows == alone_rows
     codes = Counter(row[4] for row in spread_rows if row[0] != "output")
@@ -627,18 +636,8 @@ def test_worker_results_come_back_in_files_that_are_removed(
 
     monkeypatch.setattr(parallel, "CHUNK_ROWS", 3)
     monkeypatch.setattr(parallel, "INLINE_ROWS", 3)
-    returned: list[Any] = []
-
-    class ReadyPool(parallel.concurrent.futures.ProcessPoolExecutor):
-        def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-            future = super().submit(fn, *args, **kwargs)
-            if fn is parallel._warm:
-                future.result()  # the worker is ready: the next chunks go to it
-            else:
-                returned.append(future)
-            return future
-
-    monkeypatch.setattr(parallel.concurrent.futures, "ProcessPoolExecutor", ReadyPool)
+    returned: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(parallel.concurrent.futures, "ProcessPoolExecutor", ready_pool(returned))
     gone = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         check=True,
@@ -668,7 +667,7 @@ def test_worker_results_come_back_in_files_that_are_removed(
         recent.rmdir()
         alive.rmdir()
     assert squares == [n * n for n in range(60)]
-    assert returned and all(future.result() is None for future in returned)
+    assert returned and all(future.result() is None for _, future in returned)
     assert not os.path.exists(spills)
 
     # No folder to write to: the results come through the pipe, the same.
@@ -677,7 +676,7 @@ def test_worker_results_come_back_in_files_that_are_removed(
     with parallel.Workers(1) as workers:
         squares = [x for chunk in workers.map(_squares, 0, range(60)) for x in chunk]
     assert squares == [n * n for n in range(60)]
-    assert returned and all(future.result() is not None for future in returned)
+    assert returned and all(future.result() is not None for _, future in returned)
 
 
 def sloppy(body: Any) -> str:
