@@ -625,7 +625,6 @@ def run_online_shard(
     OnlineInterrupted is raised so the run shows as stopped. Runs under the shard's
     submission lock, so two runs never work on the same shard.
     """
-    from llm_assets.resources.ledger import result_table
     from llm_assets.resources.providers.online import OnlineStats
 
     batch_id = shard.provider_batch_id or f"{ONLINE_BATCH_PREFIX}{shard.shard_id}"
@@ -635,9 +634,7 @@ def run_online_shard(
         ledger.mark_submitted(shard.shard_id, batch_id, ShardState.RUNNING)
     else:
         # A worker died with these items open; some may have been sent: a new attempt.
-        ledger.set_shard_items(
-            shard.shard_id, from_status=[SUBMITTED], attempts=result_table.c.attempts + 1
-        )
+        ledger.count_new_attempt(shard.shard_id)
     shard = ledger.get_shard(shard.shard_id) or shard
     price = ModelPrice.model_validate_json(shard.price_json or price_json)
     open_items = {

@@ -1467,6 +1467,13 @@ class LedgerResource(dg.ConfigurableResource):
                 .values(**values, updated_at=utcnow())
             ).rowcount
 
+    def count_new_attempt(self, shard_id: str) -> int:
+        """A shard's items still `submitted` take one more attempt (a worker that died with
+        them open may have sent some)."""
+        return self.set_shard_items(
+            shard_id, from_status=[SUBMITTED], attempts=result_table.c.attempts + 1
+        )
+
     def _live_shard_totals(self, job_id: str) -> Any:
         """Per shard, the items now in it and their last attempt's tokens and cost."""
         return (
