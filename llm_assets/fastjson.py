@@ -9,7 +9,7 @@ _HUGE = float(2**63)
 
 
 def parse(text: str | bytes) -> tuple[Any, bool]:
-    """(json.loads(text), whether orjson read it). orjson reads 3-4x faster and refuses lone
+    """(json.loads(text), whether orjson read it). orjson reads 3-4x as fast and refuses lone
     surrogates, so what it read has only valid Unicode. json reads where orjson refuses (NaN,
     Infinity, lone surrogates; json's errors are the ones reported), and where orjson made an
     integer past 64 bits a float (an id would lose digits): a float that large is read again

@@ -3,8 +3,8 @@ system between large units of work, and the cyclic garbage collector kept out of
 
 A step that builds a shard of 50,000 request lines, frees it and builds the next one leaves
 glibc's heap full of free holes between the few blocks still alive; glibc keeps them for
-reuse, so the process's RSS grows shard by shard although its live data does not. At 1M
-items that was about 70 MB of the shards step's peak (bench/README.md).
+reuse, so the process's RSS grows shard by shard although its live data does not (tens of
+MB of the shards step's peak at a million items).
 """
 
 import contextlib
@@ -39,7 +39,7 @@ def collector_paused() -> Iterator[None]:
     The shards step keeps a shard's items alive (tuples and dicts, which the collector
     tracks) while it makes millions of short-lived ones, and every full collection walks all
     the live ones again: at 1M items, in a fresh process as a Dagster step runs, pausing it
-    saved this process 2-8 CPU seconds of the step's 33-48 (bench/README.md).
+    saves this process several CPU seconds of the step (docs/decisions.md).
 
     What the step frees is freed by reference counting; the few cycles it may leave are
     collected once the block ends. Process-wide: a block in another thread may find the

@@ -7,7 +7,7 @@ everything else never start a process. Workers are spawned (not forked: a Dagste
 threads of its own). `LLM_ASSETS_WORKERS` sets how many; 0 works everything in the calling
 process. The default is one fewer than the machine's cores: the calling process keeps a core
 for reading, writing files and the ledger, and each worker holds its own tokenizer (a worker
-of the shards step is about 125 MB; see bench/README.md). Workers leave their results in
+of the shards step is about 125 MB; docs/decisions.md). Workers leave their results in
 files (in /dev/shm where the system has it) rather than sending them through the pool's pipe.
 """
 
@@ -83,7 +83,7 @@ def chunked(
 
 def _die_with(parent: int) -> None:
     """Worker initializer: end when the process that started us ends, even by SIGKILL (a
-    terminated run), instead of living on as an orphan with 170 MB of tokenizer."""
+    terminated run), instead of living on as an orphan holding its own tokenizer."""
     try:
         import ctypes
 
@@ -120,10 +120,10 @@ def _context(key: str, context: bytes) -> Any:
 def _call(
     work: Callable[[Any, Any], Any], key: str, context: bytes, chunk: Any, spill: str
 ) -> tuple[Any] | None:
-    """Work a chunk in a worker. The result is left in the file `spill` (None returned): sent
-    back through the pool's pipe, 64 KB at a time, each piece waiting for the calling
-    process's busy interpreter to read it, a worker stood idle about a third of the time.
-    Where the file cannot be written (a full /dev/shm), the result comes through the pipe."""
+    """Work a chunk in a worker. The result is left in the file `spill` (None returned): the
+    pool's pipe carries 64 KB at a time, each piece waiting for the calling process's busy
+    interpreter to read it, which leaves the worker blocked in its send. Where the file
+    cannot be written (a full /dev/shm), the result comes through the pipe."""
     result = work(_context(key, context), chunk)
     data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
     try:

@@ -2,9 +2,9 @@
 
 Everything a worker needs to turn result lines into rows in the ledger's bulk format lives
 here and in the providers' line parsers (`openai_lines`), importable without Dagster,
-SQLAlchemy or pydantic: a worker process that imported the steps module started with 1.8 s
-of imports and 200 MB; with these it starts in a fraction of that. The ledger, the steps
-and the providers import from here, never the other way round.
+SQLAlchemy or pydantic, so a worker starts in a fraction of a second and a few tens of MB
+(importing the steps would load all three, about 200 MB, before its first chunk). The
+ledger, the steps and the providers import from here, never the other way round.
 """
 
 import dataclasses
@@ -44,10 +44,10 @@ ErrorClass = Literal["input", "deterministic", "transient", "expired", "quality"
 class ItemResult:
     """One normalized result line, whatever the provider's format.
 
-    A plain dataclass: an import makes one per result line, and a pydantic model took as
-    long to build as parsing the line. Adapters build it from values they have checked. Not
-    frozen: a frozen dataclass sets each field through object.__setattr__, which made its
-    construction four times slower.
+    A plain dataclass: an import makes one per result line, and a pydantic model costs as
+    much to build as parsing the line. Adapters build it from values they have checked. Not
+    frozen: a frozen dataclass sets each field through object.__setattr__, four times the
+    cost of a plain one.
     """
 
     custom_id: str

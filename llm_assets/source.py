@@ -32,8 +32,8 @@ _GLOB = re.compile(r"[*?\[]")
 class SourceRow(NamedTuple):
     """One row as read, with where it came from; `error` says why it cannot be used.
 
-    A plain tuple: a day has a million of them, and a pydantic model took 6 µs each to build
-    (most of the snapshot step). What makes a record is checked where it is read."""
+    A plain tuple: a day has a million of them, and building a pydantic model for each
+    would be most of the snapshot step. What makes a record is checked where it is read."""
 
     file: str
     line: int

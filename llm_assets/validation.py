@@ -92,8 +92,8 @@ def chat_response_format(spec: PipelineSpec) -> dict[str, Any]:
 
 @dataclasses.dataclass(slots=True)
 class ParsedOutput:
-    """A plain dataclass: validation makes one per result (a pydantic model took longer to
-    build than the output's own validation)."""
+    """A plain dataclass: validation makes one per result, and a pydantic model costs more to
+    build than the output's own validation."""
 
     ok: bool
     value: dict[str, Any] | None = None

@@ -105,7 +105,7 @@ def _scaled_prices(price: ModelPrice, batch: bool) -> tuple[int, int, int, int] 
     """The per-token prices (discount applied) as integers over one denominator, or None
     when a price has more decimals than the scale holds exactly. The fraction is reduced:
     with every number below 2**53, Python divides them as floats (exact, so correctly
-    rounded) instead of in long arithmetic, 0.8 → 0.15 µs a line."""
+    rounded) instead of in long arithmetic, which is several times slower."""
     cached_price = price.cached_input_per_mtok
     if cached_price is None:
         cached_price = price.input_per_mtok

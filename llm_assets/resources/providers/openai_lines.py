@@ -75,7 +75,7 @@ def read_line(raw: bytes | str | dict[str, Any]) -> Answered | ItemResult | None
 
     Almost every line of a day is an answered chat completion: it is decoded into typed
     structs of just the fields read (a third of the time of building the whole line as dicts;
-    see bench/README.md). Any other line, or one whose values are not of the usual types,
+    docs/decisions.md). Any other line, or one whose values are not of the usual types,
     goes through the general path, which reads every shape.
     """
     if not isinstance(raw, dict):
