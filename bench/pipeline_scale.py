@@ -473,7 +473,7 @@ def naive_import(
     for shard in shards:
         for result in provider.results(shard.provider_batch_id):
             # The seed's loop: one upsert statement per output line, committed on its own.
-            row = steps._ledger_row(result, price, spec.model.name, batch=True)
+            row = steps.ledger_row(result, price, spec.model.name, batch=True)
             with ledger.begin() as conn:
                 insert = _dialect_insert(conn)(result_table).values(
                     job_id=copy.job_id, created_at=now, updated_at=utcnow(), **row
@@ -531,41 +531,30 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     print(f"{n} items on {args.db}:", file=sys.stderr, flush=True)
     started_all = time.perf_counter()
 
-    meter.run("snapshot", n, lambda: steps.take_snapshot(spec, DAY, str(source), storage))
+    ctx = steps.StepContext(spec, DAY, ledger, storage, provider, created_by="bench")
+    meter.run("snapshot", n, lambda: steps.take_snapshot(ctx, str(source)))
 
     def shards() -> Any:
-        result = steps.build_shards(spec, DAY, ledger, storage, provider, created_by="bench")
-        steps.budget_gate(spec, DAY, ledger)
+        result = steps.build_shards(ctx)
+        steps.budget_gate(ctx)
         return result
 
     built = meter.run("shards", n, shards)
-    meter.run("submit", n, lambda: steps.submit_shards(spec, DAY, ledger, storage, provider))
-    first = meter.run(
-        "import",
-        lambda r: r.lines.received,
-        lambda: steps.import_results(spec, DAY, ledger, storage, provider),
-    )
+    meter.run("submit", n, lambda: steps.submit_shards(ctx))
+    first = meter.run("import", lambda r: r.lines.received, lambda: steps.import_results(ctx))
     retried = sum(s.item_count for s in ledger.shards(first.job_id) if s.round > 0)
-    meter.run(
-        "retry submit", retried, lambda: steps.submit_shards(spec, DAY, ledger, storage, provider)
-    )
+    meter.run("retry submit", retried, lambda: steps.submit_shards(ctx))
     second = meter.run(
-        "retry import",
-        lambda r: r.lines.received,
-        lambda: steps.import_results(spec, DAY, ledger, storage, provider),
+        "retry import", lambda r: r.lines.received, lambda: steps.import_results(ctx)
     )
-    validated = meter.run("validate", n, lambda: steps.validate_outputs(spec, DAY, ledger, storage))
+    validated = meter.run("validate", n, lambda: steps.validate_outputs(ctx))
     read_back = meter.run(
         "validate read-back",
         validated.valid_rows,
-        lambda: steps.published_frame_failures(spec, validated.uri, storage),
+        lambda: steps.published_frame_failures(ctx, validated.uri),
     )
-    dead = meter.run(
-        "dead letters",
-        lambda r: r.rows,
-        lambda: steps.export_dead_letters(spec, DAY, ledger, storage),
-    )
-    report = meter.run("cost report", n, lambda: steps.cost_report(spec, DAY, ledger, storage))
+    dead = meter.run("dead letters", lambda r: r.rows, lambda: steps.export_dead_letters(ctx))
+    report = meter.run("cost report", n, lambda: steps.cost_report(ctx))
     day_seconds = time.perf_counter() - started_all
 
     job = steps.existing_job(spec, DAY, ledger)
@@ -584,9 +573,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     for shard in round0:
         ledger.update_shard(shard.shard_id, status="completed")
     again = meter.run(
-        "re-import (no-op)",
-        lambda r: r.lines.received,
-        lambda: steps.import_results(spec, DAY, ledger, storage, provider),
+        "re-import (no-op)", lambda r: r.lines.received, lambda: steps.import_results(ctx)
     )
     after = ledger.counts(job.job_id)
 
