@@ -9,12 +9,12 @@ import dataclasses
 import datetime as dt
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dagster as dg
 
-from llm_assets import checks, steps
+from llm_assets import asset_metadata, checks, steps
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import AmbiguousSubmission
 from llm_assets.settings import Settings
@@ -100,13 +100,7 @@ class _Pipeline:
 
     @functools.cached_property
     def lineage(self) -> dict[str, Any]:
-        spec = self.spec
-        return {
-            "pipeline": spec.name,
-            "prompt_version": spec.prompt.version,
-            "model": spec.model.name,
-            "provider": spec.model.provider,
-        }
+        return asset_metadata.lineage(self.spec)
 
     @functools.cached_property
     def common(self) -> dict[str, Any]:
@@ -120,6 +114,20 @@ class _Pipeline:
 
     def key(self, step: str) -> dg.AssetKey:
         return asset_key(self.spec, step)
+
+    def asset(
+        self, step: str, *, after: Sequence[str] = (), provider: bool = False, **kwargs: Any
+    ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+        """`dg.asset` for `step`, downstream of the steps `after`, with the resources its
+        step context needs (the provider only where `provider`) and the spec's partitions,
+        group, tags and owners."""
+        return dg.asset(
+            key=self.key(step),
+            deps=[self.key(name) for name in after] or None,
+            required_resource_keys=self.with_provider if provider else {"ledger", "storage"},
+            **self.common,
+            **kwargs,
+        )
 
     def context(
         self, context: dg.AssetExecutionContext, *, provider: bool = False, created_by: str = ""
@@ -136,13 +144,11 @@ class _Pipeline:
 
 
 def _input_snapshot(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=pipe.key("input_snapshot"),
+    @pipe.asset(
+        "input_snapshot",
         description=f"Immutable, content-hashed snapshot of {pipe.spec.name}'s source rows "
         "for the day.",
         kinds={"jsonl"},
-        required_resource_keys={"ledger", "storage"},
-        **pipe.common,
     )
     def input_snapshot(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context)
@@ -163,43 +169,16 @@ def _input_snapshot(pipe: _Pipeline) -> dg.AssetsDefinition:
     return input_snapshot
 
 
-def _shards_metadata(
-    pipe: _Pipeline, result: steps.ShardsResult, gate: steps.BudgetGate
-) -> dict[str, Any]:
-    estimate = result.estimate
-    return {
-        **pipe.lineage,
-        "job_id": result.job_id,
-        "code_version": pipe.spec.prompt_code_version,
-        "snapshot_rows": result.snapshot_rows,
-        "new_items": result.new_items,
-        "already_in_ledger": result.already_known,
-        "input_dead_letters": sum(result.input_dead_letters.values()),
-        "input_dead_letters_by_reason": result.input_dead_letters,
-        "shards_created": len(result.shards_created),
-        "shard_uris": result.shard_uris[:20],
-        "estimated_input_tokens": estimate.input_tokens,
-        "input_tokens_exact": estimate.input_tokens_exact,
-        "token_counter": estimate.token_counter,
-        "expected_output_tokens_per_item": estimate.expected_output_tokens_per_item,
-        "output_estimate_basis": estimate.output_basis,
-        "estimated_cost_usd": estimate.cost_usd,
-        "estimated_cost_upper_bound_usd": estimate.cost_upper_usd,
-        "day_upper_bound_usd": gate.committed_usd,
-    }
-
-
 def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=pipe.key("request_shards"),
-        deps=[pipe.key("input_snapshot")],
+    @pipe.asset(
+        "request_shards",
+        after=["input_snapshot"],
+        provider=True,
         description="JSONL request shards with stable custom_ids, a token and cost estimate and "
         "the budget gate; bad input is dead-lettered here.",
         kinds={"jsonl", pipe.spec.model.provider},
         code_version=pipe.spec.prompt_code_version,
-        required_resource_keys=pipe.with_provider,
         check_specs=[checks.budget_check_spec(pipe.key("request_shards"))],
-        **pipe.common,
     )
     def request_shards(
         context: dg.AssetExecutionContext, config: BudgetApproval
@@ -218,22 +197,21 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
         )
         return dg.MaterializeResult(
             check_results=[checks.budget_check(gate)],
-            metadata=_shards_metadata(pipe, result, gate),
+            metadata=asset_metadata.shards_metadata(pipe.spec, result, gate),
         )
 
     return request_shards
 
 
 def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=pipe.key("provider_batches"),
-        deps=[pipe.key("request_shards")],
+    @pipe.asset(
+        "provider_batches",
+        after=["request_shards"],
+        provider=True,
         description="Submits shards to the provider (never twice, never over budget); returns "
         "without waiting.",
         kinds={pipe.spec.model.provider},
-        required_resource_keys=pipe.with_provider,
         pool=f"llm_provider_{pipe.spec.model.provider}",
-        **pipe.common,
     )
     def provider_batches(
         context: dg.AssetExecutionContext, config: BudgetApproval
@@ -263,40 +241,14 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
     return provider_batches
 
 
-def _import_metadata(pipe: _Pipeline, result: steps.ImportResult) -> dict[str, Any]:
-    counts = result.counts
-    return {
-        **pipe.lineage,
-        "job_id": result.job_id,
-        "imported_shards": len(result.imported_shards),
-        "in_flight_shards": result.in_flight_shards,
-        "result_lines": result.lines.received,
-        "applied": result.lines.applied,
-        "duplicate_lines": result.lines.duplicates,
-        "unknown_custom_ids": result.lines.unknown,
-        "already_terminal": result.lines.already_terminal,
-        "missing_results": result.missing,
-        "retry_shards_planned": len(result.retry_shards),
-        "gave_up": result.gave_up,
-        "dagster/row_count": counts.total,
-        "succeeded": counts.succeeded,
-        "dead_letters": counts.dead_letters,
-        "open_items": counts.open,
-        "input_tokens": counts.input_tokens,
-        "output_tokens": counts.output_tokens,
-        "cost_usd": counts.cost_usd,
-    }
-
-
 def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=pipe.key("batch_results"),
-        deps=[pipe.key("provider_batches")],
+    @pipe.asset(
+        "batch_results",
+        after=["provider_batches"],
+        provider=True,
         description="Imports ended batches by custom_id and plans retries of what is still open.",
         kinds={pipe.spec.model.provider},
-        required_resource_keys=pipe.with_provider,
         check_specs=checks.batch_results_check_specs(pipe.key("batch_results")),
-        **pipe.common,
     )
     def batch_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context, provider=True)
@@ -308,21 +260,19 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
                 checks.missing_results_check(missing, counts),
                 checks.duplicate_results_check(result.lines.duplicates, result.lines.duplicate_ids),
             ],
-            metadata=_import_metadata(pipe, result),
+            metadata=asset_metadata.import_metadata(pipe.spec, result),
         )
 
     return batch_results
 
 
 def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=pipe.key("validated_outputs"),
-        deps=[pipe.key("batch_results")],
+    @pipe.asset(
+        "validated_outputs",
+        after=["batch_results"],
         description="Results that pass the pydantic and pandera gate, as Parquet with lineage.",
         kinds={"parquet", "pandera"},
-        required_resource_keys={"ledger", "storage"},
         check_specs=checks.validated_outputs_check_specs(pipe.spec, pipe.key("validated_outputs")),
-        **pipe.common,
     )
     def validated_outputs(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context)
@@ -349,13 +299,11 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
 
 
 def _published_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=pipe.key("published_outputs"),
-        deps=[pipe.key("validated_outputs")],
+    @pipe.asset(
+        "published_outputs",
+        after=["validated_outputs"],
         description="The hand-off to consumers; never materialized past a failed blocking check.",
         kinds={"parquet"},
-        required_resource_keys={"ledger", "storage"},
-        **pipe.common,
     )
     def published_outputs(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context)
@@ -373,13 +321,11 @@ def _published_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
 
 
 def _qa_sample(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=pipe.key("qa_sample"),
-        deps=[pipe.key("validated_outputs")],
+    @pipe.asset(
+        "qa_sample",
+        after=["validated_outputs"],
         description="Validated rows drawn with a fixed seed per partition, for spot checks.",
         kinds={"jsonl"},
-        required_resource_keys={"ledger", "storage"},
-        **pipe.common,
     )
     def qa_sample(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context)
@@ -397,13 +343,11 @@ def _qa_sample(pipe: _Pipeline) -> dg.AssetsDefinition:
 
 
 def _dead_letter(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=pipe.key("dead_letter"),
-        deps=[pipe.key("request_shards"), pipe.key("batch_results"), pipe.key("validated_outputs")],
+    @pipe.asset(
+        "dead_letter",
+        after=["request_shards", "batch_results", "validated_outputs"],
         description="Every item that will not succeed, with its class and reason.",
         kinds={"jsonl"},
-        required_resource_keys={"ledger", "storage"},
-        **pipe.common,
     )
     def dead_letter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context)
@@ -422,54 +366,21 @@ def _dead_letter(pipe: _Pipeline) -> dg.AssetsDefinition:
     return dead_letter
 
 
-def _cost_metadata(pipe: _Pipeline, report: steps.CostReport, day: dt.date) -> dict[str, Any]:
-    month = report.pipeline_months[-1] if report.pipeline_months else {}
-    errors = (
-        ("cost_estimate_error", report.cost_estimate_error),
-        ("input_token_estimate_error", report.input_token_estimate_error),
-    )
-    return {
-        **pipe.lineage,
-        "job_id": report.job_id,
-        "uri": dg.MetadataValue.path(report.uri),
-        "markdown_uri": dg.MetadataValue.path(report.markdown_uri),
-        "items": report.items,
-        "succeeded": report.succeeded,
-        "dead_letters": report.dead_letters,
-        "open_items": report.open_items,
-        "input_tokens": report.input_tokens,
-        "output_tokens": report.output_tokens,
-        "input_tokens_per_item": report.input_tokens_per_item,
-        "output_tokens_per_item": report.output_tokens_per_item,
-        "cost_usd": report.cost_usd,
-        "retry_cost_usd": report.retry_cost_usd,
-        "cost_per_1k_items_usd": report.cost_per_1k_items_usd,
-        "estimated_cost_usd": report.estimated_cost_usd,
-        "estimated_cost_upper_bound_usd": report.estimated_cost_upper_usd,
-        **{name: value for name, value in errors if value is not None},
-        "pipeline_month_cost_usd": month.get("cost_usd", 0.0),
-        "prices_as_of": report.prices_as_of,
-        "report": dg.MetadataValue.md(report.markdown(pipe.spec, day)),
-    }
-
-
 def _cost_report(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=pipe.key("cost_report"),
-        deps=[pipe.key("validated_outputs"), pipe.key("dead_letter")],
+    @pipe.asset(
+        "cost_report",
+        after=["validated_outputs", "dead_letter"],
         description="Tokens and cost per item, shard, job and the pipeline's days and months, "
         "with the batch discount, retry overhead, estimate error and drift.",
         kinds={"json", "markdown"},
-        required_resource_keys={"ledger", "storage"},
         check_specs=[checks.cost_drift_check_spec(pipe.key("cost_report"))],
-        **pipe.common,
     )
     def cost_report(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context)
         report: steps.CostReport = _run_step(lambda: steps.cost_report(ctx))
         return dg.MaterializeResult(
             check_results=[checks.cost_drift_check(report.drift)],
-            metadata=_cost_metadata(pipe, report, ctx.day),
+            metadata=asset_metadata.cost_metadata(pipe.spec, report, ctx.day),
         )
 
     return cost_report
