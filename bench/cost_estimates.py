@@ -96,7 +96,9 @@ def run(name: str, days: int, per_day: int, root: Path) -> list[dict[str, Any]]:
                     # The fake Anthropic answers free text; quality does not matter for cost.
                     if exc.gate != "quality":
                         raise
-                report = steps.cost_report(spec, day, ledger, resources["storage"])
+                report = steps.cost_report(
+                    steps.StepContext(spec, day, ledger, resources["storage"])
+                )
                 rows.append(
                     {
                         "provider": name,

@@ -86,8 +86,9 @@ def run(
     ledger = LedgerResource(database_url=f"sqlite:///{home / 'ledger.db'}")
     storage = ArtifactStorage(base_url=str(home / "artifacts"))
     provider = OnlineProvider(base_url=fake.base_url)
-    steps.take_snapshot(spec, DAY, str(home / "reviews" / "*.jsonl"), storage)
-    steps.build_shards(spec, DAY, ledger, storage, provider)
+    ctx = steps.StepContext(spec, DAY, ledger, storage, provider)
+    steps.take_snapshot(ctx, str(home / "reviews" / "*.jsonl"))
+    steps.build_shards(ctx)
     fake.reset()
     samples: list[float] = []
     done = threading.Event()
@@ -99,7 +100,7 @@ def run(
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     started = time.monotonic()
-    steps.submit_shards(spec, DAY, ledger, storage, provider)
+    steps.submit_shards(ctx)
     elapsed = time.monotonic() - started
     done.set()
     sampler.join()

@@ -473,7 +473,7 @@ def naive_import(
     for shard in shards:
         for result in provider.results(shard.provider_batch_id):
             # The seed's loop: one upsert statement per output line, committed on its own.
-            row = steps._ledger_row(result, price, spec.model.name, batch=True)
+            row = steps.ledger_row(result, price, spec.model.name, batch=True)
             with ledger.begin() as conn:
                 insert = _dialect_insert(conn)(result_table).values(
                     job_id=copy.job_id, created_at=now, updated_at=utcnow(), **row
@@ -502,7 +502,11 @@ def naive_import(
     }
 
 
-def run_config(args: argparse.Namespace) -> dict[str, Any]:
+def bench_context(args: argparse.Namespace, source: Path) -> Any:
+    """The StepContext of the bench day: its spec written and parsed as a user's would be,
+    the ledger's schema created (outside the timings), the instant provider."""
+    import yaml
+
     from bench.instant_provider import InstantOpenAIProvider
     from llm_assets import steps
     from llm_assets.resources.ledger import LedgerResource
@@ -510,65 +514,83 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     from llm_assets.spec import parse_spec
 
     home = Path(os.environ["LLM_ASSETS_HOME"])
-    source = Path(args.source)
     spec_path = home / "specs" / f"{PIPELINE}.yaml"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
-    import yaml
-
     spec_path.write_text(yaml.safe_dump(spec_dict(str(source))))
     spec, problems = parse_spec(spec_path)
     if problems or spec is None:
         raise SystemExit(f"bench spec is invalid: {problems}")
-
-    url = database_url(args.db, home)
-    ledger = LedgerResource(database_url=url)
+    ledger = LedgerResource(database_url=database_url(args.db, home))
     ledger.engine  # noqa: B018  (schema created here, outside the timings)
     storage = ArtifactStorage(base_url=str(home / "artifacts"))
     provider = InstantOpenAIProvider(output_dir=str(home / "provider"))
+    return steps.StepContext(spec, DAY, ledger, storage, provider, created_by="bench")
+
+
+def reimport_problems(ctx: Any, meter: "Meter", counts: Any) -> tuple[Any, list[str]]:
+    """Import the first round again (its shards marked completed): nothing may change."""
+    from llm_assets import steps
+
+    ledger = ctx.ledger
+    job = ctx.job()
+    for shard in ledger.shards(job.job_id):
+        if shard.round == 0:
+            ledger.update_shard(shard.shard_id, status="completed")
+    again = meter.run(
+        "re-import (no-op)", lambda r: r.lines.received, lambda: steps.import_results(ctx)
+    )
+    after = ledger.counts(job.job_id)
+    # A float column summed by PostgreSQL in another row order differs in the last bits.
+    same = (
+        after.model_copy(update={"cost_usd": 0.0}) == counts.model_copy(update={"cost_usd": 0.0})
+        and abs(after.cost_usd - counts.cost_usd) < 1e-9
+    )
+    if not same or again.lines.applied or again.retry_shards:
+        return again, [
+            f"re-import changed the ledger: applied {again.lines.applied}, "
+            f"retry shards {again.retry_shards}, counts {counts} -> {after}"
+        ]
+    return again, []
+
+
+def run_config(args: argparse.Namespace) -> dict[str, Any]:
+    from llm_assets import steps
+
+    source = Path(args.source)
+    ctx = bench_context(args, source)
+    spec, ledger, provider = ctx.spec, ctx.ledger, ctx.provider
     profile_dir = Path(args.profile) / f"{args.items}-{args.db}" if args.profile else None
     meter = Meter(provider, profile_dir, Path(args.result).with_suffix(".steps.jsonl"))
     n = args.items
     print(f"{n} items on {args.db}:", file=sys.stderr, flush=True)
     started_all = time.perf_counter()
 
-    meter.run("snapshot", n, lambda: steps.take_snapshot(spec, DAY, str(source), storage))
+    meter.run("snapshot", n, lambda: steps.take_snapshot(ctx, str(source)))
 
     def shards() -> Any:
-        result = steps.build_shards(spec, DAY, ledger, storage, provider, created_by="bench")
-        steps.budget_gate(spec, DAY, ledger)
+        result = steps.build_shards(ctx)
+        steps.budget_gate(ctx)
         return result
 
     built = meter.run("shards", n, shards)
-    meter.run("submit", n, lambda: steps.submit_shards(spec, DAY, ledger, storage, provider))
-    first = meter.run(
-        "import",
-        lambda r: r.lines.received,
-        lambda: steps.import_results(spec, DAY, ledger, storage, provider),
-    )
+    meter.run("submit", n, lambda: steps.submit_shards(ctx))
+    first = meter.run("import", lambda r: r.lines.received, lambda: steps.import_results(ctx))
     retried = sum(s.item_count for s in ledger.shards(first.job_id) if s.round > 0)
-    meter.run(
-        "retry submit", retried, lambda: steps.submit_shards(spec, DAY, ledger, storage, provider)
-    )
+    meter.run("retry submit", retried, lambda: steps.submit_shards(ctx))
     second = meter.run(
-        "retry import",
-        lambda r: r.lines.received,
-        lambda: steps.import_results(spec, DAY, ledger, storage, provider),
+        "retry import", lambda r: r.lines.received, lambda: steps.import_results(ctx)
     )
-    validated = meter.run("validate", n, lambda: steps.validate_outputs(spec, DAY, ledger, storage))
+    validated = meter.run("validate", n, lambda: steps.validate_outputs(ctx))
     read_back = meter.run(
         "validate read-back",
         validated.valid_rows,
-        lambda: steps.published_frame_failures(spec, validated.uri, storage),
+        lambda: steps.published_frame_failures(ctx, validated.uri),
     )
-    dead = meter.run(
-        "dead letters",
-        lambda r: r.rows,
-        lambda: steps.export_dead_letters(spec, DAY, ledger, storage),
-    )
-    report = meter.run("cost report", n, lambda: steps.cost_report(spec, DAY, ledger, storage))
+    dead = meter.run("dead letters", lambda r: r.rows, lambda: steps.export_dead_letters(ctx))
+    report = meter.run("cost report", n, lambda: steps.cost_report(ctx))
     day_seconds = time.perf_counter() - started_all
 
-    job = steps.existing_job(spec, DAY, ledger)
+    job = ctx.job()
     counts = ledger.counts(job.job_id)
     problems_found = []
     if counts.total != n:
@@ -579,29 +601,9 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         problems_found.append(f"a second retry round was planned: {second.retry_shards}")
     if read_back:
         problems_found.append(f"{len(read_back)} rows fail the read-back check")
-
     round0 = [s for s in ledger.shards(job.job_id) if s.round == 0]
-    for shard in round0:
-        ledger.update_shard(shard.shard_id, status="completed")
-    again = meter.run(
-        "re-import (no-op)",
-        lambda r: r.lines.received,
-        lambda: steps.import_results(spec, DAY, ledger, storage, provider),
-    )
-    after = ledger.counts(job.job_id)
-
-    def same(a: Any, b: Any) -> bool:
-        # A float column summed by PostgreSQL in another row order differs in the last bits.
-        return (
-            a.model_copy(update={"cost_usd": 0.0}) == b.model_copy(update={"cost_usd": 0.0})
-            and abs(a.cost_usd - b.cost_usd) < 1e-9
-        )
-
-    if not same(after, counts) or again.lines.applied or again.retry_shards:
-        problems_found.append(
-            f"re-import changed the ledger: applied {again.lines.applied}, "
-            f"retry shards {again.retry_shards}, counts {counts} -> {after}"
-        )
+    again, changed = reimport_problems(ctx, meter, counts)
+    problems_found += changed
 
     gc.collect()
     naive = naive_import(spec, ledger, provider, job, round0, args.naive_sample)

@@ -50,10 +50,11 @@ def main() -> None:
         ledger = LedgerResource(database_url=settings.database_url)
         storage = ArtifactStorage(base_url=settings.storage_url)
         provider = OpenAIBatchProvider(api_key="bench", base_url=fake.base_url)
-        steps.take_snapshot(spec, DAY, settings.resolve_source_uri(spec.source.uri), storage)
-        steps.build_shards(spec, DAY, ledger, storage, provider)
+        ctx = steps.StepContext(spec, DAY, ledger, storage, provider)
+        steps.take_snapshot(ctx, settings.resolve_source_uri(spec.source.uri))
+        steps.build_shards(ctx)
         started = time.perf_counter()
-        steps.submit_shards(spec, DAY, ledger, storage, provider)
+        steps.submit_shards(ctx)
         print(f"submitted {args.shards} shards in {time.perf_counter() - started:.1f} s")
 
         resources = {"ledger": ledger, "storage": storage, "openai_provider": provider}

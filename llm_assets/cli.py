@@ -456,11 +456,13 @@ def requeue(pipeline: str, date_: str, classes: tuple[str, ...], ids: str | None
     resources, _ = _current_job(settings, spec, day)
     chosen = {i.strip() for i in ids.split(",") if i.strip()} if ids else None
     result = steps.requeue_dead_letters(
-        spec,
-        day,
-        resources["ledger"],
-        resources["storage"],
-        resources[provider_resource_key(spec.model.provider)],
+        steps.StepContext(
+            spec,
+            day,
+            resources["ledger"],
+            resources["storage"],
+            resources[provider_resource_key(spec.model.provider)],
+        ),
         classes=set(classes) or None,
         chosen_ids=chosen,
     )

@@ -1,17 +1,22 @@
-"""The asset factory: one Dagster group of daily-partitioned assets per pipeline spec."""
+"""The asset factory: one Dagster group of daily-partitioned assets per pipeline spec.
 
+Each asset is built by a function of its own below; its body calls one step (steps/) with
+the partition's StepContext and reports a MaterializeResult with row counts, a preview and
+the lineage every materialization carries.
+"""
+
+import dataclasses
 import datetime as dt
+import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dagster as dg
 
-from llm_assets import checks, steps
-from llm_assets.resources.ledger import LedgerResource
+from llm_assets import asset_metadata, checks, steps
 from llm_assets.resources.providers import provider_resource_key
-from llm_assets.resources.providers.base import AmbiguousSubmission, BatchProvider
-from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.resources.providers.base import AmbiguousSubmission
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec
 
@@ -76,49 +81,81 @@ def _run_step(fn: Callable[[], Any]) -> Any:
         raise dg.Failure(description=str(exc), metadata={"interrupted": True}) from exc
 
 
-def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.AssetsDefinition]:
-    """The seven step assets of DESIGN §2 for one spec."""
-    partitions_def = partitions_for(spec)
-    provider_key = provider_resource_key(spec.model.provider)
-    source_uri = settings.resolve_source_uri(spec.source.uri)
-    lineage = {
-        "pipeline": spec.name,
-        "prompt_version": spec.prompt.version,
-        "model": spec.model.name,
-        "provider": spec.model.provider,
-    }
-    common: dict[str, Any] = {
-        "partitions_def": partitions_def,
-        "group_name": spec.name,
-        "tags": spec.tags,
-        "owners": [spec.owner] if _OWNER.match(spec.owner or "") else None,
-    }
+@dataclasses.dataclass(frozen=True)
+class _Pipeline:
+    """What every asset of one spec shares: its keys, resources, lineage and definition
+    arguments (partitions, group, tags, owners)."""
 
-    def day_of(context: dg.AssetExecutionContext) -> dt.date:
-        return dt.date.fromisoformat(context.partition_key)
+    spec: PipelineSpec
+    source_uri: str
 
-    def provider_of(context: dg.AssetExecutionContext) -> BatchProvider:
-        return getattr(context.resources, provider_key)
+    @property
+    def provider_key(self) -> str:
+        return provider_resource_key(self.spec.model.provider)
 
-    def ledger_of(context: dg.AssetExecutionContext) -> LedgerResource:
-        return context.resources.ledger
+    @property
+    def with_provider(self) -> set[str]:
+        """The resource keys of the assets that talk to the provider."""
+        return {"ledger", "storage", self.provider_key}
 
-    def storage_of(context: dg.AssetExecutionContext) -> ArtifactStorage:
-        return context.resources.storage
+    @functools.cached_property
+    def lineage(self) -> dict[str, Any]:
+        return asset_metadata.lineage(self.spec)
 
-    @dg.asset(
-        key=asset_key(spec, "input_snapshot"),
-        description=f"Immutable, content-hashed snapshot of {spec.name}'s source rows for the day.",
+    @functools.cached_property
+    def common(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "partitions_def": partitions_for(spec),
+            "group_name": spec.name,
+            "tags": spec.tags,
+            "owners": [spec.owner] if _OWNER.match(spec.owner or "") else None,
+        }
+
+    def key(self, step: str) -> dg.AssetKey:
+        return asset_key(self.spec, step)
+
+    def asset(
+        self, step: str, *, after: Sequence[str] = (), provider: bool = False, **kwargs: Any
+    ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+        """`dg.asset` for `step`, downstream of the steps `after`, with the resources its
+        step context needs (the provider only where `provider`) and the spec's partitions,
+        group, tags and owners."""
+        return dg.asset(
+            key=self.key(step),
+            deps=[self.key(name) for name in after] or None,
+            required_resource_keys=self.with_provider if provider else {"ledger", "storage"},
+            **self.common,
+            **kwargs,
+        )
+
+    def context(
+        self, context: dg.AssetExecutionContext, *, provider: bool = False, created_by: str = ""
+    ) -> steps.StepContext:
+        """The step context of the asset's partition, from the run's resources."""
+        return steps.StepContext(
+            spec=self.spec,
+            day=dt.date.fromisoformat(context.partition_key),
+            ledger=context.resources.ledger,
+            storage=context.resources.storage,
+            provider=getattr(context.resources, self.provider_key) if provider else None,
+            created_by=created_by or "dagster",
+        )
+
+
+def _input_snapshot(pipe: _Pipeline) -> dg.AssetsDefinition:
+    @pipe.asset(
+        "input_snapshot",
+        description=f"Immutable, content-hashed snapshot of {pipe.spec.name}'s source rows "
+        "for the day.",
         kinds={"jsonl"},
-        **common,
     )
-    def input_snapshot(
-        context: dg.AssetExecutionContext, storage: ArtifactStorage
-    ) -> dg.MaterializeResult:
-        result = _run_step(lambda: steps.take_snapshot(spec, day_of(context), source_uri, storage))
+    def input_snapshot(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ctx = pipe.context(context)
+        result = _run_step(lambda: steps.take_snapshot(ctx, pipe.source_uri))
         return dg.MaterializeResult(
             metadata={
-                **lineage,
+                **pipe.lineage,
                 "dagster/row_count": result.rows,
                 "uri": dg.MetadataValue.path(result.uri),
                 "content_sha256": result.sha256,
@@ -129,29 +166,28 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
             data_version=dg.DataVersion(result.sha256[:20]),
         )
 
-    @dg.asset(
-        key=asset_key(spec, "request_shards"),
-        deps=[input_snapshot],
+    return input_snapshot
+
+
+def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
+    @pipe.asset(
+        "request_shards",
+        after=["input_snapshot"],
+        provider=True,
         description="JSONL request shards with stable custom_ids, a token and cost estimate and "
         "the budget gate; bad input is dead-lettered here.",
-        kinds={"jsonl", spec.model.provider},
-        code_version=spec.prompt_code_version,
-        required_resource_keys={"ledger", "storage", provider_key},
-        check_specs=[checks.budget_check_spec(asset_key(spec, "request_shards"))],
-        **common,
+        kinds={"jsonl", pipe.spec.model.provider},
+        code_version=pipe.spec.prompt_code_version,
+        check_specs=[checks.budget_check_spec(pipe.key("request_shards"))],
     )
     def request_shards(
         context: dg.AssetExecutionContext, config: BudgetApproval
     ) -> dg.MaterializeResult:
-        ledger, storage = ledger_of(context), storage_of(context)
         created_by = context.run.tags.get(CREATED_BY_TAG, "dagster")
+        ctx = pipe.context(context, provider=True, created_by=created_by)
         approve, who = approval_of(context, config)
-        result: steps.ShardsResult = _run_step(
-            lambda: steps.build_shards(
-                spec, day_of(context), ledger, storage, provider_of(context), created_by
-            )
-        )
-        gate = steps.budget_gate(spec, day_of(context), ledger, approve=approve, approved_by=who)
+        result: steps.ShardsResult = _run_step(lambda: steps.build_shards(ctx))
+        gate = steps.budget_gate(ctx, approve=approve, approved_by=who)
         estimate = result.estimate
         context.log.info(
             f"{result.job_id}: {result.new_items} new items, {len(result.shards_created)} "
@@ -161,58 +197,35 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
         )
         return dg.MaterializeResult(
             check_results=[checks.budget_check(gate)],
-            metadata={
-                **lineage,
-                "job_id": result.job_id,
-                "code_version": spec.prompt_code_version,
-                "snapshot_rows": result.snapshot_rows,
-                "new_items": result.new_items,
-                "already_in_ledger": result.already_known,
-                "input_dead_letters": sum(result.input_dead_letters.values()),
-                "input_dead_letters_by_reason": result.input_dead_letters,
-                "shards_created": len(result.shards_created),
-                "shard_uris": result.shard_uris[:20],
-                "estimated_input_tokens": estimate.input_tokens,
-                "input_tokens_exact": estimate.input_tokens_exact,
-                "token_counter": estimate.token_counter,
-                "expected_output_tokens_per_item": estimate.expected_output_tokens_per_item,
-                "output_estimate_basis": estimate.output_basis,
-                "estimated_cost_usd": estimate.cost_usd,
-                "estimated_cost_upper_bound_usd": estimate.cost_upper_usd,
-                "day_upper_bound_usd": gate.committed_usd,
-            },
+            metadata=asset_metadata.shards_metadata(pipe.spec, result, gate),
         )
 
-    @dg.asset(
-        key=asset_key(spec, "provider_batches"),
-        deps=[request_shards],
+    return request_shards
+
+
+def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
+    @pipe.asset(
+        "provider_batches",
+        after=["request_shards"],
+        provider=True,
         description="Submits shards to the provider (never twice, never over budget); returns "
         "without waiting.",
-        kinds={spec.model.provider},
-        required_resource_keys={"ledger", "storage", provider_key},
-        pool=f"llm_provider_{spec.model.provider}",
-        **common,
+        kinds={pipe.spec.model.provider},
+        pool=f"llm_provider_{pipe.spec.model.provider}",
     )
     def provider_batches(
         context: dg.AssetExecutionContext, config: BudgetApproval
     ) -> dg.MaterializeResult:
-        ledger, storage = ledger_of(context), storage_of(context)
+        ctx = pipe.context(context, provider=True)
         approve, who = approval_of(context, config)
         result: steps.SubmitResult = _run_step(
             lambda: steps.submit_shards(
-                spec,
-                day_of(context),
-                ledger,
-                storage,
-                provider_of(context),
-                approve_budget=approve,
-                approved_by=who,
-                progress=context.log.info,
+                ctx, approve_budget=approve, approved_by=who, progress=context.log.info
             )
         )
         return dg.MaterializeResult(
             metadata={
-                **lineage,
+                **pipe.lineage,
                 "job_id": result.job_id,
                 "submitted_shards": len(result.submitted),
                 "provider_batch_ids": list(result.submitted.values())[:20],
@@ -225,73 +238,50 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
             }
         )
 
-    @dg.asset(
-        key=asset_key(spec, "batch_results"),
-        deps=[provider_batches],
+    return provider_batches
+
+
+def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
+    @pipe.asset(
+        "batch_results",
+        after=["provider_batches"],
+        provider=True,
         description="Imports ended batches by custom_id and plans retries of what is still open.",
-        kinds={spec.model.provider},
-        required_resource_keys={"ledger", "storage", provider_key},
-        check_specs=checks.batch_results_check_specs(asset_key(spec, "batch_results")),
-        **common,
+        kinds={pipe.spec.model.provider},
+        check_specs=checks.batch_results_check_specs(pipe.key("batch_results")),
     )
     def batch_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        ledger, storage = ledger_of(context), storage_of(context)
-        result: steps.ImportResult = _run_step(
-            lambda: steps.import_results(
-                spec, day_of(context), ledger, storage, provider_of(context)
-            )
-        )
+        ctx = pipe.context(context, provider=True)
+        result: steps.ImportResult = _run_step(lambda: steps.import_results(ctx))
         counts = result.counts
-        missing = ledger.missing_results(result.job_id) if counts.open == 0 else []
+        missing = ctx.ledger.missing_results(result.job_id) if counts.open == 0 else []
         return dg.MaterializeResult(
             check_results=[
                 checks.missing_results_check(missing, counts),
                 checks.duplicate_results_check(result.lines.duplicates, result.lines.duplicate_ids),
             ],
-            metadata={
-                **lineage,
-                "job_id": result.job_id,
-                "imported_shards": len(result.imported_shards),
-                "in_flight_shards": result.in_flight_shards,
-                "result_lines": result.lines.received,
-                "applied": result.lines.applied,
-                "duplicate_lines": result.lines.duplicates,
-                "unknown_custom_ids": result.lines.unknown,
-                "already_terminal": result.lines.already_terminal,
-                "missing_results": result.missing,
-                "retry_shards_planned": len(result.retry_shards),
-                "gave_up": result.gave_up,
-                "dagster/row_count": counts.total,
-                "succeeded": counts.succeeded,
-                "dead_letters": counts.dead_letters,
-                "open_items": counts.open,
-                "input_tokens": counts.input_tokens,
-                "output_tokens": counts.output_tokens,
-                "cost_usd": counts.cost_usd,
-            },
+            metadata=asset_metadata.import_metadata(pipe.spec, result),
         )
 
-    @dg.asset(
-        key=asset_key(spec, "validated_outputs"),
-        deps=[batch_results],
+    return batch_results
+
+
+def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
+    @pipe.asset(
+        "validated_outputs",
+        after=["batch_results"],
         description="Results that pass the pydantic and pandera gate, as Parquet with lineage.",
         kinds={"parquet", "pandera"},
-        check_specs=checks.validated_outputs_check_specs(
-            spec, asset_key(spec, "validated_outputs")
-        ),
-        **common,
+        check_specs=checks.validated_outputs_check_specs(pipe.spec, pipe.key("validated_outputs")),
     )
-    def validated_outputs(
-        context: dg.AssetExecutionContext, ledger: LedgerResource, storage: ArtifactStorage
-    ) -> dg.MaterializeResult:
-        result: steps.ValidateResult = _run_step(
-            lambda: steps.validate_outputs(spec, day_of(context), ledger, storage)
-        )
-        schema_failures = steps.published_frame_failures(spec, result.uri, storage)
+    def validated_outputs(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ctx = pipe.context(context)
+        result: steps.ValidateResult = _run_step(lambda: steps.validate_outputs(ctx))
+        schema_failures = steps.published_frame_failures(ctx, result.uri)
         return dg.MaterializeResult(
-            check_results=checks.validated_outputs_checks(spec, result, schema_failures),
+            check_results=checks.validated_outputs_checks(pipe.spec, result, schema_failures),
             metadata={
-                **lineage,
+                **pipe.lineage,
                 "job_id": result.job_id,
                 "dagster/row_count": result.valid_rows,
                 "uri": dg.MetadataValue.path(result.uri),
@@ -305,66 +295,66 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
             },
         )
 
-    @dg.asset(
-        key=asset_key(spec, "published_outputs"),
-        deps=[validated_outputs],
+    return validated_outputs
+
+
+def _published_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
+    @pipe.asset(
+        "published_outputs",
+        after=["validated_outputs"],
         description="The hand-off to consumers; never materialized past a failed blocking check.",
         kinds={"parquet"},
-        **common,
     )
-    def published_outputs(
-        context: dg.AssetExecutionContext, ledger: LedgerResource, storage: ArtifactStorage
-    ) -> dg.MaterializeResult:
-        result: steps.PublishResult = _run_step(
-            lambda: steps.publish_outputs(spec, day_of(context), ledger, storage)
-        )
+    def published_outputs(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ctx = pipe.context(context)
+        result: steps.PublishResult = _run_step(lambda: steps.publish_outputs(ctx))
         return dg.MaterializeResult(
             metadata={
-                **lineage,
+                **pipe.lineage,
                 "dagster/row_count": result.rows,
                 "uri": dg.MetadataValue.path(result.uri),
                 "content_sha256": result.sha256,
             }
         )
 
-    @dg.asset(
-        key=asset_key(spec, "qa_sample"),
-        deps=[validated_outputs],
+    return published_outputs
+
+
+def _qa_sample(pipe: _Pipeline) -> dg.AssetsDefinition:
+    @pipe.asset(
+        "qa_sample",
+        after=["validated_outputs"],
         description="Validated rows drawn with a fixed seed per partition, for spot checks.",
         kinds={"jsonl"},
-        **common,
     )
-    def qa_sample(
-        context: dg.AssetExecutionContext, ledger: LedgerResource, storage: ArtifactStorage
-    ) -> dg.MaterializeResult:
-        result: steps.SampleResult = _run_step(
-            lambda: steps.qa_sample(spec, day_of(context), ledger, storage)
-        )
+    def qa_sample(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ctx = pipe.context(context)
+        result: steps.SampleResult = _run_step(lambda: steps.qa_sample(ctx))
         return dg.MaterializeResult(
             metadata={
-                **lineage,
+                **pipe.lineage,
                 "dagster/row_count": result.rows,
                 "uri": dg.MetadataValue.path(result.uri),
                 "preview": dg.MetadataValue.md(checks.case_table(result.preview, limit=20)),
             }
         )
 
-    @dg.asset(
-        key=asset_key(spec, "dead_letter"),
-        deps=[request_shards, batch_results, validated_outputs],
+    return qa_sample
+
+
+def _dead_letter(pipe: _Pipeline) -> dg.AssetsDefinition:
+    @pipe.asset(
+        "dead_letter",
+        after=["request_shards", "batch_results", "validated_outputs"],
         description="Every item that will not succeed, with its class and reason.",
         kinds={"jsonl"},
-        **common,
     )
-    def dead_letter(
-        context: dg.AssetExecutionContext, ledger: LedgerResource, storage: ArtifactStorage
-    ) -> dg.MaterializeResult:
-        result: steps.DeadLetterResult = _run_step(
-            lambda: steps.export_dead_letters(spec, day_of(context), ledger, storage)
-        )
+    def dead_letter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ctx = pipe.context(context)
+        result: steps.DeadLetterResult = _run_step(lambda: steps.export_dead_letters(ctx))
         return dg.MaterializeResult(
             metadata={
-                **lineage,
+                **pipe.lineage,
                 "job_id": result.job_id,
                 "dagster/row_count": result.rows,
                 "uri": dg.MetadataValue.path(result.uri),
@@ -373,64 +363,44 @@ def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.Ass
             }
         )
 
-    @dg.asset(
-        key=asset_key(spec, "cost_report"),
-        deps=[validated_outputs, dead_letter],
+    return dead_letter
+
+
+def _cost_report(pipe: _Pipeline) -> dg.AssetsDefinition:
+    @pipe.asset(
+        "cost_report",
+        after=["validated_outputs", "dead_letter"],
         description="Tokens and cost per item, shard, job and the pipeline's days and months, "
         "with the batch discount, retry overhead, estimate error and drift.",
         kinds={"json", "markdown"},
-        check_specs=[checks.cost_drift_check_spec(asset_key(spec, "cost_report"))],
-        **common,
+        check_specs=[checks.cost_drift_check_spec(pipe.key("cost_report"))],
     )
-    def cost_report(
-        context: dg.AssetExecutionContext, ledger: LedgerResource, storage: ArtifactStorage
-    ) -> dg.MaterializeResult:
-        report: steps.CostReport = _run_step(
-            lambda: steps.cost_report(spec, day_of(context), ledger, storage)
-        )
-        month = report.pipeline_months[-1] if report.pipeline_months else {}
+    def cost_report(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ctx = pipe.context(context)
+        report: steps.CostReport = _run_step(lambda: steps.cost_report(ctx))
         return dg.MaterializeResult(
             check_results=[checks.cost_drift_check(report.drift)],
-            metadata={
-                **lineage,
-                "job_id": report.job_id,
-                "uri": dg.MetadataValue.path(report.uri),
-                "markdown_uri": dg.MetadataValue.path(report.markdown_uri),
-                "items": report.items,
-                "succeeded": report.succeeded,
-                "dead_letters": report.dead_letters,
-                "open_items": report.open_items,
-                "input_tokens": report.input_tokens,
-                "output_tokens": report.output_tokens,
-                "input_tokens_per_item": report.input_tokens_per_item,
-                "output_tokens_per_item": report.output_tokens_per_item,
-                "cost_usd": report.cost_usd,
-                "retry_cost_usd": report.retry_cost_usd,
-                "cost_per_1k_items_usd": report.cost_per_1k_items_usd,
-                "estimated_cost_usd": report.estimated_cost_usd,
-                "estimated_cost_upper_bound_usd": report.estimated_cost_upper_usd,
-                **{
-                    name: value
-                    for name, value in (
-                        ("cost_estimate_error", report.cost_estimate_error),
-                        ("input_token_estimate_error", report.input_token_estimate_error),
-                    )
-                    if value is not None
-                },
-                "pipeline_month_cost_usd": month.get("cost_usd", 0.0),
-                "prices_as_of": report.prices_as_of,
-                "report": dg.MetadataValue.md(report.markdown(spec, day_of(context))),
-            },
+            metadata=asset_metadata.cost_metadata(pipe.spec, report, ctx.day),
         )
 
-    return [
-        input_snapshot,
-        request_shards,
-        provider_batches,
-        batch_results,
-        validated_outputs,
-        published_outputs,
-        qa_sample,
-        dead_letter,
-        cost_report,
-    ]
+    return cost_report
+
+
+_BUILDERS: tuple[Callable[[_Pipeline], dg.AssetsDefinition], ...] = (
+    _input_snapshot,
+    _request_shards,
+    _provider_batches,
+    _batch_results,
+    _validated_outputs,
+    _published_outputs,
+    _qa_sample,
+    _dead_letter,
+    _cost_report,
+)
+
+
+def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.AssetsDefinition]:
+    """The nine step assets of one spec (STEPS, in graph order): snapshot, shards,
+    submission, import, validation, then publishing, QA sample, dead letters and cost."""
+    pipe = _Pipeline(spec=spec, source_uri=settings.resolve_source_uri(spec.source.uri))
+    return [build(pipe) for build in _BUILDERS]

@@ -173,7 +173,7 @@ class PartitionRunner:
                 progress("provider", min(done, total), total)
             if (
                 any(s.status in IN_FLIGHT_STATES for s in shards)
-                and self.spec.model.provider != "local"
+                and not self.provider.ends_when_polled
             ):
                 interval = min(max(interval * 2, 1.0), self.poll_interval)
                 time.sleep(interval)

@@ -12,6 +12,7 @@ import pytest
 from llm_assets import steps
 from llm_assets.resources.ledger import TERMINAL, utcnow
 from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
+from llm_assets.resources.providers.base import ShardSubmission
 from tests.fakes.anthropic_server import FakeAnthropic, LostResponseFault
 from tests.fakes.common import ControlFault
 from tests.harness import Harness, review_spec
@@ -153,7 +154,7 @@ def test_a_crash_between_create_and_record_is_reconciled(
     shard = harness.ledger.get_shard(first.shard_id)
     assert shard is not None
     created = harness.provider.submit(
-        steps.ShardSubmission(
+        ShardSubmission(
             shard_id=shard.shard_id,
             job_id=job_id,
             pipeline=harness.spec.name,

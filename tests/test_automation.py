@@ -159,7 +159,9 @@ def finished(platform: Platform, day: dt.date) -> steps.CostReport | None:
         return None
     base = f"reports/{platform.spec.name}/{day.isoformat()}/{job.job_id}.cost.json"
     report_uri = platform.storage.uri(base)
-    validated = steps.validated_uri(platform.spec, day, platform.ledger, platform.storage)
+    validated = steps.validated_uri(
+        steps.StepContext(platform.spec, day, platform.ledger, platform.storage)
+    )
     if not (platform.storage.exists(report_uri) and platform.storage.exists(validated)):
         return None
     report = steps.CostReport.model_validate_json(platform.storage.read_bytes(report_uri))

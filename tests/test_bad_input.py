@@ -508,20 +508,17 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
         try:
             write_source(harness.home, bad_day() * 3)
             source = harness.settings.resolve_source_uri(harness.spec.source.uri)
-            steps.take_snapshot(harness.spec, DAY, source, harness.storage)
-            built = steps.build_shards(
+            ctx = steps.StepContext(
                 harness.spec, DAY, harness.ledger, harness.storage, harness.provider
             )
+            steps.take_snapshot(ctx, source)
+            built = steps.build_shards(ctx)
             shards = [harness.storage.read_bytes(uri) for uri in built.shard_uris]
-            steps.submit_shards(
-                harness.spec, DAY, harness.ledger, harness.storage, harness.provider
-            )
+            steps.submit_shards(ctx)
             harness.runner().wait_for_batches(DAY)
-            imported = steps.import_results(
-                harness.spec, DAY, harness.ledger, harness.storage, harness.provider
-            )
+            imported = steps.import_results(ctx)
             assert imported.lines.applied == 29 and imported.lines.duplicates > 0
-            validated = steps.validate_outputs(harness.spec, DAY, harness.ledger, harness.storage)
+            validated = steps.validate_outputs(ctx)
             assert validated.quality_failures and validated.valid_rows
             with harness.ledger.engine.connect() as conn:
                 outputs = sorted(
@@ -967,17 +964,18 @@ def test_shards_are_built_with_the_collector_paused(
     import gc
 
     seen: list[bool] = []
-    write_shard = steps._write_shard
+    write_shard = steps.shards.write_shard
 
     def recording(*args: Any, **kwargs: Any) -> str:
         seen.append(gc.isenabled())
         return write_shard(*args, **kwargs)
 
-    monkeypatch.setattr(steps, "_write_shard", recording)
+    monkeypatch.setattr(steps.shards, "write_shard", recording)
     write_source(harness.home, bad_day())
     source = harness.settings.resolve_source_uri(harness.spec.source.uri)
-    steps.take_snapshot(harness.spec, DAY, source, harness.storage)
-    built = steps.build_shards(harness.spec, DAY, harness.ledger, harness.storage, harness.provider)
+    ctx = steps.StepContext(harness.spec, DAY, harness.ledger, harness.storage, harness.provider)
+    steps.take_snapshot(ctx, source)
+    built = steps.build_shards(ctx)
     assert built.shards_created and seen == [False] * len(built.shards_created)
     assert gc.isenabled()
 

@@ -41,7 +41,9 @@ def test_concurrent_submissions_of_a_day_create_one_batch_per_shard(
             start.wait()
             results.append(
                 steps.submit_shards(
-                    harness.spec, DAY, harness.ledger, harness.storage, fake_provider
+                    steps.StepContext(
+                        harness.spec, DAY, harness.ledger, harness.storage, fake_provider
+                    )
                 )
             )
 

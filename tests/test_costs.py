@@ -357,8 +357,11 @@ def test_two_concurrent_partitions_over_the_pipeline_cap_do_not_both_submit(
         uppers = {}
         source = harness.settings.resolve_source_uri(harness.spec.source.uri)
         for day in (other_day, DAY):
-            steps.take_snapshot(harness.spec, day, source, harness.storage)
-            steps.build_shards(harness.spec, day, harness.ledger, harness.storage, harness.provider)
+            ctx = steps.StepContext(
+                harness.spec, day, harness.ledger, harness.storage, harness.provider
+            )
+            steps.take_snapshot(ctx, source)
+            steps.build_shards(ctx)
             uppers[day] = harness.ledger.committed_cost(
                 steps.existing_job(harness.spec, day, harness.ledger).job_id
             )
@@ -374,7 +377,7 @@ def test_two_concurrent_partitions_over_the_pipeline_cap_do_not_both_submit(
             start.wait()
             try:
                 outcomes[day] = steps.submit_shards(
-                    spec, day, harness.ledger, harness.storage, harness.provider
+                    steps.StepContext(spec, day, harness.ledger, harness.storage, harness.provider)
                 )
             except steps.GateBlocked as exc:
                 outcomes[day] = exc
@@ -395,11 +398,13 @@ def test_two_concurrent_partitions_over_the_pipeline_cap_do_not_both_submit(
         # Once the first day is imported its reservation settles to the actual cost, which
         # leaves room for the second.
         harness.runner().wait_for_batches(went)
-        steps.import_results(spec, went, harness.ledger, harness.storage, harness.provider)
+        steps.import_results(
+            steps.StepContext(spec, went, harness.ledger, harness.storage, harness.provider)
+        )
         settled = harness.ledger.spend(spec.name, dt.date.today())
         assert settled < uppers[went]
         later = steps.submit_shards(
-            spec, blocked[0], harness.ledger, harness.storage, harness.provider
+            steps.StepContext(spec, blocked[0], harness.ledger, harness.storage, harness.provider)
         )
         assert len(later.submitted) == 3
 
@@ -445,19 +450,15 @@ def test_report_totals_equal_the_ledger_and_the_providers_bill(
     with harness_for(tmp_path, database_url, fake) as harness:
         first = harness.run_day()
         assert (first.succeeded, first.dead_letters_by_class) == (23, {"quality": 1})
-        requeued = steps.requeue_dead_letters(
-            harness.spec,
-            DAY,
-            harness.ledger,
-            harness.storage,
-            harness.provider,
-            classes={"quality"},
+        ctx = steps.StepContext(
+            harness.spec, DAY, harness.ledger, harness.storage, harness.provider
         )
+        requeued = steps.requeue_dead_letters(ctx, classes={"quality"})
         assert requeued.requeued == 1
         outcome = harness.run_day()
         assert outcome.succeeded == 24
 
-        report = steps.cost_report(harness.spec, DAY, harness.ledger, harness.storage)
+        report = steps.cost_report(ctx)
         with harness.ledger.engine.connect() as conn:
             items = conn.execute(
                 sa.select(

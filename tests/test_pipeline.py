@@ -315,7 +315,7 @@ def test_a_retry_round_reads_request_lines_where_the_ledger_says(
     # Where the ledger says, and nowhere else: the file is not scanned.
     wanted = {cid: by_offset[cid] for cid in chosen_ids}
     with monkeypatch.context() as patched:
-        patched.setattr(steps, "lines_with_ids", None)
+        patched.setattr(steps.line_ids, "lines_with_ids", None)
         assert steps.request_lines(storage, first.input_uri, wanted) == list(
             zip(chosen_ids, chosen, strict=True)
         )
@@ -327,7 +327,8 @@ def test_a_retry_round_reads_request_lines_where_the_ledger_says(
         )
 
     ledger.set_item_status(job.job_id, chosen_ids, from_status=["pending"], status="retry")
-    retry_shards, gave_up = steps.plan_retries(spec, job, ledger, storage, platform.provider)
+    ctx = steps.StepContext(spec, DAY, ledger, storage, platform.provider)
+    retry_shards, gave_up = steps.plan_retries(ctx, job)
     assert gave_up == 0
     [retry_shard] = [ledger.get_shard(s) for s in retry_shards]
     assert retry_shard is not None
@@ -336,9 +337,7 @@ def test_a_retry_round_reads_request_lines_where_the_ledger_says(
 
     requeued_ids = chosen_ids[:2] + [steps.line_custom_id(all_lines[0])]
     ledger.set_item_status(job.job_id, requeued_ids, from_status=["pending"], status="dead_letter")
-    requeued = steps.requeue_dead_letters(
-        spec, DAY, ledger, storage, platform.provider, chosen_ids=set(requeued_ids)
-    )
+    requeued = steps.requeue_dead_letters(ctx, chosen_ids=set(requeued_ids))
     assert requeued.requeued == 3
     assert assert_lines_are_where_the_ledger_says(platform, job.job_id) == first.item_count
 

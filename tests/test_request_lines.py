@@ -60,34 +60,43 @@ def test_json_strings_are_the_bytes_json_writes_for_every_character() -> None:
         json_string("lone \ud800")
 
 
-def test_retry_lines_are_found_as_reading_every_line_finds_them() -> None:
-    """The retry round reads each wanted line's custom_id in place from blocks of lines;
-    whatever the lines look like (Bedrock's recordId, an escape in the id, the id not first,
-    no newline at the end) and however the file is cut, it finds the lines, in order, that
+@pytest.mark.parametrize("provider", [OpenAIBatchProvider, BedrockBatchProvider])
+def test_retry_lines_are_found_as_reading_every_line_finds_them(
+    provider: type[BatchProvider],
+) -> None:
+    """The retry round reads each wanted line's custom_id in place from blocks of lines,
+    under the provider's id field (custom_id, Bedrock's recordId); whatever the lines look
+    like (an escape in the id, the id not first, the other provider's id field first, no
+    newline at the end) and however the file is cut, it finds the lines, in order, that
     reading every line with line_custom_id finds."""
     import random
 
     from llm_assets.resources.storage import line_blocks, split_lines
     from llm_assets.steps import line_custom_id, lines_with_ids
 
+    field = provider.line_id_field
+    other = "recordId" if field == "custom_id" else "custom_id"
     rng = random.Random(5)
     kinds = [
-        lambda n: json.dumps({"custom_id": f"20261102_T{n:05d}_ab12", "body": {"x": "y"}}),
-        lambda n: json.dumps({"recordId": f"rec-{n}", "modelInput": {"messages": []}}),
-        lambda n: json.dumps({"custom_id": f'q"{n}\\x', "body": {}}),
-        lambda n: json.dumps({"method": "POST", "custom_id": f"late-{n}", "url": "/v1"}),
-        lambda n: json.dumps({"custom_id": f"日本-{n}"}, ensure_ascii=False),
-        lambda n: json.dumps({"custom_id": f"日本-{n}"}),
-        lambda n: json.dumps({"custom_id": "", "recordId": f"fallback-{n}"}),
+        lambda n: json.dumps({field: f"20261102_T{n:05d}_ab12", "body": {"x": "y"}}),
+        lambda n: json.dumps({field: f'q"{n}\\x', "body": {}}),
+        lambda n: json.dumps({"method": "POST", field: f"late-{n}", "url": "/v1"}),
+        lambda n: json.dumps({field: f"日本-{n}"}, ensure_ascii=False),
+        lambda n: json.dumps({field: f"日本-{n}"}),
+        lambda n: json.dumps({other: f"decoy-{n}", field: f"real-{n}"}),
     ]
     for _ in range(300):
         lines = [rng.choice(kinds)(n).encode() for n in range(rng.randint(1, 40))]
         data = b"\n".join(lines) + rng.choice([b"\n", b""])
-        ids = [line_custom_id(line) for line in split_lines([data])]
+        ids = [line_custom_id(line, id_field=field) for line in split_lines([data])]
+        assert not any(cid.startswith("decoy") for cid in ids)
         wanted = set(rng.sample(ids, rng.randint(0, len(ids))))
         cuts = sorted(rng.randint(0, len(data)) for _ in range(rng.randint(0, 8)))
         chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
         expected = [
-            (cid, line) for line in split_lines([data]) if (cid := line_custom_id(line)) in wanted
+            (cid, line)
+            for line in split_lines([data])
+            if (cid := line_custom_id(line, id_field=field)) in wanted
         ]
-        assert list(lines_with_ids(line_blocks(chunks), wanted)) == expected
+        found = lines_with_ids(line_blocks(chunks), wanted, id_field=field)
+        assert list(found) == expected

@@ -113,6 +113,34 @@ class BatchProvider(dg.ConfigurableResource):
     """Whether the price table's batch discount applies to what this provider runs."""
     runs_in_step: ClassVar[bool] = False
     """True when provider_batches itself does the work (online): nothing to poll."""
+    ends_when_polled: ClassVar[bool] = False
+    """True when polling does the work (the local provider runs batches as they are polled):
+    whoever waits for a batch then polls again at once instead of sleeping between polls."""
+    line_id_field: ClassVar[str] = "custom_id"
+    """The key under which this provider's request lines carry the custom_id; each line
+    starts with it, so retry rounds read a line's id without parsing the line."""
+
+    def request_format(self, spec: "PipelineSpec") -> str:
+        """The format of the spec's request lines where the provider takes several, for
+        `ShardSubmission.format`; empty when it takes one."""
+        return ""
+
+    def min_records_per_shard(self, spec: "PipelineSpec") -> int:
+        """The fewest requests a shard should have: sharding merges smaller remainders."""
+        return 1
+
+    def below_minimum_reason(
+        self, spec: "PipelineSpec", shard_id: str, item_count: int
+    ) -> str | None:
+        """Why a shard of `item_count` items is not sent (its items become dead letters that
+        say so), or None to submit it."""
+        minimum = self.min_records_per_shard(spec)
+        if item_count >= minimum:
+            return None
+        return (
+            f"{shard_id} has {item_count} item(s), below {spec.model.provider}'s minimum of "
+            f"{minimum} requests per batch"
+        )
 
     def runs_shard_in_step(
         self, spec: "PipelineSpec", item_count: int, provider_batch_id: str | None
@@ -145,7 +173,7 @@ class BatchProvider(dg.ConfigurableResource):
 
     def realtime_request(self, line: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A shard line as (custom_id, request body) for a realtime call."""
-        return str(line["custom_id"]), line["body"]
+        return str(line[self.line_id_field]), line["body"]
 
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
         """What in a spec this provider cannot serve, as (field, reason)."""

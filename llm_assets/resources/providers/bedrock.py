@@ -9,23 +9,22 @@ create and record, or a lost answer) returns the same job instead of paying twic
 are `<output>/<job id>/<input file>.out` lines, streamed; `manifest.json.out` has the counts.
 Credentials come from the standard AWS chain; `AWS_ENDPOINT_URL` is honoured by boto3.
 
-A shard that merging could not bring to Bedrock's minimum records per job is, when the spec
-says `bedrock.below_minimum: online`, sent request by request through `bedrock-runtime`
-(InvokeModel for Anthropic bodies, Converse otherwise) by the provider_batches step, with the
-online provider's worker (pacing, rate-limit pauses, retries, checkpoints to the ledger).
+A shard that merging could not bring to Bedrock's minimum records per job is sent request by
+request at on-demand prices (`bedrock.below_minimum: online`, see bedrock_runtime.py), or
+never sent and its items dead-lettered (`merge`). The record formats are in
+bedrock_records.py.
 """
 
 import asyncio
 import hashlib
 import json
 import re
-import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 import pydantic
+import tenacity
 from pydantic import PrivateAttr
 
 from llm_assets.resources.providers.base import (
@@ -37,15 +36,20 @@ from llm_assets.resources.providers.base import (
     ShardState,
     ShardSubmission,
 )
+from llm_assets.resources.providers.bedrock_records import (
+    input_format,
+    model_input,
+    normalize_record,
+)
+from llm_assets.resources.providers.bedrock_runtime import OnDemandRuntime, is_transient_aws
+from llm_assets.resources.providers.online import OnlineStats, run_requests, settings_of
 
 if TYPE_CHECKING:
-    from llm_assets.resources.providers.online import OnlineSettings, OnlineStats
     from llm_assets.resources.storage import ArtifactStorage
     from llm_assets.spec import PipelineSpec
 
 MAX_RECORDS = 50_000
 MAX_NAME = 63
-ANTHROPIC_VERSION = "bedrock-2023-05-31"
 STATUS_MAP = {
     "Submitted": ShardState.SUBMITTED,
     "Validating": ShardState.SUBMITTED,
@@ -58,32 +62,10 @@ STATUS_MAP = {
     "Stopped": ShardState.CANCELLED,
     "Expired": ShardState.EXPIRED,
 }
-CUSTOM_ID_HEADER = "X-Llm-Assets-Custom-Id"
-"""Sent with every bedrock-runtime call, so a call can be traced back to its item."""
-_RATE_LIMIT_CODES = {
-    "ThrottlingException",
-    "ModelNotReadyException",
-    "ServiceQuotaExceededException",
-}
-_TRANSIENT_CODES = {
-    "ThrottlingException",
-    "ServiceUnavailableException",
-    "InternalServerException",
-    "ServiceQuotaExceededException",
-    "RequestTimeout",
-    "RequestTimeoutException",
-}
 
 
 class IncompleteOutput(Exception):
     """A job's output files hold fewer records than its manifest counts."""
-
-
-def input_format(spec: "PipelineSpec") -> Literal["anthropic", "converse"]:
-    chosen = spec.model.options.get("format")
-    if chosen in ("anthropic", "converse"):
-        return chosen
-    return "anthropic" if ".anthropic." in f".{spec.model.name}" else "converse"
 
 
 def bedrock_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
@@ -120,74 +102,10 @@ def request_token(shard_id: str) -> str:
     return hashlib.sha256(f"llm-assets/{shard_id}".encode()).hexdigest()[:64]
 
 
-def is_transient_aws(exc: BaseException) -> bool:
-    name = type(exc).__name__
-    if name in (
-        "EndpointConnectionError",
-        "ConnectionClosedError",
-        "ReadTimeoutError",
-        "ConnectTimeoutError",
-    ):
-        return True
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return False
-    code = response.get("Error", {}).get("Code")
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-    return code in _TRANSIENT_CODES or status == 429 or status >= 500
-
-
-def normalize_record(line: dict[str, Any]) -> ItemResult | None:
-    """One `.out` line → ItemResult (Anthropic Messages or Converse output, or an error)."""
-    record_id = line.get("recordId")
-    if not record_id:
-        return None
-    error = line.get("error")
-    if error:
-        code = error.get("errorCode") if isinstance(error, dict) else None
-        message = error.get("errorMessage") if isinstance(error, dict) else str(error)
-        status = int(code) if isinstance(code, int | str) and str(code).isdigit() else None
-        transient = status is not None and (status == 429 or status >= 500)
-        return ItemResult(
-            custom_id=record_id,
-            succeeded=False,
-            status_code=status,
-            error_class="transient" if transient else "deterministic",
-            error_code=str(code) if code is not None else "error",
-            error_message=str(message or "record failed"),
-        )
-    output = line.get("modelOutput") or {}
-    if "output" in output:  # Converse
-        blocks = (output.get("output") or {}).get("message", {}).get("content") or []
-        text = "".join(b.get("text", "") for b in blocks if isinstance(b, dict))
-        usage = output.get("usage") or {}
-        stop = output.get("stopReason")
-        input_tokens = int(usage.get("inputTokens") or 0)
-        output_tokens = int(usage.get("outputTokens") or 0)
-        cached = int(usage.get("cacheReadInputTokens") or 0)
-    else:  # Anthropic Messages
-        blocks = output.get("content") or []
-        text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
-        usage = output.get("usage") or {}
-        stop = output.get("stop_reason")
-        cached = int(usage.get("cache_read_input_tokens") or 0)
-        input_tokens = int(usage.get("input_tokens") or 0) + cached
-        input_tokens += int(usage.get("cache_creation_input_tokens") or 0)
-        output_tokens = int(usage.get("output_tokens") or 0)
-    return ItemResult(
-        custom_id=record_id,
-        succeeded=True,
-        status_code=200,
-        output_text=text,
-        finish_reason="length" if stop in ("max_tokens", "length") else "stop",
-        input_tokens=input_tokens,
-        cached_input_tokens=cached,
-        output_tokens=output_tokens,
-    )
-
-
 class BedrockBatchProvider(BatchProvider):
     """Model invocation jobs; control-plane calls retried here, boto3's retries off."""
+
+    line_id_field: ClassVar[str] = "recordId"
 
     role_arn: str | None = pydantic.Field(
         default=None, description="The service role Bedrock assumes to read and write S3."
@@ -205,7 +123,6 @@ class BedrockBatchProvider(BatchProvider):
     retry_cap_seconds: float = 60.0
 
     _clients: dict[str, Any] = PrivateAttr(default_factory=dict)
-    _calling: threading.local = PrivateAttr(default_factory=threading.local)
 
     def _client(self, service: str) -> Any:
         if service not in self._clients:
@@ -222,8 +139,6 @@ class BedrockBatchProvider(BatchProvider):
         return self._clients[service]
 
     def call(self, describe: str, fn: Any) -> Any:
-        import tenacity
-
         return tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.max_attempts),
             wait=tenacity.wait_random_exponential(
@@ -237,26 +152,28 @@ class BedrockBatchProvider(BatchProvider):
         return bedrock_spec_problems(spec)
 
     def request_line(self, spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
-        if input_format(spec) == "anthropic":
-            body: dict[str, Any] = {
-                "anthropic_version": ANTHROPIC_VERSION,
-                "max_tokens": spec.model.max_output_tokens,
-                "temperature": spec.model.temperature,
-                "messages": [{"role": "user", "content": item.user}],
-            }
-            if item.system:
-                body["system"] = item.system
-        else:
-            body = {
-                "messages": [{"role": "user", "content": [{"text": item.user}]}],
-                "inferenceConfig": {
-                    "maxTokens": spec.model.max_output_tokens,
-                    "temperature": spec.model.temperature,
-                },
-            }
-            if item.system:
-                body["system"] = [{"text": item.system}]
-        return {"recordId": item.custom_id, "modelInput": body}
+        return {"recordId": item.custom_id, "modelInput": model_input(spec, item)}
+
+    def request_format(self, spec: "PipelineSpec") -> str:
+        return input_format(spec)
+
+    def min_records_per_shard(self, spec: "PipelineSpec") -> int:
+        return spec.bedrock.min_records_per_job
+
+    def below_minimum_reason(
+        self, spec: "PipelineSpec", shard_id: str, item_count: int
+    ) -> str | None:
+        """`bedrock.below_minimum: merge`: a shard Bedrock would refuse is never sent; its
+        items become dead letters saying why, to be requeued when there are enough of them.
+        (With `online` such a shard is sent request by request: `runs_shard_in_step`.)"""
+        minimum = self.min_records_per_shard(spec)
+        if item_count >= minimum:
+            return None
+        return (
+            f"{shard_id} has {item_count} item(s), below Bedrock's minimum of {minimum} "
+            "records per job, and bedrock.below_minimum is 'merge'; requeue them with more "
+            "items, or set bedrock.below_minimum: online to send them at on-demand prices"
+        )
 
     def _staging(self, storage: "ArtifactStorage") -> str:
         if self.staging_uri:
@@ -391,30 +308,6 @@ class BedrockBatchProvider(BatchProvider):
     def realtime_request(self, line: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return str(line["recordId"]), line["modelInput"]
 
-    def _runtime_client(self, settings: "OnlineSettings") -> Any:
-        import boto3
-        from botocore.config import Config
-
-        client = boto3.client(
-            "bedrock-runtime",
-            region_name=self.region_name,
-            endpoint_url=self.runtime_endpoint_url,
-            config=Config(
-                retries={"total_max_attempts": 1, "mode": "standard"},
-                read_timeout=settings.timeout_seconds,
-                max_pool_connections=settings.concurrency,
-            ),
-        )
-        current = self._calling
-
-        def add_custom_id(params: dict[str, Any], **_: Any) -> None:
-            custom_id = getattr(current, "custom_id", None)
-            if custom_id:
-                params.setdefault("headers", {})[CUSTOM_ID_HEADER] = custom_id
-
-        client.meta.events.register("before-call.bedrock-runtime", add_custom_id)
-        return client
-
     def run(
         self,
         spec: "PipelineSpec",
@@ -423,30 +316,16 @@ class BedrockBatchProvider(BatchProvider):
         *,
         checkpoint_every: int,
         stop: Callable[[], bool] = lambda: False,
-        progress: "Callable[[OnlineStats], None] | None" = None,
-    ) -> "OnlineStats":
+        progress: Callable[[OnlineStats], None] | None = None,
+    ) -> OnlineStats:
         """Send `(custom_id, modelInput, tokens)` requests to bedrock-runtime, paced and
         retried as the online provider does (`online.concurrency`, `rpm`, `tpm`,
         `max_tries`, `timeout_seconds`)."""
-        from llm_assets.resources.providers.online import run_requests, settings_of
-
         settings = settings_of(spec)
-        client = self._runtime_client(settings)
-        converse = input_format(spec) == "converse"
-        model = spec.model.name
-
-        async def main() -> "OnlineStats":
-            # boto3 blocks: each request in flight holds one thread of this pool.
-            pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="bedrock-runtime")
-            loop = asyncio.get_running_loop()
-
-            async def send(custom_id: str, body: dict[str, Any]) -> tuple[ItemResult, None]:
-                return await loop.run_in_executor(
-                    pool, self._invoke, client, converse, model, custom_id, body
-                )
-
-            try:
-                return await run_requests(
+        runtime = OnDemandRuntime(self.region_name, self.runtime_endpoint_url, settings, spec)
+        return asyncio.run(
+            runtime.run(
+                lambda send: run_requests(
                     settings,
                     requests,
                     deliver,
@@ -457,61 +336,5 @@ class BedrockBatchProvider(BatchProvider):
                     backoff_base_seconds=self.retry_base_seconds,
                     backoff_cap_seconds=self.retry_cap_seconds,
                 )
-            finally:
-                pool.shutdown(wait=True)
-
-        return asyncio.run(main())
-
-    def _invoke(
-        self, client: Any, converse: bool, model: str, custom_id: str, body: dict[str, Any]
-    ) -> tuple[ItemResult, None]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from llm_assets.resources.providers.online import RateLimited, Transient
-
-        self._calling.custom_id = custom_id
-        try:
-            if converse:
-                output = dict(client.converse(modelId=model, **body))
-                output.pop("ResponseMetadata", None)
-            else:
-                answer = client.invoke_model(
-                    modelId=model,
-                    body=json.dumps(body).encode(),
-                    contentType="application/json",
-                    accept="application/json",
-                )
-                output = json.loads(answer["body"].read())
-        except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code") or "error")
-            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-            if code in _RATE_LIMIT_CODES or status == 429:
-                raise RateLimited(None) from exc
-            message = str(exc.response.get("Error", {}).get("Message") or exc)[:1000]
-            transient = is_transient_aws(exc) or status == 408  # ModelTimeoutException
-            failure = ItemResult(
-                custom_id=custom_id,
-                succeeded=False,
-                status_code=status or None,
-                error_class="transient" if transient else "deterministic",
-                error_code=code,
-                error_message=message,
             )
-            if failure.error_class == "transient":
-                raise Transient(failure) from exc
-            return failure, None
-        except BotoCoreError as exc:  # connection reset, read timeout, endpoint unreachable
-            raise Transient(
-                ItemResult(
-                    custom_id=custom_id,
-                    succeeded=False,
-                    error_class="transient",
-                    error_code=type(exc).__name__,
-                    error_message=str(exc)[:1000],
-                )
-            ) from exc
-        finally:
-            self._calling.custom_id = None
-        result = normalize_record({"recordId": custom_id, "modelOutput": output})
-        assert result is not None
-        return result, None
+        )

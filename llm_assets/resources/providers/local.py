@@ -375,6 +375,7 @@ def local_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
 class LocalProvider(BatchProvider):
     """The embedded provider: batches live in a folder, work happens when polled."""
 
+    ends_when_polled = True
     state_dir: str = pydantic.Field(
         description="Provider-side state, e.g. $LLM_ASSETS_HOME/local_provider."
     )

@@ -1,0 +1,102 @@
+"""What the step assets report: a step's result as Dagster materialization metadata, with
+the lineage every materialization carries (pipeline, prompt version, model, provider)."""
+
+import datetime as dt
+from typing import Any
+
+import dagster as dg
+
+from llm_assets.spec import PipelineSpec
+from llm_assets.steps import BudgetGate, CostReport, ImportResult, ShardsResult
+
+
+def lineage(spec: PipelineSpec) -> dict[str, Any]:
+    return {
+        "pipeline": spec.name,
+        "prompt_version": spec.prompt.version,
+        "model": spec.model.name,
+        "provider": spec.model.provider,
+    }
+
+
+def shards_metadata(spec: PipelineSpec, result: ShardsResult, gate: BudgetGate) -> dict[str, Any]:
+    """request_shards: new items, input dead letters, shards, the estimate and the day's bound."""
+    estimate = result.estimate
+    return {
+        **lineage(spec),
+        "job_id": result.job_id,
+        "code_version": spec.prompt_code_version,
+        "snapshot_rows": result.snapshot_rows,
+        "new_items": result.new_items,
+        "already_in_ledger": result.already_known,
+        "input_dead_letters": sum(result.input_dead_letters.values()),
+        "input_dead_letters_by_reason": result.input_dead_letters,
+        "shards_created": len(result.shards_created),
+        "shard_uris": result.shard_uris[:20],
+        "estimated_input_tokens": estimate.input_tokens,
+        "input_tokens_exact": estimate.input_tokens_exact,
+        "token_counter": estimate.token_counter,
+        "expected_output_tokens_per_item": estimate.expected_output_tokens_per_item,
+        "output_estimate_basis": estimate.output_basis,
+        "estimated_cost_usd": estimate.cost_usd,
+        "estimated_cost_upper_bound_usd": estimate.cost_upper_usd,
+        "day_upper_bound_usd": gate.committed_usd,
+    }
+
+
+def import_metadata(spec: PipelineSpec, result: ImportResult) -> dict[str, Any]:
+    """batch_results: the lines imported, retries planned and the job's counts after them."""
+    counts = result.counts
+    return {
+        **lineage(spec),
+        "job_id": result.job_id,
+        "imported_shards": len(result.imported_shards),
+        "in_flight_shards": result.in_flight_shards,
+        "result_lines": result.lines.received,
+        "applied": result.lines.applied,
+        "duplicate_lines": result.lines.duplicates,
+        "unknown_custom_ids": result.lines.unknown,
+        "already_terminal": result.lines.already_terminal,
+        "missing_results": result.missing,
+        "retry_shards_planned": len(result.retry_shards),
+        "gave_up": result.gave_up,
+        "dagster/row_count": counts.total,
+        "succeeded": counts.succeeded,
+        "dead_letters": counts.dead_letters,
+        "open_items": counts.open,
+        "input_tokens": counts.input_tokens,
+        "output_tokens": counts.output_tokens,
+        "cost_usd": counts.cost_usd,
+    }
+
+
+def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[str, Any]:
+    """cost_report: billed tokens and cost, the estimate's error and the month so far."""
+    month = report.pipeline_months[-1] if report.pipeline_months else {}
+    errors = (
+        ("cost_estimate_error", report.cost_estimate_error),
+        ("input_token_estimate_error", report.input_token_estimate_error),
+    )
+    return {
+        **lineage(spec),
+        "job_id": report.job_id,
+        "uri": dg.MetadataValue.path(report.uri),
+        "markdown_uri": dg.MetadataValue.path(report.markdown_uri),
+        "items": report.items,
+        "succeeded": report.succeeded,
+        "dead_letters": report.dead_letters,
+        "open_items": report.open_items,
+        "input_tokens": report.input_tokens,
+        "output_tokens": report.output_tokens,
+        "input_tokens_per_item": report.input_tokens_per_item,
+        "output_tokens_per_item": report.output_tokens_per_item,
+        "cost_usd": report.cost_usd,
+        "retry_cost_usd": report.retry_cost_usd,
+        "cost_per_1k_items_usd": report.cost_per_1k_items_usd,
+        "estimated_cost_usd": report.estimated_cost_usd,
+        "estimated_cost_upper_bound_usd": report.estimated_cost_upper_usd,
+        **{name: value for name, value in errors if value is not None},
+        "pipeline_month_cost_usd": month.get("cost_usd", 0.0),
+        "prices_as_of": report.prices_as_of,
+        "report": dg.MetadataValue.md(report.markdown(spec, day)),
+    }

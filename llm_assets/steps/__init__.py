@@ -1,0 +1,114 @@
+"""What each asset does, as plain functions over the ledger, storage and a provider.
+
+Assets (factory.py), the CLI, the sensors and the benchmarks call these with one
+StepContext (pipeline spec, day, ledger, storage, provider). Keeping them free of Dagster
+makes each step's idempotency easy to see and to test: every step can run again at any point
+and converges on the same ledger state. One module per stage:
+
+- context: StepContext, the job and snapshot lookups, the gate and prerequisite errors
+- snapshot: input_snapshot
+- shards: request_shards, the estimator and shard writing
+- submit: provider_batches and its budget gates
+- online: the online worker that provider_batches runs for shards sent one by one
+- imports: batch_results (poll, import, retry planning) and the requeue of dead letters
+- line_ids: request lines read back from shard files by custom_id
+- validate: validated_outputs
+- reports: dead_letter, cost_report, published_outputs, qa_sample
+"""
+
+from llm_assets.steps.context import (
+    GateBlocked,
+    MissingPrerequisite,
+    StepContext,
+    current_snapshot_uri,
+    existing_job,
+    job_for,
+    price_for,
+)
+from llm_assets.steps.imports import (
+    ImportResult,
+    RequeueResult,
+    import_results,
+    plan_retries,
+    poll_shards,
+    requeue_dead_letters,
+    retry_backoff,
+)
+from llm_assets.steps.line_ids import line_custom_id, lines_with_ids, request_lines
+from llm_assets.steps.online import OnlineInterrupted, ledger_row, run_online_shard
+from llm_assets.steps.reports import (
+    CostReport,
+    DeadLetterResult,
+    Drift,
+    PublishResult,
+    SampleResult,
+    cost_drift,
+    cost_report,
+    export_dead_letters,
+    publish_outputs,
+    published_frame_failures,
+    qa_sample,
+    validated_uri,
+)
+from llm_assets.steps.shards import (
+    Estimate,
+    Estimator,
+    ShardEstimate,
+    ShardsResult,
+    build_shards,
+    line_offsets,
+    shards_for,
+)
+from llm_assets.steps.snapshot import SnapshotResult, take_snapshot
+from llm_assets.steps.submit import BudgetGate, SubmitResult, budget_gate, submit_shards
+from llm_assets.steps.validate import ValidateResult, validate_outputs
+
+__all__ = [
+    "BudgetGate",
+    "CostReport",
+    "DeadLetterResult",
+    "Drift",
+    "Estimate",
+    "Estimator",
+    "GateBlocked",
+    "ImportResult",
+    "MissingPrerequisite",
+    "OnlineInterrupted",
+    "PublishResult",
+    "RequeueResult",
+    "SampleResult",
+    "ShardEstimate",
+    "ShardsResult",
+    "SnapshotResult",
+    "StepContext",
+    "SubmitResult",
+    "ValidateResult",
+    "budget_gate",
+    "build_shards",
+    "cost_drift",
+    "cost_report",
+    "current_snapshot_uri",
+    "existing_job",
+    "export_dead_letters",
+    "import_results",
+    "job_for",
+    "ledger_row",
+    "line_custom_id",
+    "line_offsets",
+    "lines_with_ids",
+    "plan_retries",
+    "poll_shards",
+    "price_for",
+    "publish_outputs",
+    "published_frame_failures",
+    "qa_sample",
+    "request_lines",
+    "requeue_dead_letters",
+    "retry_backoff",
+    "run_online_shard",
+    "shards_for",
+    "submit_shards",
+    "take_snapshot",
+    "validate_outputs",
+    "validated_uri",
+]

@@ -1,0 +1,319 @@
+"""batch_results: poll in-flight shards, import ended ones by custom_id, plan retries; and
+the requeue of chosen dead letters, which sends items again the same way."""
+
+import dataclasses
+import datetime as dt
+import functools
+import random
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pydantic import BaseModel
+
+from llm_assets import parallel
+from llm_assets.failpoints import failpoint
+from llm_assets.items import Preparer, prepare_items
+from llm_assets.resources.ledger import (
+    DEAD_LETTER,
+    RETRY,
+    SUBMITTED,
+    BackgroundWriter,
+    JobCounts,
+    JobRecord,
+    LedgerResource,
+    ShardRecord,
+    UpsertStats,
+    utcnow,
+)
+from llm_assets.resources.pricing import ModelPrice
+from llm_assets.resources.providers.base import (
+    ENDED_STATES,
+    IN_FLIGHT_STATES,
+    ONLINE_BATCH_PREFIX,
+    BatchProvider,
+    ShardState,
+)
+from llm_assets.result_rows import ResultStager, RowMaker, StagedResults, staged_results
+from llm_assets.spec import PipelineSpec
+from llm_assets.steps.context import StepContext
+from llm_assets.steps.line_ids import request_lines
+from llm_assets.steps.shards import Estimator, ShardRound, line_offsets, shards_for, write_shard
+
+RETRY_READ_AT_ONCE = 100_000
+"""Items to retry read by one query (PostgreSQL spreads it over parallel workers) before the
+rest are streamed: a few percent of a large day's items, a whole day's when a batch expired."""
+
+
+def poll_shards(
+    ledger: LedgerResource, provider: BatchProvider, shards: Iterable[ShardRecord]
+) -> list[ShardRecord]:
+    """Ask the provider about in-flight shards (cheap status calls) and record what it says."""
+    updated: list[ShardRecord] = []
+    for shard in shards:
+        if (
+            shard.status not in IN_FLIGHT_STATES
+            or shard.provider_batch_id is None
+            or shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX)  # worked in a step
+        ):
+            updated.append(shard)
+            continue
+        status = provider.poll(shard.provider_batch_id)
+        values: dict[str, Any] = {
+            "status": status.state.value,
+            "raw_status": status.raw_status,
+            "completed_requests": status.completed,
+            "failed_requests": status.failed,
+            "message": status.message,
+        }
+        if status.ended:
+            values["ended_at"] = utcnow()
+        ledger.update_shard(shard.shard_id, expect_status=IN_FLIGHT_STATES, **values)
+        refreshed = ledger.get_shard(shard.shard_id)
+        assert refreshed is not None
+        updated.append(refreshed)
+    return updated
+
+
+class ImportResult(BaseModel):
+    job_id: str
+    imported_shards: list[str]
+    in_flight_shards: int
+    lines: UpsertStats
+    missing: int
+    retry_shards: list[str]
+    gave_up: int
+    counts: JobCounts
+
+
+def _about_lines(block: bytes) -> int:
+    """A block of result lines weighed as lines by its size (a result line is about a
+    kilobyte): counting the newlines of a large block would cost more than parsing it."""
+    return len(block) // 1024 + 1
+
+
+@dataclasses.dataclass
+class _ImportTotals:
+    lines: UpsertStats = dataclasses.field(default_factory=UpsertStats)
+    missing: int = 0
+    imported: list[str] = dataclasses.field(default_factory=list)
+
+
+def _close_imported_shard(
+    ledger: LedgerResource, shard: ShardRecord, shard_stats: UpsertStats, totals: _ImportTotals
+) -> None:
+    """After a shard's results are in: what it did not answer is retried, its cost settled,
+    and it is marked imported."""
+    failpoint("import.after_upsert")
+    stats = totals.lines
+    for field in ("received", "applied", "duplicates", "unknown", "already_terminal"):
+        setattr(stats, field, getattr(stats, field) + getattr(shard_stats, field))
+    stats.duplicate_ids = (stats.duplicate_ids + shard_stats.duplicate_ids)[:100]
+    why = shard.raw_status or shard.status
+    if shard.message:
+        why = f"{why}: {shard.message}"
+    # One transaction: the writer thread waits for the GIL again after every statement.
+    missing, _ = ledger.close_shard(
+        shard.shard_id,
+        from_status=[SUBMITTED],
+        items={
+            "status": RETRY,
+            "error_class": "expired" if shard.status == ShardState.EXPIRED else "transient",
+            "error_code": f"missing_result_{shard.status}",
+            "error_message": f"no result in provider batch {shard.provider_batch_id} (batch {why})",
+        },
+        expect_status=ENDED_STATES,
+        status=ShardState.IMPORTED.value,
+        imported_at=utcnow(),
+    )
+    totals.missing += missing
+    failpoint("import.after_shard")
+    totals.imported.append(shard.shard_id)
+
+
+def _staged(
+    ctx: StepContext,
+    shard: ShardRecord,
+    price: ModelPrice,
+    workers: parallel.Workers,
+    stage: ResultStager,
+) -> Iterable[StagedResults]:
+    """A shard's results as staged ledger rows, charged at the price of its submission."""
+    assert shard.provider_batch_id is not None
+    provider = ctx.batch_provider
+    charged = ModelPrice.model_validate_json(shard.price_json) if shard.price_json else price
+    to_row = RowMaker(charged.cost_calculator(batch=provider.priced_as_batch), ctx.spec.model.name)
+    if shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX):
+        # A shard worked in the step wrote its results as they came: nothing to fetch.
+        return ()
+    if (blocks := provider.result_blocks(shard.provider_batch_id)) is not None:
+        # A large day's lines are parsed, and made into ledger rows, in worker processes;
+        # they go there in the blocks they were read in, not split and pickled line by line.
+        raw, parse = blocks
+        return workers.map(staged_results, (parse, to_row, stage), raw, weight=_about_lines)
+    return map(stage, parallel.chunked(map(to_row, provider.results(shard.provider_batch_id))))
+
+
+def import_results(ctx: StepContext) -> ImportResult:
+    """Import every ended shard by custom_id, then plan retries for what is still open."""
+    ledger = ctx.ledger
+    job = ctx.job()
+    price = ctx.price()
+    shards = poll_shards(ledger, ctx.batch_provider, ledger.shards(job.job_id, IN_FLIGHT_STATES))
+    in_flight = sum(1 for s in shards if s.status in IN_FLIGHT_STATES)
+    totals = _ImportTotals()
+    stage = ledger.result_stager()
+    # The ledger writes of one shard (its results, then closing it) run on the writer thread
+    # while the next shard's lines are read and parsed; they run in order, so a shard is
+    # closed only after its results are in, and a failure stops everything queued after it.
+    with BackgroundWriter() as writer, parallel.Workers() as workers:
+        for shard in ledger.shards(job.job_id, ENDED_STATES):
+            staged = _staged(ctx, shard, price, workers, stage)
+            shard_stats = ledger.upsert_staged(
+                job.job_id, staged, writer=writer, shard_id=shard.shard_id
+            )
+            writer.submit(
+                functools.partial(_close_imported_shard, ledger, shard, shard_stats, totals)
+            )
+    retry_shards, gave_up = plan_retries(ctx, job)
+    counts = ledger.refresh_job(job.job_id)
+    return ImportResult(
+        job_id=job.job_id,
+        imported_shards=totals.imported,
+        in_flight_shards=in_flight,
+        lines=totals.lines,
+        missing=totals.missing,
+        retry_shards=retry_shards,
+        gave_up=gave_up,
+        counts=counts,
+    )
+
+
+def _sort_retries(
+    ctx: StepContext, job: JobRecord, tokens: dict[str, int]
+) -> tuple[dict[str, dict[str, int | None]], int]:
+    """Items to retry by their shard (custom_id → where its line starts), after the ones out
+    of attempts become dead letters (their count is returned too); `tokens` gets every
+    item's estimated input tokens."""
+    retry_by_shard: dict[str, dict[str, int | None]] = defaultdict(dict)
+    exhausted: list[dict[str, Any]] = []
+    for item in ctx.ledger.iter_items(
+        job.job_id,
+        [RETRY],
+        columns=[
+            "custom_id",
+            "shard_id",
+            "attempts",
+            "error_message",
+            "estimated_input_tokens",
+            "request_offset",
+        ],
+        few=RETRY_READ_AT_ONCE,
+    ):
+        tokens[item["custom_id"]] = item["estimated_input_tokens"]
+        if item["attempts"] >= ctx.spec.retry.max_attempts:
+            exhausted.append(
+                {
+                    "custom_id": item["custom_id"],
+                    "status": DEAD_LETTER,
+                    "error_message": f"gave up after {item['attempts']} attempts: "
+                    f"{item['error_message']}",
+                }
+            )
+        else:
+            retry_by_shard[item["shard_id"]][item["custom_id"]] = item["request_offset"]
+    gave_up = ctx.ledger.set_item_errors(job.job_id, exhausted, from_status=[RETRY])
+    return retry_by_shard, gave_up
+
+
+def plan_retries(ctx: StepContext, job: JobRecord) -> tuple[list[str], int]:
+    """Dead-letter retryable items out of attempts; put the rest into a new round of shards,
+    submitted after a backoff. Returns the new shards and how many items were given up."""
+    ledger = ctx.ledger
+    tokens: dict[str, int] = {}
+    retry_by_shard, gave_up = _sort_retries(ctx, job, tokens)
+    if not retry_by_shard:
+        return [], gave_up
+    round_no = ledger.next_round(job.job_id)
+    id_field = ctx.batch_provider.line_id_field
+
+    def retry_lines() -> Iterator[tuple[str, bytes]]:
+        for old_shard_id in sorted(retry_by_shard):
+            old = ledger.get_shard(old_shard_id)
+            assert old is not None
+            yield from request_lines(
+                ctx.storage, old.input_uri, retry_by_shard[old_shard_id], id_field=id_field
+            )
+
+    not_before = utcnow() + dt.timedelta(seconds=retry_backoff(ctx.spec, round_no))
+    round_ = ShardRound(ctx, job, round_no, not_before=not_before)
+    estimator = Estimator(ctx)
+    created: list[str] = []
+    for index, shard_lines in enumerate(shards_for(ctx, retry_lines())):
+        estimate = estimator.shard(sum(tokens[cid] for cid, _ in shard_lines), len(shard_lines))
+        write_shard(round_, index, shard_lines, None, estimate)
+        created.append(round_.shard_id(index))
+    return created, gave_up
+
+
+def retry_backoff(spec: PipelineSpec, round_no: int) -> float:
+    """Seconds before retry round `round_no` may be submitted: exponential, jittered."""
+    if spec.retry.backoff_seconds <= 0:
+        return 0.0
+    ceiling = min(spec.retry.max_backoff_seconds, spec.retry.backoff_seconds * 2 ** (round_no - 1))
+    return random.uniform(ceiling / 2, ceiling)
+
+
+class RequeueResult(BaseModel):
+    job_id: str
+    requeued: int
+    still_invalid: dict[str, str]
+    shards: list[str]
+
+
+def requeue_dead_letters(
+    ctx: StepContext, *, classes: set[str] | None = None, chosen_ids: set[str] | None = None
+) -> RequeueResult:
+    """Send chosen dead letters (by class and/or custom_id or source id) back, rendered again
+    from the current snapshot and spec, so a fixed prompt or fixed source row is what gets
+    sent; each send is a new attempt."""
+    spec, ledger = ctx.spec, ctx.ledger
+    job = ctx.job()
+    chosen = {
+        row["custom_id"]
+        for row in ledger.iter_dead_letters(job.job_id)
+        if (classes is None or row["error_class"] in classes)
+        and (chosen_ids is None or row["custom_id"] in chosen_ids or row["source_id"] in chosen_ids)
+    }
+    still_invalid: dict[str, str] = {}
+    estimator = Estimator(ctx)
+    tokens: dict[str, int] = {}
+
+    def lines() -> Iterator[tuple[str, bytes]]:
+        encoder = ctx.batch_provider.line_encoder(spec)
+        preparer = Preparer(spec, ctx.day, ctx.price().context_window, encoder)
+        for item in prepare_items(preparer, ctx.storage.open_lines(ctx.snapshot_uri())):
+            if item.custom_id not in chosen:
+                continue
+            if item.line is None:
+                still_invalid[item.custom_id] = item.error_message or item.error_code or "input"
+                continue
+            tokens[item.custom_id] = item.input_tokens
+            yield item.custom_id, item.line
+
+    round_ = ShardRound(ctx, job, ledger.next_round(job.job_id))
+    shards: list[str] = []
+    requeued = 0
+    for index, shard_lines in enumerate(shards_for(ctx, lines())):
+        written = round_.write_file(index, shard_lines)
+        estimate = estimator.shard(sum(tokens[cid] for cid, _ in shard_lines), len(shard_lines))
+        requeued += ledger.requeue_into_shard(
+            job.job_id,
+            round_.shard_row(index, written, len(shard_lines), estimate),
+            line_offsets(shard_lines),
+        )
+        shards.append(round_.shard_id(index))
+    ledger.refresh_job(job.job_id)
+    return RequeueResult(
+        job_id=job.job_id, requeued=requeued, still_invalid=still_invalid, shards=shards
+    )

@@ -1,0 +1,164 @@
+"""The online worker: provider_batches sends a shard's items itself, request by request, for
+providers that have no batch API (or a shard a batch API would refuse), checkpointing results
+to the ledger as they come."""
+
+import contextlib
+import json
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from llm_assets.failpoints import failpoint
+from llm_assets.progress import report as report_progress
+from llm_assets.resources.ledger import RESULT_COLUMNS, SUBMITTED, ShardRecord, utcnow
+from llm_assets.resources.pricing import ModelPrice
+from llm_assets.resources.providers.base import ONLINE_BATCH_PREFIX, ItemResult, ShardState
+from llm_assets.result_rows import ledger_values
+from llm_assets.steps.context import StepContext
+
+if TYPE_CHECKING:
+    from llm_assets.resources.providers.online import OnlineStats
+
+PROGRESS_EVERY_SECONDS = 10.0
+"""How often the worker reports to the run's log (the CLI's progress bar hears every report)."""
+
+
+class OnlineInterrupted(Exception):
+    """The online worker was asked to stop; what completed is in the ledger."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm(stopping: threading.Event, active: bool) -> Iterator[None]:
+    """While an online worker runs: SIGTERM asks it to stop cleanly instead of killing it."""
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def ledger_row(
+    result: ItemResult, price: ModelPrice, model_name: str, *, batch: bool
+) -> dict[str, Any]:
+    """A normalized result as a ledger row: its custom_id and RESULT_COLUMNS."""
+    values = ledger_values(result, price.cost_calculator(batch=batch), model_name)
+    return dict(zip(("custom_id", *RESULT_COLUMNS), values, strict=True))
+
+
+def _claim(ctx: StepContext, shard: ShardRecord, batch_id: str, price_json: str) -> ShardRecord:
+    """Mark the shard as worked in the step (`batch_id` says so), or, when a worker died
+    with its items open, count the new attempt: some may have been sent."""
+    ledger = ctx.ledger
+    if shard.provider_batch_id is None:
+        if shard.submit_intent_at is None:
+            ledger.update_shard(shard.shard_id, submit_intent_at=utcnow(), price_json=price_json)
+        ledger.mark_submitted(shard.shard_id, batch_id, ShardState.RUNNING)
+    else:
+        ledger.count_new_attempt(shard.shard_id)
+    return ledger.get_shard(shard.shard_id) or shard
+
+
+def _open_items(ctx: StepContext, shard: ShardRecord) -> dict[str, int]:
+    """custom_id → estimated input tokens of the shard's items without a result."""
+    return {
+        row["custom_id"]: row["estimated_input_tokens"]
+        for row in ctx.ledger.iter_items(
+            ctx.job_id,
+            [SUBMITTED],
+            shard_id=shard.shard_id,
+            columns=["custom_id", "estimated_input_tokens"],
+        )
+    }
+
+
+def _requests(
+    ctx: StepContext, shard: ShardRecord, open_items: dict[str, int]
+) -> Iterator[tuple[str, dict[str, Any], int]]:
+    """(custom_id, request body, tokens it may use) of the shard's open items, in file order."""
+    provider = ctx.batch_provider
+    max_output = ctx.spec.model.max_output_tokens
+    for line in ctx.storage.open_lines(shard.input_uri):
+        custom_id, body = provider.realtime_request(json.loads(line))
+        tokens = open_items.get(custom_id)
+        if tokens is not None:
+            yield custom_id, body, tokens + max_output
+
+
+class _Reporter:
+    """The worker's progress: to the run's log now and then, to the CLI's bar every time."""
+
+    def __init__(self, shard_id: str, total: int, progress: Callable[[str], None] | None) -> None:
+        self.shard_id = shard_id
+        self.total = total
+        self.progress = progress
+        self.last = 0.0
+
+    def __call__(self, stats: "OnlineStats") -> None:
+        done = stats.succeeded + stats.failed
+        now = utcnow().timestamp()
+        if self.progress is not None and (
+            now - self.last >= PROGRESS_EVERY_SECONDS or done == self.total
+        ):
+            self.last = now
+            self.progress(
+                f"{self.shard_id}: {done}/{self.total} answered, {stats.rate_limited} "
+                f"rate-limited, {stats.retried} retried"
+            )
+        report_progress("online", done, self.total)
+
+
+def run_online_shard(
+    ctx: StepContext,
+    shard: ShardRecord,
+    price_json: str,
+    *,
+    progress: Callable[[str], None] | None = None,
+    stopping: threading.Event | None = None,
+) -> str:
+    """Send a shard's open items to an online endpoint, checkpointing results to the ledger
+    every `online.checkpoint_every` items; a restart sends only items without a result.
+
+    SIGTERM stops new sends; requests in flight finish and are checkpointed, then
+    OnlineInterrupted is raised so the run shows as stopped. Runs under the shard's
+    submission lock, so two runs never work on the same shard.
+    """
+    spec, ledger = ctx.spec, ctx.ledger
+    batch_id = shard.provider_batch_id or f"{ONLINE_BATCH_PREFIX}{shard.shard_id}"
+    shard = _claim(ctx, shard, batch_id, price_json)
+    price = ModelPrice.model_validate_json(shard.price_json or price_json)
+    open_items = _open_items(ctx, shard)
+
+    def deliver(results: list[ItemResult]) -> None:
+        rows = (ledger_row(r, price, spec.model.name, batch=False) for r in results)
+        ledger.upsert_results(ctx.job_id, rows)
+        failpoint("online.after_checkpoint")
+
+    stats = ctx.batch_provider.run(
+        spec,
+        _requests(ctx, shard, open_items),
+        deliver,
+        checkpoint_every=spec.online.checkpoint_every,
+        stop=(stopping or threading.Event()).is_set,
+        progress=_Reporter(shard.shard_id, len(open_items), progress),
+    )
+    if stats.interrupted:
+        raise OnlineInterrupted(
+            f"{shard.shard_id}: stopped by SIGTERM after {stats.succeeded + stats.failed} of "
+            f"{len(open_items)} items; their results are in the ledger, the rest are sent when "
+            "provider_batches runs again"
+        )
+    ledger.update_shard(
+        shard.shard_id,
+        status=ShardState.COMPLETED.value,
+        raw_status="completed",
+        ended_at=utcnow(),
+        completed_requests=stats.succeeded,
+        failed_requests=stats.failed,
+        message=f"{stats.sent} sends, {stats.rate_limited} rate-limited, "
+        f"{stats.paused_seconds:.1f}s paused, {stats.elapsed_seconds:.1f}s",
+    )
+    return batch_id

@@ -1,0 +1,300 @@
+"""The steps after the gate: dead-letter export, cost report, publishing the validated
+Parquet and the QA sample."""
+
+import datetime as dt
+import json
+import random
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pydantic import BaseModel
+
+from llm_assets import quality
+from llm_assets.checks import case_table
+from llm_assets.resources.ledger import JobRecord
+from llm_assets.resources.pricing import ModelPrice, load_price_table
+from llm_assets.spec import PipelineSpec
+from llm_assets.steps.context import StepContext, artifact_key
+from llm_assets.steps.validate import outputs_key
+
+DEAD_LETTER_PREVIEW = 20
+
+
+class DeadLetterResult(BaseModel):
+    job_id: str
+    uri: str
+    rows: int
+    by_class: dict[str, int]
+    preview: list[dict[str, Any]]
+
+
+def export_dead_letters(ctx: StepContext) -> DeadLetterResult:
+    """Every item that will not succeed, with its class and reason, as one JSONL file."""
+    job = ctx.job()
+    by_class: dict[str, int] = defaultdict(int)
+    preview: list[dict[str, Any]] = []
+
+    def lines() -> Iterator[bytes]:
+        for item in ctx.ledger.iter_dead_letters(job.job_id):
+            by_class[item["error_class"] or "unknown"] += 1
+            if len(preview) < DEAD_LETTER_PREVIEW:
+                preview.append(item)
+            yield json.dumps(item, ensure_ascii=False).encode()
+
+    key = artifact_key("dead_letters", ctx.spec.name, ctx.day.isoformat(), f"{job.job_id}.jsonl")
+    written = ctx.storage.write_lines(key, lines())
+    return DeadLetterResult(
+        job_id=job.job_id,
+        uri=written.uri,
+        rows=written.line_count,
+        by_class=dict(by_class),
+        preview=preview,
+    )
+
+
+class Drift(BaseModel):
+    """Per-item tokens and cost against the trailing median of earlier partitions."""
+
+    window: int
+    factor: float
+    history: int
+    current: dict[str, float]
+    median: dict[str, float]
+    ratio: dict[str, float]
+    drifted: list[str]
+
+
+def _per_item(job: JobRecord) -> dict[str, float]:
+    n = job.succeeded_items or 1
+    return {
+        "input_tokens_per_item": job.input_tokens / n,
+        "output_tokens_per_item": job.output_tokens / n,
+        "cost_per_item_usd": job.cost_usd / n,
+    }
+
+
+def cost_drift(ctx: StepContext, job: JobRecord) -> Drift:
+    """The job's per-item tokens and cost against the median of the pipeline's earlier
+    partitions; a ratio beyond `budget.drift_factor` either way is drift."""
+    window, factor = ctx.spec.budget.history_window, ctx.spec.budget.drift_factor
+    history = [
+        j
+        for j in ctx.ledger.earlier_jobs(ctx.spec.name, job.partition_date, window)
+        if j.succeeded_items
+    ]
+    current = _per_item(job) if job.succeeded_items else {}
+    medians: dict[str, float] = {}
+    ratios: dict[str, float] = {}
+    drifted: list[str] = []
+    if history and current:
+        for name, value in current.items():
+            medians[name] = statistics.median(_per_item(j)[name] for j in history)
+            if medians[name] > 0 and value > 0:
+                ratios[name] = value / medians[name]
+                if ratios[name] > factor or ratios[name] < 1 / factor:
+                    drifted.append(name)
+            elif value != medians[name]:
+                drifted.append(name)
+    return Drift(
+        window=window,
+        factor=factor,
+        history=len(history),
+        current=current,
+        median=medians,
+        ratio=ratios,
+        drifted=drifted,
+    )
+
+
+class CostReport(BaseModel):
+    job_id: str
+    uri: str = ""
+    markdown_uri: str = ""
+    items: int
+    succeeded: int
+    dead_letters: int
+    open_items: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    retry_cost_usd: float
+    estimated_input_tokens: int
+    estimated_cost_usd: float
+    estimated_cost_upper_usd: float
+    input_token_estimate_error: float | None
+    cost_estimate_error: float | None
+    input_tokens_per_item: float
+    output_tokens_per_item: float
+    cost_per_1k_items_usd: float
+    prices_as_of: str
+    price: ModelPrice
+    shards: list[dict[str, Any]]
+    pipeline_days: list[dict[str, Any]]
+    pipeline_months: list[dict[str, Any]]
+    drift: Drift
+
+    def markdown(self, spec: PipelineSpec, day: dt.date) -> str:
+        summary = [
+            {"": "items", "value": self.items},
+            {"": "succeeded", "value": self.succeeded},
+            {"": "dead letters", "value": self.dead_letters},
+            {"": "input tokens (billed)", "value": self.input_tokens},
+            {"": "output tokens (billed)", "value": self.output_tokens},
+            {"": "cost", "value": f"${self.cost_usd:.4f}"},
+            {"": "of which retries", "value": f"${self.retry_cost_usd:.4f}"},
+            {
+                "": "estimate / upper bound",
+                "value": f"${self.estimated_cost_usd:.4f} / ${self.estimated_cost_upper_usd:.4f}",
+            },
+            {"": "cost per 1k items", "value": f"${self.cost_per_1k_items_usd:.4f}"},
+        ]
+        return "\n\n".join(
+            [
+                f"# Cost of {spec.name} on {day} ({self.price.provider}/{self.price.name}, "
+                f"prices as of {self.prices_as_of})",
+                case_table(summary),
+                "## Shards",
+                case_table(self.shards, limit=200),
+                f"## {spec.name} per day",
+                case_table(self.pipeline_days, limit=62),
+                f"## {spec.name} per month",
+                case_table(self.pipeline_months, limit=24),
+            ]
+        )
+
+
+_TOTALLED = ("items", "succeeded", "input_tokens", "output_tokens", "cost_usd", "retry_cost_usd")
+
+
+def _pipeline_totals(rows: list[dict[str, Any]], key: Callable[[str], str]) -> list[dict[str, Any]]:
+    """Job cost rows summed per period (`key` of the row's date)."""
+    totals: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        period = key(row["date"])
+        total = totals.setdefault(
+            period,
+            {
+                "period": period,
+                "items": 0,
+                "succeeded": 0,
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "cost_usd": 0.0,
+                "retry_cost_usd": 0.0,
+            },
+        )
+        for name in _TOTALLED:
+            total[name] += row[name]
+    return list(totals.values())
+
+
+def cost_report(ctx: StepContext) -> CostReport:
+    """Tokens and cost per item, shard, job and the pipeline's days and months, the retry
+    overhead, the estimate's error and the drift against earlier partitions."""
+    spec, day, ledger = ctx.spec, ctx.day, ctx.ledger
+    counts = ledger.refresh_job(ctx.job().job_id)
+    job = ctx.job()
+    (row,) = [r for r in ledger.job_cost_rows(spec.name, day, day) if r["job_id"] == job.job_id]
+    n = counts.succeeded or 1
+    report = CostReport(
+        job_id=job.job_id,
+        items=counts.total,
+        succeeded=counts.succeeded,
+        dead_letters=counts.dead_letters,
+        open_items=counts.open,
+        input_tokens=row["input_tokens"],
+        output_tokens=row["output_tokens"],
+        cost_usd=counts.cost_usd,
+        retry_cost_usd=row["retry_cost_usd"],
+        estimated_input_tokens=row["estimated_input_tokens"],
+        estimated_cost_usd=row["estimated_cost_usd"],
+        estimated_cost_upper_usd=row["estimated_cost_upper_usd"],
+        input_token_estimate_error=ledger.estimate_accuracy(job.job_id),
+        cost_estimate_error=(counts.cost_usd / row["estimated_cost_usd"] - 1)
+        if row["estimated_cost_usd"] and counts.open == 0
+        else None,
+        input_tokens_per_item=job.input_tokens / n,
+        output_tokens_per_item=job.output_tokens / n,
+        cost_per_1k_items_usd=counts.cost_usd / n * 1000,
+        prices_as_of=load_price_table().prices_as_of,
+        price=ctx.price(),
+        shards=ledger.shard_totals(job.job_id),
+        pipeline_days=_pipeline_totals(
+            ledger.job_cost_rows(spec.name, day.replace(day=1), day), lambda d: d
+        ),
+        pipeline_months=_pipeline_totals(
+            ledger.job_cost_rows(spec.name, None, day), lambda d: d[:7]
+        ),
+        drift=cost_drift(ctx, job),
+    )
+    base = artifact_key("reports", spec.name, day.isoformat(), job.job_id)
+    markdown = ctx.storage.write_bytes(f"{base}.cost.md", report.markdown(spec, day).encode())
+    report = report.model_copy(update={"markdown_uri": markdown.uri})
+    json_uri = ctx.storage.write_bytes(
+        f"{base}.cost.json", report.model_dump_json(indent=2).encode()
+    ).uri
+    return report.model_copy(update={"uri": json_uri})
+
+
+def published_frame_failures(ctx: StepContext, uri: str) -> list[dict[str, Any]]:
+    """Read the written Parquet back and check it against the frame schema, batch by batch."""
+    import pyarrow.parquet as pq
+
+    failures: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    with ctx.storage.local_copy(uri) as path:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=50_000):
+            _, broken = quality.validate_frame(ctx.spec, batch.to_pandas(), seen)
+            failures += [f.model_dump() for f in broken]
+    return failures
+
+
+def validated_uri(ctx: StepContext) -> str:
+    """Where the day's validated Parquet is (validated_outputs writes it)."""
+    return ctx.storage.uri(outputs_key(ctx.spec, ctx.job()))
+
+
+class PublishResult(BaseModel):
+    uri: str
+    rows: int
+    sha256: str
+
+
+def publish_outputs(ctx: StepContext) -> PublishResult:
+    """The hand-off to consumers: the day's validated Parquet at a stable address."""
+    import pyarrow.parquet as pq
+
+    with ctx.storage.local_copy(validated_uri(ctx)) as path:
+        rows = pq.ParquetFile(path).metadata.num_rows
+        written = ctx.storage.write_file(
+            artifact_key("published", ctx.spec.name, f"{ctx.day.isoformat()}.parquet"), path
+        )
+    return PublishResult(uri=written.uri, rows=rows, sha256=written.sha256)
+
+
+class SampleResult(BaseModel):
+    uri: str
+    rows: int
+    preview: list[dict[str, Any]]
+
+
+def qa_sample(ctx: StepContext) -> SampleResult:
+    """N validated rows drawn with a seed fixed per partition, for human spot checks."""
+    import pyarrow.parquet as pq
+
+    spec, day = ctx.spec, ctx.day
+    job = ctx.job()
+    with ctx.storage.local_copy(validated_uri(ctx)) as path:
+        table = pq.read_table(path)
+    rng = random.Random(f"{spec.name}/{day.isoformat()}/{job.job_id}")
+    picks = sorted(
+        rng.sample(range(table.num_rows), min(spec.quality.qa_sample_size, table.num_rows))
+    )
+    rows = table.take(picks).to_pylist() if picks else []
+    written = ctx.storage.write_lines(
+        artifact_key("qa", spec.name, f"{day.isoformat()}.jsonl"),
+        (json.dumps(row, ensure_ascii=False, default=str).encode() for row in rows),
+    )
+    return SampleResult(uri=written.uri, rows=len(rows), preview=rows[:20])

@@ -1,0 +1,323 @@
+"""request_shards: snapshot rows into request shards with a cost estimate, bad input into
+dead letters. Also the shard writing and the estimator the retry and requeue rounds share."""
+
+import dataclasses
+import datetime as dt
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from llm_assets import ids
+from llm_assets.failpoints import failpoint
+from llm_assets.items import PreparedItem, Preparer, prepare_items
+from llm_assets.memory import collector_paused, release_free_memory
+from llm_assets.resources.ledger import DEAD_LETTER, PENDING, BackgroundWriter, JobRecord
+from llm_assets.resources.storage import WrittenArtifact
+from llm_assets.sharding import split_shards
+from llm_assets.steps.context import StepContext, artifact_key
+from llm_assets.tokens import counter_for
+
+
+class ShardEstimate(BaseModel):
+    """What a shard is expected to cost, and at most, before it is sent."""
+
+    estimated_input_tokens: int
+    estimated_output_tokens: int
+    estimated_cost_usd: float
+    estimated_cost_upper_usd: float
+
+
+class Estimate(BaseModel):
+    """A day's estimate as `request_shards` shows it."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    input_tokens_exact: bool = True
+    token_counter: str = ""
+    expected_output_tokens_per_item: float = 0.0
+    output_basis: str = ""
+    cost_usd: float = 0.0
+    cost_upper_usd: float = 0.0
+
+    def add(self, shard: ShardEstimate, requests: int) -> None:
+        self.requests += requests
+        self.input_tokens += shard.estimated_input_tokens
+        self.cost_usd += shard.estimated_cost_usd
+        self.cost_upper_usd += shard.estimated_cost_upper_usd
+
+
+class Estimator:
+    """Prices shards before submission: input tokens as counted, output as learned from the
+    pipeline's earlier partitions (median output tokens per item, at most max_output_tokens);
+    the upper bound takes every item at max_output_tokens and approximated input counts plus
+    their margin."""
+
+    def __init__(self, ctx: StepContext) -> None:
+        spec, ledger = ctx.spec, ctx.ledger
+        self.spec = spec
+        self.provider = ctx.batch_provider
+        self.price = ctx.price()
+        self.counter = counter_for(spec)
+        self.max_output = spec.model.max_output_tokens
+        history = ledger.earlier_jobs(spec.name, ctx.day, spec.budget.history_window)
+        per_item = list(ledger.output_tokens_per_billed_item([j.job_id for j in history]).values())
+        if per_item:
+            self.expected_output = min(statistics.median(per_item), float(self.max_output))
+            self.basis = f"median of {len(per_item)} earlier partition(s)"
+        else:
+            self.expected_output = float(self.max_output)
+            self.basis = "max_output_tokens (no earlier partitions)"
+
+    def empty(self) -> Estimate:
+        return Estimate(
+            input_tokens_exact=self.counter.exact,
+            token_counter=self.counter.method,
+            expected_output_tokens_per_item=self.expected_output,
+            output_basis=self.basis,
+        )
+
+    def shard(self, input_tokens: int, requests: int) -> ShardEstimate:
+        output = round(self.expected_output * requests)
+        # A shard the step sends request by request pays realtime prices.
+        batch = self.provider.priced_as_batch and not self.provider.runs_shard_in_step(
+            self.spec, requests, None
+        )
+        return ShardEstimate(
+            estimated_input_tokens=input_tokens,
+            estimated_output_tokens=output,
+            estimated_cost_usd=self.price.cost_usd(input_tokens, output, batch=batch),
+            estimated_cost_upper_usd=self.price.cost_usd(
+                self.counter.upper(input_tokens), self.max_output * requests, batch=batch
+            ),
+        )
+
+
+class ShardsResult(BaseModel):
+    job_id: str
+    snapshot_rows: int
+    new_items: int
+    already_known: int
+    input_dead_letters: dict[str, int]
+    shards_created: list[str]
+    shard_uris: list[str]
+    estimate: Estimate
+
+
+def shards_for(
+    ctx: StepContext, lines: Iterable[tuple[str, bytes]]
+) -> Iterator[list[tuple[str, bytes]]]:
+    """Request lines grouped into shards under the spec's caps and the provider's minimum."""
+    spec = ctx.spec
+    return split_shards(
+        lines,
+        max_requests=spec.sharding.max_requests_per_shard,
+        max_bytes=spec.sharding.max_bytes_per_shard,
+        min_requests=ctx.batch_provider.min_records_per_shard(spec),
+    )
+
+
+def line_offsets(lines: Sequence[tuple[str, bytes]]) -> list[tuple[str, int]]:
+    """(custom_id, byte offset of its line) for the lines of a shard file, in its order, as
+    ArtifactStorage.write_lines lays them out (each line and a newline)."""
+    offsets = []
+    at = 0
+    for cid, line in lines:
+        offsets.append((cid, at))
+        at += len(line) + 1
+    return offsets
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRound:
+    """One round of a job's shards (first sends, a retry round, a requeue): where their
+    files go, what their ledger rows say, and the thread that records them, if any."""
+
+    ctx: StepContext
+    job: JobRecord
+    round_no: int
+    not_before: dt.datetime | None = None
+    writer: BackgroundWriter | None = None
+
+    def shard_id(self, index: int) -> str:
+        return ids.shard_id(self.job.job_id, self.round_no, index)
+
+    def write_file(self, index: int, lines: Sequence[tuple[str, bytes]]) -> WrittenArtifact:
+        """The shard's request lines, in order, at the shard's key."""
+        key = artifact_key(
+            "shards",
+            self.ctx.spec.name,
+            self.job.partition_date.isoformat(),
+            self.job.job_id,
+            f"{self.shard_id(index)}.jsonl",
+        )
+        return self.ctx.storage.write_lines(key, (line for _, line in lines))
+
+    def shard_row(
+        self, index: int, written: WrittenArtifact, item_count: int, estimate: ShardEstimate
+    ) -> dict[str, Any]:
+        """The ledger row of the shard written at `index`."""
+        return {
+            "shard_id": self.shard_id(index),
+            "job_id": self.job.job_id,
+            "round": self.round_no,
+            "shard_index": index,
+            "input_uri": written.uri,
+            "item_count": item_count,
+            "size_bytes": written.size_bytes,
+            "content_sha256": written.sha256,
+            "provider": self.ctx.spec.model.provider,
+            "not_before": self.not_before,
+            **estimate.model_dump(),
+        }
+
+
+def write_shard(
+    round_: ShardRound,
+    index: int,
+    lines: list[tuple[str, bytes]],
+    items: list[dict[str, Any]] | None,
+    estimate: ShardEstimate,
+) -> str:
+    """Write a shard's file, then record it: with its new `items`, or (None) taking over the
+    items of `lines` from their earlier shards. On the round's writer thread when it has one:
+    the file is always there before the ledger names it."""
+    ledger = round_.ctx.ledger
+    written = round_.write_file(index, lines)
+    failpoint("retry.after_file" if items is None else "shards.after_file")
+    shard = round_.shard_row(index, written, len(lines), estimate)
+
+    def record() -> None:
+        if items is not None:
+            ledger.add_shard_with_items(shard, items)
+        else:
+            ledger.reassign_items_to_shard(round_.job.job_id, shard, line_offsets(lines))
+        failpoint("shards.after_record")
+
+    if round_.writer is not None:
+        round_.writer.submit(record)
+    else:
+        record()
+    return written.uri
+
+
+@dataclasses.dataclass
+class _Intake:
+    """Snapshot rows on their way into shards: rows the ledger knows are counted and skipped,
+    bad input becomes dead letters, the rest become request lines of new items."""
+
+    ctx: StepContext
+    job: JobRecord
+    known: set[str]
+    snapshot_rows: int = 0
+    already: int = 0
+    dead_letters: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+    dead_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    fresh: dict[str, PreparedItem] = dataclasses.field(default_factory=dict)
+
+    def dead(self, item: PreparedItem, code: str, message: str) -> None:
+        self.dead_letters[code] += 1
+        self.dead_rows.append(
+            {
+                "job_id": self.job.job_id,
+                "custom_id": item.custom_id,
+                "source_id": item.source_id,
+                "status": DEAD_LETTER,
+                "error_class": "input",
+                "error_code": code,
+                "error_message": message,
+                "model_name": self.ctx.spec.model.name,
+            }
+        )
+
+    def requests(self, items: Iterable[PreparedItem]) -> Iterator[tuple[str, bytes]]:
+        """(custom_id, request line) of the items to send; the items are kept until their
+        shard takes them (`pending_rows`)."""
+        limit = self.ctx.spec.sharding.max_bytes_per_shard
+        for item in items:
+            self.snapshot_rows += 1
+            if item.custom_id in self.known:
+                self.already += 1
+                continue
+            encoded = item.line
+            if encoded is None:
+                self.dead(item, item.error_code or "input", item.error_message or "")
+                continue
+            if len(encoded) + 1 > limit:
+                self.dead(
+                    item,
+                    "request_too_large",
+                    f"the request is {len(encoded)} bytes; a shard takes at most {limit} "
+                    "(sharding.max_bytes_per_shard)",
+                )
+                continue
+            self.fresh[item.custom_id] = item
+            yield item.custom_id, encoded
+
+    def pending_rows(
+        self, shard_id: str, lines: Sequence[tuple[str, bytes]]
+    ) -> list[dict[str, Any]]:
+        """The ledger rows of a new shard's items, each with where its line starts."""
+        rows = []
+        for cid, offset in line_offsets(lines):
+            item = self.fresh.pop(cid)
+            rows.append(
+                {
+                    "job_id": self.job.job_id,
+                    "custom_id": cid,
+                    "source_id": item.source_id,
+                    "shard_id": shard_id,
+                    "status": PENDING,
+                    "model_name": self.ctx.spec.model.name,
+                    "estimated_input_tokens": item.input_tokens,
+                    "request_offset": offset,
+                }
+            )
+        return rows
+
+
+def build_shards(ctx: StepContext) -> ShardsResult:
+    """Turn snapshot rows the ledger has not seen into request shards and input dead letters."""
+    spec, ledger = ctx.spec, ctx.ledger
+    snapshot_uri = ctx.snapshot_uri()
+    job = ctx.job_or_create()
+    estimator = Estimator(ctx)
+    estimate = estimator.empty()
+    intake = _Intake(ctx, job, ledger.known_custom_ids(job.job_id))
+    preparer = Preparer(
+        spec, ctx.day, ctx.price().context_window, ctx.batch_provider.line_encoder(spec)
+    )
+    requests = intake.requests(prepare_items(preparer, ctx.storage.open_lines(snapshot_uri)))
+    round_no = ledger.next_round(job.job_id)
+    created: list[str] = []
+    uris: list[str] = []
+    # The database records shard k while shard k+1 is rendered, counted and written.
+    with collector_paused(), BackgroundWriter(depth=1) as writer:
+        round_ = ShardRound(ctx, job, round_no, writer=writer)
+        for index, shard_lines in enumerate(shards_for(ctx, requests)):
+            shard_id = round_.shard_id(index)
+            items = intake.pending_rows(shard_id, shard_lines)
+            shard_estimate = estimator.shard(
+                sum(i["estimated_input_tokens"] for i in items), len(items)
+            )
+            estimate.add(shard_estimate, len(items))
+            uris.append(write_shard(round_, index, shard_lines, items, shard_estimate))
+            created.append(shard_id)
+            release_free_memory()
+    ledger.add_items(intake.dead_rows)
+    if created:
+        ledger.analyze()
+    ledger.update_job(job.job_id, snapshot_uri=snapshot_uri)
+    ledger.refresh_job(job.job_id)
+    return ShardsResult(
+        job_id=job.job_id,
+        snapshot_rows=intake.snapshot_rows,
+        new_items=estimate.requests + sum(intake.dead_letters.values()),
+        already_known=intake.already,
+        input_dead_letters=dict(intake.dead_letters),
+        shards_created=created,
+        shard_uris=uris,
+        estimate=estimate,
+    )

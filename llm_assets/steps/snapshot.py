@@ -1,0 +1,61 @@
+"""input_snapshot: the partition's source rows frozen into one content-addressed file."""
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from llm_assets.failpoints import failpoint
+from llm_assets.source import rows_for_partition
+from llm_assets.steps.context import StepContext, artifact_key, snapshot_dir
+
+
+class SnapshotResult(BaseModel):
+    uri: str
+    sha256: str
+    rows: int
+    unreadable_rows: int
+    reused: bool
+    files: int
+
+
+def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
+    """Freeze the partition's source rows into an immutable, content-addressed JSONL file.
+
+    The file is named by the hash of its content, so taking the snapshot again over the same
+    rows reuses it; the CURRENT pointer names the snapshot the later steps read.
+    """
+    spec, day, storage = ctx.spec, ctx.day, ctx.storage
+    keep = {spec.source.id_field, spec.source.date_field, *spec.source.fields}
+    rows = 0
+    unreadable = 0
+    files: set[str] = set()
+    digest = hashlib.sha256()
+    with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as tmp:
+        try:
+            for row in rows_for_partition(spec, source_uri, day, storage):
+                files.add(row.file)
+                if row.record is not None:
+                    row = row._replace(record={k: v for k, v in row.record.items() if k in keep})
+                else:
+                    unreadable += 1
+                line = row.to_json() + b"\n"
+                digest.update(line)
+                tmp.write(line)
+                rows += 1
+            tmp.close()
+            sha = digest.hexdigest()
+            key = artifact_key(snapshot_dir(spec, day), f"{sha[:20]}.jsonl")
+            uri = storage.uri(key)
+            reused = storage.exists(uri)
+            if not reused:
+                storage.write_file(key, Path(tmp.name))
+                failpoint("snapshot.after_write")
+        finally:
+            os.unlink(tmp.name)
+    storage.write_bytes(artifact_key(snapshot_dir(spec, day), "CURRENT"), uri.encode())
+    return SnapshotResult(
+        uri=uri, sha256=sha, rows=rows, unreadable_rows=unreadable, reused=reused, files=len(files)
+    )

@@ -1,0 +1,271 @@
+"""provider_batches: the budget gates, then every shard not yet sent submitted once (or, for
+shards the step works itself, sent by the online worker)."""
+
+import dataclasses
+import datetime as dt
+import threading
+from collections.abc import Callable
+
+from pydantic import BaseModel
+
+from llm_assets.failpoints import failpoint
+from llm_assets.resources.ledger import DEAD_LETTER, PENDING, JobRecord, ShardRecord, utcnow
+from llm_assets.resources.providers.base import IN_FLIGHT_STATES, ShardState, ShardSubmission
+from llm_assets.steps.context import GateBlocked, StepContext
+from llm_assets.steps.online import OnlineInterrupted, run_online_shard, stop_on_sigterm
+
+_WAITING = (ShardState.CREATED, ShardState.UPLOADED)
+
+
+class BudgetGate(BaseModel):
+    """The partition budget gate: what the day has spent or may still spend, against the limit."""
+
+    limit_usd: float | None
+    committed_usd: float
+    approved_usd: float | None = None
+    approved_by: str | None = None
+    passed: bool
+    reason: str
+
+
+def budget_gate(ctx: StepContext, *, approve: bool = False, approved_by: str = "") -> BudgetGate:
+    """Compare the day's committed cost (billed plus the upper bound of unbilled shards) with
+    `budget.max_usd_per_partition`. Approving records the amount approved on the job, so later
+    runs of the same day (retries) pass until the bound grows past what was approved."""
+    spec, ledger = ctx.spec, ctx.ledger
+    job = ctx.job()
+    limit = spec.budget.max_usd_per_partition
+    committed = ledger.committed_cost(job.job_id)
+    approved = job.budget_approved_usd
+    gate = BudgetGate(
+        limit_usd=limit,
+        committed_usd=committed,
+        approved_usd=approved,
+        approved_by=job.budget_approved_by,
+        passed=True,
+        reason="",
+    )
+    if limit is None:
+        return gate.model_copy(update={"reason": "no budget.max_usd_per_partition"})
+    if not ledger.shards(job.job_id, list(_WAITING)):
+        return gate.model_copy(update={"reason": "nothing is waiting to be submitted"})
+    if committed <= limit:
+        return gate.model_copy(
+            update={"reason": f"upper bound ${committed:.4f} within ${limit:.4f}"}
+        )
+    if approve:
+        who = approved_by or "unknown"
+        ledger.update_job(
+            job.job_id,
+            budget_approved_usd=committed,
+            budget_approved_by=who,
+            budget_approved_at=utcnow(),
+        )
+        return gate.model_copy(
+            update={
+                "approved_usd": committed,
+                "approved_by": who,
+                "reason": f"upper bound ${committed:.4f} over ${limit:.4f}, approved",
+            }
+        )
+    if approved is not None and committed <= approved * (1 + 1e-9):
+        return gate.model_copy(
+            update={
+                "reason": f"upper bound ${committed:.4f} over ${limit:.4f}, approved up to "
+                f"${approved:.4f} by {job.budget_approved_by}"
+            }
+        )
+    return gate.model_copy(update={"passed": False, "reason": _over_budget(ctx, gate)})
+
+
+def _over_budget(ctx: StepContext, gate: BudgetGate) -> str:
+    """Why the partition budget gate refuses, and how to approve the day."""
+    approved = gate.approved_usd
+    return (
+        f"{ctx.spec.name} {ctx.day}: estimated upper bound ${gate.committed_usd:.4f} is over "
+        f"budget.max_usd_per_partition ${gate.limit_usd:.4f}"
+        + (f" and the ${approved:.4f} approved earlier" if approved is not None else "")
+        + "; nothing was submitted. Approve with `llm-assets run ... --approve-budget`, the "
+        "run tag llm_assets/approve_budget=true or the request_shards config "
+        "approve_budget: true"
+    )
+
+
+def _reserve_pipeline_budget(
+    ctx: StepContext, job: JobRecord, to_submit: list[ShardRecord]
+) -> None:
+    """Reserve the shards' upper bounds, all or none, against the daily and monthly caps."""
+    budget = ctx.spec.budget
+    if (budget.max_usd_per_day is None and budget.max_usd_per_month is None) or not to_submit:
+        return
+    refused = ctx.ledger.reserve_budget(
+        pipeline=ctx.spec.name,
+        job_id=job.job_id,
+        shards={s.shard_id: s.estimated_cost_upper_usd for s in to_submit},
+        max_per_day=budget.max_usd_per_day,
+        max_per_month=budget.max_usd_per_month,
+    )
+    if refused is not None:
+        raise GateBlocked(
+            "pipeline_budget",
+            f"{refused}; nothing was submitted. It can go once settled costs leave room "
+            "(or raise budget.max_usd_per_day / max_usd_per_month)",
+        )
+
+
+class SubmitResult(BaseModel):
+    job_id: str
+    submitted: dict[str, str]
+    being_submitted_elsewhere: int = 0
+    in_flight: int
+    committed_cost_usd: float
+    waiting_for_backoff: int = 0
+    next_submission_at: dt.datetime | None = None
+
+
+@dataclasses.dataclass
+class _Submitter:
+    """One submission run over a day's shards: what it submitted, how many shards another run
+    held, and the event SIGTERM sets to stop an online worker cleanly."""
+
+    ctx: StepContext
+    job: JobRecord
+    price_json: str
+    progress: Callable[[str], None] | None = None
+    stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
+    submitted: dict[str, str] = dataclasses.field(default_factory=dict)
+    busy: int = 0
+
+    def runs_in_step(self, shard: ShardRecord) -> bool:
+        """Whether this step sends the shard's items itself rather than as a batch."""
+        return self.ctx.batch_provider.runs_shard_in_step(
+            self.ctx.spec, shard.item_count, shard.provider_batch_id
+        )
+
+    def submit_or_run(self, shard: ShardRecord) -> None:
+        """Submit (or work) one shard under its lock; skipped while another run holds it."""
+        with self.ctx.ledger.submission_lock(shard.shard_id) as mine:
+            if not mine:
+                self.busy += 1  # another run is submitting it right now
+                return
+            current = self.ctx.ledger.get_shard(shard.shard_id)
+            if current is not None and self.runs_in_step(current):
+                if current.status in (*IN_FLIGHT_STATES, *_WAITING):
+                    self.submitted[shard.shard_id] = run_online_shard(
+                        self.ctx,
+                        current,
+                        self.price_json,
+                        progress=self.progress,
+                        stopping=self.stopping,
+                    )
+                return
+            if current is None or current.provider_batch_id is not None:
+                return  # submitted by another run since it was listed
+            refusal = self.ctx.batch_provider.below_minimum_reason(
+                self.ctx.spec, current.shard_id, current.item_count
+            )
+            if refusal is not None:
+                _dead_letter_unsendable(self.ctx, current, refusal)
+                return
+            self.submitted[shard.shard_id] = self.submit_one(current)
+
+    def submit_one(self, shard: ShardRecord) -> str:
+        """Submit one shard under its submission lock; returns the provider batch id."""
+        ctx = self.ctx
+        # The first intent is kept: after a crash, the adapter reconciles from that moment.
+        # The price in force now is the one the shard's results are charged at.
+        if shard.submit_intent_at is None:
+            ctx.ledger.update_shard(
+                shard.shard_id, submit_intent_at=utcnow(), price_json=self.price_json
+            )
+            shard = shard.model_copy(update={"price_json": self.price_json})
+        failpoint("submit.after_intent")
+        provider = ctx.batch_provider
+        batch_id = provider.submit(
+            ShardSubmission(
+                shard_id=shard.shard_id,
+                job_id=self.job.job_id,
+                pipeline=ctx.spec.name,
+                input_uri=shard.input_uri,
+                item_count=shard.item_count,
+                intent_at=shard.submit_intent_at,
+                known_batch_ids=ctx.ledger.recent_provider_batch_ids(
+                    ctx.spec.model.provider, utcnow() - dt.timedelta(days=2)
+                ),
+                model=ctx.spec.model.name,
+                format=provider.request_format(ctx.spec),
+            ),
+            ctx.storage,
+        )
+        failpoint("submit.after_create")
+        ctx.ledger.mark_submitted(shard.shard_id, batch_id, ShardState.SUBMITTED)
+        failpoint("submit.after_record")
+        return batch_id
+
+
+def _dead_letter_unsendable(ctx: StepContext, shard: ShardRecord, reason: str) -> None:
+    """A shard the provider would refuse (below its minimum) is never sent: its items become
+    dead letters saying why, to be requeued when there are enough of them."""
+    now = utcnow()
+    ctx.ledger.close_shard(
+        shard.shard_id,
+        from_status=[PENDING],
+        items={
+            "status": DEAD_LETTER,
+            "error_class": "deterministic",
+            "error_code": "below_minimum",
+            "error_message": reason,
+        },
+        status=ShardState.IMPORTED.value,
+        raw_status="below_minimum",
+        message=reason,
+        ended_at=now,
+        imported_at=now,
+    )
+
+
+def submit_shards(
+    ctx: StepContext,
+    *,
+    approve_budget: bool = False,
+    approved_by: str = "",
+    progress: Callable[[str], None] | None = None,
+) -> SubmitResult:
+    """Submit every shard not yet submitted; a shard never gets a second live batch.
+
+    Two budget gates come first: the day's upper bound against the partition budget, then
+    the shards' upper bounds reserved, all or none, against the pipeline's daily and monthly
+    caps.
+    """
+    ledger = ctx.ledger
+    job = ctx.job()
+    to_submit = ledger.shards(job.job_id, list(_WAITING))
+    if to_submit:
+        gate = budget_gate(ctx, approve=approve_budget, approved_by=approved_by)
+        if not gate.passed:
+            raise GateBlocked("budget", gate.reason)
+    now = utcnow()
+    waiting = [s for s in to_submit if s.not_before is not None and s.not_before > now]
+    to_submit = [s for s in to_submit if s not in waiting]
+    run = _Submitter(ctx, job, ctx.price().model_dump_json(), progress)
+    _reserve_pipeline_budget(ctx, job, to_submit)
+    # Online shards: this step is the worker. Shards a dead worker left running resume here.
+    to_submit += [s for s in ledger.shards(job.job_id, IN_FLIGHT_STATES) if run.runs_in_step(s)]
+    with stop_on_sigterm(run.stopping, any(run.runs_in_step(s) for s in to_submit)):
+        for shard in to_submit:
+            if run.stopping.is_set():
+                raise OnlineInterrupted(
+                    f"stopped by SIGTERM before {shard.shard_id}; its items are sent when "
+                    "provider_batches runs again"
+                )
+            run.submit_or_run(shard)
+    ledger.refresh_job(job.job_id)
+    return SubmitResult(
+        job_id=job.job_id,
+        submitted=run.submitted,
+        being_submitted_elsewhere=run.busy,
+        in_flight=len(ledger.shards(job.job_id, IN_FLIGHT_STATES)),
+        committed_cost_usd=ledger.committed_cost(job.job_id),
+        waiting_for_backoff=len(waiting),
+        next_submission_at=min((s.not_before for s in waiting if s.not_before), default=None),
+    )
