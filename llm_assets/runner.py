@@ -2,7 +2,8 @@
 
 Every step runs as a real Dagster run on a persistent instance, so it shows in the UI. Only
 the waiting happens here: between runs, in-flight batches are polled with cheap status calls
-(the same call the status sensor makes), never from inside an asset.
+(the same call the status sensor makes), never from inside an asset. `run_days` drives a
+range of days one after another with a progress line each, for `llm-assets run` and the demo.
 """
 
 import datetime as dt
