@@ -1,4 +1,9 @@
-"""`llm-assets`: the command line for scripts and cron (exit 0 done, 2 gate, 1 error)."""
+"""`llm-assets`: the command line for scripts and cron (exit 0 done, 2 gate, 1 error).
+
+Commands import Dagster, the runner, the steps and the resources inside their bodies: those
+imports take seconds, and `--help` or `validate-spec` need none of them. What the commands
+print is laid out in console.py.
+"""
 
 import csv
 import datetime as dt
