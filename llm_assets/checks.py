@@ -5,7 +5,9 @@ from typing import Any
 
 import dagster as dg
 
+from llm_assets import quality
 from llm_assets.resources.ledger import JobCounts
+from llm_assets.spec import PipelineSpec
 
 NO_MISSING_RESULTS = "no_missing_results"
 NO_DUPLICATE_RESULTS = "no_duplicate_results"
@@ -68,9 +70,7 @@ LABEL_DISTRIBUTION_SHIFT = "label_distribution_shift"
 BLOCKING_CHECKS = (OUTPUT_SCHEMA, QUALITY_FAILURE_RATE, OUTPUTS_COMPLETE)
 
 
-def validated_outputs_check_specs(spec: Any, key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
-    from llm_assets import quality
-
+def validated_outputs_check_specs(spec: PipelineSpec, key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
     specs = [
         dg.AssetCheckSpec(
             OUTPUT_SCHEMA,
@@ -123,87 +123,101 @@ def case_table(cases: Sequence[dict[str, Any]], limit: int = 20) -> str:
 
 
 def validated_outputs_checks(
-    spec: Any, result: Any, schema_failures: Sequence[dict[str, Any]]
+    spec: PipelineSpec, result: Any, schema_failures: Sequence[dict[str, Any]]
 ) -> list[dg.AssetCheckResult]:
     """Check results of one validated_outputs materialization (see validate_outputs)."""
-    from llm_assets import quality
-
-    rate_ok = result.failure_rate <= spec.quality.max_failure_rate
     checks = [
-        dg.AssetCheckResult(
-            check_name=OUTPUT_SCHEMA,
-            passed=not schema_failures,
-            severity=dg.AssetCheckSeverity.ERROR,
-            metadata={
-                "failing_rows": len(schema_failures),
-                "failure_cases": dg.MetadataValue.md(case_table(schema_failures)),
-            },
-            description=None if not schema_failures else "the published frame breaks the schema",
-        ),
-        dg.AssetCheckResult(
-            check_name=QUALITY_FAILURE_RATE,
-            passed=rate_ok,
-            severity=dg.AssetCheckSeverity.ERROR,
-            metadata={
-                "failure_rate": result.failure_rate,
-                "max_failure_rate": spec.quality.max_failure_rate,
-                "quality_dead_letters": result.quality_dead_letters,
-                "valid_rows": result.valid_rows,
-                "failures_by_rule": result.quality_failures,
-                "failure_cases": dg.MetadataValue.md(case_table(result.failure_cases)),
-            },
-            description=None
-            if rate_ok
-            else f"quality failure rate {result.failure_rate:.1%} is over "
-            f"quality.max_failure_rate {spec.quality.max_failure_rate:.1%}",
-        ),
-        dg.AssetCheckResult(
-            check_name=OUTPUTS_COMPLETE,
-            passed=result.open_items == 0 and not result.missing_results,
-            severity=dg.AssetCheckSeverity.ERROR,
-            metadata={
-                "open_items": result.open_items,
-                "missing_results": len(result.missing_results),
-                "custom_ids": dg.MetadataValue.md(id_table(result.missing_results)),
-            },
-            description=None
-            if result.open_items == 0 and not result.missing_results
-            else f"{result.open_items} items still open, {len(result.missing_results)} never "
-            "answered",
-        ),
+        _output_schema_check(schema_failures),
+        _quality_failure_rate_check(spec, result),
+        _outputs_complete_check(result),
     ]
     if quality.confidence_field(spec) and spec.quality.min_confidence is not None:
-        share = (result.low_confidence_rows or 0) / result.valid_rows if result.valid_rows else 0.0
-        checks.append(
-            dg.AssetCheckResult(
-                check_name=LOW_CONFIDENCE_SHARE,
-                passed=share <= spec.quality.max_low_confidence_share,
-                severity=dg.AssetCheckSeverity.WARN,
-                metadata={
-                    "share_below_min_confidence": share,
-                    "rows_below_min_confidence": result.low_confidence_rows or 0,
-                    "min_confidence": spec.quality.min_confidence,
-                    "max_low_confidence_share": spec.quality.max_low_confidence_share,
-                },
-            )
-        )
+        checks.append(_low_confidence_check(spec, result))
     if quality.label_field(spec):
-        shift = result.label_shift
-        checks.append(
-            dg.AssetCheckResult(
-                check_name=LABEL_DISTRIBUTION_SHIFT,
-                passed=shift is None or shift <= spec.quality.max_label_shift,
-                severity=dg.AssetCheckSeverity.WARN,
-                metadata={
-                    "total_variation": shift if shift is not None else -1.0,
-                    "baseline_partitions": spec.quality.shift_window,
-                    "has_baseline": bool(result.baseline_distribution),
-                    "distribution": result.label_distribution,
-                    "baseline": result.baseline_distribution,
-                },
-            )
-        )
+        checks.append(_label_shift_check(spec, result))
     return checks
+
+
+def _output_schema_check(schema_failures: Sequence[dict[str, Any]]) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        check_name=OUTPUT_SCHEMA,
+        passed=not schema_failures,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "failing_rows": len(schema_failures),
+            "failure_cases": dg.MetadataValue.md(case_table(schema_failures)),
+        },
+        description=None if not schema_failures else "the published frame breaks the schema",
+    )
+
+
+def _quality_failure_rate_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
+    rate_ok = result.failure_rate <= spec.quality.max_failure_rate
+    return dg.AssetCheckResult(
+        check_name=QUALITY_FAILURE_RATE,
+        passed=rate_ok,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "failure_rate": result.failure_rate,
+            "max_failure_rate": spec.quality.max_failure_rate,
+            "quality_dead_letters": result.quality_dead_letters,
+            "valid_rows": result.valid_rows,
+            "failures_by_rule": result.quality_failures,
+            "failure_cases": dg.MetadataValue.md(case_table(result.failure_cases)),
+        },
+        description=None
+        if rate_ok
+        else f"quality failure rate {result.failure_rate:.1%} is over "
+        f"quality.max_failure_rate {spec.quality.max_failure_rate:.1%}",
+    )
+
+
+def _outputs_complete_check(result: Any) -> dg.AssetCheckResult:
+    complete = result.open_items == 0 and not result.missing_results
+    return dg.AssetCheckResult(
+        check_name=OUTPUTS_COMPLETE,
+        passed=complete,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "open_items": result.open_items,
+            "missing_results": len(result.missing_results),
+            "custom_ids": dg.MetadataValue.md(id_table(result.missing_results)),
+        },
+        description=None
+        if complete
+        else f"{result.open_items} items still open, {len(result.missing_results)} never answered",
+    )
+
+
+def _low_confidence_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
+    share = (result.low_confidence_rows or 0) / result.valid_rows if result.valid_rows else 0.0
+    return dg.AssetCheckResult(
+        check_name=LOW_CONFIDENCE_SHARE,
+        passed=share <= spec.quality.max_low_confidence_share,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "share_below_min_confidence": share,
+            "rows_below_min_confidence": result.low_confidence_rows or 0,
+            "min_confidence": spec.quality.min_confidence,
+            "max_low_confidence_share": spec.quality.max_low_confidence_share,
+        },
+    )
+
+
+def _label_shift_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
+    shift = result.label_shift
+    return dg.AssetCheckResult(
+        check_name=LABEL_DISTRIBUTION_SHIFT,
+        passed=shift is None or shift <= spec.quality.max_label_shift,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "total_variation": shift if shift is not None else -1.0,
+            "baseline_partitions": spec.quality.shift_window,
+            "has_baseline": bool(result.baseline_distribution),
+            "distribution": result.label_distribution,
+            "baseline": result.baseline_distribution,
+        },
+    )
 
 
 BUDGET = "budget"

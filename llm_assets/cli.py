@@ -1,43 +1,41 @@
-"""`llm-assets`: the command line for scripts and cron (exit 0 done, 2 gate, 1 error)."""
+"""`llm-assets`: the command line for scripts and cron (exit 0 done, 2 gate, 1 error).
 
+Commands import Dagster, the runner, the steps and the resources inside their bodies: those
+imports take seconds, and `--help` or `validate-spec` need none of them. What the commands
+print is laid out in console.py.
+"""
+
+import csv
 import datetime as dt
 import json
-import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from llm_assets.console import (
+    console,
+    dead_letter_table,
+    err,
+    outcome_table,
+    print_costs,
+    print_error,
+    print_status,
+    progress_bar,
+)
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec, SpecError, check_specs, load_specs
 
-EXIT_OK, EXIT_ERROR, EXIT_GATE = 0, 1, 2
+if TYPE_CHECKING:
+    from llm_assets.resources.ledger import JobRecord, LedgerResource
 
-console = Console(stderr=False, width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+EXIT_OK, EXIT_ERROR, EXIT_GATE = 0, 1, 2
 
 
 def _settings() -> Settings:
     return Settings.from_env()
-
-
-def _instance(settings: Settings) -> Any:
-    """The persistent Dagster instance, so CLI runs show in the UI."""
-    import dagster as dg
-
-    os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))
-    home = Path(os.environ["DAGSTER_HOME"])
-    home.mkdir(parents=True, exist_ok=True)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        # A local instance on SQLite under the home; production uses the repo's dagster.yaml.
-        config.write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
-    return dg.DagsterInstance.get()
 
 
 def _spec(settings: Settings, name: str) -> PipelineSpec:
@@ -45,7 +43,7 @@ def _spec(settings: Settings, name: str) -> PipelineSpec:
         specs = {s.name: s for s in load_specs(settings.pipelines_dir)}
     except SpecError as exc:
         for problem in exc.problems:
-            err.print(f"[red]error[/red] {escape(str(problem))}", highlight=False, soft_wrap=True)
+            print_error(str(problem))
         sys.exit(EXIT_ERROR)
     if name not in specs:
         raise click.UsageError(
@@ -95,7 +93,7 @@ def validate_spec(path: Path | None) -> None:
     except SpecError as exc:
         specs, problems = [], exc.problems
     for problem in problems:
-        err.print(f"[red]error[/red] {escape(str(problem))}", highlight=False, soft_wrap=True)
+        print_error(str(problem))
     if problems:
         err.print(f"{len(problems)} problem(s) in {target}")
         sys.exit(EXIT_ERROR)
@@ -103,71 +101,6 @@ def validate_spec(path: Path | None) -> None:
         console.print(
             escape(f"ok {spec.path}: pipeline {spec.name}"), highlight=False, soft_wrap=True
         )
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=False,
-        disable=not err.is_terminal,
-    )
-
-
-def run_days(
-    settings: Settings,
-    spec: PipelineSpec,
-    days: list[dt.date],
-    *,
-    wait: bool,
-    approve_budget: bool,
-    poll_interval: float = 30.0,
-) -> list[Any]:
-    from llm_assets.runner import PartitionRunner
-
-    runner = PartitionRunner(
-        settings,
-        spec,
-        _instance(settings),
-        approve_budget=approve_budget,
-        poll_interval=poll_interval,
-    )
-    outcomes = []
-    with _progress() as progress:
-        for day in days:
-            task = progress.add_task(f"{spec.name} {day}", total=None)
-
-            def report(
-                stage: str, done: int, total: int, task: Any = task, day: dt.date = day
-            ) -> None:
-                progress.update(
-                    task, description=f"{spec.name} {day} {stage}", completed=done, total=total
-                )
-
-            outcomes.append(runner.run_day(day, wait=wait, progress=report))
-            progress.update(task, description=f"{spec.name} {day} done")
-    return outcomes
-
-
-def _outcome_table(outcomes: list[Any]) -> Table:
-    table = Table(title="llm-assets run")
-    for column in ("pipeline", "date", "items", "succeeded", "dead letters", "open", "cost USD"):
-        table.add_column(column)
-    for o in outcomes:
-        classes = ", ".join(f"{k}={v}" for k, v in sorted(o.dead_letters_by_class.items()))
-        table.add_row(
-            o.pipeline,
-            o.date.isoformat(),
-            str(o.total),
-            str(o.succeeded),
-            f"{o.dead_letters} ({classes})" if classes else "0",
-            str(o.open_items),
-            f"{o.cost_usd:.4f}",
-        )
-    return table
 
 
 @main.command()
@@ -194,25 +127,11 @@ def run(
     as_json: bool,
 ) -> None:
     """Materialize a pipeline for a day or a range of days through Dagster."""
-    from llm_assets.runner import StepFailed, date_range
+    from llm_assets.runner import StepFailed, run_days
 
     settings = _settings()
     spec = _spec(settings, pipeline)
-    start = _date(date_)
-    assert start is not None
-    try:
-        days = date_range(start, _date(to_))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
-    from llm_assets.factory import partitions_for
-
-    partitions = partitions_for(spec)
-    outside = [d for d in days if not partitions.has_partition_key(d.isoformat())]
-    if outside:
-        raise click.BadParameter(
-            f"{outside[0]} is not a partition of {spec.name}: partitions run from "
-            f"{spec.partitions.start_date} to today in {spec.partitions.timezone}"
-        )
+    days = _partition_days(spec, date_, to_)
     try:
         outcomes = run_days(
             settings,
@@ -220,6 +139,7 @@ def run(
             days,
             wait=wait,
             approve_budget=approve_budget,
+            display=progress_bar(),
             poll_interval=poll_interval,
         )
     except StepFailed as exc:
@@ -229,10 +149,31 @@ def run(
     if as_json:
         click.echo(json.dumps([o.model_dump(mode="json") for o in outcomes], indent=2))
     else:
-        console.print(_outcome_table(outcomes))
+        console.print(outcome_table(outcomes))
     if wait and any(not o.done for o in outcomes):
         err.print("some items are still open; see `llm-assets status`")
         sys.exit(EXIT_ERROR)
+
+
+def _partition_days(spec: PipelineSpec, date_: str, to_: str | None) -> list[dt.date]:
+    """The days from --date to --to, each a partition of the pipeline."""
+    from llm_assets.factory import partitions_for
+    from llm_assets.runner import date_range
+
+    start = _date(date_)
+    assert start is not None
+    try:
+        days = date_range(start, _date(to_))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    partitions = partitions_for(spec)
+    outside = [d for d in days if not partitions.has_partition_key(d.isoformat())]
+    if outside:
+        raise click.BadParameter(
+            f"{outside[0]} is not a partition of {spec.name}: partitions run from "
+            f"{spec.partitions.start_date} to today in {spec.partitions.timezone}"
+        )
+    return days
 
 
 @main.command()
@@ -248,66 +189,48 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
     day = _date(date_)
     assert day is not None
     ledger = build_resources(settings)["ledger"]
-    jobs = []
-    for job in ledger.jobs_for_partition(spec.name, day):
-        counts = ledger.counts(job.job_id)
-        jobs.append(
-            {
-                "job_id": job.job_id,
-                "prompt_version": job.prompt_version,
-                "provider": job.provider,
-                "model": job.model_name,
-                "status": "completed" if counts.total and counts.open == 0 else job.status,
-                "current": job.prompt_version == spec.prompt.version
-                and job.model_name == spec.model.name,
-                "items": counts.total,
-                "by_status": counts.by_status,
-                "dead_letters_by_class": counts.dead_letters_by_class,
-                "input_tokens": counts.input_tokens,
-                "output_tokens": counts.output_tokens,
-                "cost_usd": round(counts.cost_usd, 6),
-                "shards": [
-                    {
-                        "shard_id": s.shard_id,
-                        "status": s.status,
-                        "provider_status": s.raw_status,
-                        "provider_batch_id": s.provider_batch_id,
-                        "requests": s.item_count,
-                        "completed_requests": s.completed_requests,
-                        "failed_requests": s.failed_requests,
-                    }
-                    for s in ledger.shards(job.job_id)
-                ],
-            }
-        )
+    jobs = [_job_status(ledger, spec, job) for job in ledger.jobs_for_partition(spec.name, day)]
     if as_json:
         click.echo(
             json.dumps({"pipeline": spec.name, "date": day.isoformat(), "jobs": jobs}, indent=2)
         )
         return
-    if not jobs:
-        console.print(f"{spec.name} {day}: nothing has run for this partition yet")
-        return
-    for job in jobs:
-        table = Table(title=f"{spec.name} {day} — job {job['job_id']} ({job['status']})")
-        for column in ("shard", "status", "provider status", "provider batch", "requests", "done"):
-            table.add_column(column)
-        for s in job["shards"]:
-            table.add_row(
-                s["shard_id"],
-                s["status"],
-                s["provider_status"] or "-",
-                s["provider_batch_id"] or "-",
-                str(s["requests"]),
-                str(s["completed_requests"] + s["failed_requests"]),
-            )
-        console.print(table)
-        console.print(
-            f"items {job['items']}  by status {job['by_status']}  dead letters by class "
-            f"{job['dead_letters_by_class']}  tokens {job['input_tokens']}/{job['output_tokens']}"
-            f"  cost ${job['cost_usd']:.4f}",
-            highlight=False,
-        )
+    print_status(spec.name, day, jobs)
+
+
+def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") -> dict[str, Any]:
+    """One job of `status --json`: its counts, whether it is the spec's current one, its shards."""
+    counts = ledger.counts(job.job_id)
+    return {
+        "job_id": job.job_id,
+        "prompt_version": job.prompt_version,
+        "provider": job.provider,
+        "model": job.model_name,
+        "status": "completed" if counts.total and counts.open == 0 else job.status,
+        "current": job.prompt_version == spec.prompt.version and job.model_name == spec.model.name,
+        "items": counts.total,
+        "by_status": counts.by_status,
+        "dead_letters_by_class": counts.dead_letters_by_class,
+        "input_tokens": counts.input_tokens,
+        "output_tokens": counts.output_tokens,
+        "cost_usd": round(counts.cost_usd, 6),
+        "shards": [
+            {
+                "shard_id": s.shard_id,
+                "status": s.status,
+                "provider_status": s.raw_status,
+                "provider_batch_id": s.provider_batch_id,
+                "requests": s.item_count,
+                "completed_requests": s.completed_requests,
+                "failed_requests": s.failed_requests,
+            }
+            for s in ledger.shards(job.job_id)
+        ],
+    }
+
+
+_COST_SUMS = ("items", "succeeded", "dead_letters", "input_tokens", "output_tokens")
+_COST_MONEY = ("cost_usd", "retry_cost_usd", "estimated_cost_usd", "estimated_cost_upper_usd")
 
 
 @main.command()
@@ -326,57 +249,23 @@ def costs(pipeline: str, from_: str | None, to_: str | None, as_json: bool) -> N
         raise click.BadParameter(f"--to {end} is before --from {start}")
     ledger = build_resources(settings)["ledger"]
     rows = ledger.job_cost_rows(spec.name, start, end)
-    sums = ("items", "succeeded", "dead_letters", "input_tokens", "output_tokens")
-    money = ("cost_usd", "retry_cost_usd", "estimated_cost_usd", "estimated_cost_upper_usd")
-    total: dict[str, Any] = {k: sum(r[k] for r in rows) for k in sums}
-    total |= {k: round(sum(r[k] for r in rows), 6) for k in money}
+    total: dict[str, Any] = {k: sum(r[k] for r in rows) for k in _COST_SUMS}
+    total |= {k: round(sum(r[k] for r in rows), 6) for k in _COST_MONEY}
     months: dict[str, float] = {}
     for row in rows:
         months[row["date"][:7]] = months.get(row["date"][:7], 0.0) + row["cost_usd"]
-    if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "pipeline": spec.name,
-                    "from": start.isoformat() if start else None,
-                    "to": end.isoformat() if end else None,
-                    "rows": [{**r, **{k: round(r[k], 6) for k in money}} for r in rows],
-                    "months": {m: round(v, 6) for m, v in months.items()},
-                    "total": total,
-                },
-                indent=2,
-            )
-        )
+    if not as_json:
+        print_costs(spec.name, rows, total, months)
         return
-    if not rows:
-        console.print(f"{spec.name}: no jobs in that range")
-        return
-    table = Table(title=f"{spec.name} costs")
-    columns = ("date", "model", "prompt", "items", "succeeded", "in tokens", "out tokens")
-    for column in (*columns, "cost", "retries", "estimate"):
-        table.add_column(column, justify="left" if column in columns[:3] else "right")
-    for r in rows:
-        table.add_row(
-            r["date"],
-            f"{r['provider']}/{r['model']}",
-            r["prompt_version"],
-            *(str(r[k]) for k in ("items", "succeeded", "input_tokens", "output_tokens")),
-            f"${r['cost_usd']:.4f}",
-            f"${r['retry_cost_usd']:.4f}",
-            f"${r['estimated_cost_usd']:.4f}",
-        )
-    table.add_row(
-        "total",
-        "",
-        "",
-        *(str(total[k]) for k in ("items", "succeeded", "input_tokens", "output_tokens")),
-        f"${total['cost_usd']:.4f}",
-        f"${total['retry_cost_usd']:.4f}",
-        f"${total['estimated_cost_usd']:.4f}",
-    )
-    console.print(table)
-    for month, cost in months.items():
-        console.print(f"{month}: ${cost:.4f}", highlight=False)
+    report = {
+        "pipeline": spec.name,
+        "from": start.isoformat() if start else None,
+        "to": end.isoformat() if end else None,
+        "rows": [{**r, **{k: round(r[k], 6) for k in _COST_MONEY}} for r in rows],
+        "months": {m: round(v, 6) for m, v in months.items()},
+        "total": total,
+    }
+    click.echo(json.dumps(report, indent=2))
 
 
 def _current_job(settings: Settings, spec: PipelineSpec, day: dt.date) -> tuple[Any, Any]:
@@ -398,8 +287,6 @@ def _current_job(settings: Settings, spec: PipelineSpec, day: dt.date) -> tuple[
 @click.option("--csv", "as_csv", is_flag=True, help="CSV with a header row.")
 def dead_letter(pipeline: str, date_: str, as_json: bool, as_csv: bool) -> None:
     """Items of a partition that will not succeed, with class, code, reason and attempts."""
-    import csv
-
     settings = _settings()
     spec = _spec(settings, pipeline)
     day = _date(date_)
@@ -416,19 +303,8 @@ def dead_letter(pipeline: str, date_: str, as_json: bool, as_csv: bool) -> None:
         writer.writeheader()
         writer.writerows(rows)
         return
-    table = Table(title=f"{spec.name} {day}: {len(rows)} dead letters (job {job.job_id})")
-    for column in ("source_id", "class", "code", "attempts", "last batch", "reason"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(
-            escape(str(row["source_id"])),
-            row["error_class"] or "",
-            escape(row["error_code"] or ""),
-            str(row["attempts"]),
-            row["last_provider_batch"] or "-",
-            escape((row["error_message"] or "")[:200]),
-        )
-    console.print(table)
+    title = f"{spec.name} {day}: {len(rows)} dead letters (job {job.job_id})"
+    console.print(dead_letter_table(title, rows))
 
 
 @main.command()

@@ -4,13 +4,17 @@ import datetime as dt
 import json
 from typing import Any
 
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from llm_assets import steps
+from llm_assets.console import progress_bar
 from llm_assets.demo_data import generate_demo_data
+from llm_assets.resources import build_resources
+from llm_assets.runner import DayOutcome, run_days
 from llm_assets.settings import Settings
-from llm_assets.spec import load_specs
+from llm_assets.spec import PipelineSpec, load_specs
 
 DEMO_PIPELINE = "support_tickets"
 DEMO_START = dt.date(2026, 11, 2)
@@ -20,10 +24,6 @@ def accuracy(
     settings: Settings, spec_name: str, day: dt.date, truth: dict[str, str]
 ) -> tuple[int, int]:
     """(correct, judged) of the day's validated categories against the generator's truth."""
-    import pandas as pd
-
-    from llm_assets.resources import build_resources
-
     resources = build_resources(settings)
     spec = next(s for s in load_specs(settings.pipelines_dir) if s.name == spec_name)
     job = steps.existing_job(spec, day, resources["ledger"])
@@ -43,15 +43,8 @@ def run_demo(
     per_day: int,
     console: Console,
 ) -> list[dict[str, Any]]:
-    from llm_assets.cli import run_days
-
-    specs = {s.name: s for s in load_specs(settings.pipelines_dir)}
-    if DEMO_PIPELINE not in specs:
-        raise SystemExit(
-            f"the demo needs the {DEMO_PIPELINE!r} pipeline; {settings.pipelines_dir} does not "
-            "have it (unset LLM_ASSETS_PIPELINES to use the repo's examples)"
-        )
-    spec = specs[DEMO_PIPELINE]
+    """Generate `days` days of tickets, run each to the end and print what happened where."""
+    spec = _demo_spec(settings)
     generated = generate_demo_data(
         settings.home / "demo", start=DEMO_START, days=days, tickets_per_day=per_day
     )
@@ -64,8 +57,33 @@ def run_demo(
         row["ticket_id"]: row["category"]
         for row in map(json.loads, generated.truth_path.read_text().splitlines())
     }
-    outcomes = run_days(settings, spec, generated.days, wait=True, approve_budget=False)
+    outcomes = run_days(
+        settings, spec, generated.days, wait=True, approve_budget=False, display=progress_bar()
+    )
+    scored: list[tuple[DayOutcome, int, int]] = []
+    for outcome in outcomes:
+        correct, judged = accuracy(settings, spec.name, outcome.date, truth)
+        scored.append((outcome, correct, judged))
+    console.print(_summary_table(spec, scored))
+    console.print(_where_things_are(settings, spec), highlight=False)
+    return [
+        {**outcome.model_dump(mode="json"), "correct": correct, "judged": judged}
+        for outcome, correct, judged in scored
+    ]
 
+
+def _demo_spec(settings: Settings) -> PipelineSpec:
+    specs = {s.name: s for s in load_specs(settings.pipelines_dir)}
+    if DEMO_PIPELINE not in specs:
+        raise SystemExit(
+            f"the demo needs the {DEMO_PIPELINE!r} pipeline; {settings.pipelines_dir} does not "
+            "have it (unset LLM_ASSETS_PIPELINES to use the repo's examples)"
+        )
+    return specs[DEMO_PIPELINE]
+
+
+def _summary_table(spec: PipelineSpec, scored: list[tuple[DayOutcome, int, int]]) -> Table:
+    """A row per day and a row for all days: items, dead letters, tokens, cost and accuracy."""
     table = Table(title=f"llm-assets demo: {spec.name} on {spec.model.provider}/{spec.model.name}")
     for column in (
         "date",
@@ -77,11 +95,7 @@ def run_demo(
         "accuracy",
     ):
         table.add_column(column)
-    summary = []
-    totals = {"items": 0, "succeeded": 0, "tokens_in": 0, "tokens_out": 0, "correct": 0, "n": 0}
-    cost = 0.0
-    for outcome in outcomes:
-        correct, judged = accuracy(settings, spec.name, outcome.date, truth)
+    for outcome, correct, judged in scored:
         classes = ", ".join(f"{k} {v}" for k, v in sorted(outcome.dead_letters_by_class.items()))
         table.add_row(
             outcome.date.isoformat(),
@@ -92,32 +106,28 @@ def run_demo(
             f"{outcome.cost_usd:.4f}",
             f"{correct / judged:.1%}" if judged else "-",
         )
-        totals["items"] += outcome.total
-        totals["succeeded"] += outcome.succeeded
-        totals["tokens_in"] += outcome.input_tokens
-        totals["tokens_out"] += outcome.output_tokens
-        totals["correct"] += correct
-        totals["n"] += judged
-        cost += outcome.cost_usd
-        summary.append({**outcome.model_dump(mode="json"), "correct": correct, "judged": judged})
+    outcomes = [outcome for outcome, _, _ in scored]
+    correct = sum(c for _, c, _ in scored)
+    judged = sum(j for _, _, j in scored)
     table.add_row(
         "all",
-        str(totals["items"]),
-        str(totals["succeeded"]),
+        str(sum(o.total for o in outcomes)),
+        str(sum(o.succeeded for o in outcomes)),
         "",
-        f"{totals['tokens_in']}/{totals['tokens_out']}",
-        f"{cost:.4f}",
-        f"{totals['correct'] / totals['n']:.1%}" if totals["n"] else "-",
+        f"{sum(o.input_tokens for o in outcomes)}/{sum(o.output_tokens for o in outcomes)}",
+        f"{sum(o.cost_usd for o in outcomes):.4f}",
+        f"{correct / judged:.1%}" if judged else "-",
     )
-    console.print(table)
-    console.print(
+    return table
+
+
+def _where_things_are(settings: Settings, spec: PipelineSpec) -> str:
+    return (
         f"published outputs: {settings.storage_url}/published/{spec.name}/\n"
         f"validated outputs: {settings.storage_url}/outputs/{spec.name}/\n"
         f"QA samples:        {settings.storage_url}/qa/{spec.name}/\n"
         f"dead letters:      {settings.storage_url}/dead_letters/{spec.name}/\n"
         f"cost reports:      {settings.storage_url}/reports/{spec.name}/\n"
         f"ledger:            {settings.database_url}\n"
-        f"Dagster runs:      {settings.dagster_home} (see them with `make ui`)",
-        highlight=False,
+        f"Dagster runs:      {settings.dagster_home} (see them with `make ui`)"
     )
-    return summary

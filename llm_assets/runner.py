@@ -2,16 +2,20 @@
 
 Every step runs as a real Dagster run on a persistent instance, so it shows in the UI. Only
 the waiting happens here: between runs, in-flight batches are polled with cheap status calls
-(the same call the status sensor makes), never from inside an asset.
+(the same call the status sensor makes), never from inside an asset. `run_days` drives a
+range of days one after another with a progress line each, for `llm-assets run` and the demo.
 """
 
 import datetime as dt
 import getpass
+import os
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import dagster as dg
 from pydantic import BaseModel
+from rich.progress import Progress, TaskID
 
 from llm_assets import steps
 from llm_assets.checks import CHECK_GATES
@@ -250,3 +254,51 @@ def date_range(start: dt.date, end: dt.date | None) -> list[dt.date]:
     if end < start:
         raise ValueError(f"--to {end} is before --date {start}")
     return [start + dt.timedelta(days=n) for n in range((end - start).days + 1)]
+
+
+def persistent_instance(settings: Settings) -> dg.DagsterInstance:
+    """The Dagster instance under DAGSTER_HOME (default: the settings' home), so script runs
+    show in the UI."""
+    os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))
+    home = Path(os.environ["DAGSTER_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        # A local instance on SQLite under the home; production uses the repo's dagster.yaml.
+        config.write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
+    return dg.DagsterInstance.get()
+
+
+def run_days(
+    settings: Settings,
+    spec: PipelineSpec,
+    days: list[dt.date],
+    *,
+    wait: bool,
+    approve_budget: bool,
+    display: Progress,
+    poll_interval: float = 30.0,
+) -> list[DayOutcome]:
+    """Run the days one after another on the persistent instance, a progress line per day."""
+    runner = PartitionRunner(
+        settings,
+        spec,
+        persistent_instance(settings),
+        approve_budget=approve_budget,
+        poll_interval=poll_interval,
+    )
+    outcomes = []
+    with display:
+        for day in days:
+            task = display.add_task(f"{spec.name} {day}", total=None)
+
+            def report(
+                stage: str, done: int, total: int, task: TaskID = task, day: dt.date = day
+            ) -> None:
+                display.update(
+                    task, description=f"{spec.name} {day} {stage}", completed=done, total=total
+                )
+
+            outcomes.append(runner.run_day(day, wait=wait, progress=report))
+            display.update(task, description=f"{spec.name} {day} done")
+    return outcomes

@@ -11,6 +11,7 @@
   report run succeeds or any of its runs fails (notify.py).
 """
 
+import dataclasses
 import datetime as dt
 import json
 import time
@@ -45,16 +46,34 @@ def batch_status_sensor_name(spec: PipelineSpec) -> str:
     return f"{spec.name}__batch_status"
 
 
+@dataclasses.dataclass(frozen=True)
+class _StatusKeys:
+    """The asset keys the batch-status sensor observes and requests runs of."""
+
+    imports: list[dg.AssetKey]
+    gated: list[dg.AssetKey]
+    reports: list[dg.AssetKey]
+    submit: dg.AssetKey
+    validated: dg.AssetKey
+    cost_report: dg.AssetKey
+
+    @classmethod
+    def of(cls, spec: PipelineSpec) -> "_StatusKeys":
+        return cls(
+            imports=[asset_key(spec, step) for step in IMPORT_STEPS],
+            gated=[asset_key(spec, step) for step in GATED_STEPS],
+            reports=[asset_key(spec, step) for step in REPORT_STEPS],
+            submit=asset_key(spec, "provider_batches"),
+            validated=asset_key(spec, "validated_outputs"),
+            cost_report=asset_key(spec, "cost_report"),
+        )
+
+
 def build_batch_status_sensor(
     spec: PipelineSpec, settings: Settings | None = None
 ) -> dg.SensorDefinition:
     provider_key = provider_resource_key(spec.model.provider)
-    import_keys = [asset_key(spec, step) for step in IMPORT_STEPS]
-    gated_keys = [asset_key(spec, step) for step in GATED_STEPS]
-    report_keys = [asset_key(spec, step) for step in REPORT_STEPS]
-    submit_key = asset_key(spec, "provider_batches")
-    validated_key = asset_key(spec, "validated_outputs")
-    report_key = asset_key(spec, "cost_report")
+    keys = _StatusKeys.of(spec)
 
     @dg.sensor(
         name=batch_status_sensor_name(spec),
@@ -63,7 +82,7 @@ def build_batch_status_sensor(
         minimum_interval_seconds=_interval(settings, 60),
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={"ledger", provider_key},
-        asset_selection=[*import_keys, *gated_keys, *report_keys, submit_key],
+        asset_selection=[*keys.imports, *keys.gated, *keys.reports, keys.submit],
     )
     def batch_status(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         ledger: LedgerResource = context.resources.ledger
@@ -80,74 +99,101 @@ def build_batch_status_sensor(
         with ThreadPoolExecutor(max_workers=POLL_WORKERS) as pool:
             polled = [p for p in pool.map(poll, in_flight) if p is not None]
 
-        observations = [
-            dg.AssetObservation(
-                asset_key=submit_key,
-                partition=day.isoformat(),
-                metadata={
-                    "shard_id": shard.shard_id,
-                    "provider_batch_id": shard.provider_batch_id or "",
-                    "status": shard.status,
-                    "provider_status": shard.raw_status or "",
-                    "requests": shard.item_count,
-                    "completed_requests": shard.completed_requests,
-                    "failed_requests": shard.failed_requests,
-                },
-            )
-            for shard, day in polled
-        ]
-        # One import run per partition per tick imports every ended shard of that day; the
-        # run key names the batches, so each set of ended batches is imported once.
-        ended: dict[dt.date, list[str]] = {}
-        for shard, day in ledger.pipeline_shards(spec.name, ENDED_STATES):
-            ended.setdefault(day, []).append(shard.provider_batch_id or shard.shard_id)
         run_requests = [
-            dg.RunRequest(
-                run_key=",".join(sorted(batch_ids)),
-                partition_key=day.isoformat(),
-                asset_selection=import_keys,
-                tags={"llm_assets/provider_batches": ",".join(sorted(batch_ids))[:200]},
-            )
-            for day, batch_ids in sorted(ended.items())
+            *_import_requests(ledger, spec.name, keys),
+            *_retry_requests(ledger, spec.name, keys),
+            *_finish_requests(context.instance, ledger, spec.name, keys),
         ]
-        # Retry shards planned by an import wait in `created`; submit them (once per shard).
-        run_requests += [
-            dg.RunRequest(
-                run_key=f"submit:{shard.shard_id}",
-                partition_key=day.isoformat(),
-                asset_selection=[submit_key],
-            )
-            for shard, day in ledger.pipeline_shards(spec.name, ["created"])
-            if shard.round > 0 and (shard.not_before is None or shard.not_before <= utcnow())
-        ]
-        # A day whose items are all terminal is validated and published once per set of
-        # imported shards (the blocking checks gate publication in that run), then reported
-        # once its validation has run, whatever the checks said. Days finished another way
-        # (the CLI) are recognized by their materializations and left alone.
-        for job, shard_count, last in ledger.finished_jobs(spec.name, utcnow() - FINISH_LOOKBACK):
-            day = job.partition_date.isoformat()
-            key = f"{job.job_id}:{shard_count}:{last.isoformat()}"
-            validated = _latest(context.instance, validated_key, day)
-            if validated is None or validated < last.timestamp():
-                run_requests.append(
-                    dg.RunRequest(
-                        run_key=f"finish:{key}", partition_key=day, asset_selection=gated_keys
-                    )
-                )
-                continue
-            reported = _latest(context.instance, report_key, day)
-            if reported is None or reported < validated:
-                run_requests.append(
-                    dg.RunRequest(
-                        run_key=f"report:{key}", partition_key=day, asset_selection=report_keys
-                    )
-                )
         skipped = len(in_flight) - len(polled)
         if skipped:
             context.log.info(f"deadline reached; {skipped} shards left for the next tick")
+        observations = [_observation(keys.submit, shard, day) for shard, day in polled]
         return dg.SensorResult(run_requests=run_requests, asset_events=observations)
 
     return batch_status
+
+
+def _observation(submit_key: dg.AssetKey, shard: ShardRecord, day: dt.date) -> dg.AssetObservation:
+    """A polled shard's provider status, shown on the day's provider_batches in the UI."""
+    return dg.AssetObservation(
+        asset_key=submit_key,
+        partition=day.isoformat(),
+        metadata={
+            "shard_id": shard.shard_id,
+            "provider_batch_id": shard.provider_batch_id or "",
+            "status": shard.status,
+            "provider_status": shard.raw_status or "",
+            "requests": shard.item_count,
+            "completed_requests": shard.completed_requests,
+            "failed_requests": shard.failed_requests,
+        },
+    )
+
+
+def _import_requests(
+    ledger: LedgerResource, pipeline: str, keys: _StatusKeys
+) -> list[dg.RunRequest]:
+    """One import run per partition imports every ended shard of that day; the run key names
+    the batches, so each set of ended batches is imported once."""
+    ended: dict[dt.date, list[str]] = {}
+    for shard, day in ledger.pipeline_shards(pipeline, ENDED_STATES):
+        ended.setdefault(day, []).append(shard.provider_batch_id or shard.shard_id)
+    return [
+        dg.RunRequest(
+            run_key=",".join(sorted(batch_ids)),
+            partition_key=day.isoformat(),
+            asset_selection=keys.imports,
+            tags={"llm_assets/provider_batches": ",".join(sorted(batch_ids))[:200]},
+        )
+        for day, batch_ids in sorted(ended.items())
+    ]
+
+
+def _retry_requests(
+    ledger: LedgerResource, pipeline: str, keys: _StatusKeys
+) -> list[dg.RunRequest]:
+    """Retry shards planned by an import wait in `created`; submit each once, when due."""
+    return [
+        dg.RunRequest(
+            run_key=f"submit:{shard.shard_id}",
+            partition_key=day.isoformat(),
+            asset_selection=[keys.submit],
+        )
+        for shard, day in ledger.pipeline_shards(pipeline, ["created"])
+        if shard.round > 0 and (shard.not_before is None or shard.not_before <= utcnow())
+    ]
+
+
+def _finish_requests(
+    instance: dg.DagsterInstance, ledger: LedgerResource, pipeline: str, keys: _StatusKeys
+) -> list[dg.RunRequest]:
+    """Validate, publish and report days whose items are all terminal.
+
+    A day is validated and published once per set of imported shards (the blocking checks
+    gate publication in that run), then reported once its validation has run, whatever the
+    checks said. Days finished another way (the CLI) are recognized by their materializations
+    and left alone.
+    """
+    requests = []
+    for job, shard_count, last in ledger.finished_jobs(pipeline, utcnow() - FINISH_LOOKBACK):
+        day = job.partition_date.isoformat()
+        key = f"{job.job_id}:{shard_count}:{last.isoformat()}"
+        validated = _latest(instance, keys.validated, day)
+        if validated is None or validated < last.timestamp():
+            requests.append(
+                dg.RunRequest(
+                    run_key=f"finish:{key}", partition_key=day, asset_selection=keys.gated
+                )
+            )
+            continue
+        reported = _latest(instance, keys.cost_report, day)
+        if reported is None or reported < validated:
+            requests.append(
+                dg.RunRequest(
+                    run_key=f"report:{key}", partition_key=day, asset_selection=keys.reports
+                )
+            )
+    return requests
 
 
 def _latest(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str) -> float | None:

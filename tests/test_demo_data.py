@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from llm_assets import demo_data
+from llm_assets import demo_corpus
 from llm_assets.demo_data import (
     BAD_ROW_REASONS,
     CATEGORIES,
@@ -316,28 +316,26 @@ def test_category_recognisable_from_text(
 def test_template_pools_are_wide_and_fill_cleanly() -> None:
     import random
 
+    words = demo_corpus.corpus()
     for category in CATEGORIES:
-        problems = demo_data._PROBLEMS[category]
-        assert len({template for template, _ in problems}) >= 15, category
-        assert all(subjects for _, subjects in problems)
-        slots = demo_data._Slots(random.Random(0), START, "Ada", "Lovelace")
-        closers = demo_data._FEEDBACK_CLOSERS if category == "product_feedback" else None
-        subject_pools = [
-            [s for _, subjects in problems for s in subjects],
-            demo_data._SUBJECTS[category],
-        ]
+        problems = words.problems[category]
+        assert len({p.text for p in problems}) >= 15, category
+        assert all(p.subjects for p in problems)
+        slots = demo_corpus.Slots(random.Random(0), START, "Ada", "Lovelace")
+        closers = words.feedback_closers if category == "product_feedback" else None
+        subject_pools = [[s for p in problems for s in p.subjects], words.subjects[category]]
         for pool in subject_pools:
             for template in pool:
                 filled = template.format_map(slots)
                 assert "{" not in filled and "}" not in filled and filled.strip()
         body_pools = [
-            [t for t, _ in problems],
-            demo_data._CATEGORY_OPENERS[category],
-            demo_data._DETAILS[category],
-            demo_data._TRIED[category],
-            demo_data._ASIDES[category],
-            *(closers or demo_data._CLOSERS).values(),
-            *demo_data._TONE_OPENERS.values(),
+            [p.text for p in problems],
+            words.category_openers[category],
+            words.details[category],
+            words.tried[category],
+            words.asides[category],
+            *(closers or words.closers).values(),
+            *words.tone_openers.values(),
         ]
         for pool in body_pools:
             for template in pool:
@@ -352,3 +350,17 @@ def test_rejects_empty_requests(tmp_path: Path, days: int, per_day: int) -> None
     with pytest.raises(ValueError):
         generate_demo_data(tmp_path, START, days=days, tickets_per_day=per_day)
     assert not (tmp_path / "inbox").exists()
+
+
+def test_corpus_refuses_a_missing_category_and_a_value_yaml_reads_as_a_number() -> None:
+    import yaml
+    from pydantic import ValidationError
+
+    raw = demo_corpus.corpus().model_dump()
+    del raw["details"]["shipping"]
+    with pytest.raises(ValidationError, match="details needs a non-empty list for each of"):
+        demo_corpus.DemoCorpus.model_validate(raw)
+    raw = demo_corpus.corpus().model_dump()
+    raw["error_codes"] = yaml.safe_load("[E-102, 0x8004]")
+    with pytest.raises(ValidationError, match="error_codes"):
+        demo_corpus.DemoCorpus.model_validate(raw)
