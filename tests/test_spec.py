@@ -18,6 +18,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+import llm_assets.resources.providers.registry  # noqa: F401  (registers the provider checks)
 from llm_assets.cli import main
 from llm_assets.settings import REPO_ROOT
 from llm_assets.spec import PipelineSpec, SpecError, SpecProblem, check_specs, load_specs
