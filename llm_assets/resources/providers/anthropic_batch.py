@@ -158,10 +158,7 @@ class AnthropicBatchProvider(RemoteBatchProvider):
             )
         return candidates[0] if candidates else None
 
-    def submit(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
-        existing = self.recorded_batch(shard)
-        if existing is not None:
-            return existing
+    def create_batch(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
         requests = [json.loads(line) for line in storage.open_lines(shard.input_uri)]
         return self.create_reconciled(
             shard, lambda: str(self.batches_api().create(requests=requests).id)

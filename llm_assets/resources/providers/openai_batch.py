@@ -166,10 +166,7 @@ class OpenAIBatchProvider(RemoteBatchProvider):
             )
         return found[0] if found else None
 
-    def submit(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
-        existing = self.recorded_batch(shard)
-        if existing is not None:
-            return existing
+    def create_batch(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
         with storage.local_copy(shard.input_uri) as path:
 
             def upload() -> Any:

@@ -8,7 +8,7 @@ it before creating one and whenever a create's outcome is unknown.
 
 import datetime as dt
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pydantic
 from pydantic import PrivateAttr
@@ -20,6 +20,9 @@ from llm_assets.resources.providers.base import (
     resolve_secret,
 )
 from llm_assets.resources.providers.retrying import call_with_retries, create_once
+
+if TYPE_CHECKING:
+    from llm_assets.resources.storage import ArtifactStorage
 
 T = TypeVar("T")
 
@@ -108,9 +111,17 @@ class RemoteBatchProvider(BatchProvider):
                 return
             after = batches[-1].id
 
-    def recorded_batch(self, shard: ShardSubmission) -> str | None:
-        """The batch of an earlier attempt that recorded its intent but not a batch id."""
-        return self.find_existing(shard) if shard.intent_at is not None else None
+    def submit(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
+        """The batch of an earlier attempt that recorded its intent but not a batch id, else
+        a new one (`create_batch`)."""
+        existing = self.find_existing(shard) if shard.intent_at is not None else None
+        if existing is not None:
+            return existing
+        return self.create_batch(shard, storage)
+
+    def create_batch(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
+        """Create the shard's batch, through `create_reconciled`."""
+        raise NotImplementedError
 
     def create_reconciled(self, shard: ShardSubmission, create: Callable[[], str]) -> str:
         """A create that costs money: when its outcome is unknown, the batch it may have made
