@@ -19,14 +19,7 @@ from llm_assets.resources.providers.base import (
     ShardState,
     ShardSubmission,
 )
-from llm_assets.resources.providers.openai_lines import (  # noqa: F401  (also read from here)
-    _answered_chat,
-    _chat_line,
-    _normalize,
-    classify_error,
-    normalize_line,
-    read_line,
-)
+from llm_assets.resources.providers.openai_lines import normalize_line, read_line
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.providers.retrying import is_transient
 from llm_assets.resources.storage import line_blocks
