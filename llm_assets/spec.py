@@ -1,7 +1,9 @@
 """Pipeline specs: one YAML file describes one pipeline, parsed into pydantic models.
 
 `check_specs` reports every problem it can find (file, field, reason) instead of stopping at
-the first, so `llm-assets validate-spec` can be fixed in one pass.
+the first, so `llm-assets validate-spec` can be fixed in one pass. What only a consumer of
+specs can check (which providers exist, what each can serve) is registered here by that
+consumer (`register_check`); the model imports none of them.
 """
 
 import datetime as dt
