@@ -46,7 +46,7 @@ from llm_assets.resources.providers.base import (
     ShardSubmission,
 )
 from llm_assets.resources.providers.local_answers import execute, item_result, line_problem
-from llm_assets.resources.providers.local_engine import MODEL_NAME, LocalEngine
+from llm_assets.resources.providers.local_engine import LocalEngine
 from llm_assets.resources.providers.local_files import (
     ENDPOINT,
     BatchErrorData,
@@ -65,8 +65,6 @@ from llm_assets.resources.providers.local_plans import local_spec_problems
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
     from llm_assets.spec import PipelineSpec
-
-__all__ = ["MODEL_NAME", "BatchNotEndedError", "LocalProvider", "local_spec_problems"]
 
 MAX_REPORTED_PROBLEMS = 20
 STATE_OF: dict[str, ShardState] = {
