@@ -1,7 +1,9 @@
 """Pipeline specs: one YAML file describes one pipeline, parsed into pydantic models.
 
 `check_specs` reports every problem it can find (file, field, reason) instead of stopping at
-the first, so `llm-assets validate-spec` can be fixed in one pass.
+the first, so `llm-assets validate-spec` can be fixed in one pass. What only a consumer of
+specs can check (which providers exist, what each can serve) is registered here by that
+consumer (`register_check`); the model imports none of them.
 """
 
 import datetime as dt
@@ -9,14 +11,13 @@ import hashlib
 import json
 import re
 import string
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-PROVIDERS = ("local", "openai", "anthropic", "bedrock", "online")
 FIELD_TYPES = ("str", "int", "float", "bool", "list[str]", "list[float]")
 PIPELINE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
 
@@ -326,10 +327,24 @@ def _loc(loc: Iterable[Any]) -> str:
     return ".".join(parts) or "-"
 
 
-def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
-    from llm_assets.resources.pricing import load_price_table
-    from llm_assets.resources.providers import provider_spec_problems
+SpecCheck = Callable[[PipelineSpec], list[tuple[str, str]]]
+"""A check only a consumer of specs can make, as (field, reason) problems."""
 
+_registered_checks: list[SpecCheck] = []
+
+
+def register_check(check: SpecCheck) -> None:
+    """Add a check that every parsed spec must pass.
+
+    The spec model knows none of its consumers: the provider registry registers the
+    provider checks (known provider, priced model, what the adapter can serve) when it is
+    imported, so whatever validates specs imports the registry first.
+    """
+    if check not in _registered_checks:
+        _registered_checks.append(check)
+
+
+def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     fields = set(spec.source.fields)
     for name in spec.prompt.placeholders:
@@ -350,21 +365,8 @@ def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
     for name in spec.source.required_fields or []:
         if name not in fields:
             problems.append(("source.required_fields", f"{name!r} is not in source.fields"))
-    if spec.model.provider not in PROVIDERS:
-        problems.append(
-            ("model.provider", f"unknown provider {spec.model.provider!r}; one of {PROVIDERS}")
-        )
-    else:
-        if load_price_table().find(spec.model.provider, spec.model.name) is None:
-            problems.append(
-                (
-                    "model.name",
-                    f"model {spec.model.name!r} has no entry for provider "
-                    f"{spec.model.provider!r} in the price table; add it to the price table "
-                    "(see docs) so cost is never a silent zero",
-                )
-            )
-        problems.extend(provider_spec_problems(spec))
+    for check in _registered_checks:
+        problems.extend(check(spec))
     if spec.output.pandera_model:
         try:
             from llm_assets.quality import custom_model

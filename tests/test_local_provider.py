@@ -9,12 +9,9 @@ import numpy as np
 import pytest
 
 from llm_assets.resources.providers.base import ItemResult, RequestItem, ShardState, ShardSubmission
-from llm_assets.resources.providers.local import (
-    BatchNotEndedError,
-    LocalProvider,
-    local_spec_problems,
-)
+from llm_assets.resources.providers.local import BatchNotEndedError, LocalProvider
 from llm_assets.resources.providers.local_engine import ELLIPSIS, LocalEngine
+from llm_assets.resources.providers.local_plans import local_spec_problems
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec import PipelineSpec
 from llm_assets.validation import parse_output

@@ -637,31 +637,31 @@ def test_result_lines_read_the_same_on_the_fast_and_the_general_path() -> None:
     same error."""
     import orjson
 
-    from llm_assets.resources.providers import openai_batch
+    from llm_assets.resources.providers import openai_lines
 
     def general(raw: bytes) -> Any:
-        return openai_batch._normalize(orjson.loads(raw))
+        return openai_lines._normalize(orjson.loads(raw))
 
     lines = _odd_lines()
     fast = 0
     for line in lines:
         raw = orjson.dumps(line)
         expected = _outcome(general, raw)
-        assert _outcome(openai_batch.normalize_line, raw) == expected, raw
-        assert _outcome(openai_batch.normalize_line, raw.decode()) == expected, raw
+        assert _outcome(openai_lines.normalize_line, raw) == expected, raw
+        assert _outcome(openai_lines.normalize_line, raw.decode()) == expected, raw
         with contextlib.suppress(Exception):
-            fast += openai_batch._answered_chat(openai_batch._chat_line.decode(raw)) is not None
+            fast += openai_lines._answered_chat(openai_lines._chat_line.decode(raw)) is not None
     assert len(lines) > 2000
     # Both paths were exercised: answered chat lines on the fast one, the rest on the other.
     assert 200 < fast < len(lines) - 1000
-    answered = openai_batch.normalize_line(orjson.dumps(_CHAT))
+    answered = openai_lines.normalize_line(orjson.dumps(_CHAT))
     assert answered is not None and answered.succeeded
     assert (answered.input_tokens, answered.cached_input_tokens, answered.output_tokens) == (
         96,
         32,
         38,
     )
-    assert openai_batch._answered_chat(openai_batch._chat_line.decode(orjson.dumps(_CHAT)))
+    assert openai_lines._answered_chat(openai_lines._chat_line.decode(orjson.dumps(_CHAT)))
 
 
 def test_an_import_makes_the_same_ledger_rows_from_answered_lines_as_from_their_results() -> None:
@@ -672,7 +672,7 @@ def test_an_import_makes_the_same_ledger_rows_from_answered_lines_as_from_their_
     import orjson
 
     from llm_assets.resources.pricing import load_price_table
-    from llm_assets.resources.providers import openai_batch
+    from llm_assets.resources.providers import openai_lines
     from llm_assets.result_rows import Answered, ResultStager, RowMaker, staged_results
 
     price = load_price_table().get("openai", "gpt-4o-mini")
@@ -682,15 +682,15 @@ def test_an_import_makes_the_same_ledger_rows_from_answered_lines_as_from_their_
     odd_id = json.loads(json.dumps(_CHAT))
     odd_id["custom_id"] = "c\\1\t2"
     lines.append(orjson.dumps(odd_id))
-    answered = sum(isinstance(_outcome(openai_batch.read_line, raw)[1], Answered) for raw in lines)
+    answered = sum(isinstance(_outcome(openai_lines.read_line, raw)[1], Answered) for raw in lines)
     assert 200 < answered < len(lines) - 1000
 
     def rows(stage: ResultStager, raw: bytes) -> Any:
-        result = openai_batch.normalize_line(raw)
+        result = openai_lines.normalize_line(raw)
         return stage([to_row(result)] if result is not None else [])
 
     def staged(stage: ResultStager, raw: bytes) -> Any:
-        return staged_results((openai_batch.read_line, to_row, stage), [raw])
+        return staged_results((openai_lines.read_line, to_row, stage), [raw])
 
     for binary_copy in (True, False):
         stage = ResultStager(binary_copy=binary_copy)
@@ -709,7 +709,7 @@ def test_an_import_worker_reads_blocks_of_whole_lines_as_the_lines_they_hold() -
 
     from llm_assets import parallel
     from llm_assets.resources.pricing import load_price_table
-    from llm_assets.resources.providers import openai_batch
+    from llm_assets.resources.providers import openai_lines
     from llm_assets.resources.storage import line_blocks
     from llm_assets.result_rows import ResultStager, RowMaker, block_lines, staged_results
 
@@ -720,7 +720,7 @@ def test_an_import_worker_reads_blocks_of_whole_lines_as_the_lines_they_hold() -
     output = [dict(_CHAT, custom_id=f"ok-{n}") for n in range(7)] + [_RESPONSES]
     errors = [_ERROR_FILE, _EXPIRED]
     lines = [orjson.dumps(line) for line in output + errors]
-    expected = stage([to_row(openai_batch.normalize_line(line)) for line in lines])
+    expected = stage([to_row(openai_lines.normalize_line(line)) for line in lines])
     # The output file ends without a newline and has blank lines in it.
     output_file = b"\n".join(lines[:3]) + b"\n\n \r\n" + b"\n".join(lines[3:8])
     error_file = b"\n".join(lines[8:]) + b"\n"
@@ -731,7 +731,7 @@ def test_an_import_worker_reads_blocks_of_whole_lines_as_the_lines_they_hold() -
             for block in line_blocks(data[at : at + size] for at in range(0, len(data), size))
         ]
         assert list(block_lines(blocks)) == lines
-        got = staged_results((openai_batch.read_line, to_row, stage), blocks)
+        got = staged_results((openai_lines.read_line, to_row, stage), blocks)
         assert got == expected, size
 
     def count(block: bytes) -> int:

@@ -7,6 +7,8 @@ parses results with `providers.openai_lines`) runs this file first.
 import os
 from typing import TYPE_CHECKING, Any
 
+from llm_assets.resources.providers import provider_resource_key
+
 if TYPE_CHECKING:
     from llm_assets.settings import Settings
 
@@ -18,29 +20,37 @@ def _secret(name: str) -> Any:
     return dg.EnvVar(name) if os.environ.get(name) else None
 
 
+def _provider_settings(settings: "Settings") -> dict[str, dict[str, Any]]:
+    """Each provider's settings from the environment; a provider left out takes its defaults."""
+    return {
+        "local": {"state_dir": str(settings.home / "local_provider")},
+        # Base URLs stay unset here so the SDKs read OPENAI_BASE_URL / ANTHROPIC_BASE_URL.
+        "openai": {"api_key": _secret("OPENAI_API_KEY")},
+        "anthropic": {"api_key": _secret("ANTHROPIC_API_KEY")},
+        # boto3 reads credentials, region and AWS_ENDPOINT_URL from the environment itself.
+        "bedrock": {
+            "role_arn": os.environ.get("LLM_ASSETS_BEDROCK_ROLE_ARN") or None,
+            "staging_uri": os.environ.get("LLM_ASSETS_BEDROCK_S3_URI") or None,
+        },
+        "online": {
+            "base_url": os.environ.get("LLM_ASSETS_ONLINE_BASE_URL") or None,
+            "api_key": _secret("LLM_ASSETS_ONLINE_API_KEY"),
+        },
+    }
+
+
 def build_resources(settings: "Settings") -> dict[str, Any]:
+    """The ledger, the artifact storage and one resource per registered provider."""
     from llm_assets.resources.ledger import LedgerResource
-    from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
-    from llm_assets.resources.providers.bedrock import BedrockBatchProvider
-    from llm_assets.resources.providers.local import LocalProvider
-    from llm_assets.resources.providers.online import OnlineProvider
-    from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
+    from llm_assets.resources.providers.registry import ADAPTERS
     from llm_assets.resources.storage import ArtifactStorage
 
+    configured = _provider_settings(settings)
     return {
         "ledger": LedgerResource(database_url=settings.database_url),
         "storage": ArtifactStorage(base_url=settings.storage_url),
-        "local_provider": LocalProvider(state_dir=str(settings.home / "local_provider")),
-        # Base URLs stay unset here so the SDKs read OPENAI_BASE_URL / ANTHROPIC_BASE_URL.
-        "openai_provider": OpenAIBatchProvider(api_key=_secret("OPENAI_API_KEY")),
-        "anthropic_provider": AnthropicBatchProvider(api_key=_secret("ANTHROPIC_API_KEY")),
-        # boto3 reads credentials, region and AWS_ENDPOINT_URL from the environment itself.
-        "bedrock_provider": BedrockBatchProvider(
-            role_arn=os.environ.get("LLM_ASSETS_BEDROCK_ROLE_ARN") or None,
-            staging_uri=os.environ.get("LLM_ASSETS_BEDROCK_S3_URI") or None,
-        ),
-        "online_provider": OnlineProvider(
-            base_url=os.environ.get("LLM_ASSETS_ONLINE_BASE_URL") or None,
-            api_key=_secret("LLM_ASSETS_ONLINE_API_KEY"),
-        ),
+        **{
+            provider_resource_key(name): adapter(**configured.get(name, {}))
+            for name, adapter in ADAPTERS.items()
+        },
     }

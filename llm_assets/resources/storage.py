@@ -1,4 +1,4 @@
-"""Artifact storage: one API over a local folder or an S3 prefix.
+"""Artifact storage: one API over a local folder or an S3 prefix (`storage_s3`).
 
 Every write is staged in a temp file and published in one step (``os.replace`` locally,
 ``upload_file`` on S3), so readers never see a partial artifact, even after a crash.
@@ -11,20 +11,16 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, NamedTuple, Protocol
+from typing import IO, Protocol
 
-import boto3
 import dagster as dg
 import pydantic
-from boto3.exceptions import S3UploadFailedError
-from boto3.s3.transfer import TransferConfig
-from botocore.exceptions import ClientError
+
+from llm_assets.resources.storage_s3 import S3Location, S3Objects, parse_s3
 
 _STAGING_SUFFIX = ".partial"
 _COPY_CHUNK_BYTES = 1024 * 1024
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
-_DENIED_CODES = frozenset({"403", "AccessDenied", "Forbidden"})
 
 
 class WrittenArtifact(pydantic.BaseModel):
@@ -36,15 +32,6 @@ class WrittenArtifact(pydantic.BaseModel):
     size_bytes: int
     line_count: int
     sha256: str
-
-
-class _S3Location(NamedTuple):
-    bucket: str
-    key: str
-
-    @property
-    def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
 
 
 def validate_key(key: str) -> str:
@@ -63,17 +50,10 @@ def validate_key(key: str) -> str:
     return key
 
 
-def _parse_s3(uri: str) -> _S3Location:
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
-    if not bucket:
-        raise ValueError(f"S3 uri {uri!r} has no bucket")
-    return _S3Location(bucket, key)
-
-
-def _parse_uri(uri: str) -> _S3Location | Path:
+def _parse_uri(uri: str) -> S3Location | Path:
     """Any absolute path or s3 uri is accepted: source data often lives outside base_url."""
     if uri.startswith("s3://"):
-        location = _parse_s3(uri)
+        location = parse_s3(uri)
         if not location.key:
             raise ValueError(f"S3 uri {uri!r} names a bucket, not an object")
         return location
@@ -186,8 +166,8 @@ class _HashingWriter:
 
 
 def _write_block(out: _HashingWriter, lines: list[bytes], before: int, key: str) -> int:
-    """Lines written as one block (a write and a hash update per line took 4 µs each, of a
-    million-line day's budget of about 1); returns the count of lines written so far."""
+    """Lines written as one block: one write and one hash update per block, not per line, so
+    a million-line file costs a thousand calls. Returns the count of lines written so far."""
     block = b"\n".join(lines) + b"\n"
     if block.count(b"\n") != len(lines):
         bad = before + next(n for n, line in enumerate(lines) if b"\n" in line)
@@ -229,25 +209,21 @@ class ArtifactStorage(dg.ConfigurableResource):
         description="Bytes read per chunk when streaming lines; memory stays bounded by this.",
     )
 
-    _s3_client: Any = pydantic.PrivateAttr(default=None)
+    _s3_objects: S3Objects | None = pydantic.PrivateAttr(default=None)
 
     @property
     def is_s3(self) -> bool:
         return self.base_url.startswith("s3://")
 
-    def _s3(self) -> Any:
-        """Created on first use so local-only runs never resolve AWS credentials or config."""
-        if self._s3_client is None:
-            self._s3_client = boto3.client("s3")
-        return self._s3_client
+    def _s3(self) -> S3Objects:
+        if self._s3_objects is None:
+            self._s3_objects = S3Objects(self.multipart_threshold_bytes)
+        return self._s3_objects
 
-    def _transfer_config(self) -> TransferConfig:
-        return TransferConfig(multipart_threshold=self.multipart_threshold_bytes)
-
-    def _base(self) -> _S3Location | Path:
+    def _base(self) -> S3Location | Path:
         if self.is_s3:
-            location = _parse_s3(self.base_url)
-            return _S3Location(location.bucket, location.key.strip("/"))
+            location = parse_s3(self.base_url)
+            return S3Location(location.bucket, location.key.strip("/"))
         if not self.base_url or _SCHEME.match(self.base_url):
             raise ValueError(
                 f"storage base_url {self.base_url!r} must be a local folder or s3://bucket[/prefix]"
@@ -260,7 +236,7 @@ class ArtifactStorage(dg.ConfigurableResource):
         base = self._base()
         if isinstance(base, Path):
             return str(base.joinpath(*PurePosixPath(key).parts))
-        return _S3Location(base.bucket, f"{base.key}/{key}" if base.key else key).uri
+        return S3Location(base.bucket, f"{base.key}/{key}" if base.key else key).uri
 
     def write_bytes(self, key: str, data: bytes) -> WrittenArtifact:
         """Publish a blob; line_count is 0 because the bytes are opaque here."""
@@ -300,7 +276,7 @@ class ArtifactStorage(dg.ConfigurableResource):
         digest = _HashingWriter(_NullSink())
         with path.open("rb") as source:
             line_count = _copy_counting_lines(source, digest)
-        self._upload(path, target)
+        self._s3().upload(path, target)
         return WrittenArtifact(
             uri=uri, size_bytes=digest.size_bytes, line_count=line_count, sha256=digest.sha256
         )
@@ -331,26 +307,13 @@ class ArtifactStorage(dg.ConfigurableResource):
                 staged_path = None
                 _fsync_dir(target.parent)
             else:
-                self._upload(staged_path, target)
+                self._s3().upload(staged_path, target)
         finally:
             if staged_path is not None:
                 staged_path.unlink(missing_ok=True)
         return WrittenArtifact(
             uri=uri, size_bytes=out.size_bytes, line_count=line_count, sha256=out.sha256
         )
-
-    def _upload(self, path: Path, target: _S3Location) -> None:
-        try:
-            self._s3().upload_file(
-                str(path), target.bucket, target.key, Config=self._transfer_config()
-            )
-        except ClientError as exc:
-            raise _s3_error(exc, target.uri, "upload") from exc
-        except S3UploadFailedError as exc:
-            cause = exc.__cause__ or exc.__context__
-            if isinstance(cause, ClientError):
-                raise _s3_error(cause, target.uri, "upload") from exc
-            raise OSError(f"cannot upload {target.uri}: {exc}") from exc
 
     def open_lines(self, uri: str) -> Iterator[bytes]:
         """Stream lines without newlines; opens eagerly so a bad uri fails at the call site."""
@@ -381,26 +344,12 @@ class ArtifactStorage(dg.ConfigurableResource):
         chunk_size = self.read_chunk_bytes
         if isinstance(target, Path):
             return self._iter_local_chunks(_open_local(target, uri), chunk_size)
-        body = self._get_object(target, uri)
-        return self._iter_s3_chunks(body, chunk_size)
+        return self._s3().chunks(target, uri, chunk_size)
 
     @staticmethod
     def _iter_local_chunks(handle: IO[bytes], chunk_size: int) -> Iterator[bytes]:
         with handle:
             yield from iter(lambda: handle.read(chunk_size), b"")
-
-    @staticmethod
-    def _iter_s3_chunks(body: Any, chunk_size: int) -> Iterator[bytes]:
-        try:
-            yield from body.iter_chunks(chunk_size)
-        finally:
-            body.close()
-
-    def _get_object(self, target: _S3Location, uri: str) -> Any:
-        try:
-            return self._s3().get_object(Bucket=target.bucket, Key=target.key)["Body"]
-        except ClientError as exc:
-            raise _s3_error(exc, uri, "read") from exc
 
     def read_bytes(self, uri: str) -> bytes:
         """Whole-object read, for small artifacts such as manifests."""
@@ -410,24 +359,14 @@ class ArtifactStorage(dg.ConfigurableResource):
                 return target.read_bytes()
             except FileNotFoundError as exc:
                 raise FileNotFoundError(f"no such artifact: {uri}") from exc
-        body = self._get_object(target, uri)
-        try:
-            return body.read()
-        finally:
-            body.close()
+        return self._s3().read(target, uri)
 
     def exists(self, uri: str) -> bool:
         """True only for objects/files; a folder or bare prefix is not an artifact."""
         target = _parse_uri(uri)
         if isinstance(target, Path):
             return target.is_file()
-        try:
-            self._s3().head_object(Bucket=target.bucket, Key=target.key)
-        except ClientError as exc:
-            if _error_code(exc) in _NOT_FOUND_CODES:
-                return False
-            raise _s3_error(exc, uri, "check") from exc
-        return True
+        return self._s3().etag(target, uri) is not None
 
     def version(self, uri: str) -> str | None:
         """What changes when the file does: mtime and size locally, the ETag on S3; None
@@ -439,13 +378,7 @@ class ArtifactStorage(dg.ConfigurableResource):
             except FileNotFoundError:
                 return None
             return f"{stat.st_mtime_ns}-{stat.st_size}"
-        try:
-            head = self._s3().head_object(Bucket=target.bucket, Key=target.key)
-        except ClientError as exc:
-            if _error_code(exc) in _NOT_FOUND_CODES:
-                return None
-            raise _s3_error(exc, uri, "check") from exc
-        return str(head["ETag"]).strip('"')
+        return self._s3().etag(target, uri)
 
     def delete(self, uri: str) -> None:
         """Idempotent, so retried cleanup steps never fail on an already-deleted artifact."""
@@ -453,10 +386,7 @@ class ArtifactStorage(dg.ConfigurableResource):
         if isinstance(target, Path):
             target.unlink(missing_ok=True)
             return
-        try:
-            self._s3().delete_object(Bucket=target.bucket, Key=target.key)
-        except ClientError as exc:
-            raise _s3_error(exc, uri, "delete") from exc
+        self._s3().delete(target, uri)
 
     def list_uris(self, key_prefix: str) -> list[str]:
         """Sorted uris under base/key_prefix, treated as a folder ("" lists everything)."""
@@ -477,22 +407,7 @@ class ArtifactStorage(dg.ConfigurableResource):
             return sorted(found)
 
         folder = "/".join(part for part in (base.key, prefix) if part)
-        s3_prefix = f"{folder}/" if folder else ""
-        listing_uri = f"s3://{base.bucket}/{s3_prefix}"
-        found = []
-        try:
-            pages = (
-                self._s3()
-                .get_paginator("list_objects_v2")
-                .paginate(Bucket=base.bucket, Prefix=s3_prefix)
-            )
-            for page in pages:
-                found.extend(
-                    _S3Location(base.bucket, item["Key"]).uri for item in page.get("Contents", [])
-                )
-        except ClientError as exc:
-            raise _s3_error(exc, listing_uri, "list") from exc
-        return sorted(found)
+        return self._s3().list_uris(base.bucket, f"{folder}/" if folder else "")
 
     @contextmanager
     def local_copy(self, uri: str) -> Iterator[Path]:
@@ -505,28 +420,5 @@ class ArtifactStorage(dg.ConfigurableResource):
             return
         with tempfile.TemporaryDirectory(prefix="llm-assets-download-") as tmp:
             local = Path(tmp) / (PurePosixPath(target.key).name or "object")
-            try:
-                self._s3().download_file(
-                    target.bucket, target.key, str(local), Config=self._transfer_config()
-                )
-            except ClientError as exc:
-                raise _s3_error(exc, uri, "download") from exc
+            self._s3().download(target, uri, local)
             yield local
-
-
-def _error_code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
-def _s3_error(exc: ClientError, uri: str, action: str) -> OSError:
-    """Turn botocore's generic error into one that names the uri the user asked for."""
-    code = _error_code(exc)
-    if code == "NoSuchBucket":
-        return FileNotFoundError(
-            f"cannot {action} {uri}: bucket {_parse_s3(uri).bucket!r} does not exist"
-        )
-    if code in _NOT_FOUND_CODES:
-        return FileNotFoundError(f"cannot {action} {uri}: no such object")
-    if code in _DENIED_CODES:
-        return PermissionError(f"cannot {action} {uri}: access denied ({exc})")
-    return OSError(f"cannot {action} {uri}: {exc}")

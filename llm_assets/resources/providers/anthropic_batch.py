@@ -107,12 +107,10 @@ class AnthropicBatchProvider(RemoteBatchProvider):
     def make_client(self, api_key: str | None) -> Any:
         import anthropic
 
-        return anthropic.Anthropic(
-            api_key=api_key,
-            base_url=self.base_url,
-            timeout=self.timeout_seconds,
-            max_retries=0,
-        )
+        return self.sdk_client(anthropic.Anthropic, api_key)
+
+    def batches_api(self) -> Any:
+        return self.client.messages.batches
 
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
         return anthropic_spec_problems(spec)
@@ -138,40 +136,19 @@ class AnthropicBatchProvider(RemoteBatchProvider):
         assert shard.intent_at is not None
         since = as_utc(shard.intent_at) - dt.timedelta(seconds=5)
         candidates: list[str] = []
-        after: str | None = None
-        for _ in range(self.reconcile_page_limit):
-            kwargs: dict[str, Any] = {"limit": 100}
-            if after:
-                kwargs["after_id"] = after
-            page = self.call(
-                "list batches", lambda kw=kwargs: self.client.messages.batches.list(**kw)
+        for batches in self.batch_pages("after_id"):
+            candidates.extend(
+                batch.id
+                for batch in batches
+                if as_utc(batch.created_at) >= since
+                and _request_total(batch.request_counts) == shard.item_count
+                and batch.id not in shard.known_batch_ids
+                # An operator resolves an ambiguity by cancelling the batches that are not
+                # this shard's; a cancelled batch is never adopted.
+                and batch.cancel_initiated_at is None
             )
-            batches = list(page.data)
-            for batch in batches:
-                counts = batch.request_counts
-                total = (
-                    counts.processing
-                    + counts.succeeded
-                    + counts.errored
-                    + counts.canceled
-                    + counts.expired
-                )
-                if (
-                    as_utc(batch.created_at) >= since
-                    and total == shard.item_count
-                    and batch.id not in shard.known_batch_ids
-                    # An operator resolves an ambiguity by cancelling the batches that are
-                    # not this shard's; a cancelled batch is never adopted.
-                    and batch.cancel_initiated_at is None
-                ):
-                    candidates.append(batch.id)
-            if (
-                not batches
-                or not page.has_more
-                or all(as_utc(b.created_at) < since for b in batches)
-            ):
+            if all(as_utc(b.created_at) < since for b in batches):
                 break
-            after = batches[-1].id
         if len(candidates) > 1:
             raise AmbiguousSubmission(
                 f"shard {shard.shard_id}: {len(candidates)} Anthropic batches created since the "
@@ -181,22 +158,15 @@ class AnthropicBatchProvider(RemoteBatchProvider):
             )
         return candidates[0] if candidates else None
 
-    def submit(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
-        if shard.intent_at is not None:
-            existing = self.find_existing(shard)
-            if existing is not None:
-                return existing
+    def create_batch(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
         requests = [json.loads(line) for line in storage.open_lines(shard.input_uri)]
-        attempt_at = dt.datetime.now(dt.UTC)
-        batch_id = self.create_once(
-            lambda: str(self.client.messages.batches.create(requests=requests).id),
-            lambda: self.find_existing(shard.model_copy(update={"intent_at": attempt_at})),
+        return self.create_reconciled(
+            shard, lambda: str(self.batches_api().create(requests=requests).id)
         )
-        return batch_id
 
-    def _status(self, batch: Any) -> BatchStatus:
+    def batch_status(self, batch: Any) -> BatchStatus:
         counts = batch.request_counts
-        done = counts.succeeded + counts.errored + counts.canceled + counts.expired
+        done = _request_total(counts) - counts.processing
         ended = batch.processing_status == "ended"
         state = ShardState.COMPLETED if ended else ShardState.RUNNING
         return BatchStatus(
@@ -208,19 +178,12 @@ class AnthropicBatchProvider(RemoteBatchProvider):
             failed=counts.errored + counts.canceled + counts.expired,
         )
 
-    def poll(self, provider_batch_id: str) -> BatchStatus:
-        batch = self.call(
-            "retrieve", lambda: self.client.messages.batches.retrieve(provider_batch_id)
-        )
-        return self._status(batch)
-
-    def cancel(self, provider_batch_id: str) -> BatchStatus:
-        batch = self.call("cancel", lambda: self.client.messages.batches.cancel(provider_batch_id))
-        return self._status(batch)
-
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
-        stream = self.call(
-            "results", lambda: self.client.messages.batches.results(provider_batch_id)
-        )
+        stream = self.call("results", lambda: self.batches_api().results(provider_batch_id))
         for entry in stream:
             yield normalize_result(entry)
+
+
+def _request_total(counts: Any) -> int:
+    """A Message Batch's requests, whatever state each is in."""
+    return counts.processing + counts.succeeded + counts.errored + counts.canceled + counts.expired

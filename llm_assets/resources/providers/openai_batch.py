@@ -19,14 +19,7 @@ from llm_assets.resources.providers.base import (
     ShardState,
     ShardSubmission,
 )
-from llm_assets.resources.providers.openai_lines import (  # noqa: F401  (also read from here)
-    _answered_chat,
-    _chat_line,
-    _normalize,
-    classify_error,
-    normalize_line,
-    read_line,
-)
+from llm_assets.resources.providers.openai_lines import normalize_line, read_line
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.providers.retrying import is_transient
 from llm_assets.resources.storage import line_blocks
@@ -105,17 +98,13 @@ def chat_body(spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
 class OpenAIBatchProvider(RemoteBatchProvider):
     """Files + Batches; control-plane calls retried here, not inside the SDK."""
 
-    reconcile_page_limit: int = 100
-
     def make_client(self, api_key: str | None) -> Any:
         import openai
 
-        return openai.OpenAI(
-            api_key=api_key,
-            base_url=self.base_url,
-            timeout=self.timeout_seconds,
-            max_retries=0,
-        )
+        return self.sdk_client(openai.OpenAI, api_key)
+
+    def batches_api(self) -> Any:
+        return self.client.batches
 
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
         return openai_spec_problems(spec)
@@ -154,25 +143,15 @@ class OpenAIBatchProvider(RemoteBatchProvider):
         """A live batch created for this shard since its first intent, if any."""
         since = as_utc(shard.intent_at) - dt.timedelta(minutes=5) if shard.intent_at else None
         found: list[str] = []
-        after: str | None = None
-        for _ in range(self.reconcile_page_limit):
-            kwargs: dict[str, Any] = {"limit": 100}
-            if after:
-                kwargs["after"] = after
-            page = self.call("list batches", lambda kw=kwargs: self.client.batches.list(**kw))
-            batches = list(page.data)
+        for batches in self.batch_pages("after"):
             for batch in batches:
                 meta = batch.metadata or {}
                 if meta.get("shard_id") == shard.shard_id and batch.status in _LIVE:
                     found.append(batch.id)
-            older = (
-                since is not None
-                and batches
-                and all(dt.datetime.fromtimestamp(b.created_at, dt.UTC) < since for b in batches)
-            )
-            if not batches or not page.has_more or older:
+            if since is not None and all(
+                dt.datetime.fromtimestamp(b.created_at, dt.UTC) < since for b in batches
+            ):
                 break
-            after = batches[-1].id
         if len(found) > 1:
             raise AmbiguousSubmission(
                 f"shard {shard.shard_id} has {len(found)} live OpenAI batches ({found}); cancel "
@@ -180,11 +159,7 @@ class OpenAIBatchProvider(RemoteBatchProvider):
             )
         return found[0] if found else None
 
-    def submit(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
-        if shard.intent_at is not None:
-            existing = self.find_existing(shard)
-            if existing is not None:
-                return existing
+    def create_batch(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
         with storage.local_copy(shard.input_uri) as path:
 
             def upload() -> Any:
@@ -196,8 +171,8 @@ class OpenAIBatchProvider(RemoteBatchProvider):
 
             uploaded = self.call("upload", upload)
         endpoint = self._endpoint_of_file(storage, shard.input_uri)
-        attempt_at = dt.datetime.now(dt.UTC)
-        return self.create_once(
+        return self.create_reconciled(
+            shard,
             lambda: str(
                 self.client.batches.create(
                     input_file_id=uploaded.id,
@@ -210,7 +185,6 @@ class OpenAIBatchProvider(RemoteBatchProvider):
                     },
                 ).id
             ),
-            lambda: self.find_existing(shard.model_copy(update={"intent_at": attempt_at})),
         )
 
     @staticmethod
@@ -219,7 +193,7 @@ class OpenAIBatchProvider(RemoteBatchProvider):
             return str(json.loads(line)["url"])
         raise ValueError(f"shard {uri} is empty")
 
-    def _status(self, batch: Any) -> BatchStatus:
+    def batch_status(self, batch: Any) -> BatchStatus:
         counts = batch.request_counts
         message = None
         if batch.errors is not None and batch.errors.data:
@@ -237,14 +211,6 @@ class OpenAIBatchProvider(RemoteBatchProvider):
             failed=counts.failed if counts else 0,
             message=message,
         )
-
-    def poll(self, provider_batch_id: str) -> BatchStatus:
-        batch = self.call("retrieve", lambda: self.client.batches.retrieve(provider_batch_id))
-        return self._status(batch)
-
-    def cancel(self, provider_batch_id: str) -> BatchStatus:
-        batch = self.call("cancel", lambda: self.client.batches.cancel(provider_batch_id))
-        return self._status(batch)
 
     def _file_blocks(self, file_id: str | None) -> Iterator[bytes]:
         """A result file's bytes in blocks of whole lines."""
@@ -273,7 +239,7 @@ class OpenAIBatchProvider(RemoteBatchProvider):
         return self._result_blocks(provider_batch_id), read_line
 
     def _result_blocks(self, provider_batch_id: str) -> Iterator[bytes]:
-        batch = self.call("retrieve", lambda: self.client.batches.retrieve(provider_batch_id))
+        batch = self.call("retrieve", lambda: self.batches_api().retrieve(provider_batch_id))
         if STATUS_MAP.get(batch.status) not in (
             ShardState.COMPLETED,
             ShardState.FAILED,

@@ -1,0 +1,306 @@
+"""The realtime worker shared by the online provider and Bedrock's on-demand path: requests
+sent one by one with `concurrency` in flight, paced under the RPM and TPM windows, a pause
+for every sender on a rate limit, transient failures retried with jittered backoff
+(tenacity), results handed over in small batches as they complete, so memory stays flat and
+a checkpoint is never far behind.
+"""
+
+import asyncio
+import re
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import tenacity
+from pydantic import BaseModel
+
+from llm_assets.resources.providers.base import ItemResult
+
+MARGIN = 1.02
+"""Client windows are this much longer than the provider's, so jitter never overfills one."""
+MAX_RATE_LIMIT_WAITS = 50
+_NUMBER = r"(\d+(?:\.\d+)?)"
+_DURATION = re.compile(rf"(?:{_NUMBER}h)?(?:{_NUMBER}m(?!s))?(?:{_NUMBER}s)?(?:{_NUMBER}ms)?$")
+
+
+def parse_duration(value: str | None) -> float | None:
+    """Seconds from a header like "1.5", "20ms", "1s" or "6m0s" (OpenAI's reset format)."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    match = _DURATION.match(text)
+    if not match or not any(match.groups()):
+        return None
+    hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
+    return hours * 3600 + minutes * 60 + seconds + millis / 1000
+
+
+class RollingWindow:
+    """At most `capacity` units (requests, or tokens) started in any rolling `seconds`, the
+    way providers enforce per-minute limits quantized to short windows (OpenAI: 600 RPM as
+    10 per second). The window is checked itself, so requests of different sizes never
+    overfill it, and starts are spread evenly over it, measured when each request goes."""
+
+    def __init__(self, capacity: float, seconds: float) -> None:
+        self.capacity = capacity
+        self.seconds = seconds
+        self.window: deque[tuple[float, float]] = deque()
+        self.total = 0.0
+        # Starts are at least an even share of the window apart: no bursts, which send delays
+        # on a busy event loop would smear into the provider's next window.
+        self.spacing = seconds / capacity if capacity else 0.0
+
+    @classmethod
+    def per_minute(cls, limit: int, share: float = 1.0) -> "RollingWindow":
+        # One second's share of the minute, or a longer window when that is under one unit;
+        # the window is a little longer than the provider's so network jitter cannot push
+        # an extra request into it.
+        seconds = max(1.0, 60.0 / limit)
+        return cls(capacity=float(int(limit * share * seconds / 60)), seconds=seconds * MARGIN)
+
+    def ready_at(self, cost: float, now: float) -> float:
+        while self.window and self.window[0][0] <= now - self.seconds:
+            self.total -= self.window.popleft()[1]
+        total, moment = self.total, now
+        if self.window:
+            moment = max(moment, self.window[-1][0] + self.spacing * cost)
+        for start, used in self.window:
+            if total + cost <= self.capacity:
+                break
+            total -= used
+            moment = max(moment, start + self.seconds)
+        return moment
+
+    def started(self, moment: float, cost: float) -> None:
+        self.window.append((moment, cost))
+        self.total += cost
+
+
+class OnlineSettings(BaseModel):
+    concurrency: int
+    rpm: int | None
+    tpm: int | None
+    timeout_seconds: float
+    max_tries: int
+
+
+class OnlineStats(BaseModel):
+    sent: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    rate_limited: int = 0
+    paused_seconds: float = 0.0
+    elapsed_seconds: float = 0.0
+    interrupted: bool = False
+
+
+class Transient(Exception):
+    """A failure worth another try inside this run."""
+
+    def __init__(self, result: ItemResult) -> None:
+        self.result = result
+        super().__init__(result.error_message)
+
+
+class RateLimited(Exception):
+    """The endpoint said to slow down: every sender pauses, then this request goes again."""
+
+    def __init__(self, retry_after: float | None) -> None:
+        self.retry_after = retry_after
+        super().__init__(f"rate limited (retry after {retry_after})")
+
+
+Send = Callable[[str, dict[str, Any]], Awaitable[tuple[ItemResult, float | None]]]
+"""One request: its result, and how long the endpoint said its request window stays empty
+(None when it did not say). Raises Transient or RateLimited."""
+
+
+async def run_requests(
+    settings: OnlineSettings,
+    requests: Iterable[tuple[str, dict[str, Any], int]],
+    deliver: Callable[[list[ItemResult]], None],
+    send: Send,
+    *,
+    checkpoint_every: int,
+    stop: Callable[[], bool],
+    progress: Callable[[OnlineStats], None] | None,
+    backoff_base_seconds: float,
+    backoff_cap_seconds: float,
+) -> OnlineStats:
+    """Send `(custom_id, body, tokens)` requests through `send`: `settings.concurrency` in
+    flight, paced under the RPM and TPM windows, a pause for everyone on a rate limit,
+    transient failures retried with jittered backoff, results handed to `deliver` every
+    `checkpoint_every` (and the rest at the end). `stop()` turning true stops sending new
+    requests; those in flight finish and are delivered."""
+    worker = _Worker(
+        settings,
+        deliver,
+        send,
+        checkpoint_every,
+        progress,
+        (backoff_base_seconds, backoff_cap_seconds),
+    )
+    return await worker.run(requests, stop)
+
+
+class _Worker:
+    """One run of `run_requests`: its windows, pause, result buffer and counts."""
+
+    def __init__(
+        self,
+        settings: OnlineSettings,
+        deliver: Callable[[list[ItemResult]], None],
+        send: Send,
+        checkpoint_every: int,
+        progress: Callable[[OnlineStats], None] | None,
+        backoff: tuple[float, float],
+    ) -> None:
+        self.max_tries = settings.max_tries
+        self.backoff = backoff
+        self.deliver = deliver
+        self.send = send
+        self.checkpoint_every = checkpoint_every
+        self.progress = progress
+        self.stats = OnlineStats()
+        self.requests_window = RollingWindow.per_minute(settings.rpm) if settings.rpm else None
+        # Token counts vary per request, so keep a little more room than for requests.
+        self.tokens_window = RollingWindow.per_minute(settings.tpm, 0.97) if settings.tpm else None
+        self.pause_until = 0.0
+        self.buffer: list[ItemResult] = []
+        self.flushing = asyncio.Lock()
+        self.gate = asyncio.Lock()
+        self.slots = asyncio.Semaphore(settings.concurrency)
+
+    async def run(
+        self, requests: Iterable[tuple[str, dict[str, Any], int]], stop: Callable[[], bool]
+    ) -> OnlineStats:
+        began = time.monotonic()
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            await self._start_all(requests, stop, tasks)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            await self.flush(force=True)
+            self.stats.elapsed_seconds = time.monotonic() - began
+            if self.progress is not None:
+                self.progress(self.stats)
+        return self.stats
+
+    async def _start_all(
+        self,
+        requests: Iterable[tuple[str, dict[str, Any], int]],
+        stop: Callable[[], bool],
+        tasks: set[asyncio.Task[None]],
+    ) -> None:
+        """A task per request as a slot frees up, until the requests run out or `stop()`."""
+        first = True
+        for custom_id, body, tokens in requests:
+            if stop():
+                self.stats.interrupted = True
+                return
+            await self.slots.acquire()
+            if stop():  # asked while waiting for a free slot
+                self.slots.release()
+                self.stats.interrupted = True
+                return
+            task = asyncio.create_task(self.one(custom_id, body, tokens))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            if first:
+                first = False
+                # The first request pays for the client's and the connection's setup and
+                # reaches the server late; the second would land next to it in the
+                # provider's window. Let it finish before the others go.
+                await asyncio.gather(task, return_exceptions=True)
+            await asyncio.sleep(0)
+
+    async def one(self, custom_id: str, body: dict[str, Any], tokens: int) -> None:
+        """One request to its final result (retried while transient), then buffered."""
+        try:
+            base, cap = self.backoff
+            retrying = tenacity.AsyncRetrying(
+                stop=tenacity.stop_after_attempt(self.max_tries),
+                wait=tenacity.wait_random_exponential(multiplier=base, max=cap),
+                retry=tenacity.retry_if_exception_type(Transient),
+                reraise=True,
+            )
+            try:
+                result = await retrying(self.attempt, custom_id, body, tokens)
+            except Transient as exc:
+                result = exc.result
+            self.stats.retried += max(0, retrying.statistics.get("attempt_number", 1) - 1)
+            self.stats.succeeded += result.succeeded
+            self.stats.failed += not result.succeeded
+            self.buffer.append(result)
+            await self.flush(force=False)
+        finally:
+            self.slots.release()
+
+    async def attempt(self, custom_id: str, body: dict[str, Any], tokens: int) -> ItemResult:
+        """One try: sent when the windows allow, sent again after each rate limit."""
+        for _ in range(MAX_RATE_LIMIT_WAITS):
+            await self.wait_turn(tokens)
+            self.stats.sent += 1
+            try:
+                result, window_empty_for = await self.send(custom_id, body)
+            except RateLimited as exc:
+                self.stats.rate_limited += 1
+                self.hold_off(exc.retry_after or 1.0)
+                continue
+            # Without a limit of our own the server's word is all we know: an empty window
+            # waits for its reset. With one, our window already keeps the pace.
+            if self.requests_window is None and window_empty_for is not None:
+                self.hold_off(window_empty_for)
+            return result
+        return ItemResult(
+            custom_id=custom_id,
+            succeeded=False,
+            error_class="transient",
+            error_code="rate_limit_exceeded",
+            error_message=f"still rate limited after {MAX_RATE_LIMIT_WAITS} waits",
+        )
+
+    async def wait_turn(self, tokens: int) -> None:
+        """One sender at a time waits for its moment; the moment it goes is recorded."""
+        async with self.gate:
+            while True:
+                now = time.monotonic()
+                ready = [now, self.pause_until]
+                if self.requests_window is not None:
+                    ready.append(self.requests_window.ready_at(1, now))
+                if self.tokens_window is not None:
+                    ready.append(self.tokens_window.ready_at(tokens, now))
+                if max(ready) <= now:
+                    break
+                await asyncio.sleep(max(ready) - now)
+            if self.requests_window is not None:
+                self.requests_window.started(now, 1)
+            if self.tokens_window is not None:
+                self.tokens_window.started(now, tokens)
+
+    def hold_off(self, seconds: float) -> None:
+        """Every sender waits `seconds` from now (a longer pause already set stands)."""
+        until = time.monotonic() + seconds
+        if until > self.pause_until:
+            self.stats.paused_seconds += until - max(self.pause_until, time.monotonic())
+            self.pause_until = until
+
+    async def flush(self, force: bool) -> None:
+        """Hand the buffered results to `deliver` once there are `checkpoint_every` of them
+        (any number when forced), off the event loop."""
+        async with self.flushing:
+            if self.buffer and (force or len(self.buffer) >= self.checkpoint_every):
+                batch = self.buffer[:]
+                self.buffer.clear()
+                await asyncio.to_thread(self.deliver, batch)
+                if self.progress is not None:
+                    self.progress(self.stats)
