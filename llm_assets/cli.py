@@ -38,7 +38,13 @@ def _settings() -> Settings:
     return Settings.from_env()
 
 
+def _register_provider_checks() -> None:
+    """Spec validation runs the provider checks once the provider registry is imported."""
+    import llm_assets.resources.providers.registry  # noqa: F401
+
+
 def _spec(settings: Settings, name: str) -> PipelineSpec:
+    _register_provider_checks()
     try:
         specs = {s.name: s for s in load_specs(settings.pipelines_dir)}
     except SpecError as exc:
@@ -88,6 +94,7 @@ def main() -> None:
 def validate_spec(path: Path | None) -> None:
     """Check pipeline specs (a file or folder; default LLM_ASSETS_PIPELINES)."""
     target = path or _settings().pipelines_dir
+    _register_provider_checks()
     try:
         specs, problems = check_specs(target)
     except SpecError as exc:

@@ -12,6 +12,9 @@ from llm_assets import steps
 from llm_assets.console import progress_bar
 from llm_assets.demo_data import generate_demo_data
 from llm_assets.resources import build_resources
+
+# Importing the registry registers the provider checks with spec validation.
+from llm_assets.resources.providers import registry  # noqa: F401
 from llm_assets.runner import DayOutcome, run_days
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec, load_specs

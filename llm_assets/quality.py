@@ -6,7 +6,6 @@ every failing row and rule is found at once: the same constraints, non-null colu
 source ids, and any rules a spec adds with its own `DataFrameModel`.
 """
 
-import importlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,7 +13,7 @@ import pandas as pd
 import pandera.pandas as pa
 from pydantic import BaseModel
 
-from llm_assets.spec import FieldSpec, PipelineSpec
+from llm_assets.spec import FieldSpec, PipelineSpec, load_pandera_model
 
 LINEAGE = ("job_id", "custom_id", "source_id", "prompt_version", "model")
 _DTYPES: dict[str, Any] = {"str": str, "int": "int64", "float": float, "bool": bool}
@@ -64,14 +63,9 @@ def frame_schema(spec: PipelineSpec) -> pa.DataFrameSchema:
 
 def custom_model(spec: PipelineSpec) -> type[pa.DataFrameModel] | None:
     """The spec's own DataFrameModel (`output.pandera_model: package.module:Class`)."""
-    path = spec.output.pandera_model
-    if not path:
+    if not spec.output.pandera_model:
         return None
-    module_name, _, attribute = path.partition(":")
-    model = getattr(importlib.import_module(module_name), attribute)
-    if not (isinstance(model, type) and issubclass(model, pa.DataFrameModel)):
-        raise TypeError(f"{path} is not a pandera DataFrameModel")
-    return model
+    return load_pandera_model(spec.output.pandera_model)
 
 
 def validate_frame(

@@ -344,6 +344,19 @@ def register_check(check: SpecCheck) -> None:
         _registered_checks.append(check)
 
 
+def load_pandera_model(path: str) -> type[Any]:
+    """The pandera `DataFrameModel` a spec names as `package.module:Class`."""
+    import importlib
+
+    import pandera.pandas as pa
+
+    module_name, _, attribute = path.partition(":")
+    model = getattr(importlib.import_module(module_name), attribute)
+    if not (isinstance(model, type) and issubclass(model, pa.DataFrameModel)):
+        raise TypeError(f"{path} is not a pandera DataFrameModel")
+    return model
+
+
 def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     fields = set(spec.source.fields)
@@ -369,9 +382,7 @@ def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
         problems.extend(check(spec))
     if spec.output.pandera_model:
         try:
-            from llm_assets.quality import custom_model
-
-            custom_model(spec)
+            load_pandera_model(spec.output.pandera_model)
         except Exception as exc:
             problems.append(
                 ("output.pandera_model", f"cannot use {spec.output.pandera_model!r}: {exc}")

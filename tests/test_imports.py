@@ -9,8 +9,6 @@ layer (cli -> runner -> factory -> steps -> resources).
 import ast
 from pathlib import Path
 
-import pytest
-
 import llm_assets
 
 PACKAGE = Path(llm_assets.__file__).parent
@@ -126,8 +124,5 @@ def test_no_cycle_runs_through_the_orchestration_modules() -> None:
     assert [group for group in _cycles(_graph()) if names & set(group)] == []
 
 
-@pytest.mark.xfail(
-    strict=True, reason="spec imports the provider adapters and quality, which import spec"
-)
 def test_the_package_has_no_import_cycle() -> None:
     assert _cycles(_graph()) == []

@@ -720,14 +720,6 @@ def test_installed_entry_point_exits_non_zero_on_a_broken_spec(tmp_path: Path) -
     assert "integer" in clean(done.stderr)
 
 
-WIRING = (
-    "spec validation runs the provider checks once llm_assets.resources.providers.registry is "
-    "imported: cli.py (validate_spec, _spec), definitions.py and demo.py must import it "
-    "before they load specs"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=WIRING)
 def test_the_cli_in_a_fresh_process_runs_the_provider_checks(tmp_path: Path) -> None:
     script = Path(sys.executable).parent / "llm-assets"
     path = write_spec(tmp_path, mutated(lambda s: s["model"].update(provider="openia")))
@@ -746,7 +738,6 @@ def test_the_cli_in_a_fresh_process_runs_the_provider_checks(tmp_path: Path) -> 
     assert f"error {path}: model.provider: unknown provider 'openia'" in clean(done.stderr)
 
 
-@pytest.mark.xfail(strict=True, reason=WIRING)
 def test_the_code_location_in_a_fresh_process_runs_the_provider_checks(tmp_path: Path) -> None:
     write_spec(tmp_path, mutated(lambda s: s["model"].update(provider="openia")))
     env = {k: v for k, v in os.environ.items() if k != "LLM_ASSETS_PRICES"}
