@@ -41,16 +41,8 @@ from tests.fakes.anthropic_model import (
     rfc3339,
     validate_create,
 )
-from tests.fakes.common import (
-    CallLog,
-    ControlFault,
-    FaultInjectingServer,
-    LostResponseFault,
-    Reply,
-    Request,
-    delay_fault,
-    format_seconds,
-)
+from tests.fakes.base import FaultInjectingServer, Reply, Request
+from tests.fakes.common import CallLog, ControlFault, LostResponseFault, delay_fault, format_seconds
 
 # The fake and the faults tests inject into it.
 __all__ = ["FakeAnthropic", "LostResponseFault", "delay_fault"]

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tests.fakes.common import FakeHandler, FakeServer, Reply
+from tests.fakes.base import FakeHandler, FakeServer, Reply
 from tests.fakes.online_limits import DOCS, RateLimiter, go_duration, retry_after_headers
 from tests.fakes.online_requests import ChatRequest, parse_chat_request
 from tests.fakes.openai_model import (

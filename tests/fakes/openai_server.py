@@ -20,14 +20,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qs
 
-from tests.fakes.common import (
-    CallLog,
-    ControlFault,
-    FaultInjectingServer,
-    Reply,
-    Request,
-    format_seconds,
-)
+from tests.fakes.base import FaultInjectingServer, Reply, Request
+from tests.fakes.common import CallLog, ControlFault, format_seconds
 from tests.fakes.openai_batches import DAY, BatchLifecycle, CleanErrorFile
 from tests.fakes.openai_model import (
     ApiError,
