@@ -100,7 +100,7 @@ JSON = dict[str, Any]
 
 def runtime_calls(fake: FakeBedrock) -> list[JSON]:
     """The call-log entries of InvokeModel and Converse calls, in order."""
-    return [c for c in fake.calls.entries() if c["operation"] in ("InvokeModel", "Converse")]
+    return [c for c in fake.calls.entries() if c.get("operation") in ("InvokeModel", "Converse")]
 
 
 class FakeBedrock(JobLifecycle, RuntimeCalls, FaultInjectingServer):

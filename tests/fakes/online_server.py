@@ -27,6 +27,7 @@ from tests.fakes.online_requests import ChatRequest, parse_chat_request
 from tests.fakes.openai_model import (
     ApiError,
     Responder,
+    chat_choices,
     count_tokens,
     cut_to_tokens,
     default_responder,
@@ -381,20 +382,7 @@ class FakeOnline(FakeServer):
         if request.max_tokens is not None and tokens > request.max_tokens:
             content, _ = cut_to_tokens(content, request.max_tokens, request.model)
             tokens, finish_reason = request.max_tokens, "length"
-        choices = [
-            {
-                "index": index,
-                "message": {
-                    "role": "assistant",
-                    "content": content,
-                    "refusal": None,
-                    "annotations": [],
-                },
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-            for index in range(request.n)
-        ]
+        choices = chat_choices(content, finish_reason, request.n)
         completion_tokens = tokens * request.n
         body = {
             "id": new_id("chatcmpl-", 29),

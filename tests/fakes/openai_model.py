@@ -401,6 +401,24 @@ def _response(
     return result, prompt_tokens, out_tokens
 
 
+def chat_choices(content: str, finish_reason: str, n: int = 1) -> list[JSON]:
+    """The `choices` of a chat completion: `n` times the same assistant message."""
+    return [
+        {
+            "index": index,
+            "message": {
+                "role": "assistant",
+                "content": content,
+                "refusal": None,
+                "annotations": [],
+            },
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        for index in range(n)
+    ]
+
+
 def _chat_completion(
     body: JSON, model: str, content: str, prompt_tokens: int, cached: int
 ) -> tuple[JSON, int, int]:
@@ -415,19 +433,7 @@ def _chat_completion(
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": content,
-                    "refusal": None,
-                    "annotations": [],
-                },
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        ],
+        "choices": chat_choices(content, finish_reason),
         "usage": {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": out_tokens,
