@@ -11,6 +11,7 @@ import hashlib
 import json
 import random
 import tempfile
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -40,10 +41,12 @@ ValidationFailure = str | Callable[[JSON], str | None] | None
 
 
 def seq(job: JSON) -> int:
+    """A job's place in creation order."""
     return int(job["seq"])
 
 
 def record_counts(total: int) -> JSON:
+    """The manifest counts of a job of `total` records, none processed yet."""
     return {
         "totalRecordCount": total,
         "processedRecordCount": 0,
@@ -68,6 +71,7 @@ class JobLifecycle:
     responder: Responder | None
     shuffle_output: bool
     _jobs: dict[str, JSON]
+    _lock: threading.RLock
     _s3_client: Any
 
     def _s3(self) -> Any:

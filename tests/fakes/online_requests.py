@@ -121,6 +121,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
 
 
 def _check_messages(messages: list[Any]) -> None:
+    """Each message's role and content, as the API checks them."""
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
