@@ -29,14 +29,7 @@ from llm_assets.runner import PartitionRunner, StepFailed
 from llm_assets.spec import PipelineSpec
 from llm_assets.tokens import counter_for
 from tests.fakes.openai_server import FakeOpenAI, prompt_tokens_of, user_text
-from tests.harness import (
-    DAY,
-    Harness,
-    make_harness,
-    review_spec,
-    truthful,
-    write_reviews,
-)
+from tests.harness import DAY, Harness, make_harness, review_spec, truthful, write_reviews
 
 pytestmark = pytest.mark.fake_server("openai", responder=truthful)
 CENT = 0.01
