@@ -1,7 +1,14 @@
-"""Shared fixtures: every ledger test runs on SQLite and on PostgreSQL.
+"""Shared fixtures: the ledger database, the fake provider servers and their SDK clients, and
+a real S3 endpoint.
 
-PostgreSQL comes from LLM_ASSETS_TEST_DATABASE_URL (set by .ci/run). On a laptop without it
-the PostgreSQL half is skipped with a visible reason; under CI=true it is required.
+`database_url` runs a test on SQLite and on PostgreSQL; a module marked `one_database` gets
+one database instead, PostgreSQL when the suite has it. PostgreSQL comes from
+LLM_ASSETS_TEST_DATABASE_URL (set by .ci/run). On a laptop without it the PostgreSQL half is
+skipped with a visible reason; under CI=true it is required.
+
+`fake` is the fake provider server a module names with its `fake_server` marker, e.g.
+`pytestmark = pytest.mark.fake_server("openai", responder=truthful)`: started on loopback
+with the marker's knobs set, and the test fails if the fake itself crashed.
 """
 
 import os
@@ -11,10 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import boto3
+import openai
 import pytest
 import sqlalchemy as sa
 
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.base import FakeServer
+from tests.fakes.bedrock_server import FakeBedrock
+from tests.fakes.online_server import FakeOnline
+from tests.fakes.openai_model import count_tokens
+from tests.fakes.openai_server import FakeOpenAI
 from tests.moto_server import start_moto_server
 
 PG_URL = os.environ.get("LLM_ASSETS_TEST_DATABASE_URL")
@@ -22,6 +37,14 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "one_database: database_url is one database, PostgreSQL when there is one"
+    )
+    config.addinivalue_line(
+        "markers",
+        "fake_server(kind, state_dir=None, **knobs): the fake provider server the `fake` "
+        "fixture starts (openai, anthropic, bedrock or online) and the knobs it sets on it",
+    )
     if IN_CI and not PG_URL:
         raise pytest.UsageError(
             "CI=true but LLM_ASSETS_TEST_DATABASE_URL is not set: the PostgreSQL half of the "
@@ -43,6 +66,22 @@ DATABASES = [
         ],
     ),
 ]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`database_url` once per database, unless the test is marked `one_database` or names its
+    databases itself (`parametrize("database_url", ..., indirect=True)`)."""
+    if "database_url" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("one_database") is not None:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        if "database_url" in (
+            [n.strip() for n in names.split(",")] if isinstance(names, str) else names
+        ):
+            return
+    metafunc.parametrize("database_url", DATABASES, indirect=True)
 
 
 @pytest.fixture
@@ -74,10 +113,15 @@ def _pg_schema_url() -> Iterator[str]:
         admin.dispose()
 
 
-@pytest.fixture(params=DATABASES)
+@pytest.fixture
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty ledger database: a SQLite file, or a new PostgreSQL schema."""
-    if request.param == "sqlite":
+    """A fresh, empty ledger database: a SQLite file, or a new PostgreSQL schema (see
+    pytest_generate_tests); for a test marked `one_database`, `one_database_url`."""
+    kind = getattr(request, "param", None)
+    if kind is None:
+        yield request.getfixturevalue("one_database_url")
+        return
+    if kind == "sqlite":
         yield f"sqlite:///{tmp_path / 'ledger.db'}"
         return
     yield from _pg_schema_url()
@@ -111,3 +155,48 @@ def moto_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
             yield s3
     finally:
         stop()
+
+
+def _new_fake(kind: str, request: pytest.FixtureRequest, state_dir: Path) -> FakeServer:
+    if kind == "openai":
+        return FakeOpenAI(state_dir)
+    if kind == "anthropic":
+        return FakeAnthropic(state_dir)
+    if kind == "bedrock":
+        moto: MotoS3 = request.getfixturevalue("moto_s3")
+        return FakeBedrock(moto.endpoint_url)
+    if kind == "online":
+        count_tokens("warm up", "gpt-4o-mini")  # load the BPE now, not in the first timed request
+        return FakeOnline()
+    raise pytest.UsageError(f"fake_server({kind!r}): expected openai, anthropic, bedrock or online")
+
+
+@pytest.fixture
+def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """The running fake server the test's `fake_server` marker names, its knobs set. A fake
+    that keeps state does so in tmp_path/fake_<kind>, or in tmp_path/<state_dir> when the
+    marker names one."""
+    marker = request.node.get_closest_marker("fake_server")
+    if marker is None:
+        raise pytest.UsageError(f"{request.node.nodeid} uses `fake` without a fake_server marker")
+    kind, knobs = marker.args[0], dict(marker.kwargs)
+    server = _new_fake(kind, request, tmp_path / knobs.pop("state_dir", f"fake_{kind}"))
+    for knob, value in knobs.items():
+        if not hasattr(server, knob):
+            raise pytest.UsageError(f"{type(server).__name__} has no knob {knob!r}")
+        setattr(server, knob, value)
+    with server:
+        yield server
+        assert server.server_errors == []
+
+
+@pytest.fixture
+def client(fake: FakeServer) -> Iterator[Any]:
+    """The official SDK pointed at `fake`, with no retries of its own."""
+    if isinstance(fake, FakeAnthropic):
+        with anthropic.Anthropic(api_key="test", base_url=fake.base_url, max_retries=0) as sdk:
+            yield sdk
+        return
+    assert isinstance(fake, FakeOpenAI | FakeOnline), f"no SDK client for {fake!r}"
+    with openai.OpenAI(api_key="test", base_url=fake.base_url, max_retries=0) as sdk:
+        yield sdk

@@ -7,7 +7,6 @@ ignore SIGINT and SIGTERM otherwise) and stopped by signalling the whole group.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,14 +19,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from llm_assets.settings import REPO_ROOT
+from tests.fakes.common import free_port
 
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,14 @@
-"""A review-labelling pipeline for provider tests: data, spec and a Dagster-driven runner."""
+"""A review-labelling pipeline for provider tests: data, spec and a Dagster-driven runner, the
+model that labels the reviews truthfully, faults that strike an item once, and the adapters
+pointed at the fake servers."""
 
+import contextlib
 import datetime as dt
 import json
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import dagster as dg
 import sqlalchemy as sa
@@ -12,14 +17,19 @@ from llm_assets import steps
 from llm_assets.factory import asset_key, build_pipeline_assets
 from llm_assets.resources.ledger import LedgerResource, result_table
 from llm_assets.resources.providers import provider_resource_key
+from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
 from llm_assets.resources.providers.base import BatchProvider
+from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.runner import DayOutcome, PartitionRunner
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.openai_server import FakeOpenAI, user_text
 
 DAY = dt.date(2026, 11, 2)
 POSITIVE = ("good", "great", "love", "excellent")
+CLI = str(Path(sys.executable).parent / "llm-assets")
 _OPENERS = [
     "The blender is {w} and the motor is quiet.",
     "Delivery was slow but the kettle itself is {w}.",
@@ -151,3 +161,72 @@ class Harness:
             for r in self.rows().values()
             if r["status"] == "succeeded"
         }
+
+
+@contextlib.contextmanager
+def open_harness(
+    tmp_path: Path,
+    database_url: str,
+    spec: dict[str, Any],
+    provider: BatchProvider,
+    reviews: int = 24,
+) -> Iterator[Harness]:
+    """A Harness on a throwaway Dagster instance under tmp_path/dagster."""
+    (tmp_path / "dagster").mkdir(exist_ok=True)
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        yield Harness(tmp_path, database_url, instance, spec, provider, reviews=reviews)
+
+
+def make_harness(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI, **overrides: Any
+) -> Iterator[Harness]:
+    """The review pipeline on gpt-4o-mini through the OpenAI adapter pointed at `fake`, with
+    `overrides` of the spec as review_spec takes them. A generator, for `for harness in ...`
+    and for fixtures' `yield from`."""
+    spec = review_spec("openai", "gpt-4o-mini", **overrides)
+    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
+        yield harness
+
+
+@overload
+def provider_for(fake: FakeOpenAI) -> OpenAIBatchProvider: ...
+
+
+@overload
+def provider_for(fake: FakeAnthropic) -> AnthropicBatchProvider: ...
+
+
+def provider_for(fake: FakeOpenAI | FakeAnthropic) -> OpenAIBatchProvider | AnthropicBatchProvider:
+    """The batch adapter for `fake`, with short timeouts and retries so faults cost no time."""
+    adapter = OpenAIBatchProvider if isinstance(fake, FakeOpenAI) else AnthropicBatchProvider
+    return adapter(
+        api_key="test-key",
+        base_url=fake.base_url,
+        timeout_seconds=5.0,
+        retry_base_seconds=0.01,
+        retry_cap_seconds=0.05,
+        max_retry_after_seconds=0.05,
+    )
+
+
+def truthful(body: dict[str, Any]) -> str:
+    """Answers an OpenAI-shaped request like a good model: the label the review's words imply."""
+    text = user_text(body)
+    label = "positive" if any(word in text.lower() for word in POSITIVE) else "negative"
+    return json.dumps({"label": label, "summary": text.split(".")[0][:200]})
+
+
+def first_time(faults: dict[int, str]) -> Callable[[str, dict[str, Any]], str | None]:
+    """A line or item fault for review n (`faults[n]`) on its first submission only: a fake's
+    `line_fault` (OpenAI) or `item_fault` (Anthropic)."""
+    seen: set[str] = set()
+
+    def fault(custom_id: str, body: dict[str, Any]) -> str | None:
+        text = user_text(body)
+        for n, kind in faults.items():
+            if f"Order {1000 + n} " in text and custom_id not in seen:
+                seen.add(custom_id)
+                return kind
+        return None
+
+    return fault

@@ -1,9 +1,10 @@
 """A real S3 endpoint on loopback, so storage code runs its production boto3 path in tests."""
 
-import socket
 from collections.abc import Callable
 
 from moto.server import ThreadedMotoServer
+
+from tests.fakes.common import free_port
 
 _HOST = "127.0.0.1"
 _ATTEMPTS = 5
@@ -22,17 +23,11 @@ class _MotoServer(ThreadedMotoServer):
             self._server_ready_event.set()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((_HOST, 0))
-        return int(probe.getsockname()[1])
-
-
 def start_moto_server() -> tuple[str, Callable[[], None]]:
     """Start moto on a free loopback port; returns (endpoint_url, stop)."""
     last_error: BaseException | None = None
     for _ in range(_ATTEMPTS):
-        port = _free_port()
+        port = free_port()
         server = _MotoServer(ip_address=_HOST, port=port, verbose=False)
         server.start()
         if server.startup_error is None:

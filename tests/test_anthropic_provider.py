@@ -6,68 +6,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import pytest
 
 from llm_assets import steps
 from llm_assets.resources.ledger import TERMINAL, utcnow
-from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
 from llm_assets.resources.providers.base import ShardSubmission
 from tests.fakes.anthropic_server import FakeAnthropic, LostResponseFault
 from tests.fakes.common import ControlFault
-from tests.harness import Harness, review_spec
+from tests.harness import Harness, first_time, open_harness, provider_for, review_spec
 
-
-@pytest.fixture
-def database_url(one_database_url: str) -> str:
-    """One database (PostgreSQL in CI): these tests exercise the provider and the gate; the
-    ledger and pipeline tests compare SQLite and PostgreSQL."""
-    return one_database_url
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeAnthropic]:
-    with FakeAnthropic(tmp_path / "fake_anthropic") as server:
-        yield server
-
-
-def provider_for(fake: FakeAnthropic) -> AnthropicBatchProvider:
-    return AnthropicBatchProvider(
-        api_key="test-key",
-        base_url=fake.base_url,
-        timeout_seconds=5.0,
-        retry_base_seconds=0.01,
-        retry_cap_seconds=0.05,
-        max_retry_after_seconds=0.05,
-    )
+# One database (PostgreSQL in CI): these tests exercise the provider and the gate; the ledger
+# and pipeline tests compare SQLite and PostgreSQL.
+pytestmark = [pytest.mark.one_database, pytest.mark.fake_server("anthropic")]
 
 
 @pytest.fixture
 def harness(tmp_path: Path, database_url: str, fake: FakeAnthropic) -> Iterator[Harness]:
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        yield Harness(
-            tmp_path,
-            database_url,
-            instance,
-            review_spec("anthropic", "claude-haiku-4-5"),
-            provider_for(fake),
-        )
-
-
-def first_time(faults: dict[int, str]) -> Any:
-    """An item fault for the n-th review that happens on its first submission only."""
-    seen: set[str] = set()
-
-    def fault(custom_id: str, params: dict[str, Any]) -> str | None:
-        text = params["messages"][0]["content"]
-        for n, kind in faults.items():
-            if f"Order {1000 + n} " in text and custom_id not in seen:
-                seen.add(custom_id)
-                return kind
-        return None
-
-    return fault
+    spec = review_spec("anthropic", "claude-haiku-4-5")
+    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
+        yield harness
 
 
 def test_a_day_completes_with_item_faults_retrying_only_what_failed(

@@ -28,8 +28,7 @@ from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec import PipelineSpec
 from tests.dagster_dev import DagsterDev, dagster_dev
 from tests.fakes.openai_server import FakeOpenAI, user_text
-from tests.harness import review_spec, write_reviews
-from tests.test_openai_provider import truthful
+from tests.harness import review_spec, truthful, write_reviews
 
 FILE_DAYS = (dt.date(2026, 11, 3), dt.date(2026, 11, 4))
 BACKFILL_DAYS = (dt.date(2026, 11, 10), dt.date(2026, 11, 11))

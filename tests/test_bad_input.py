@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -35,10 +34,9 @@ from llm_assets.resources.ledger import TERMINAL, metadata, output_table, result
 from llm_assets.source import SourceRow, SourceRowModel
 from tests import test_openai_provider as openai_tests
 from tests.fakes.openai_server import FakeOpenAI
-from tests.harness import DAY, Harness, review_spec
-from tests.test_openai_provider import provider_for
+from tests.harness import DAY, Harness, open_harness, provider_for, review_spec, truthful
 
-fake = openai_tests.fake
+pytestmark = pytest.mark.fake_server("openai", responder=truthful)
 
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 ARTIFACT_KINDS = {"snapshots", "shards", "outputs", "dead_letters", "reports"}
@@ -130,16 +128,8 @@ def write_source(home: Path, lines: list[Line]) -> Path:
 def make_harness(
     tmp_path: Path, database_url: str, fake: FakeOpenAI, **overrides: Any
 ) -> Iterator[Harness]:
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        harness = Harness(
-            tmp_path,
-            database_url,
-            instance,
-            review_spec("openai", "gpt-4o-mini", **overrides),
-            provider_for(fake),
-            reviews=0,
-        )
+    spec = review_spec("openai", "gpt-4o-mini", **overrides)
+    with open_harness(tmp_path, database_url, spec, provider_for(fake), reviews=0) as harness:
         (harness.home / "reviews" / f"reviews-{DAY.isoformat()}.jsonl").unlink()
         yield harness
 

@@ -6,9 +6,7 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +24,11 @@ from llm_assets.resources.providers.bedrock import (
 )
 from llm_assets.resources.storage import ArtifactStorage
 from tests.conftest import MotoS3
-from tests.fakes.bedrock_server import FakeBedrock
-from tests.harness import DAY, POSITIVE, Harness, review_spec, write_reviews
+from tests.fakes.bedrock_server import FakeBedrock, runtime_calls
+from tests.harness import CLI, DAY, POSITIVE, Harness, review_spec, write_reviews
 
 ROLE = "arn:aws:iam::123456789012:role/BedrockBatchInference"
 MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
-
-
-@pytest.fixture
-def database_url(one_database_url: str) -> str:
-    return one_database_url
 
 
 def truthful(model_input: dict[str, Any]) -> str:
@@ -44,13 +37,10 @@ def truthful(model_input: dict[str, Any]) -> str:
     return json.dumps({"label": label, "summary": "A customer review."})
 
 
-@pytest.fixture
-def fake(moto_s3: MotoS3) -> Iterator[FakeBedrock]:
-    with FakeBedrock(moto_s3.endpoint_url) as server:
-        server.min_records = 50
-        server.responder = truthful
-        yield server
-        assert server.server_errors == []
+pytestmark = [
+    pytest.mark.one_database,
+    pytest.mark.fake_server("bedrock", min_records=50, responder=truthful),
+]
 
 
 def bedrock_spec() -> dict[str, Any]:
@@ -127,9 +117,6 @@ def out_key(s3: Any, fake: FakeBedrock, job_arn: str) -> tuple[str, str]:
         if o["Key"].endswith(".out") and not o["Key"].endswith("manifest.json.out")
     ]
     return bucket, key
-
-
-CLI = str(Path(sys.executable).parent / "llm-assets")
 
 
 @pytest.mark.parametrize(
@@ -225,10 +212,6 @@ def test_a_job_that_ends_badly_is_resubmitted_only_for_what_has_no_result(
         ]
         assert len(fake.jobs()) == len(shards)
         assert len({c["client_request_token"] for c in creates}) == len(shards)
-
-
-def runtime_calls(fake: FakeBedrock) -> list[dict[str, Any]]:
-    return [c for c in fake.calls.entries() if c.get("operation") in ("InvokeModel", "Converse")]
 
 
 def answered_once(calls: list[dict[str, Any]]) -> dict[str, int]:

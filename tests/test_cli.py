@@ -4,7 +4,6 @@ import datetime as dt
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import dagster as dg
@@ -14,17 +13,12 @@ from dagster._core.instance.ref import InstanceRef
 
 from llm_assets.demo_data import generate_demo_data
 from llm_assets.settings import REPO_ROOT
+from tests.harness import CLI
 
-
-@pytest.fixture
-def database_url(one_database_url: str) -> str:
-    """One database: these tests drive the CLI as a subprocess; the ledger tests and the
-    pipeline tests compare SQLite and PostgreSQL."""
-    return one_database_url
-
-
+# One database: these tests drive the CLI as a subprocess; the ledger tests and the pipeline
+# tests compare SQLite and PostgreSQL.
+pytestmark = pytest.mark.one_database
 DAY = dt.date(2026, 11, 2)
-CLI = str(Path(sys.executable).parent / "llm-assets")
 
 
 class Env:

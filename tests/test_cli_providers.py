@@ -4,7 +4,6 @@ pointed at them only through OPENAI_BASE_URL / ANTHROPIC_BASE_URL."""
 import json
 import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,19 +13,12 @@ import yaml
 
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.openai_server import FakeOpenAI
-from tests.harness import DAY, review_spec, write_reviews
-from tests.test_openai_provider import first_time as openai_first_time
-from tests.test_openai_provider import truthful
+from tests.harness import CLI, DAY, review_spec, truthful, write_reviews
+from tests.harness import first_time as openai_first_time
 
-
-@pytest.fixture
-def database_url(one_database_url: str) -> str:
-    """One database: these tests drive the CLI against the fakes as a subprocess; the
-    ledger tests and the pipeline tests compare SQLite and PostgreSQL."""
-    return one_database_url
-
-
-CLI = str(Path(sys.executable).parent / "llm-assets")
+# One database: these tests drive the CLI against the fakes as a subprocess; the ledger tests
+# and the pipeline tests compare SQLite and PostgreSQL.
+pytestmark = pytest.mark.one_database
 
 
 def run_cli(tmp_path: Path, database_url: str, spec: dict[str, Any], env: dict[str, str]) -> Any:

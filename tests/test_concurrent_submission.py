@@ -10,8 +10,7 @@ import dagster as dg
 from llm_assets import steps
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI
-from tests.harness import DAY, Harness, review_spec
-from tests.test_openai_provider import provider_for, truthful
+from tests.harness import DAY, Harness, provider_for, review_spec, truthful
 
 
 def test_concurrent_submissions_of_a_day_create_one_batch_per_shard(

@@ -7,7 +7,6 @@ import json
 import math
 import random
 import threading
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -30,33 +29,11 @@ from llm_assets.runner import PartitionRunner, StepFailed
 from llm_assets.spec import PipelineSpec
 from llm_assets.tokens import counter_for
 from tests.fakes.openai_server import FakeOpenAI, prompt_tokens_of, user_text
-from tests.harness import DAY, Harness, review_spec, write_reviews
-from tests.test_openai_provider import provider_for, truthful
+from tests.harness import DAY, Harness, make_harness, review_spec, truthful, write_reviews
 
+pytestmark = pytest.mark.fake_server("openai", responder=truthful)
 CENT = 0.01
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(tmp_path / "fake_openai") as server:
-        server.responder = truthful
-        yield server
-        assert server.server_errors == []
-
-
-@contextlib.contextmanager
-def harness_for(
-    tmp_path: Path, database_url: str, fake: FakeOpenAI, **overrides: Any
-) -> Iterator[Harness]:
-    (tmp_path / "dagster").mkdir(exist_ok=True)
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        yield Harness(
-            tmp_path,
-            database_url,
-            instance,
-            review_spec("openai", "gpt-4o-mini", **overrides),
-            provider_for(fake),
-        )
+harness_for = contextlib.contextmanager(make_harness)
 
 
 def check_history(harness: Harness, step: str, name: str) -> list[Any]:

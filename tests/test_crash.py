@@ -11,9 +11,7 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +23,9 @@ from llm_assets.failpoints import POINTS
 from llm_assets.resources.ledger import LedgerResource, result_table, shard_table
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
-from tests.harness import DAY, review_spec, write_reviews
-from tests.test_openai_provider import truthful
+from tests.harness import CLI, DAY, review_spec, truthful, write_reviews
 
-CLI = str(Path(sys.executable).parent / "llm-assets")
+pytestmark = pytest.mark.fake_server("openai", responder=truthful)
 KILLED = -signal.SIGKILL
 
 
@@ -119,14 +116,6 @@ class Partition:
         assert numbers["items"] == len(self.truth)
         assert {k: v for k, v in numbers.items() if k != "items" and v} == {}, numbers
         return numbers
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(tmp_path / "fake") as server:
-        server.responder = truthful
-        server.polls_per_state = 1
-        yield server
 
 
 def transient_once(every: int) -> Any:

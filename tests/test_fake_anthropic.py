@@ -5,18 +5,19 @@ fake is tested against the wire protocol it will meet in production.
 """
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import pytest
 
-from tests.fakes.anthropic_server import FakeAnthropic, LostResponseFault, delay_fault
-from tests.fakes.common import ControlFault
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.common import ControlFault, LostResponseFault, delay_fault
 
 MODEL = "claude-fake-1"
 BATCHES = "/v1/messages/batches"
+
+pytestmark = pytest.mark.fake_server("anthropic", state_dir="anthropic")
 
 
 def make_requests(n: int, prefix: str = "item", **params: Any) -> list[dict[str, Any]]:
@@ -64,18 +65,6 @@ def no_ambient_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_CUSTOM_HEADERS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", str(tmp_path / "no-anthropic-config"))
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeAnthropic]:
-    with FakeAnthropic(tmp_path / "anthropic") as server:
-        yield server
-
-
-@pytest.fixture
-def client(fake: FakeAnthropic) -> Iterator[anthropic.Anthropic]:
-    with new_client(fake) as sdk:
-        yield sdk
 
 
 def test_create_poll_and_stream_shuffled_results_with_usage(

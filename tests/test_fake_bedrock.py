@@ -8,7 +8,6 @@ it should, a provider tested against the fake meets the wire protocol it will me
 import json
 import math
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.fakes.bedrock_server import (
     FakeBedrock,
     LostResponseFault,
     job_id_of,
+    runtime_calls,
 )
 from tests.fakes.common import ControlFault
 
@@ -37,6 +37,8 @@ NO_RETRIES = Config(retries={"total_max_attempts": 1, "mode": "standard"})
 TERMINAL = {"Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired"}
 CREATE = "/model-invocation-job"
 JOB_ARN_PATTERN = r"arn:aws:bedrock:us-east-1:123456789012:model-invocation-job/[a-z0-9]{12}"
+
+pytestmark = pytest.mark.fake_server("bedrock")
 
 
 def review(i: int) -> str:
@@ -146,13 +148,6 @@ def bedrock_client(fake: FakeBedrock, config: Config = NO_RETRIES) -> Any:
         aws_secret_access_key="testing",
         config=config,
     )
-
-
-@pytest.fixture
-def fake(moto_s3: MotoS3) -> Iterator[FakeBedrock]:
-    with FakeBedrock(moto_s3.endpoint_url) as server:
-        yield server
-        assert server.server_errors == []
 
 
 @pytest.fixture
@@ -687,10 +682,6 @@ def invoke(client: Any, body: dict[str, Any], model_id: str = ANTHROPIC_MODEL) -
 
 def without_id(output: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in output.items() if key != "id"}
-
-
-def runtime_calls(fake: FakeBedrock) -> list[dict[str, Any]]:
-    return [c for c in fake.calls.entries() if c["operation"] in ("InvokeModel", "Converse")]
 
 
 def test_invoke_model_answers_as_the_batch_path_does_for_the_same_body(ws: Workspace) -> None:

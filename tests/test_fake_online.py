@@ -10,7 +10,6 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import openai
@@ -28,27 +27,14 @@ MESSAGES = [
 ]
 DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+(\.\d+)?s|\d+ms)$")
 
+pytestmark = pytest.mark.fake_server("online")
+
 
 class Review(BaseModel):
     sentiment: Literal["positive", "negative", "neutral"]
     score: float = Field(ge=0, le=1)
     stars: int = Field(ge=1, le=5)
     summary: str = Field(max_length=12)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOnline]:
-    count_tokens("warm up", MODEL)  # load the BPE now, not inside the first timed request
-    with FakeOnline() as server:
-        yield server
-        assert server.server_errors == []
-
-
-@pytest.fixture
-def client(fake: FakeOnline) -> Iterator[openai.OpenAI]:
-    sdk = openai.OpenAI(api_key="test", base_url=fake.base_url, max_retries=0)
-    yield sdk
-    sdk.close()
 
 
 def ask(client: openai.OpenAI, custom_id: str | None = None, **body: Any) -> ChatCompletion:

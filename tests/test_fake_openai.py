@@ -6,7 +6,7 @@ parses and to the awkward cases of the real service.
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +35,7 @@ SENTIMENT_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(tmp_path / "openai") as server:
-        yield server
-        assert server.server_errors == []
-
-
-@pytest.fixture
-def client(fake: FakeOpenAI) -> Iterator[openai.OpenAI]:
-    sdk = openai.OpenAI(api_key="test", base_url=fake.base_url, max_retries=0)
-    yield sdk
-    sdk.close()
+pytestmark = pytest.mark.fake_server("openai", state_dir="openai")
 
 
 def chat_line(custom_id: str, text: str, url: str = CHAT, **body: Any) -> dict[str, Any]:

@@ -2,18 +2,15 @@
 faults and retries, rate limits as the server measures them, checkpoints, kill -9 and
 SIGTERM in the middle of a shard."""
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import pytest
 import yaml
 
@@ -21,26 +18,9 @@ from llm_assets.resources.ledger import TERMINAL
 from llm_assets.resources.providers.online import OnlineProvider, parse_duration
 from tests.fakes.online_server import FakeOnline
 from tests.fakes.openai_server import user_text
-from tests.harness import DAY, POSITIVE, Harness, review_spec, write_reviews
+from tests.harness import CLI, DAY, Harness, open_harness, review_spec, truthful, write_reviews
 
-
-@pytest.fixture
-def database_url(one_database_url: str) -> str:
-    return one_database_url
-
-
-def truthful(body: dict[str, Any]) -> str:
-    text = user_text(body)
-    label = "positive" if any(word in text.lower() for word in POSITIVE) else "negative"
-    return json.dumps({"label": label, "summary": text.split(".")[0][:200]})
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOnline]:
-    with FakeOnline() as server:
-        server.responder = truthful
-        yield server
-        assert server.server_errors == []
+pytestmark = [pytest.mark.one_database, pytest.mark.fake_server("online", responder=truthful)]
 
 
 def online_spec(**online: Any) -> dict[str, Any]:
@@ -53,14 +33,12 @@ def online_spec(**online: Any) -> dict[str, Any]:
 def harness_for(
     tmp_path: Path, database_url: str, fake: FakeOnline, reviews: int = 24, **online: Any
 ) -> Iterator[Harness]:
-    (tmp_path / "dagster").mkdir(exist_ok=True)
     provider = OnlineProvider(
         base_url=fake.base_url, backoff_base_seconds=0.01, backoff_cap_seconds=0.05
     )
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        yield Harness(
-            tmp_path, database_url, instance, online_spec(**online), provider, reviews=reviews
-        )
+    spec = online_spec(**online)
+    with open_harness(tmp_path, database_url, spec, provider, reviews=reviews) as harness:
+        yield harness
 
 
 def sent_by_id(fake: FakeOnline) -> Counter[str]:
@@ -158,9 +136,6 @@ def test_parse_duration_reads_openai_reset_headers() -> None:
     assert parse_duration("6m0s") == 360
     assert parse_duration("1h2m3.5s") == pytest.approx(3723.5)
     assert parse_duration("soon") is None
-
-
-CLI = str(Path(sys.executable).parent / "llm-assets")
 
 
 def cli_env(tmp_path: Path, database_url: str, fake: FakeOnline, **online: Any) -> dict[str, str]:

@@ -20,73 +20,16 @@ from llm_assets.runner import StepFailed
 from llm_assets.tokens import counter_for
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
-from tests.harness import POSITIVE, Harness, review_spec
+from tests.harness import Harness, first_time, make_harness, truthful
 
-
-@pytest.fixture
-def database_url(one_database_url: str) -> str:
-    """One database (PostgreSQL in CI): these tests exercise the provider and the gate; the
-    ledger and pipeline tests compare SQLite and PostgreSQL."""
-    return one_database_url
-
-
-def truthful(body: dict[str, Any]) -> str:
-    """Answers like a good model: the label the review's words imply."""
-    text = user_text(body)
-    label = "positive" if any(word in text.lower() for word in POSITIVE) else "negative"
-    return json.dumps({"label": label, "summary": text.split(".")[0][:200]})
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(tmp_path / "fake_openai") as server:
-        server.responder = truthful
-        yield server
-        assert server.server_errors == []
-
-
-def provider_for(fake: FakeOpenAI) -> OpenAIBatchProvider:
-    return OpenAIBatchProvider(
-        api_key="test-key",
-        base_url=fake.base_url,
-        timeout_seconds=5.0,
-        retry_base_seconds=0.01,
-        retry_cap_seconds=0.05,
-        max_retry_after_seconds=0.05,
-    )
-
-
-def make_harness(
-    tmp_path: Path, database_url: str, fake: FakeOpenAI, **overrides: Any
-) -> Iterator[Harness]:
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        yield Harness(
-            tmp_path,
-            database_url,
-            instance,
-            review_spec("openai", "gpt-4o-mini", **overrides),
-            provider_for(fake),
-        )
+# One database (PostgreSQL in CI): these tests exercise the provider and the gate; the ledger
+# and pipeline tests compare SQLite and PostgreSQL.
+pytestmark = [pytest.mark.one_database, pytest.mark.fake_server("openai", responder=truthful)]
 
 
 @pytest.fixture
 def harness(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> Iterator[Harness]:
     yield from make_harness(tmp_path, database_url, fake)
-
-
-def first_time(faults: dict[int, str]) -> Any:
-    seen: set[str] = set()
-
-    def fault(custom_id: str, body: dict[str, Any]) -> str | None:
-        text = user_text(body)
-        for n, kind in faults.items():
-            if f"Order {1000 + n} " in text and custom_id not in seen:
-                seen.add(custom_id)
-                return kind
-        return None
-
-    return fault
 
 
 def test_a_day_completes_with_line_faults_retrying_only_what_failed(

@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,12 +27,10 @@ from llm_assets.resources.providers.local_engine import MODEL_NAME
 from llm_assets.settings import REPO_ROOT
 from tests.conftest import PG_URL
 from tests.fakes.openai_server import FakeOpenAI
-from tests.harness import DAY, Harness, review_spec
-from tests.test_openai_provider import provider_for, truthful
+from tests.harness import CLI, DAY, Harness, provider_for, review_spec, truthful
 
 PARTITION = DAY.isoformat()
 SUBMIT_STEPS = ("input_snapshot", "request_shards", "provider_batches")
-CLI = str(Path(sys.executable).parent / "llm-assets")
 WILL_RETRY_TAG = "dagster/will_retry"
 
 

@@ -16,16 +16,11 @@ import yaml
 from llm_assets.factory import asset_key
 from llm_assets.runner import StepFailed
 from tests.fakes.openai_server import FakeOpenAI, user_text
-from tests.harness import DAY, Harness, review_spec
-from tests.test_openai_provider import make_harness, truthful
+from tests.harness import DAY, Harness, make_harness, review_spec, truthful
 
-
-@pytest.fixture
-def database_url(one_database_url: str) -> str:
-    """One database (PostgreSQL in CI): these tests exercise the provider and the gate; the
-    ledger and pipeline tests compare SQLite and PostgreSQL."""
-    return one_database_url
-
+# One database (PostgreSQL in CI): these tests exercise the provider and the gate; the ledger
+# and pipeline tests compare SQLite and PostgreSQL.
+pytestmark = [pytest.mark.one_database, pytest.mark.fake_server("openai", polls_per_state=0)]
 
 GARBAGE = {
     1: ("{not json", "invalid_json"),
@@ -43,13 +38,6 @@ def garbage_for(numbers: dict[int, tuple[str, str]]) -> Any:
         return truthful(body)
 
     return responder
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(tmp_path / "fake_openai") as server:
-        server.polls_per_state = 0
-        yield server
 
 
 def quality_harness(

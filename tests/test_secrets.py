@@ -28,7 +28,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import uuid
 import zlib
 from collections import Counter
@@ -48,17 +47,10 @@ from dagster._core.instance.ref import InstanceRef
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI
-from tests.harness import DAY, review_spec, write_reviews
-from tests.test_openai_provider import truthful
+from tests.harness import CLI, DAY, review_spec, truthful, write_reviews
 
-
-@pytest.fixture
-def database_url(one_database_url: str) -> str:
-    """One database is enough: the scan compares what leaks, not how the ledger stores it."""
-    return one_database_url
-
-
-CLI = str(Path(sys.executable).parent / "llm-assets")
+# One database is enough: the scan compares what leaks, not how the ledger stores it.
+pytestmark = pytest.mark.one_database
 MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
 KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 BASE_URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}

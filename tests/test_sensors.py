@@ -13,10 +13,9 @@ from llm_assets.sensors import (
 )
 from tests import test_anthropic_provider as anthropic_tests
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.harness import DAY, Harness
-from tests.test_anthropic_provider import first_time
+from tests.harness import DAY, Harness, first_time
 
-fake = anthropic_tests.fake
+pytestmark = pytest.mark.fake_server("anthropic")
 harness = anthropic_tests.harness
 
 

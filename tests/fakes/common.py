@@ -1,16 +1,19 @@
-"""What the fake servers share: a loopback HTTP server thread, a call log, fault plans."""
+"""What the fake provider servers share besides the server itself: injected faults, the call
+log, and a free loopback port."""
 
 import json
 import socket
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+JSON = dict[str, Any]
+CONTENT_CHUNK = 64 * 1024
+
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -18,7 +21,11 @@ def free_port() -> int:
 
 @dataclass
 class ControlFault:
-    """Answer the next `times` matching calls with `status` (or reset the connection)."""
+    """Take over the next `times` calls with this method whose path (query included) contains
+    `path_contains`: sleep `delay_seconds`, then reset the connection (`reset_connection`), or
+    answer `status` when it is 400 or more (with `retry-after` when `retry_after` is set), or
+    else serve the call normally. With `after_handling`, the call is served and the connection
+    reset instead of answered."""
 
     method: str
     path_contains: str
@@ -27,6 +34,24 @@ class ControlFault:
     retry_after: float | None = None
     reset_connection: bool = False
     delay_seconds: float = 0.0
+    after_handling: bool = False
+
+
+@dataclass
+class LostResponseFault(ControlFault):
+    """The server does the work, then resets the connection instead of answering.
+
+    The case a retrying client gets wrong: a create that succeeded but whose response was lost
+    makes a naive retry submit the same requests twice.
+    """
+
+    reset_connection: bool = True
+    after_handling: bool = True
+
+
+def delay_fault(method: str, path_contains: str, seconds: float, times: int = 1) -> ControlFault:
+    """A fault that only delays the matching calls, which are then answered normally."""
+    return ControlFault(method, path_contains, status=200, times=times, delay_seconds=seconds)
 
 
 @dataclass
@@ -48,45 +73,32 @@ class FaultPlan:
 
 
 class CallLog:
-    """Every call the server saw, in memory and appended to calls.jsonl in the state dir."""
+    """Every call a fake saw: appended to a JSONL file, which outlives a restart, or kept in
+    memory when there is no file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self.lock = threading.Lock()
+        self._memory: list[JSON] = []
 
-    def record(self, entry: dict[str, Any]) -> None:
-        with self.lock, self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry) + "\n")
+    def record(self, entry: JSON) -> None:
+        line = json.dumps(entry)
+        with self.lock:
+            if self.path is None:
+                self._memory.append(json.loads(line))
+                return
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
 
-    def entries(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+    def entries(self) -> list[JSON]:
+        with self.lock:
+            if self.path is None:
+                return [dict(entry) for entry in self._memory]
+            if not self.path.exists():
+                return []
+            return [json.loads(line) for line in self.path.read_text().splitlines() if line]
 
 
-class ServerThread:
-    """A ThreadingHTTPServer on 127.0.0.1 that can be stopped and restarted on its port."""
-
-    def __init__(
-        self, handler_factory: Callable[[], type[BaseHTTPRequestHandler]], port: int | None = None
-    ) -> None:
-        self.handler_factory = handler_factory
-        self.port = port or free_port()
-        self.httpd: ThreadingHTTPServer | None = None
-        self.thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        ThreadingHTTPServer.allow_reuse_address = True
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler_factory())
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        if self.httpd is not None:
-            self.httpd.shutdown()
-            self.httpd.server_close()
-            self.httpd = None
-        if self.thread is not None:
-            self.thread.join(timeout=10)
-            self.thread = None
+def format_seconds(seconds: float) -> str:
+    """A `retry-after` value: whole seconds without a fraction, else as given."""
+    return str(int(seconds)) if float(seconds).is_integer() else str(float(seconds))
