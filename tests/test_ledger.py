@@ -1437,3 +1437,43 @@ def test_an_sqlite_too_old_for_the_import_is_refused_with_what_to_do(
     with pytest.raises(RuntimeError, match=r"needs SQLite 3\.33\.0 or newer .* has 3\.31\.1"):
         L.get_engine(url)
     assert url not in L._engines
+
+
+@pytest.mark.parametrize("database_url", [DATABASES[1]], indirect=True)
+@pytest.mark.parametrize("form", ["postgresql", "postgresql+psycopg2", "postgresql+psycopg"])
+def test_every_postgresql_url_form_opens_the_ledger_with_its_driver(
+    database_url: str, form: str
+) -> None:
+    """`postgresql://`, `postgresql+psycopg2://` and `postgresql+psycopg://` all name the
+    same ledger, opened with the one driver the ledger writes with (its COPY included)."""
+    url = sa.engine.make_url(database_url).set(drivername=form)
+    ledger = LedgerResource(database_url=url.render_as_string(hide_password=False))
+    try:
+        assert ledger.engine.dialect.driver == schema.POSTGRES_DRIVER
+        make_job(ledger)
+        add_submitted_shard(ledger, 3)
+        assert ledger.upsert_results(JOB, [ok(cid(i)) for i in range(3)]).applied == 3
+        with ledger.replacing_outputs(JOB) as write:
+            write([(cid(0), None, "v1", "m", "{}")])
+        assert len(table_rows(ledger.database_url, L.output_table)) == 1
+    finally:
+        engine = L._engines.pop(ledger.database_url, None)
+        if engine is not None:
+            engine.dispose()
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "pg8000"])
+def test_a_postgresql_url_of_another_driver_is_refused_naming_the_forms_that_work(
+    driver: str,
+) -> None:
+    """A driver the ledger does not write with is refused when the ledger opens, with the URL
+    forms that work, never as a missing module in the middle of a step."""
+    url = f"postgresql+{driver}://postgres@127.0.0.1:5432/llm_assets_test"
+    ledger = LedgerResource(database_url=url)
+    with pytest.raises(ValueError) as refused:
+        ledger.engine  # noqa: B018
+    message = str(refused.value)
+    assert f"postgresql+{driver}" in message
+    for form in ("postgresql://", "postgresql+psycopg://", "postgresql+psycopg2://"):
+        assert form in message
+    assert url not in L._engines

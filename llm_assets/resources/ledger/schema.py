@@ -64,6 +64,29 @@ def _check_sqlite_version() -> None:
         )
 
 
+POSTGRES_DRIVER = "psycopg2"
+"""The driver of a PostgreSQL ledger (its bulk writes use psycopg2's COPY)."""
+POSTGRES_FORMS = ("postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://")
+"""The forms of a PostgreSQL ledger URL: each one opens the ledger with POSTGRES_DRIVER."""
+
+
+def ledger_url(url: str) -> sa.URL:
+    """The URL the ledger connects with: a PostgreSQL URL in any of POSTGRES_FORMS opens it
+    with the ledger's driver; a PostgreSQL URL of another driver is refused before anything
+    runs, naming the forms that work."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return parsed
+    if parsed.drivername not in {form.removesuffix("://") for form in POSTGRES_FORMS}:
+        forms = ", ".join(f"{form}..." for form in POSTGRES_FORMS)
+        raise ValueError(
+            f"the ledger cannot use the PostgreSQL driver of {parsed.drivername}:// "
+            f"(LLM_ASSETS_DATABASE_URL); write the URL as one of {forms} "
+            f"(each opens it with {POSTGRES_DRIVER})"
+        )
+    return parsed.set(drivername=f"postgresql+{POSTGRES_DRIVER}")
+
+
 def get_engine(url: str) -> Engine:
     """One engine per URL per process, with SQLite set up for concurrent runs."""
     with _engines_lock:
@@ -77,7 +100,7 @@ def get_engine(url: str) -> Engine:
                 engine = sa.create_engine(url, connect_args={"timeout": 30})
                 sa.event.listen(engine, "connect", _sqlite_pragmas)
             else:
-                engine = sa.create_engine(url, pool_pre_ping=True)
+                engine = sa.create_engine(ledger_url(url), pool_pre_ping=True)
                 sa.event.listen(engine, "connect", _postgres_session)
             _engines[url] = engine
         return engine
