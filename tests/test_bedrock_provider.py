@@ -26,6 +26,7 @@ from llm_assets.resources.storage import ArtifactStorage
 from tests.conftest import MotoS3
 from tests.fakes.bedrock_server import FakeBedrock, runtime_calls
 from tests.harness import CLI, DAY, POSITIVE, Harness, review_spec, write_reviews
+from tests.ledger_helpers import jobs_for_pipeline
 
 ROLE = "arn:aws:iam::123456789012:role/BedrockBatchInference"
 MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
@@ -165,7 +166,7 @@ def test_a_kill_after_create_or_mid_import_neither_creates_nor_sends_again(
     assert len(tokens) == (3 if point == "submit.after_create" else 2)
     # Nothing was sent twice: a half-done import is finished, not retried.
     database = LedgerResource(database_url=database_url)
-    [job] = database.jobs_for_pipeline("reviews_bedrock")
+    [job] = jobs_for_pipeline(database, "reviews_bedrock")
     attempts = {r["attempts"] for r in database.iter_items(job.job_id, columns=["attempts"])}
     assert attempts == {1}
 

@@ -30,6 +30,7 @@ from llm_assets.spec import PipelineSpec
 from llm_assets.tokens import counter_for
 from tests.fakes.openai_server import FakeOpenAI, prompt_tokens_of, user_text
 from tests.harness import DAY, Harness, make_harness, review_spec, truthful, write_reviews
+from tests.ledger_helpers import schema_version, spend
 
 pytestmark = pytest.mark.fake_server("openai", responder=truthful)
 CENT = 0.01
@@ -290,7 +291,7 @@ def test_the_cli_flag_approves_an_over_budget_day(
 
 def test_reservations_never_overspend_a_cap_under_contention(database_url: str) -> None:
     ledger = LedgerResource(database_url=database_url)
-    assert ledger.schema_version() == SCHEMA_VERSION  # the tables exist before the threads race
+    assert schema_version(ledger) == SCHEMA_VERSION  # the tables exist before the threads race
     start = threading.Barrier(8)
     refused: list[str] = []
 
@@ -312,7 +313,7 @@ def test_reservations_never_overspend_a_cap_under_contention(database_url: str) 
     for thread in threads:
         thread.join()
     assert len(refused) == 5
-    assert ledger.spend("p", dt.date.today()) == pytest.approx(3.0)
+    assert spend(ledger, "p", dt.date.today()) == pytest.approx(3.0)
     # All or none: no partition holds half its shards.
     with ledger.engine.connect() as conn:
         from llm_assets.resources.ledger import reservation_table
@@ -370,7 +371,7 @@ def test_two_concurrent_partitions_over_the_pipeline_cap_do_not_both_submit(
         assert outcomes[blocked[0]].gate == "pipeline_budget"
         assert "over the cap" in outcomes[blocked[0]].reason
         assert len(batch_creates(fake)) == len(outcomes[went].submitted) == 3
-        assert harness.ledger.spend(spec.name, dt.date.today()) <= cap
+        assert spend(harness.ledger, spec.name, dt.date.today()) <= cap
 
         # Once the first day is imported its reservation settles to the actual cost, which
         # leaves room for the second.
@@ -378,7 +379,7 @@ def test_two_concurrent_partitions_over_the_pipeline_cap_do_not_both_submit(
         steps.import_results(
             steps.StepContext(spec, went, harness.ledger, harness.storage, harness.provider)
         )
-        settled = harness.ledger.spend(spec.name, dt.date.today())
+        settled = spend(harness.ledger, spec.name, dt.date.today())
         assert settled < uppers[went]
         later = steps.submit_shards(
             steps.StepContext(spec, blocked[0], harness.ledger, harness.storage, harness.provider)
@@ -610,7 +611,7 @@ def test_an_older_ledger_is_upgraded_in_place(tmp_path: Path, database_url: str)
     engine.dispose()
 
     ledger = LedgerResource(database_url=database_url)
-    assert ledger.schema_version() == SCHEMA_VERSION
+    assert schema_version(ledger) == SCHEMA_VERSION
     job = ledger.get_job("j1")
     assert job is not None and job.cost_usd == 1.25 and job.budget_approved_usd is None
     inspector = sa.inspect(ledger.engine)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from llm_assets.parallel import chunked
 from llm_assets.resources import ledger as L
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
@@ -23,8 +24,15 @@ from llm_assets.resources.ledger import (
     JobRecord,
     LedgerResource,
     UpsertStats,
+    limits,
+    schema,
+    tables,
 )
+from llm_assets.resources.ledger import items as items_module
+from llm_assets.resources.ledger.bulk import Bulk
+from llm_assets.resources.ledger.results import RESULT_DEFAULTS
 from tests.conftest import DATABASES
+from tests.ledger_helpers import schema_version, set_item_status, shards_in_states
 
 DAY = dt.date(2024, 5, 1)
 JOB = "reviews-20240501-abc"
@@ -47,10 +55,10 @@ def ledger(database_url: str) -> Iterator[LedgerResource]:
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> int:
     """Make every chunked loop of the ledger work in chunks of SMALL_CHUNK rows."""
-    monkeypatch.setattr(L, "CHUNK", SMALL_CHUNK)
-    monkeypatch.setattr(L, "BULK_CHUNK", SMALL_CHUNK)
+    monkeypatch.setattr(limits, "CHUNK", SMALL_CHUNK)
+    monkeypatch.setattr(limits, "BULK_CHUNK", SMALL_CHUNK)
     # The ledger passes CHUNK or BULK_CHUNK to `chunked` at each call, so these two reach it.
-    assert [len(c) for c in L.chunked(range(2 * SMALL_CHUNK + 1), L.CHUNK)] == [
+    assert [len(c) for c in chunked(range(2 * SMALL_CHUNK + 1), limits.CHUNK)] == [
         SMALL_CHUNK,
         SMALL_CHUNK,
         1,
@@ -228,9 +236,9 @@ def assert_accounted(stats: UpsertStats) -> None:
 
 def test_schema_is_created_on_first_use(ledger: LedgerResource, database_url: str) -> None:
     assert not table_names(database_url) & TABLES
-    assert ledger.schema_version() == SCHEMA_VERSION
+    assert schema_version(ledger) == SCHEMA_VERSION
     assert table_names(database_url) >= TABLES
-    versions = table_rows(database_url, L.schema_version)
+    versions = table_rows(database_url, tables.schema_version)
     assert [v["version"] for v in versions] == [SCHEMA_VERSION]
     # Items and outputs name their job without a foreign key (a check per inserted row).
     inspector = sa.inspect(engine_of(database_url))
@@ -240,25 +248,29 @@ def test_schema_is_created_on_first_use(ledger: LedgerResource, database_url: st
 
 def test_schema_creation_is_idempotent(ledger: LedgerResource, database_url: str) -> None:
     make_job(ledger)
-    L._schema_ready.cache_clear()  # make the second resource really run the creation again
+    schema.ensure_schema.cache_clear()  # make the second resource really run the creation again
     second = LedgerResource(database_url=database_url)
-    assert second.schema_version() == SCHEMA_VERSION
+    assert schema_version(second) == SCHEMA_VERSION
     assert second.get_job(JOB) == ledger.get_job(JOB)
-    assert [v["version"] for v in table_rows(database_url, L.schema_version)] == [SCHEMA_VERSION]
+    assert [v["version"] for v in table_rows(database_url, tables.schema_version)] == [
+        SCHEMA_VERSION
+    ]
 
 
 def test_newer_schema_version_is_refused(ledger: LedgerResource, database_url: str) -> None:
-    assert ledger.schema_version() == SCHEMA_VERSION
+    assert schema_version(ledger) == SCHEMA_VERSION
     with engine_of(database_url).begin() as conn:
         conn.execute(
-            sa.insert(L.schema_version).values(version=SCHEMA_VERSION + 1, applied_at=L.utcnow())
+            sa.insert(tables.schema_version).values(
+                version=SCHEMA_VERSION + 1, applied_at=L.utcnow()
+            )
         )
-    L._schema_ready.cache_clear()
+    schema.ensure_schema.cache_clear()
     with pytest.raises(RuntimeError, match="newer than this code") as raised:
-        LedgerResource(database_url=database_url).schema_version()
+        schema_version(LedgerResource(database_url=database_url))
     assert f"schema version {SCHEMA_VERSION + 1}" in str(raised.value)
     assert f"this code's {SCHEMA_VERSION}" in str(raised.value)
-    L._schema_ready.cache_clear()
+    schema.ensure_schema.cache_clear()
 
 
 def test_result_unique_constraint_is_in_the_database(
@@ -409,7 +421,7 @@ def test_mark_submitted_counts_one_attempt_once(ledger: LedgerResource, database
     ledger.add_shard_with_items(shard_row(0, 1, item_count=1), [item_row(cid(9), shard=s1)])
     ledger.add_items([item_row(cid(8), status=DEAD_LETTER, error_class="input")])
     # An item of the shard that is no longer pending is not counted as sent again.
-    assert ledger.set_item_status(JOB, [cid(2)], from_status=[PENDING], status=RETRY) == 1
+    assert set_item_status(ledger, JOB, [cid(2)], from_status=[PENDING], status=RETRY) == 1
 
     ledger.mark_submitted(s0, "batch-A", SUBMITTED)
     shard = ledger.get_shard(s0)
@@ -550,7 +562,7 @@ def test_upsert_unknown_ids_are_counted_not_inserted(
 def test_upsert_applies_to_every_open_status(ledger: LedgerResource, database_url: str) -> None:
     make_job(ledger)
     add_submitted_shard(ledger, 3)  # cid(0..2) submitted
-    ledger.set_item_status(JOB, [cid(1)], from_status=[SUBMITTED], status=RETRY)
+    set_item_status(ledger, JOB, [cid(1)], from_status=[SUBMITTED], status=RETRY)
     ledger.add_items([item_row(cid(3))])  # still pending
     stats = ledger.upsert_results(JOB, [ok(cid(0)), ok(cid(1)), dead(cid(2)), ok(cid(3))])
     assert stats == UpsertStats(received=4, applied=4)
@@ -562,7 +574,7 @@ def test_upsert_applies_to_every_open_status(ledger: LedgerResource, database_ur
         SUCCEEDED,
     ]
     # A retry result for an item already in retry is applied too (the newer error wins).
-    ledger.set_item_status(JOB, [cid(2)], from_status=[DEAD_LETTER], status=RETRY)
+    set_item_status(ledger, JOB, [cid(2)], from_status=[DEAD_LETTER], status=RETRY)
     assert ledger.upsert_results(JOB, [retry(cid(2), "newer")]).applied == 1
     assert items_by_id(database_url)[cid(2)]["error_code"] == "newer"
 
@@ -650,15 +662,15 @@ def test_upsert_of_one_shards_results_matches_its_items_first_and_still_every_ot
     reading the shard's rows into a hash table. Lines for items that have moved to another
     shard, lines for items of another shard, unknown ids, terminal rows and duplicates come
     out exactly as when every line is matched by custom_id."""
-    monkeypatch.setattr(L, "HASH_JOIN_ROWS", 2)
+    monkeypatch.setattr(limits, "HASH_JOIN_ROWS", 2)
     hashed: list[int] = []
-    join_by_hash = L._Bulk.join_by_hash
+    join_by_hash = Bulk.join_by_hash
 
-    def counted(bulk: L._Bulk) -> None:
+    def counted(bulk: Bulk) -> None:
         hashed.append(1)
         join_by_hash(bulk)
 
-    monkeypatch.setattr(L._Bulk, "join_by_hash", counted)
+    monkeypatch.setattr(Bulk, "join_by_hash", counted)
     n = 2 * small_chunks + 3
 
     def day(job_id: str) -> str:
@@ -741,8 +753,8 @@ def test_set_item_status_moves_only_from_status(
     ledger.upsert_results(JOB, [ok(cid(0)), dead(cid(1)), retry(cid(2)), retry(cid(3))])
     every = [cid(i) for i in range(n)] + ["no-such-item"]
 
-    moved = ledger.set_item_status(
-        JOB, every, from_status=[RETRY], status=DEAD_LETTER, error_class="gave_up"
+    moved = set_item_status(
+        ledger, JOB, every, from_status=[RETRY], status=DEAD_LETTER, error_class="gave_up"
     )
     assert moved == 2
     items = items_by_id(database_url)
@@ -753,10 +765,10 @@ def test_set_item_status_moves_only_from_status(
         (DEAD_LETTER, "gave_up"),
     ]
     # Many ids over several chunks, two statuses allowed.
-    moved = ledger.set_item_status(JOB, every, from_status=[SUBMITTED, PENDING], status=RETRY)
+    moved = set_item_status(ledger, JOB, every, from_status=[SUBMITTED, PENDING], status=RETRY)
     assert moved == n - 4
-    assert ledger.set_item_status(JOB, every, from_status=[PENDING], status=RETRY) == 0
-    assert ledger.set_item_status(JOB, [], from_status=[RETRY], status=PENDING) == 0
+    assert set_item_status(ledger, JOB, every, from_status=[PENDING], status=RETRY) == 0
+    assert set_item_status(ledger, JOB, [], from_status=[RETRY], status=PENDING) == 0
     statuses = {c: r["status"] for c, r in items_by_id(database_url).items()}
     assert sum(1 for s in statuses.values() if s == RETRY) == n - 4
 
@@ -815,8 +827,13 @@ def test_set_shard_items_moves_one_shards_open_items(
     s0 = add_submitted_shard(ledger, 4)
     s1 = add_submitted_shard(ledger, 2, index=1, first=10, batch_id="batch-1")
     ledger.upsert_results(JOB, [ok(cid(0)), dead(cid(1))])
-    moved = ledger.set_shard_items(
-        s0, from_status=[SUBMITTED], status=RETRY, error_class="expired", error_code="missing"
+    moved = items_module.set_shard_items(
+        ledger.engine,
+        s0,
+        from_status=[SUBMITTED],
+        status=RETRY,
+        error_class="expired",
+        error_code="missing",
     )
     assert moved == 2
     items = items_by_id(database_url)
@@ -827,8 +844,12 @@ def test_set_shard_items_moves_one_shards_open_items(
         (RETRY, "expired"),
     ]
     assert {items[c]["status"] for c in (cid(10), cid(11))} == {SUBMITTED}
-    assert ledger.set_shard_items(s0, from_status=[SUBMITTED], status=RETRY) == 0
-    assert ledger.set_shard_items(s1, from_status=[SUBMITTED], status=RETRY) == 2
+    assert (
+        items_module.set_shard_items(ledger.engine, s0, from_status=[SUBMITTED], status=RETRY) == 0
+    )
+    assert (
+        items_module.set_shard_items(ledger.engine, s1, from_status=[SUBMITTED], status=RETRY) == 2
+    )
 
 
 def test_close_shard_moves_open_items_freezes_the_bill_and_sets_the_shard_at_once(
@@ -929,7 +950,9 @@ def test_reassign_retry_items_to_a_new_shard(
     n = 2 * small_chunks + 2
     s0 = add_submitted_shard(ledger, n)
     ledger.upsert_results(JOB, [ok(cid(0)), dead(cid(1))])
-    ledger.set_shard_items(s0, from_status=[SUBMITTED], status=RETRY, error_class="transient")
+    items_module.set_shard_items(
+        ledger.engine, s0, from_status=[SUBMITTED], status=RETRY, error_class="transient"
+    )
     assert ledger.next_round(JOB) == 1
 
     s1 = shard_id(1, 0)
@@ -1167,8 +1190,8 @@ def test_update_shard_is_compare_and_set(ledger: LedgerResource, database_url: s
     assert (shard.status, shard.message) == ("imported", None)
     # Without expect_status the update is unconditional.
     assert ledger.update_shard(sid, message="note")
-    assert [s.shard_id for s in ledger.shards_in_states(["imported"], pipeline="reviews")] == [sid]
-    assert ledger.shards_in_states(["imported"], pipeline="other") == []
+    assert [s.shard_id for s in shards_in_states(ledger, ["imported"], pipeline="reviews")] == [sid]
+    assert shards_in_states(ledger, ["imported"], pipeline="other") == []
 
 
 def test_bulk_writes_keep_every_character_and_raise_driver_errors_as_sqlalchemy_does(
@@ -1186,20 +1209,14 @@ def test_bulk_writes_keep_every_character_and_raise_driver_errors_as_sqlalchemy_
 
     stats = ledger.upsert_results(JOB, rows)
     before = L.utcnow()
-    ledger.replace_outputs(
-        JOB,
-        (
-            {
-                "custom_id": r["custom_id"],
-                "source_id": None,
-                "prompt_version": "v1",
-                "model_name": "m",
-                "output_json": r["result_json"] or "",
-            }
+    with ledger.replacing_outputs(JOB) as write:
+        outputs = [
+            (r["custom_id"], None, "v1", "m", r["result_json"] or "")
             for r in rows
             if r["status"] == SUCCEEDED
-        ),
-    )
+        ]
+        write(outputs[:small_chunks])
+        write(outputs[small_chunks:])
 
     assert stats.applied == n
     stored = items_by_id(ledger.database_url)
@@ -1225,7 +1242,7 @@ def test_bulk_writes_keep_every_character_and_raise_driver_errors_as_sqlalchemy_
     if engine.dialect.name == "sqlite":
         with engine.connect() as conn:
             raw = set(conn.exec_driver_sql("SELECT created_at FROM llm_batch_result").scalars())
-        encode = L._Now.dialect_impl(engine.dialect).bind_processor(engine.dialect)
+        encode = tables.Timestamp.dialect_impl(engine.dialect).bind_processor(engine.dialect)
         assert raw == {encode(stamp)}
 
     # An item row without a status: the NOT NULL constraint refuses the whole chunk.
@@ -1242,7 +1259,7 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
     each page, PostgreSQL updates rows in place. An older ledger is upgraded to that: version
     2 had the index, version 3 left less room (fillfactor 70); before version 5 items had no
     request_offset."""
-    LedgerResource(database_url=database_url).schema_version()
+    schema_version(LedgerResource(database_url=database_url))
     engine = engine_of(database_url)
     postgres = engine.dialect.name == "postgresql"
     with engine.begin() as conn:
@@ -1260,13 +1277,15 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
             )
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text("ALTER TABLE llm_batch_result SET (fillfactor = 70)"))
-        conn.execute(sa.delete(L.schema_version))
-        conn.execute(sa.insert(L.schema_version).values(version=version, applied_at=L.utcnow()))
-    L._schema_ready.cache_clear()
+        conn.execute(sa.delete(tables.schema_version))
+        conn.execute(
+            sa.insert(tables.schema_version).values(version=version, applied_at=L.utcnow())
+        )
+    schema.ensure_schema.cache_clear()
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert upgraded.schema_version() == SCHEMA_VERSION == 5
+    assert schema_version(upgraded) == SCHEMA_VERSION == 5
     inspector = sa.inspect(upgraded.engine)
     columns = {c["name"] for c in inspector.get_columns("llm_batch_result")}
     assert "request_offset" in columns
@@ -1279,7 +1298,7 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
             options = conn.execute(
                 sa.text("SELECT reloptions FROM pg_class WHERE oid = 'llm_batch_result'::regclass")
             ).scalar()
-        assert f"fillfactor={L.RESULT_FILLFACTOR}" in (options or [])
+        assert f"fillfactor={tables.RESULT_FILLFACTOR}" in (options or [])
 
 
 def test_each_connection_opens_with_the_ledger_session_settings(ledger: LedgerResource) -> None:
@@ -1290,14 +1309,14 @@ def test_each_connection_opens_with_the_ledger_session_settings(ledger: LedgerRe
         if conn.dialect.name == "postgresql":
             # A pooled connection used for a staged upsert first, then a fresh one.
             ledger.upsert_results("no-job", [{"custom_id": "c", "status": "succeeded"}])
-            assert conn.execute(sa.text("SHOW temp_buffers")).scalar() == L.TEMP_BUFFERS
+            assert conn.execute(sa.text("SHOW temp_buffers")).scalar() == schema.TEMP_BUFFERS
         else:
             assert conn.execute(sa.text("PRAGMA journal_mode")).scalar() == "wal"
             assert conn.execute(sa.text("PRAGMA busy_timeout")).scalar() == 30000
     ledger.engine.dispose()
     with ledger.engine.connect() as conn:
         if conn.dialect.name == "postgresql":
-            assert conn.execute(sa.text("SHOW temp_buffers")).scalar() == L.TEMP_BUFFERS
+            assert conn.execute(sa.text("SHOW temp_buffers")).scalar() == schema.TEMP_BUFFERS
             assert conn.execute(sa.text("SHOW jit")).scalar() == "off"
 
 
@@ -1365,7 +1384,7 @@ def test_every_result_column_is_stored_as_given_through_the_bulk_format(
 
     stored = items_by_id(ledger.database_url)
     for row in rows:
-        expected = {k: row.get(k, L._RESULT_DEFAULTS.get(k)) for k in L.RESULT_COLUMNS}
+        expected = {k: row.get(k, RESULT_DEFAULTS.get(k)) for k in L.RESULT_COLUMNS}
         if row["custom_id"] == cid(4):
             expected["result_json"] = "12.5"
         got = {k: stored[row["custom_id"]][k] for k in L.RESULT_COLUMNS}
@@ -1380,12 +1399,12 @@ def test_join_settings_go_with_the_next_statement_and_last_the_transaction(
     """join_by_hash / join_by_index are sent with the statement after them (one round trip);
     they hold for the rest of the transaction and are gone after it."""
 
-    def setting(bulk: L._Bulk) -> str:
+    def setting(bulk: Bulk) -> str:
         bulk.execute("SHOW enable_seqscan")
         return str(bulk.cursor.fetchone()[0])
 
     with ledger.begin() as conn:
-        bulk = L._Bulk(conn)
+        bulk = Bulk(conn)
         assert setting(bulk) == "on"
         bulk.join_by_hash()
         assert setting(bulk) == "off"
@@ -1399,7 +1418,7 @@ def test_join_settings_go_with_the_next_statement_and_last_the_transaction(
         bulk.execute("SHOW enable_hashjoin")
         assert bulk.cursor.fetchone()[0] == "off"
     with ledger.begin() as conn:
-        bulk = L._Bulk(conn)
+        bulk = Bulk(conn)
         bulk.execute("SHOW enable_hashjoin")
         assert bulk.cursor.fetchone()[0] == "on"
 
@@ -1417,4 +1436,44 @@ def test_an_sqlite_too_old_for_the_import_is_refused_with_what_to_do(
 
     with pytest.raises(RuntimeError, match=r"needs SQLite 3\.33\.0 or newer .* has 3\.31\.1"):
         L.get_engine(url)
+    assert url not in L._engines
+
+
+@pytest.mark.parametrize("database_url", [DATABASES[1]], indirect=True)
+@pytest.mark.parametrize("form", ["postgresql", "postgresql+psycopg2", "postgresql+psycopg"])
+def test_every_postgresql_url_form_opens_the_ledger_with_its_driver(
+    database_url: str, form: str
+) -> None:
+    """`postgresql://`, `postgresql+psycopg2://` and `postgresql+psycopg://` all name the
+    same ledger, opened with the one driver the ledger writes with (its COPY included)."""
+    url = sa.engine.make_url(database_url).set(drivername=form)
+    ledger = LedgerResource(database_url=url.render_as_string(hide_password=False))
+    try:
+        assert ledger.engine.dialect.driver == schema.POSTGRES_DRIVER
+        make_job(ledger)
+        add_submitted_shard(ledger, 3)
+        assert ledger.upsert_results(JOB, [ok(cid(i)) for i in range(3)]).applied == 3
+        with ledger.replacing_outputs(JOB) as write:
+            write([(cid(0), None, "v1", "m", "{}")])
+        assert len(table_rows(ledger.database_url, L.output_table)) == 1
+    finally:
+        engine = L._engines.pop(ledger.database_url, None)
+        if engine is not None:
+            engine.dispose()
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "pg8000"])
+def test_a_postgresql_url_of_another_driver_is_refused_naming_the_forms_that_work(
+    driver: str,
+) -> None:
+    """A driver the ledger does not write with is refused when the ledger opens, with the URL
+    forms that work, never as a missing module in the middle of a step."""
+    url = f"postgresql+{driver}://postgres@127.0.0.1:5432/llm_assets_test"
+    ledger = LedgerResource(database_url=url)
+    with pytest.raises(ValueError) as refused:
+        ledger.engine  # noqa: B018
+    message = str(refused.value)
+    assert f"postgresql+{driver}" in message
+    for form in ("postgresql://", "postgresql+psycopg://", "postgresql+psycopg2://"):
+        assert form in message
     assert url not in L._engines

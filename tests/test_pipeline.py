@@ -18,6 +18,7 @@ from llm_assets.resources.providers.local import LocalProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.settings import REPO_ROOT, Settings
 from llm_assets.spec import PipelineSpec, load_specs
+from tests.ledger_helpers import set_item_status
 
 DAY = dt.date(2026, 11, 2)
 PARTITION = DAY.isoformat()
@@ -326,7 +327,7 @@ def test_a_retry_round_reads_request_lines_where_the_ledger_says(
             zip(chosen_ids, chosen, strict=True)
         )
 
-    ledger.set_item_status(job.job_id, chosen_ids, from_status=["pending"], status="retry")
+    set_item_status(ledger, job.job_id, chosen_ids, from_status=["pending"], status="retry")
     ctx = steps.StepContext(spec, DAY, ledger, storage, platform.provider)
     retry_shards, gave_up = steps.plan_retries(ctx, job)
     assert gave_up == 0
@@ -336,7 +337,7 @@ def test_a_retry_round_reads_request_lines_where_the_ledger_says(
     assert assert_lines_are_where_the_ledger_says(platform, job.job_id) == first.item_count
 
     requeued_ids = chosen_ids[:2] + [steps.line_custom_id(all_lines[0])]
-    ledger.set_item_status(job.job_id, requeued_ids, from_status=["pending"], status="dead_letter")
+    set_item_status(ledger, job.job_id, requeued_ids, from_status=["pending"], status="dead_letter")
     requeued = steps.requeue_dead_letters(ctx, chosen_ids=set(requeued_ids))
     assert requeued.requeued == 3
     assert assert_lines_are_where_the_ledger_says(platform, job.job_id) == first.item_count

@@ -1,0 +1,74 @@
+"""The SQL ledger: the source of truth for jobs, shards and every item's state.
+
+SQLAlchemy Core on SQLite (default) or PostgreSQL. Every write is either an insert that
+ignores what already exists or an upsert keyed by `(job_id, custom_id)` that never touches a
+terminal row, so re-running any step adds nothing twice and loses nothing.
+
+Modules by job: `tables` and `schema` (tables, engines, upgrades), `bulk` (COPY, staging, the
+writer thread), `jobs`, `shards` (with the submission lock), `items`, `results` (imports),
+`budget`, `reporting` and `outputs`; `LedgerResource` is the one Dagster resource over them.
+"""
+
+from llm_assets.resources.ledger.bulk import BackgroundWriter
+from llm_assets.resources.ledger.records import (
+    JobCounts,
+    JobRecord,
+    ShardRecord,
+    UpsertStats,
+    as_utc,
+    utcnow,
+)
+from llm_assets.resources.ledger.resource import LedgerResource
+from llm_assets.resources.ledger.schema import SCHEMA_VERSION, _engines, get_engine
+from llm_assets.resources.ledger.tables import (
+    FIRST,
+    REQUEUE_SHARD,
+    RETRY_SHARD,
+    job_table,
+    metadata,
+    output_table,
+    reservation_table,
+    result_table,
+    shard_table,
+)
+from llm_assets.result_rows import (
+    DEAD_LETTER,
+    PENDING,
+    RESULT_COLUMNS,
+    RETRY,
+    SUBMITTED,
+    SUCCEEDED,
+    TERMINAL,
+    StagedResults,
+)
+
+__all__ = [
+    "DEAD_LETTER",
+    "FIRST",
+    "PENDING",
+    "REQUEUE_SHARD",
+    "RESULT_COLUMNS",
+    "RETRY",
+    "RETRY_SHARD",
+    "SCHEMA_VERSION",
+    "SUBMITTED",
+    "SUCCEEDED",
+    "TERMINAL",
+    "BackgroundWriter",
+    "JobCounts",
+    "JobRecord",
+    "LedgerResource",
+    "ShardRecord",
+    "StagedResults",
+    "UpsertStats",
+    "_engines",
+    "as_utc",
+    "get_engine",
+    "job_table",
+    "metadata",
+    "output_table",
+    "reservation_table",
+    "result_table",
+    "shard_table",
+    "utcnow",
+]

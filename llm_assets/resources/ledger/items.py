@@ -1,0 +1,243 @@
+"""Item rows: inserted with their shard, moved between statuses and shards, read back and
+counted."""
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from llm_assets.parallel import chunked
+from llm_assets.resources.ledger import limits
+from llm_assets.resources.ledger.bulk import Bulk
+from llm_assets.resources.ledger.records import JobCounts, utcnow
+from llm_assets.resources.ledger.schema import dialect_insert
+from llm_assets.resources.ledger.tables import result_table, shard_table
+from llm_assets.result_rows import DEAD_LETTER, PENDING, RETRY, SUBMITTED, SUCCEEDED, copy_text
+
+_TABLE = result_table.name
+
+
+def status_in(statuses: Iterable[str]) -> str:
+    """`'a', 'b'` for `status IN (...)`, of known statuses only (they go into the SQL text)."""
+    statuses = list(statuses)
+    unknown = set(statuses) - {PENDING, SUBMITTED, RETRY, SUCCEEDED, DEAD_LETTER}
+    if unknown:
+        raise ValueError(f"unknown item status {sorted(unknown)}")
+    return ", ".join(f"'{s}'" for s in statuses)
+
+
+def insert_items(conn: Connection, items: Sequence[dict[str, Any]], now: Any) -> int:
+    """Insert item rows, leaving (job_id, custom_id) that exist alone; returns rows inserted."""
+    if not items:
+        return 0
+    bulk = Bulk(conn)
+    keys = list(items[0])
+    columns = [*keys, "created_at", "updated_at"]
+    inserted = 0
+    # The item's datetimes are these two stamps, encoded once (not per row and value).
+    stamp = copy_text(now) if bulk.postgres else bulk.value(now)
+    for chunk in chunked(items, limits.BULK_CHUNK):
+        rows = [[item.get(k) for k in keys] + [stamp, stamp] for item in chunk]
+        inserted += bulk.insert_ignoring_existing(
+            result_table, columns, rows, "uq_result_job_custom_id"
+        )
+    return inserted
+
+
+def add_items(engine: Engine, items: Iterable[dict[str, Any]]) -> int:
+    """Insert item rows (e.g. input dead letters) in chunks; existing ones are kept."""
+    now = utcnow()
+    inserted = 0
+    for chunk in chunked(items, limits.CHUNK):
+        with engine.begin() as conn:
+            inserted += insert_items(conn, chunk, now)
+    return inserted
+
+
+def known_custom_ids(engine: Engine, job_id: str) -> set[str]:
+    query = sa.select(result_table.c.custom_id).where(result_table.c.job_id == job_id)
+    with engine.connect() as conn:
+        return set(conn.execute(query).scalars())
+
+
+def set_item_errors(
+    engine: Engine, job_id: str, rows: Iterable[dict[str, Any]], *, from_status: Sequence[str]
+) -> int:
+    """Per-item updates (different values per row), guarded by the current status."""
+    allowed = status_in(from_status)
+    moved = 0
+    now = utcnow()
+    for chunk in chunked(rows, limits.BULK_CHUNK):
+        keys = [k for k in chunk[0] if k != "custom_id"]
+        with engine.begin() as conn:
+            bulk = Bulk(conn)
+            if not bulk.postgres:
+                sets = ", ".join(f"{k} = ?" for k in keys)
+                moved += bulk.executemany(
+                    f"UPDATE {_TABLE} SET {sets}, updated_at = ? WHERE job_id = ? "
+                    f"AND custom_id = ? AND status IN ({allowed})",
+                    ([row.get(k) for k in keys] + [now, job_id, row["custom_id"]] for row in chunk),
+                )
+                continue
+            bulk.stage(
+                result_table,
+                ["custom_id", *keys],
+                ([row["custom_id"]] + [row.get(k) for k in keys] for row in chunk),
+            )
+            sets = ", ".join(f"{k} = s.{k}" for k in keys)
+            bulk.join_by_index()
+            bulk.execute(
+                f"UPDATE {_TABLE} AS r SET {sets}, updated_at = %(now)s "
+                f"FROM {bulk.STAGE} AS s WHERE r.job_id = %(job)s "
+                f"AND r.custom_id = s.custom_id AND r.status IN ({allowed})",
+                {"now": now, "job": job_id},
+            )
+            moved += int(bulk.cursor.rowcount)
+    return moved
+
+
+def move_into_shard(
+    engine: Engine,
+    job_id: str,
+    shard: dict[str, Any],
+    lines: Sequence[tuple[str, int]],
+    from_status: str,
+) -> int:
+    """Record a new shard and move its items (custom_id, request_offset in its file) from
+    `from_status` into it, pending, atomically; returns how many moved."""
+    now = utcnow()
+    # The last attempt's cost stays with the shard that paid it.
+    sets = f"status = '{PENDING}', prior_cost_usd = r.prior_cost_usd + r.cost_usd, cost_usd = 0, "
+    guard = f"status = {status_in([from_status])}"
+    moved = 0
+    with engine.begin() as conn:
+        conn.execute(
+            dialect_insert(conn, shard_table)
+            .values(**shard, status="created", created_at=now, updated_at=now)
+            .on_conflict_do_nothing()
+        )
+        bulk = Bulk(conn)
+        for chunk in chunked(lines, limits.BULK_CHUNK):
+            if not bulk.postgres:
+                moved += bulk.executemany(
+                    f"UPDATE {_TABLE} AS r SET {sets}shard_id = ?, request_offset = ?, "
+                    f"updated_at = ? WHERE job_id = ? AND custom_id = ? AND {guard}",
+                    [
+                        (shard["shard_id"], offset, bulk.value(now), job_id, cid)
+                        for cid, offset in chunk
+                    ],
+                    encoded=True,
+                )
+                continue
+            bulk.stage(result_table, ["custom_id", "request_offset"], chunk)
+            bulk.join_by_index()
+            bulk.execute(
+                f"UPDATE {_TABLE} AS r SET {sets}shard_id = %(shard)s, "
+                "request_offset = s.request_offset, updated_at = %(now)s "
+                f"FROM {bulk.STAGE} AS s WHERE r.job_id = %(job)s "
+                f"AND r.custom_id = s.custom_id AND r.{guard}",
+                {"shard": shard["shard_id"], "now": now, "job": job_id},
+            )
+            moved += int(bulk.cursor.rowcount)
+    return moved
+
+
+def set_shard_items(
+    engine: Engine, shard_id: str, *, from_status: Sequence[str], **values: Any
+) -> int:
+    """Move every item of a shard that is still in one of `from_status`."""
+    with engine.begin() as conn:
+        return conn.execute(
+            sa.update(result_table)
+            .where(
+                result_table.c.shard_id == shard_id,
+                result_table.c.status.in_(list(from_status)),
+            )
+            .values(**values, updated_at=utcnow())
+        ).rowcount
+
+
+def iter_items(
+    engine: Engine,
+    job_id: str,
+    statuses: Iterable[str] | None = None,
+    *,
+    shard_id: str | None = None,
+    columns: Sequence[str] | None = None,
+    few: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Stream item rows in custom_id order without loading them all.
+
+    `few`: the caller expects about that many rows at most (the items to retry among a day's,
+    say). Up to that many are read by one query, which PostgreSQL can spread over its parallel
+    workers (it reads a cursor in one process); only when there are more is the rest streamed,
+    after the last custom_id read. The rows also hold their custom_id then."""
+    if few is not None and few < 1:
+        raise ValueError(f"few must be 1 or more, got {few}")
+    key = result_table.c.custom_id
+    cols = [result_table.c[c] for c in columns] if columns else [result_table]
+    if few is not None and columns and "custom_id" not in columns:
+        cols.append(key)
+    query = sa.select(*cols).where(result_table.c.job_id == job_id)
+    if statuses is not None:
+        query = query.where(result_table.c.status.in_(list(statuses)))
+    if shard_id is not None:
+        query = query.where(result_table.c.shard_id == shard_id)
+    query = query.order_by(key)
+    with engine.connect() as conn:
+        if few is not None:
+            result = conn.execute(query.limit(few + 1))
+            keys = list(result.keys())
+            rows = result.all()
+            for row in rows[:few]:
+                yield dict(zip(keys, row, strict=True))
+            if len(rows) <= few:
+                return
+            query = query.where(key > rows[few - 1].custom_id)
+        result = conn.execution_options(yield_per=limits.CHUNK).execute(query)
+        keys = list(result.keys())
+        for row in result:
+            yield dict(zip(keys, row, strict=True))
+
+
+def counts(engine: Engine, job_id: str) -> JobCounts:
+    """A job's items by status and dead letters by error class, with tokens and cost."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(
+                result_table.c.status,
+                result_table.c.error_class,
+                sa.func.count(),
+                sa.func.coalesce(sa.func.sum(result_table.c.input_tokens), 0),
+                sa.func.coalesce(sa.func.sum(result_table.c.output_tokens), 0),
+                sa.func.coalesce(
+                    sa.func.sum(result_table.c.cost_usd + result_table.c.prior_cost_usd), 0.0
+                ),
+            )
+            .where(result_table.c.job_id == job_id)
+            .group_by(result_table.c.status, result_table.c.error_class)
+        ).all()
+    found = JobCounts()
+    by_status: dict[str, int] = {}
+    by_class: dict[str, int] = {}
+    for status, error_class, n, tin, tout, cost in rows:
+        found.total += n
+        by_status[status] = by_status.get(status, 0) + n
+        if status == DEAD_LETTER:
+            key = error_class or "unknown"
+            by_class[key] = by_class.get(key, 0) + n
+        found.input_tokens += int(tin)
+        found.output_tokens += int(tout)
+        found.cost_usd += float(cost)
+    found.by_status = by_status
+    found.dead_letters_by_class = by_class
+    return found
+
+
+def analyze(engine: Engine) -> None:
+    """Fresh planner statistics after a large load (PostgreSQL). Without them a day's first
+    updates can be planned as scans of the whole job, one per row."""
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text(f"ANALYZE {_TABLE}"))

@@ -1,0 +1,129 @@
+"""The typed rows the ledger hands out: jobs, shards, item counts and import statistics."""
+
+import datetime as dt
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+from llm_assets.resources.ledger.tables import FIRST
+from llm_assets.result_rows import DEAD_LETTER, SUCCEEDED
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def as_utc(moment: dt.datetime) -> dt.datetime:
+    """SQLite hands timestamps back without a zone; the ledger always writes UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+UtcDatetime = Annotated[dt.datetime, AfterValidator(as_utc)]
+
+
+class JobRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+    job_id: str
+    pipeline: str
+    partition_date: dt.date
+    task_type: str
+    provider: str
+    model_name: str
+    prompt_version: str
+    code_version: str
+    status: str
+    total_items: int
+    succeeded_items: int
+    failed_items: int
+    expired_items: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    estimated_cost_usd: float | None
+    snapshot_uri: str | None
+    budget_approved_usd: float | None = None
+    budget_approved_by: str | None = None
+    budget_approved_at: UtcDatetime | None = None
+    created_by: str
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+
+
+class ShardRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+    shard_id: str
+    job_id: str
+    round: int
+    shard_index: int
+    input_uri: str
+    item_count: int
+    size_bytes: int
+    content_sha256: str
+    provider: str
+    kind: str = FIRST
+    provider_batch_id: str | None
+    estimated_input_tokens: int = 0
+    estimated_output_tokens: int = 0
+    estimated_cost_usd: float = 0.0
+    estimated_cost_upper_usd: float = 0.0
+    price_json: str | None = None
+    actual_input_tokens: int | None = None
+    actual_output_tokens: int | None = None
+    actual_cost_usd: float | None = None
+    output_uri: str | None
+    error_uri: str | None
+    status: str
+    raw_status: str | None
+    message: str | None
+    retry_count: int
+    completed_requests: int
+    failed_requests: int
+    not_before: UtcDatetime | None
+    submit_intent_at: UtcDatetime | None
+    submitted_at: UtcDatetime | None
+    ended_at: UtcDatetime | None
+    imported_at: UtcDatetime | None
+
+
+class JobCounts(BaseModel):
+    """Item counts of one job, by status and by error class."""
+
+    total: int = 0
+    by_status: dict[str, int] = {}
+    dead_letters_by_class: dict[str, int] = {}
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def succeeded(self) -> int:
+        return self.by_status.get(SUCCEEDED, 0)
+
+    @property
+    def dead_letters(self) -> int:
+        return self.by_status.get(DEAD_LETTER, 0)
+
+    @property
+    def terminal(self) -> int:
+        return self.succeeded + self.dead_letters
+
+    @property
+    def open(self) -> int:
+        return self.total - self.terminal
+
+
+class UpsertStats(BaseModel):
+    received: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    unknown: int = 0
+    already_terminal: int = 0
+    duplicate_ids: list[str] = []
+    """Up to 100 custom_ids seen more than once in the import, for the duplicates check."""
+
+    def note_duplicate(self, custom_id: str) -> None:
+        self.duplicates += 1
+        if len(self.duplicate_ids) < 100 and custom_id not in self.duplicate_ids:
+            self.duplicate_ids.append(custom_id)

@@ -1,0 +1,297 @@
+"""LedgerResource: the one Dagster resource over the ledger, a thin front to its modules."""
+
+import contextlib
+import datetime as dt
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import dagster as dg
+from pydantic import PrivateAttr
+from sqlalchemy.engine import Connection, Engine
+
+from llm_assets.resources.ledger import (
+    budget,
+    items,
+    jobs,
+    outputs,
+    reporting,
+    results,
+    schema,
+    shards,
+)
+from llm_assets.resources.ledger.bulk import BackgroundWriter
+from llm_assets.resources.ledger.records import (
+    JobCounts,
+    JobRecord,
+    ShardRecord,
+    UpsertStats,
+)
+from llm_assets.resources.ledger.tables import REQUEUE_SHARD, RETRY_SHARD, result_table
+from llm_assets.result_rows import DEAD_LETTER, RETRY, SUBMITTED, ResultStager, StagedResults
+
+
+class LedgerResource(dg.ConfigurableResource):
+    """Typed access to the ledger tables; creates them on first use."""
+
+    database_url: str
+
+    _ready: bool = PrivateAttr(default=False)
+
+    @property
+    def engine(self) -> Engine:
+        if not self._ready:
+            schema.ensure_schema(self.database_url)
+            self._ready = True
+        return schema.get_engine(self.database_url)
+
+    def begin(self) -> contextlib.AbstractContextManager[Connection]:
+        return self.engine.begin()
+
+    # Jobs
+
+    def get_or_create_job(
+        self,
+        *,
+        job_id: str,
+        pipeline: str,
+        partition_date: dt.date,
+        task_type: str,
+        provider: str,
+        model_name: str,
+        prompt_version: str,
+        code_version: str,
+        created_by: str,
+    ) -> JobRecord:
+        return jobs.get_or_create_job(
+            self.engine,
+            job_id=job_id,
+            pipeline=pipeline,
+            partition_date=partition_date,
+            task_type=task_type,
+            provider=provider,
+            model_name=model_name,
+            prompt_version=prompt_version,
+            code_version=code_version,
+            created_by=created_by,
+        )
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        return jobs.get_job(self.engine, job_id)
+
+    def jobs_for_partition(self, pipeline: str, partition_date: dt.date) -> list[JobRecord]:
+        return jobs.jobs_for_partition(self.engine, pipeline, partition_date)
+
+    def update_job(self, job_id: str, **values: Any) -> None:
+        jobs.update_job(self.engine, job_id, **values)
+
+    def refresh_job(self, job_id: str) -> JobCounts:
+        """Recompute a job's totals and status from its items."""
+        return jobs.refresh_job(self.engine, job_id)
+
+    def earlier_jobs(self, pipeline: str, before: dt.date, partitions: int) -> list[JobRecord]:
+        return jobs.earlier_jobs(self.engine, pipeline, before, partitions)
+
+    # Items
+
+    def known_custom_ids(self, job_id: str) -> set[str]:
+        return items.known_custom_ids(self.engine, job_id)
+
+    def add_items(self, new_items: Iterable[dict[str, Any]]) -> int:
+        """Insert item rows (e.g. input dead letters); existing (job_id, custom_id) are kept."""
+        return items.add_items(self.engine, new_items)
+
+    def analyze(self) -> None:
+        items.analyze(self.engine)
+
+    def set_item_errors(
+        self, job_id: str, rows: Iterable[dict[str, Any]], *, from_status: Sequence[str]
+    ) -> int:
+        return items.set_item_errors(self.engine, job_id, rows, from_status=from_status)
+
+    def iter_items(
+        self,
+        job_id: str,
+        statuses: Iterable[str] | None = None,
+        *,
+        shard_id: str | None = None,
+        columns: Sequence[str] | None = None,
+        few: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        return items.iter_items(
+            self.engine, job_id, statuses, shard_id=shard_id, columns=columns, few=few
+        )
+
+    def counts(self, job_id: str) -> JobCounts:
+        return items.counts(self.engine, job_id)
+
+    def reassign_items_to_shard(
+        self, job_id: str, shard: dict[str, Any], lines: Sequence[tuple[str, int]]
+    ) -> int:
+        """Record a retry shard and move its items (from `retry`) into it, atomically; `lines`
+        are (custom_id, request_offset in the new shard's file)."""
+        shard = {**shard, "kind": RETRY_SHARD}
+        return items.move_into_shard(self.engine, job_id, shard, lines, RETRY)
+
+    def requeue_into_shard(
+        self, job_id: str, shard: dict[str, Any], lines: Sequence[tuple[str, int]]
+    ) -> int:
+        """Send dead letters back: a new shard, the items pending in it, atomically."""
+        shard = {**shard, "kind": REQUEUE_SHARD}
+        return items.move_into_shard(self.engine, job_id, shard, lines, DEAD_LETTER)
+
+    def count_new_attempt(self, shard_id: str) -> int:
+        """A shard's items still `submitted` take one more attempt (a worker that died with
+        them open may have sent some)."""
+        return items.set_shard_items(
+            self.engine, shard_id, from_status=[SUBMITTED], attempts=result_table.c.attempts + 1
+        )
+
+    # Results
+
+    def result_stager(self) -> ResultStager:
+        """Turns result rows into this ledger's bulk format; picklable, for worker processes."""
+        return ResultStager(binary_copy=self.engine.dialect.name == "postgresql")
+
+    def upsert_results(
+        self,
+        job_id: str,
+        rows: Iterable[dict[str, Any]],
+        *,
+        writer: BackgroundWriter | None = None,
+        shard_id: str | None = None,
+    ) -> UpsertStats:
+        """Apply normalized results (dicts of custom_id and RESULT_COLUMNS) by custom_id;
+        see upsert_staged."""
+        staged = results.stage_results(self.result_stager(), rows)
+        return self.upsert_staged(job_id, staged, writer=writer, shard_id=shard_id)
+
+    def upsert_staged(
+        self,
+        job_id: str,
+        chunks: Iterable[StagedResults],
+        *,
+        writer: BackgroundWriter | None = None,
+        shard_id: str | None = None,
+    ) -> UpsertStats:
+        """Apply staged results by custom_id, in chunks, never over a terminal row (see
+        results.upsert_staged)."""
+        return results.upsert_staged(self.engine, job_id, chunks, writer=writer, shard_id=shard_id)
+
+    # Shards
+
+    def add_shard_with_items(self, shard: dict[str, Any], items: Sequence[dict[str, Any]]) -> int:
+        """Record a new shard and its items in one transaction; returns items inserted."""
+        return shards.add_shard_with_items(self.engine, shard, items)
+
+    def shards(self, job_id: str, statuses: Iterable[str] | None = None) -> list[ShardRecord]:
+        return shards.shards(self.engine, job_id, statuses)
+
+    def get_shard(self, shard_id: str) -> ShardRecord | None:
+        return shards.get_shard(self.engine, shard_id)
+
+    def next_round(self, job_id: str) -> int:
+        return shards.next_round(self.engine, job_id)
+
+    def update_shard(
+        self, shard_id: str, *, expect_status: Iterable[str] | None = None, **values: Any
+    ) -> bool:
+        """Compare-and-set on the shard's status; returns whether the row changed."""
+        return shards.update_shard(self.engine, shard_id, expect_status=expect_status, **values)
+
+    @contextlib.contextmanager
+    def submission_lock(self, shard_id: str) -> Iterator[bool]:
+        """Hold the right to submit one shard; yields False when another process holds it."""
+        with shards.submission_lock(self.engine, shard_id) as got:
+            yield got
+
+    def mark_submitted(self, shard_id: str, provider_batch_id: str, status: str) -> None:
+        shards.mark_submitted(self.engine, shard_id, provider_batch_id, status)
+
+    def close_shard(
+        self,
+        shard_id: str,
+        *,
+        from_status: Sequence[str],
+        items: dict[str, Any],
+        expect_status: Iterable[str] | None = None,
+        **values: Any,
+    ) -> tuple[int, bool]:
+        return shards.close_shard(
+            self.engine,
+            shard_id,
+            from_status=from_status,
+            items=items,
+            expect_status=expect_status,
+            **values,
+        )
+
+    # Budget
+
+    def reserve_budget(
+        self,
+        *,
+        pipeline: str,
+        job_id: str,
+        shards: dict[str, float],
+        max_per_day: float | None,
+        max_per_month: float | None,
+    ) -> str | None:
+        return budget.reserve_budget(
+            self.engine,
+            pipeline=pipeline,
+            job_id=job_id,
+            shards=shards,
+            max_per_day=max_per_day,
+            max_per_month=max_per_month,
+        )
+
+    def committed_cost(self, job_id: str) -> float:
+        return budget.committed_cost(self.engine, job_id)
+
+    # Reporting
+
+    def shard_totals(self, job_id: str) -> list[dict[str, Any]]:
+        return reporting.shard_totals(self.engine, job_id)
+
+    def estimate_accuracy(self, job_id: str) -> float | None:
+        return reporting.estimate_accuracy(self.engine, job_id)
+
+    def output_tokens_per_billed_item(self, job_ids: Sequence[str]) -> dict[str, float]:
+        return reporting.output_tokens_per_billed_item(self.engine, job_ids)
+
+    def job_cost_rows(
+        self, pipeline: str, start: dt.date | None = None, end: dt.date | None = None
+    ) -> list[dict[str, Any]]:
+        return reporting.job_cost_rows(self.engine, pipeline, start, end)
+
+    def pipeline_shards(
+        self, pipeline: str, statuses: Iterable[str]
+    ) -> list[tuple[ShardRecord, dt.date]]:
+        return reporting.pipeline_shards(self.engine, pipeline, statuses)
+
+    def finished_jobs(
+        self, pipeline: str, since: dt.datetime
+    ) -> list[tuple[JobRecord, int, dt.datetime]]:
+        return reporting.finished_jobs(self.engine, pipeline, since)
+
+    def recent_provider_batch_ids(self, provider: str, since: dt.datetime) -> frozenset[str]:
+        return reporting.recent_provider_batch_ids(self.engine, provider, since)
+
+    def missing_results(self, job_id: str, limit: int = 1000) -> list[str]:
+        return reporting.missing_results(self.engine, job_id, limit)
+
+    def iter_dead_letters(self, job_id: str) -> Iterator[dict[str, Any]]:
+        return reporting.iter_dead_letters(self.engine, job_id)
+
+    # Outputs
+
+    @contextlib.contextmanager
+    def replacing_outputs(self, job_id: str) -> Iterator[outputs.OutputWriter]:
+        """Replace a job's validated outputs as a whole (see outputs.replacing_outputs)."""
+        with outputs.replacing_outputs(self.engine, job_id) as write:
+            yield write
+
+    def recent_outputs(
+        self, pipeline: str, before: dt.date, partitions: int
+    ) -> Iterator[dict[str, Any]]:
+        return outputs.recent_outputs(self.engine, pipeline, before, partitions)

@@ -1,0 +1,179 @@
+"""Engines and the schema: one engine per URL per process, tables made on first use, older
+ledgers upgraded in place, and a ledger newer than this code refused."""
+
+import functools
+import pathlib
+import threading
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from llm_assets.resources.ledger.records import utcnow
+from llm_assets.resources.ledger.tables import (
+    RESULT_FILLFACTOR,
+    metadata,
+    output_table,
+    result_table,
+    schema_version,
+)
+
+SCHEMA_VERSION = 5
+TEMP_BUFFERS = "64MB"
+"""PostgreSQL temp_buffers of the ledger's sessions: a staged chunk of results stays in memory."""
+SQLITE_MIN = (3, 33, 0)
+"""The oldest SQLite the ledger runs on: an import applies results with UPDATE ... FROM."""
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def _postgres_session(dbapi_connection: Any, _record: Any) -> None:
+    """Room for an import's staging table (a chunk of results) in the session's temporary
+    buffers, so it is never written out and read back; settable only before a session's
+    first temporary table, so it is set when the connection opens."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"SET temp_buffers = '{TEMP_BUFFERS}'")
+    # The ledger's statements read by index, or whole days set-based: JIT compiling them
+    # costs more than it saves.
+    cursor.execute("SET jit = off")
+    cursor.close()
+    dbapi_connection.commit()
+    # COPY data is sent as UTF-8 bytes, made in worker processes that do not know the session.
+    dbapi_connection.set_client_encoding("UTF8")
+
+
+def _check_sqlite_version() -> None:
+    import sqlite3
+
+    if sqlite3.sqlite_version_info < SQLITE_MIN:
+        raise RuntimeError(
+            f"the SQLite ledger needs SQLite {'.'.join(map(str, SQLITE_MIN))} or newer "
+            f"(UPDATE ... FROM); this Python's sqlite3 module has {sqlite3.sqlite_version}. "
+            "Use a Python built with a newer SQLite, or a PostgreSQL ledger."
+        )
+
+
+POSTGRES_DRIVER = "psycopg2"
+"""The driver of a PostgreSQL ledger (its bulk writes use psycopg2's COPY)."""
+POSTGRES_FORMS = ("postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://")
+"""The forms of a PostgreSQL ledger URL: each one opens the ledger with POSTGRES_DRIVER."""
+
+
+def ledger_url(url: str) -> sa.URL:
+    """The URL the ledger connects with: a PostgreSQL URL in any of POSTGRES_FORMS opens it
+    with the ledger's driver; a PostgreSQL URL of another driver is refused before anything
+    runs, naming the forms that work."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return parsed
+    if parsed.drivername not in {form.removesuffix("://") for form in POSTGRES_FORMS}:
+        forms = ", ".join(f"{form}..." for form in POSTGRES_FORMS)
+        raise ValueError(
+            f"the ledger cannot use the PostgreSQL driver of {parsed.drivername}:// "
+            f"(LLM_ASSETS_DATABASE_URL); write the URL as one of {forms} "
+            f"(each opens it with {POSTGRES_DRIVER})"
+        )
+    return parsed.set(drivername=f"postgresql+{POSTGRES_DRIVER}")
+
+
+def get_engine(url: str) -> Engine:
+    """One engine per URL per process, with SQLite set up for concurrent runs."""
+    with _engines_lock:
+        engine = _engines.get(url)
+        if engine is None:
+            if url.startswith("sqlite"):
+                _check_sqlite_version()
+                path = sa.engine.make_url(url).database
+                if path and path != ":memory:":
+                    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+                engine = sa.create_engine(url, connect_args={"timeout": 30})
+                sa.event.listen(engine, "connect", _sqlite_pragmas)
+            else:
+                engine = sa.create_engine(ledger_url(url), pool_pre_ping=True)
+                sa.event.listen(engine, "connect", _postgres_session)
+            _engines[url] = engine
+        return engine
+
+
+def dialect_insert(conn: Connection, table: sa.Table) -> Any:
+    """A dialect insert that supports ON CONFLICT on both SQLite and PostgreSQL."""
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
+
+
+@functools.cache
+def ensure_schema(url: str) -> bool:
+    """Create the tables once per URL and process, upgrading an older ledger in place."""
+    engine = get_engine(url)
+    for attempt in range(3):
+        try:
+            metadata.create_all(engine, checkfirst=True)
+            break
+        except sa.exc.DBAPIError:
+            # Two processes racing to create the same table: the loser retries and finds it.
+            if attempt == 2:
+                raise
+    with engine.begin() as conn:
+        found = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
+        if found is not None and found > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"the ledger at {engine.url.render_as_string(hide_password=True)} has schema "
+                f"version {found}, newer than this code's {SCHEMA_VERSION}; upgrade llm-assets"
+            )
+        if found is not None and found < SCHEMA_VERSION:
+            _add_missing_columns(conn)
+            _upgrade_indexes(conn)
+        if found is None or found < SCHEMA_VERSION:
+            conn.execute(
+                dialect_insert(conn, schema_version)
+                .values(version=SCHEMA_VERSION, applied_at=utcnow())
+                .on_conflict_do_nothing()
+            )
+    return True
+
+
+def _add_missing_columns(conn: Connection) -> None:
+    """Upgrade an older ledger in place: every later version only adds nullable or defaulted
+    columns (and tables, which create_all makes), so adding what is missing is the migration."""
+    inspector = sa.inspect(conn)
+    for table in metadata.sorted_tables:
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            ddl = f"{column.name} {column.type.compile(dialect=conn.dialect)}"
+            if column.server_default is not None:
+                ddl += f" DEFAULT '{column.server_default.arg}'"  # type: ignore[attr-defined]
+            if not column.nullable:
+                ddl += " NOT NULL"
+            conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {ddl}"))
+
+
+def _upgrade_indexes(conn: Connection) -> None:
+    """Version 3 has no status index on items (see result_table) and leaves room in result
+    pages; versions 4 and 5 leave more (RESULT_FILLFACTOR; pages written before keep what they
+    had). From version 5 items and outputs have no foreign key to their job (SQLite keeps it in
+    tables made before: it cannot drop a constraint without rebuilding the table)."""
+    conn.execute(sa.text("DROP INDEX IF EXISTS ix_result_job_status"))
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            sa.text(f"ALTER TABLE {result_table.name} SET (fillfactor = {RESULT_FILLFACTOR})")
+        )
+        for table in (result_table, output_table):
+            conn.execute(
+                sa.text(
+                    f"ALTER TABLE {table.name} DROP CONSTRAINT IF EXISTS {table.name}_job_id_fkey"
+                )
+            )

@@ -1,0 +1,179 @@
+"""The ledger's tables: jobs, shards, one row per item, validated outputs and budget
+reservations."""
+
+import sqlalchemy as sa
+
+RESULT_FILLFACTOR = 36
+"""Percent of each llm_batch_result page filled on insert; the rest is room for in-place
+updates. An item's row is rewritten twice (submitted, then with its result, about twice as
+wide); at 36 both rewrites fit on the row's own page, so PostgreSQL updates it without moving
+it or adding index entries (see docs/decisions.md)."""
+
+# Why a shard was made: an item's first send, a retry round, or an operator's requeue. Cost of
+# `retry` and `requeue` shards is the retry overhead.
+FIRST = "first"
+RETRY_SHARD = "retry"
+REQUEUE_SHARD = "requeue"
+
+metadata = sa.MetaData()
+BigInt = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+Timestamp = sa.DateTime(timezone=True)
+
+schema_version = sa.Table(
+    "llm_schema_version",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("applied_at", Timestamp, nullable=False),
+)
+
+job_table = sa.Table(
+    "llm_batch_job",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("pipeline", sa.String(128), nullable=False),
+    sa.Column("partition_date", sa.Date, nullable=False),
+    sa.Column("task_type", sa.String(32), nullable=False),
+    sa.Column("provider", sa.String(32), nullable=False),
+    sa.Column("model_name", sa.String(128), nullable=False),
+    sa.Column("prompt_version", sa.String(64), nullable=False),
+    sa.Column("code_version", sa.String(128), nullable=False),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("total_items", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("succeeded_items", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("failed_items", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("expired_items", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("input_tokens", BigInt, nullable=False, server_default="0"),
+    sa.Column("output_tokens", BigInt, nullable=False, server_default="0"),
+    sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("estimated_cost_usd", sa.Float, nullable=True),
+    sa.Column("snapshot_uri", sa.Text, nullable=True),
+    sa.Column("budget_approved_usd", sa.Float, nullable=True),
+    sa.Column("budget_approved_by", sa.String(128), nullable=True),
+    sa.Column("budget_approved_at", Timestamp, nullable=True),
+    sa.Column("created_by", sa.String(128), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.UniqueConstraint(
+        "pipeline", "partition_date", "prompt_version", "provider", "model_name", name="uq_job_key"
+    ),
+)
+
+shard_table = sa.Table(
+    "llm_batch_shard",
+    metadata,
+    sa.Column("shard_id", sa.String(160), primary_key=True),
+    sa.Column("job_id", sa.String(128), sa.ForeignKey("llm_batch_job.job_id"), nullable=False),
+    sa.Column("round", sa.Integer, nullable=False),
+    sa.Column("shard_index", sa.Integer, nullable=False),
+    sa.Column("input_uri", sa.Text, nullable=False),
+    sa.Column("item_count", sa.Integer, nullable=False),
+    sa.Column("size_bytes", BigInt, nullable=False),
+    sa.Column("content_sha256", sa.String(64), nullable=False),
+    sa.Column("provider", sa.String(32), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False, server_default=FIRST),
+    sa.Column("provider_batch_id", sa.String(256), nullable=True),
+    sa.Column("estimated_input_tokens", BigInt, nullable=False, server_default="0"),
+    sa.Column("estimated_output_tokens", BigInt, nullable=False, server_default="0"),
+    sa.Column("estimated_cost_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("estimated_cost_upper_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("price_json", sa.Text, nullable=True),
+    sa.Column("actual_input_tokens", BigInt, nullable=True),
+    sa.Column("actual_output_tokens", BigInt, nullable=True),
+    sa.Column("actual_cost_usd", sa.Float, nullable=True),
+    sa.Column("output_uri", sa.Text, nullable=True),
+    sa.Column("error_uri", sa.Text, nullable=True),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("raw_status", sa.String(64), nullable=True),
+    sa.Column("message", sa.Text, nullable=True),
+    sa.Column("retry_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("completed_requests", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("failed_requests", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("not_before", Timestamp, nullable=True),
+    sa.Column("submit_intent_at", Timestamp, nullable=True),
+    sa.Column("submitted_at", Timestamp, nullable=True),
+    sa.Column("ended_at", Timestamp, nullable=True),
+    sa.Column("imported_at", Timestamp, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Index("ix_shard_job_status", "job_id", "status"),
+)
+
+result_table = sa.Table(
+    "llm_batch_result",
+    metadata,
+    sa.Column("id", BigInt, primary_key=True, autoincrement=True),
+    # No foreign key to llm_batch_job: PostgreSQL checks one per inserted row (about 10 µs,
+    # 10 s for a million items); the job row is always made first (get_or_create_job).
+    sa.Column("job_id", sa.String(128), nullable=False),
+    sa.Column("custom_id", sa.String(64), nullable=False),
+    sa.Column("source_id", sa.Text, nullable=True),
+    sa.Column("shard_id", sa.String(160), nullable=True),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("error_class", sa.String(32), nullable=True),
+    sa.Column("error_code", sa.String(128), nullable=True),
+    sa.Column("error_message", sa.Text, nullable=True),
+    sa.Column("model_name", sa.String(128), nullable=True),
+    sa.Column("estimated_input_tokens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("input_tokens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("cached_input_tokens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("output_tokens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("prior_cost_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("finish_reason", sa.String(64), nullable=True),
+    sa.Column("result_json", sa.Text, nullable=True),
+    # Where the item's request line starts in its shard's input file, in bytes: a retry round
+    # reads the lines it sends again there (null in rows of ledgers before version 5).
+    sa.Column("request_offset", BigInt, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("job_id", "custom_id", name="uq_result_job_custom_id"),
+    sa.Index("ix_result_shard", "shard_id"),
+    # No index on status: an import changes every row's status, and with no indexed column
+    # changing (and room left in each page) PostgreSQL updates rows in place (HOT), without
+    # touching any index. Queries by job and status read the job's rows by the unique index.
+)
+sa.event.listen(
+    result_table,
+    "after_create",
+    sa.DDL(f"ALTER TABLE llm_batch_result SET (fillfactor = {RESULT_FILLFACTOR})").execute_if(
+        dialect="postgresql"
+    ),
+)
+
+
+output_table = sa.Table(
+    "llm_batch_output",
+    metadata,
+    sa.Column("id", BigInt, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(128), nullable=False),  # no foreign key: see result_table
+    sa.Column("custom_id", sa.String(64), nullable=False),
+    sa.Column("source_id", sa.Text, nullable=True),
+    sa.Column("prompt_version", sa.String(64), nullable=False),
+    sa.Column("model_name", sa.String(128), nullable=False),
+    sa.Column("output_json", sa.Text, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.UniqueConstraint("job_id", "custom_id", name="uq_output_job_custom_id"),
+)
+
+
+reservation_table = sa.Table(
+    "llm_budget_reservation",
+    metadata,
+    sa.Column("shard_id", sa.String(160), primary_key=True),
+    sa.Column("pipeline", sa.String(128), nullable=False),
+    sa.Column("job_id", sa.String(128), nullable=False),
+    sa.Column("spend_date", sa.Date, nullable=False),
+    sa.Column("reserved_usd", sa.Float, nullable=False),
+    sa.Column("actual_usd", sa.Float, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("settled_at", Timestamp, nullable=True),
+    sa.Index("ix_reservation_pipeline_date", "pipeline", "spend_date"),
+)
+
+budget_lock_table = sa.Table(
+    "llm_budget_lock",
+    metadata,
+    sa.Column("pipeline", sa.String(128), primary_key=True),
+    sa.Column("touched_at", Timestamp, nullable=False),
+)
