@@ -2,12 +2,25 @@
 the lineage every materialization carries (pipeline, prompt version, model, provider)."""
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
 
+from llm_assets import checks
 from llm_assets.spec import PipelineSpec
-from llm_assets.steps import BudgetGate, CostReport, ImportResult, ShardsResult
+from llm_assets.steps import (
+    BudgetGate,
+    CostReport,
+    DeadLetterResult,
+    ImportResult,
+    PublishResult,
+    SampleResult,
+    ShardsResult,
+    SnapshotResult,
+    SubmitResult,
+    ValidateResult,
+)
 
 
 def lineage(spec: PipelineSpec) -> dict[str, Any]:
@@ -17,6 +30,93 @@ def lineage(spec: PipelineSpec) -> dict[str, Any]:
         "model": spec.model.name,
         "provider": spec.model.provider,
     }
+
+
+def file_metadata(
+    spec: PipelineSpec, rows: int, uri: str, *, job_id: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """A step that writes one file: its rows and path (and the job, where it has one), then
+    the step's own keys."""
+    head = {} if job_id is None else {"job_id": job_id}
+    return {
+        **lineage(spec),
+        **head,
+        "dagster/row_count": rows,
+        "uri": dg.MetadataValue.path(uri),
+        **extra,
+    }
+
+
+def preview(rows: Sequence[dict[str, Any]]) -> dg.MetadataValue:
+    """The first rows of a step's output as a markdown table."""
+    return dg.MetadataValue.md(checks.case_table(rows))
+
+
+def snapshot_metadata(spec: PipelineSpec, result: SnapshotResult) -> dict[str, Any]:
+    """input_snapshot: the snapshot file, its hash and what could not be read."""
+    return file_metadata(
+        spec,
+        result.rows,
+        result.uri,
+        content_sha256=result.sha256,
+        unreadable_rows=result.unreadable_rows,
+        source_files=result.files,
+        reused_existing_snapshot=result.reused,
+    )
+
+
+def submit_metadata(spec: PipelineSpec, result: SubmitResult) -> dict[str, Any]:
+    """provider_batches: what was submitted, what is in flight and when the next retry goes."""
+    next_at = result.next_submission_at
+    return {
+        **lineage(spec),
+        "job_id": result.job_id,
+        "submitted_shards": len(result.submitted),
+        "provider_batch_ids": list(result.submitted.values())[:20],
+        "in_flight_shards": result.in_flight,
+        "retry_shards_waiting_for_backoff": result.waiting_for_backoff,
+        "next_submission_at": next_at.isoformat() if next_at else "",
+        "day_upper_bound_usd": result.committed_cost_usd,
+    }
+
+
+def validated_metadata(spec: PipelineSpec, result: ValidateResult) -> dict[str, Any]:
+    """validated_outputs: the rows that passed, the quality failures and a preview."""
+    return file_metadata(
+        spec,
+        result.valid_rows,
+        result.uri,
+        job_id=result.job_id,
+        quality_dead_letters=sum(result.quality_failures.values()),
+        quality_dead_letters_total=result.quality_dead_letters,
+        quality_failure_rate=result.failure_rate,
+        quality_failures_by_rule=result.quality_failures,
+        open_items=result.open_items,
+        label_distribution=result.label_distribution,
+        preview=preview(result.preview),
+    )
+
+
+def published_metadata(spec: PipelineSpec, result: PublishResult) -> dict[str, Any]:
+    """published_outputs: the published file and its hash."""
+    return file_metadata(spec, result.rows, result.uri, content_sha256=result.sha256)
+
+
+def sample_metadata(spec: PipelineSpec, result: SampleResult) -> dict[str, Any]:
+    """qa_sample: the sample file and a preview of it."""
+    return file_metadata(spec, result.rows, result.uri, preview=preview(result.preview))
+
+
+def dead_letter_metadata(spec: PipelineSpec, result: DeadLetterResult) -> dict[str, Any]:
+    """dead_letter: the dead-letter file, its counts by class and a preview."""
+    return file_metadata(
+        spec,
+        result.rows,
+        result.uri,
+        job_id=result.job_id,
+        by_class=result.by_class,
+        preview=preview(result.preview),
+    )
 
 
 def shards_metadata(spec: PipelineSpec, result: ShardsResult, gate: BudgetGate) -> dict[str, Any]:

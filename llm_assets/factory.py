@@ -10,7 +10,7 @@ import datetime as dt
 import functools
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import dagster as dg
 
@@ -33,6 +33,7 @@ STEPS = (
 )
 APPROVE_BUDGET_TAG = "llm_assets/approve_budget"
 CREATED_BY_TAG = "llm_assets/created_by"
+_R = TypeVar("_R")
 _OWNER = re.compile(r"^(team:[A-Za-z0-9_-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
 
 
@@ -83,7 +84,7 @@ def _run_step(fn: Callable[[], Any]) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class _Pipeline:
-    """What every asset of one spec shares: its keys, resources, lineage and definition
+    """What every asset of one spec shares: its keys, resources and definition
     arguments (partitions, group, tags, owners)."""
 
     spec: PipelineSpec
@@ -97,10 +98,6 @@ class _Pipeline:
     def with_provider(self) -> set[str]:
         """The resource keys of the assets that talk to the provider."""
         return {"ledger", "storage", self.provider_key}
-
-    @functools.cached_property
-    def lineage(self) -> dict[str, Any]:
-        return asset_metadata.lineage(self.spec)
 
     @functools.cached_property
     def common(self) -> dict[str, Any]:
@@ -154,15 +151,7 @@ def _input_snapshot(pipe: _Pipeline) -> dg.AssetsDefinition:
         ctx = pipe.context(context)
         result = _run_step(lambda: steps.take_snapshot(ctx, pipe.source_uri))
         return dg.MaterializeResult(
-            metadata={
-                **pipe.lineage,
-                "dagster/row_count": result.rows,
-                "uri": dg.MetadataValue.path(result.uri),
-                "content_sha256": result.sha256,
-                "unreadable_rows": result.unreadable_rows,
-                "source_files": result.files,
-                "reused_existing_snapshot": result.reused,
-            },
+            metadata=asset_metadata.snapshot_metadata(pipe.spec, result),
             data_version=dg.DataVersion(result.sha256[:20]),
         )
 
@@ -223,20 +212,7 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
                 ctx, approve_budget=approve, approved_by=who, progress=context.log.info
             )
         )
-        return dg.MaterializeResult(
-            metadata={
-                **pipe.lineage,
-                "job_id": result.job_id,
-                "submitted_shards": len(result.submitted),
-                "provider_batch_ids": list(result.submitted.values())[:20],
-                "in_flight_shards": result.in_flight,
-                "retry_shards_waiting_for_backoff": result.waiting_for_backoff,
-                "next_submission_at": result.next_submission_at.isoformat()
-                if result.next_submission_at
-                else "",
-                "day_upper_bound_usd": result.committed_cost_usd,
-            }
-        )
+        return dg.MaterializeResult(metadata=asset_metadata.submit_metadata(pipe.spec, result))
 
     return provider_batches
 
@@ -280,90 +256,65 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
         schema_failures = steps.published_frame_failures(ctx, result.uri)
         return dg.MaterializeResult(
             check_results=checks.validated_outputs_checks(pipe.spec, result, schema_failures),
-            metadata={
-                **pipe.lineage,
-                "job_id": result.job_id,
-                "dagster/row_count": result.valid_rows,
-                "uri": dg.MetadataValue.path(result.uri),
-                "quality_dead_letters": sum(result.quality_failures.values()),
-                "quality_dead_letters_total": result.quality_dead_letters,
-                "quality_failure_rate": result.failure_rate,
-                "quality_failures_by_rule": result.quality_failures,
-                "open_items": result.open_items,
-                "label_distribution": result.label_distribution,
-                "preview": dg.MetadataValue.md(checks.case_table(result.preview)),
-            },
+            metadata=asset_metadata.validated_metadata(pipe.spec, result),
         )
 
     return validated_outputs
 
 
+def _reporting_step(
+    pipe: _Pipeline,
+    step: str,
+    run: Callable[[steps.StepContext], _R],
+    report: Callable[[PipelineSpec, _R], dict[str, Any]],
+    **asset_kwargs: Any,
+) -> dg.AssetsDefinition:
+    """An asset whose body runs one step and reports its result as metadata, for the steps
+    that have no checks of their own."""
+
+    @pipe.asset(step, **asset_kwargs)
+    def reporting_step(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ctx = pipe.context(context)
+        result = _run_step(lambda: run(ctx))
+        return dg.MaterializeResult(metadata=report(pipe.spec, result))
+
+    return reporting_step
+
+
 def _published_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @pipe.asset(
+    return _reporting_step(
+        pipe,
         "published_outputs",
+        steps.publish_outputs,
+        asset_metadata.published_metadata,
         after=["validated_outputs"],
         description="The hand-off to consumers; never materialized past a failed blocking check.",
         kinds={"parquet"},
     )
-    def published_outputs(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        ctx = pipe.context(context)
-        result: steps.PublishResult = _run_step(lambda: steps.publish_outputs(ctx))
-        return dg.MaterializeResult(
-            metadata={
-                **pipe.lineage,
-                "dagster/row_count": result.rows,
-                "uri": dg.MetadataValue.path(result.uri),
-                "content_sha256": result.sha256,
-            }
-        )
-
-    return published_outputs
 
 
 def _qa_sample(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @pipe.asset(
+    return _reporting_step(
+        pipe,
         "qa_sample",
+        steps.qa_sample,
+        asset_metadata.sample_metadata,
         after=["validated_outputs"],
         description="Validated rows drawn with a fixed seed per partition, for spot checks.",
         kinds={"jsonl"},
     )
-    def qa_sample(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        ctx = pipe.context(context)
-        result: steps.SampleResult = _run_step(lambda: steps.qa_sample(ctx))
-        return dg.MaterializeResult(
-            metadata={
-                **pipe.lineage,
-                "dagster/row_count": result.rows,
-                "uri": dg.MetadataValue.path(result.uri),
-                "preview": dg.MetadataValue.md(checks.case_table(result.preview, limit=20)),
-            }
-        )
-
-    return qa_sample
 
 
 def _dead_letter(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @pipe.asset(
+    return _reporting_step(
+        pipe,
         "dead_letter",
+        steps.export_dead_letters,
+        asset_metadata.dead_letter_metadata,
         after=["request_shards", "batch_results", "validated_outputs"],
         description="Every item that will not succeed, with its class and reason.",
         kinds={"jsonl"},
     )
-    def dead_letter(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        ctx = pipe.context(context)
-        result: steps.DeadLetterResult = _run_step(lambda: steps.export_dead_letters(ctx))
-        return dg.MaterializeResult(
-            metadata={
-                **pipe.lineage,
-                "job_id": result.job_id,
-                "dagster/row_count": result.rows,
-                "uri": dg.MetadataValue.path(result.uri),
-                "by_class": result.by_class,
-                "preview": dg.MetadataValue.md(checks.case_table(result.preview, limit=20)),
-            }
-        )
-
-    return dead_letter
 
 
 def _cost_report(pipe: _Pipeline) -> dg.AssetsDefinition:
