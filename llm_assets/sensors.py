@@ -287,6 +287,41 @@ def _partition_of(
         return None
 
 
+def _failure_reason(context: dg.RunFailureSensorContext) -> str | None:
+    """The failed steps and why, or the run's own failure message when no step failed."""
+    reason = context.failure_event.message if context.failure_event else None
+    step_failures = context.get_step_failure_events()
+    if step_failures:
+        reason = "; ".join(f"{e.step_key}: {step_failure_reason(e)[:300]}" for e in step_failures)
+    return reason
+
+
+def _notify_partition(
+    context: dg.RunStatusSensorContext,
+    by_name: dict[str, PipelineSpec],
+    ledger: LedgerResource,
+    *,
+    outcome: str,
+) -> None:
+    """Summarize the partition of a run that finished a day's cost report or failed, log it
+    (a warning when the run failed) and deliver it to the spec's webhook."""
+    found = _partition_of(context.dagster_run, by_name)
+    if found is None:
+        return
+    spec, day = found
+    if isinstance(context, dg.RunFailureSensorContext):
+        reason, log = _failure_reason(context), context.log.warning
+    elif asset_key(spec, "cost_report") in (context.dagster_run.asset_selection or set()):
+        reason, log = None, context.log.info
+    else:
+        return
+    summary = notify.summarize(
+        spec, day, ledger, outcome=outcome, reason=reason, run_id=context.dagster_run.run_id
+    )
+    log(summary.text())
+    notify.deliver(spec, summary)
+
+
 def build_notification_sensors(specs: list[PipelineSpec]) -> list[dg.SensorDefinition]:
     """Summaries when a day's report run succeeds (finished) or any run of a day fails."""
     by_name = {spec.name: spec for spec in specs}
@@ -299,21 +334,7 @@ def build_notification_sensors(specs: list[PipelineSpec]) -> list[dg.SensorDefin
         default_status=dg.DefaultSensorStatus.RUNNING,
     )
     def partition_finished(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:
-        found = _partition_of(context.dagster_run, by_name)
-        if found is None:
-            return
-        spec, day = found
-        if asset_key(spec, "cost_report") not in (context.dagster_run.asset_selection or set()):
-            return
-        summary = notify.summarize(
-            spec,
-            day,
-            ledger,
-            outcome="finished",
-            run_id=context.dagster_run.run_id,
-        )
-        context.log.info(summary.text())
-        notify.deliver(spec, summary)
+        _notify_partition(context, by_name, ledger, outcome="finished")
 
     @dg.run_failure_sensor(
         name="llm_assets__partition_failed",
@@ -322,25 +343,6 @@ def build_notification_sensors(specs: list[PipelineSpec]) -> list[dg.SensorDefin
         default_status=dg.DefaultSensorStatus.RUNNING,
     )
     def partition_failed(context: dg.RunFailureSensorContext, ledger: LedgerResource) -> None:
-        found = _partition_of(context.dagster_run, by_name)
-        if found is None:
-            return
-        spec, day = found
-        reason = context.failure_event.message if context.failure_event else None
-        step_failures = context.get_step_failure_events()
-        if step_failures:
-            reason = "; ".join(
-                f"{e.step_key}: {step_failure_reason(e)[:300]}" for e in step_failures
-            )
-        summary = notify.summarize(
-            spec,
-            day,
-            ledger,
-            outcome="failed",
-            reason=reason,
-            run_id=context.dagster_run.run_id,
-        )
-        context.log.warning(summary.text())
-        notify.deliver(spec, summary)
+        _notify_partition(context, by_name, ledger, outcome="failed")
 
     return [partition_finished, partition_failed]
