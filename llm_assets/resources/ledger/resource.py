@@ -2,8 +2,9 @@
 
 import contextlib
 import datetime as dt
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import dagster as dg
 from pydantic import PrivateAttr
@@ -29,6 +30,22 @@ from llm_assets.resources.ledger.records import (
 from llm_assets.resources.ledger.tables import REQUEUE_SHARD, RETRY_SHARD, result_table
 from llm_assets.result_rows import DEAD_LETTER, RETRY, SUBMITTED, ResultStager, StagedResults
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _on_engine(
+    fn: Callable[Concatenate[Engine, _P], _R],
+) -> Callable[Concatenate["LedgerResource", _P], _R]:
+    """A resource method that calls a ledger module's function on the resource's engine,
+    with the function's own signature and docstring."""
+
+    @functools.wraps(fn)
+    def method(self: "LedgerResource", *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return fn(self.engine, *args, **kwargs)
+
+    return method
+
 
 class LedgerResource(dg.ConfigurableResource):
     """Typed access to the ledger tables; creates them on first use."""
@@ -49,31 +66,7 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Jobs
 
-    def get_or_create_job(
-        self,
-        *,
-        job_id: str,
-        pipeline: str,
-        partition_date: dt.date,
-        task_type: str,
-        provider: str,
-        model_name: str,
-        prompt_version: str,
-        code_version: str,
-        created_by: str,
-    ) -> JobRecord:
-        return jobs.get_or_create_job(
-            self.engine,
-            job_id=job_id,
-            pipeline=pipeline,
-            partition_date=partition_date,
-            task_type=task_type,
-            provider=provider,
-            model_name=model_name,
-            prompt_version=prompt_version,
-            code_version=code_version,
-            created_by=created_by,
-        )
+    get_or_create_job = _on_engine(jobs.get_or_create_job)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         return jobs.get_job(self.engine, job_id)
@@ -108,18 +101,7 @@ class LedgerResource(dg.ConfigurableResource):
     ) -> int:
         return items.set_item_errors(self.engine, job_id, rows, from_status=from_status)
 
-    def iter_items(
-        self,
-        job_id: str,
-        statuses: Iterable[str] | None = None,
-        *,
-        shard_id: str | None = None,
-        columns: Sequence[str] | None = None,
-        few: int | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        return items.iter_items(
-            self.engine, job_id, statuses, shard_id=shard_id, columns=columns, few=few
-        )
+    iter_items = _on_engine(items.iter_items)
 
     def counts(self, job_id: str) -> JobCounts:
         return items.counts(self.engine, job_id)
@@ -227,23 +209,7 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Budget
 
-    def reserve_budget(
-        self,
-        *,
-        pipeline: str,
-        job_id: str,
-        shards: dict[str, float],
-        max_per_day: float | None,
-        max_per_month: float | None,
-    ) -> str | None:
-        return budget.reserve_budget(
-            self.engine,
-            pipeline=pipeline,
-            job_id=job_id,
-            shards=shards,
-            max_per_day=max_per_day,
-            max_per_month=max_per_month,
-        )
+    reserve_budget = _on_engine(budget.reserve_budget)
 
     def committed_cost(self, job_id: str) -> float:
         return budget.committed_cost(self.engine, job_id)
