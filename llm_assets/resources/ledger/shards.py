@@ -3,7 +3,6 @@ submitted under a lock that dies with its holder, and closed with what they were
 
 import contextlib
 import datetime as dt
-import fcntl
 import hashlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -13,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from llm_assets import file_lock
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.items import insert_items
 from llm_assets.resources.ledger.records import ShardRecord, utcnow
@@ -121,15 +121,8 @@ def _file_lock(folder: Path, shard_id: str) -> Iterator[bool]:
     folder.mkdir(exist_ok=True)
     fd = os.open(folder / f"{digest.hex()[:32]}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        with file_lock.exclusive(fd) as taken:
+            yield taken
     finally:
         os.close(fd)
 

@@ -8,7 +8,6 @@ folder lets one poller work on a batch at a time, across threads and processes.
 """
 
 import contextlib
-import fcntl
 import json
 import os
 import tempfile
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from llm_assets import file_lock
 
 ENDPOINT = "/v1/chat/completions"
 
@@ -147,16 +148,11 @@ def answered(folder: Path) -> tuple[set[str], set[str]]:
 @contextlib.contextmanager
 def batch_lock(folder: Path, *, blocking: bool) -> Iterator[bool]:
     """One worker per batch across threads and processes; yields whether the lock was taken."""
-    with (folder / ".lock").open("a") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    with (
+        (folder / ".lock").open("a") as handle,
+        file_lock.exclusive(handle.fileno(), blocking=blocking) as taken,
+    ):
+        yield taken
 
 
 def write_atomic(path: Path, data: bytes) -> None:
