@@ -14,6 +14,7 @@ from llm_assets.progress import report as report_progress
 from llm_assets.resources.ledger import RESULT_COLUMNS, SUBMITTED, ShardRecord, utcnow
 from llm_assets.resources.pricing import ModelPrice
 from llm_assets.resources.providers.base import ONLINE_BATCH_PREFIX, ItemResult, ShardState
+from llm_assets.resources.providers.realtime import OnlineWork
 from llm_assets.result_rows import ledger_values
 from llm_assets.steps.context import StepContext
 
@@ -137,14 +138,14 @@ def run_online_shard(
         ledger.upsert_results(ctx.job_id, rows)
         failpoint("online.after_checkpoint")
 
-    stats = ctx.batch_provider.run(
-        spec,
-        _requests(ctx, shard, open_items),
-        deliver,
+    work = OnlineWork(
+        requests=_requests(ctx, shard, open_items),
+        deliver=deliver,
         checkpoint_every=spec.online.checkpoint_every,
         stop=(stopping or threading.Event()).is_set,
         progress=_Reporter(shard.shard_id, len(open_items), progress),
     )
+    stats = ctx.batch_provider.run(spec, work)
     if stats.interrupted:
         raise OnlineInterrupted(
             f"{shard.shard_id}: stopped by SIGTERM after {stats.succeeded + stats.failed} of "

@@ -19,7 +19,7 @@ import asyncio
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
@@ -42,7 +42,12 @@ from llm_assets.resources.providers.bedrock_records import (
     normalize_record,
 )
 from llm_assets.resources.providers.bedrock_runtime import OnDemandRuntime, is_transient_aws
-from llm_assets.resources.providers.online import OnlineStats, run_requests, settings_of
+from llm_assets.resources.providers.online import (
+    OnlineStats,
+    OnlineWork,
+    run_requests,
+    settings_of,
+)
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -308,18 +313,9 @@ class BedrockBatchProvider(BatchProvider):
     def realtime_request(self, line: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return str(line["recordId"]), line["modelInput"]
 
-    def run(
-        self,
-        spec: "PipelineSpec",
-        requests: Iterable[tuple[str, dict[str, Any], int]],
-        deliver: Callable[[list[ItemResult]], None],
-        *,
-        checkpoint_every: int,
-        stop: Callable[[], bool] = lambda: False,
-        progress: Callable[[OnlineStats], None] | None = None,
-    ) -> OnlineStats:
-        """Send `(custom_id, modelInput, tokens)` requests to bedrock-runtime, paced and
-        retried as the online provider does (`online.concurrency`, `rpm`, `tpm`,
+    def run(self, spec: "PipelineSpec", work: OnlineWork) -> OnlineStats:
+        """Send the work's `(custom_id, modelInput, tokens)` requests to bedrock-runtime,
+        paced and retried as the online provider does (`online.concurrency`, `rpm`, `tpm`,
         `max_tries`, `timeout_seconds`)."""
         settings = settings_of(spec)
         runtime = OnDemandRuntime(self.region_name, self.runtime_endpoint_url, settings, spec)
@@ -327,12 +323,8 @@ class BedrockBatchProvider(BatchProvider):
             runtime.run(
                 lambda send: run_requests(
                     settings,
-                    requests,
-                    deliver,
+                    work,
                     send,
-                    checkpoint_every=checkpoint_every,
-                    stop=stop,
-                    progress=progress,
                     backoff_base_seconds=self.retry_base_seconds,
                     backoff_cap_seconds=self.retry_cap_seconds,
                 )

@@ -9,7 +9,7 @@ responses read as the batch import reads OpenAI's output lines.
 """
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from llm_assets.resources.providers.base import (
@@ -23,6 +23,7 @@ from llm_assets.resources.providers.openai_batch import chat_body, normalize_lin
 from llm_assets.resources.providers.realtime import (
     OnlineSettings,
     OnlineStats,
+    OnlineWork,
     RateLimited,
     Send,
     Transient,
@@ -85,41 +86,15 @@ class OnlineProvider(BatchProvider):
         # Results went to the ledger as they came; nothing is left to fetch.
         return iter(())
 
-    def run(
-        self,
-        spec: "PipelineSpec",
-        requests: Iterable[tuple[str, dict[str, Any], int]],
-        deliver: Callable[[list[ItemResult]], None],
-        *,
-        checkpoint_every: int,
-        stop: Callable[[], bool] = lambda: False,
-        progress: Callable[[OnlineStats], None] | None = None,
-    ) -> OnlineStats:
-        """Send `(custom_id, body, tokens)` requests; hand results to `deliver` in batches of
-        `checkpoint_every` (and the rest at the end). `stop()` turning true stops sending
-        new requests; those in flight finish and are delivered."""
+    def run(self, spec: "PipelineSpec", work: OnlineWork) -> OnlineStats:
+        """Send the work's `(custom_id, body, tokens)` requests to the spec's (or this
+        resource's) OpenAI-compatible endpoint."""
         return asyncio.run(
-            self._run(
-                spec.online.base_url or self.base_url,
-                settings_of(spec),
-                requests,
-                deliver,
-                checkpoint_every=checkpoint_every,
-                stop=stop,
-                progress=progress,
-            )
+            self._run(spec.online.base_url or self.base_url, settings_of(spec), work)
         )
 
     async def _run(
-        self,
-        base_url: str | None,
-        settings: OnlineSettings,
-        requests: Iterable[tuple[str, dict[str, Any], int]],
-        deliver: Callable[[list[ItemResult]], None],
-        *,
-        checkpoint_every: int,
-        stop: Callable[[], bool],
-        progress: Callable[[OnlineStats], None] | None,
+        self, base_url: str | None, settings: OnlineSettings, work: OnlineWork
     ) -> OnlineStats:
         import openai
 
@@ -133,12 +108,8 @@ class OnlineProvider(BatchProvider):
         try:
             return await run_requests(
                 settings,
-                requests,
-                deliver,
+                work,
                 _chat_sender(client),
-                checkpoint_every=checkpoint_every,
-                stop=stop,
-                progress=progress,
                 backoff_base_seconds=self.backoff_base_seconds,
                 backoff_cap_seconds=self.backoff_cap_seconds,
             )

@@ -6,6 +6,7 @@ a checkpoint is never far behind.
 """
 
 import asyncio
+import dataclasses
 import re
 import time
 from collections import deque
@@ -121,32 +122,40 @@ Send = Callable[[str, dict[str, Any]], Awaitable[tuple[ItemResult, float | None]
 (None when it did not say). Raises Transient or RateLimited."""
 
 
+@dataclasses.dataclass(frozen=True)
+class OnlineWork:
+    """One online shard's work as the step hands it to a provider's `run`: the
+    `(custom_id, body, tokens)` requests, where their results go (`deliver`, every
+    `checkpoint_every` results and the rest at the end), when to stop sending (`stop()`
+    turning true; requests in flight finish and are delivered) and whom to tell."""
+
+    requests: Iterable[tuple[str, dict[str, Any], int]]
+    deliver: Callable[[list[ItemResult]], None]
+    checkpoint_every: int
+    stop: Callable[[], bool] = lambda: False
+    progress: Callable[[OnlineStats], None] | None = None
+
+
 async def run_requests(
     settings: OnlineSettings,
-    requests: Iterable[tuple[str, dict[str, Any], int]],
-    deliver: Callable[[list[ItemResult]], None],
+    work: OnlineWork,
     send: Send,
     *,
-    checkpoint_every: int,
-    stop: Callable[[], bool],
-    progress: Callable[[OnlineStats], None] | None,
     backoff_base_seconds: float,
     backoff_cap_seconds: float,
 ) -> OnlineStats:
-    """Send `(custom_id, body, tokens)` requests through `send`: `settings.concurrency` in
-    flight, paced under the RPM and TPM windows, a pause for everyone on a rate limit,
-    transient failures retried with jittered backoff, results handed to `deliver` every
-    `checkpoint_every` (and the rest at the end). `stop()` turning true stops sending new
-    requests; those in flight finish and are delivered."""
+    """Send the work's requests through `send`: `settings.concurrency` in flight, paced
+    under the RPM and TPM windows, a pause for everyone on a rate limit, transient failures
+    retried with jittered backoff, results handed to `work.deliver` as they complete."""
     worker = _Worker(
         settings,
-        deliver,
+        work.deliver,
         send,
-        checkpoint_every,
-        progress,
+        work.checkpoint_every,
+        work.progress,
         (backoff_base_seconds, backoff_cap_seconds),
     )
-    return await worker.run(requests, stop)
+    return await worker.run(work.requests, work.stop)
 
 
 class _Worker:
