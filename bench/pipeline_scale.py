@@ -17,7 +17,7 @@ RSS is its own; the PostgreSQL database `llm_assets_bench` is dropped and create
         --db sqlite postgres [--profile DIR] [--naive-sample 20000]
 
 `--profile DIR` runs every step under pyinstrument (tree, flat self and flat total time per
-step in DIR/<items>-<db>/, and the saved session); profiled timings are slower than
+step in DIR/<items>-<db>/, and an HTML report); profiled timings are slower than
 unprofiled ones. `--max-seconds S` stops a configuration after S seconds and reports the
 steps it finished and the one it was in. PostgreSQL: LLM_ASSETS_BENCH_PG_ADMIN_URL (default
 postgres@127.0.0.1:5432) and LLM_ASSETS_BENCH_PG_DATABASE (default llm_assets_bench); a run
@@ -370,7 +370,6 @@ class Meter:
             profiler.output_text(show_all=True, processor_options={"filter_threshold": 0.005})
         )
         stem.with_suffix(".html").write_text(profiler.output_html())
-        profiler.last_session.save(str(stem.with_suffix(".pyisession")))
 
 
 # ---------------------------------------------------------------------------------------
