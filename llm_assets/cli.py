@@ -7,6 +7,7 @@ print is laid out in console.py.
 
 import csv
 import datetime as dt
+import getpass
 import json
 import sys
 from pathlib import Path
@@ -345,6 +346,8 @@ def requeue(pipeline: str, date_: str, classes: tuple[str, ...], ids: str | None
             resources["ledger"],
             resources["storage"],
             resources[provider_resource_key(spec.model.provider)],
+            created_by=f"cli:{getpass.getuser()} requeue",
+            log=lambda message: err.print(escape(message), highlight=False),
         ),
         classes=set(classes) or None,
         chosen_ids=chosen,

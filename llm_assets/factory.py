@@ -137,6 +137,8 @@ class _Pipeline:
             storage=context.resources.storage,
             provider=getattr(context.resources, self.provider_key) if provider else None,
             created_by=created_by or "dagster",
+            run_id=context.run_id,
+            log=context.log.info,
         )
 
 

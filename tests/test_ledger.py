@@ -23,6 +23,7 @@ from llm_assets.resources.ledger import (
     SUCCEEDED,
     JobRecord,
     LedgerResource,
+    ShardMismatch,
     UpsertStats,
     limits,
     schema,
@@ -347,31 +348,31 @@ def test_add_shard_with_items_is_idempotent(ledger: LedgerResource, database_url
         assert row["source_id"] == f"src-{c}"
     assert ledger.known_custom_ids(JOB) == set(rows)
 
-    # The shard moves on; replaying the same call (e.g. after a crash) must change nothing.
+    # The shard moves on; replaying the same call (a run that did not hold the day) is
+    # refused and changes nothing.
     assert ledger.update_shard(sid, status="uploaded")
     before = snapshot(database_url)
-    assert ledger.add_shard_with_items(shard_row(item_count=3), items) == 0
+    with pytest.raises(ShardMismatch, match="in the ledger already"):
+        ledger.add_shard_with_items(shard_row(item_count=3), items)
     assert snapshot(database_url) == before
 
 
-def test_add_shard_with_items_skips_items_another_run_wrote(
+def test_a_shard_is_recorded_only_with_exactly_its_items(
     ledger: LedgerResource, database_url: str
 ) -> None:
-    """New items go in at once (PostgreSQL: COPYed straight into the table); when one is in
-    the ledger already, only it is skipped, and the new shard is still recorded."""
+    """New items go in at once (PostgreSQL: COPYed straight into the table); when one of
+    them is in the ledger already (another run wrote it), the shard's transaction rolls
+    back: no shard row, none of its items, the other run's item as it was."""
     make_job(ledger)
     first, second = shard_id(0, 0), shard_id(0, 1)
     ledger.add_shard_with_items(shard_row(item_count=1), [item_row(cid(0), shard=first)])
-    before = items_by_id(database_url)[cid(0)]
+    before = items_by_id(database_url)
 
     items = [item_row(c, shard=second) for c in (cid(1), cid(0), cid(2))]
-    assert ledger.add_shard_with_items(shard_row(0, 1, item_count=3), items) == 2
-    shard = ledger.get_shard(second)
-    assert shard is not None and shard.item_count == 3
-    rows = items_by_id(database_url)
-    assert rows[cid(0)] == before
-    assert (rows[cid(1)]["shard_id"], rows[cid(2)]["shard_id"]) == (second, second)
-    assert sorted(rows) == [cid(0), cid(1), cid(2)]
+    with pytest.raises(ShardMismatch, match="1 of them are in the ledger already"):
+        ledger.add_shard_with_items(shard_row(0, 1, item_count=3), items)
+    assert ledger.get_shard(second) is None
+    assert items_by_id(database_url) == before
 
 
 def test_add_shard_with_items_is_one_transaction(ledger: LedgerResource, database_url: str) -> None:
@@ -573,10 +574,12 @@ def test_upsert_applies_to_every_open_status(ledger: LedgerResource, database_ur
         DEAD_LETTER,
         SUCCEEDED,
     ]
-    # A retry result for an item already in retry is applied too (the newer error wins).
+    # A failure changes an item only while it is submitted: an item already in retry (its
+    # retry may be planned into a shard) keeps what it has.
     set_item_status(ledger, JOB, [cid(2)], from_status=[DEAD_LETTER], status=RETRY)
-    assert ledger.upsert_results(JOB, [retry(cid(2), "newer")]).applied == 1
-    assert items_by_id(database_url)[cid(2)]["error_code"] == "newer"
+    before = items_by_id(database_url)[cid(2)]
+    assert ledger.upsert_results(JOB, [retry(cid(2), "newer")]).applied == 0
+    assert items_by_id(database_url)[cid(2)] == before
 
 
 def test_upsert_across_chunks(ledger: LedgerResource, database_url: str, small_chunks: int) -> None:
@@ -634,7 +637,8 @@ def test_upsert_across_chunks(ledger: LedgerResource, database_url: str, small_c
     before = {c: state(r) for c, r in items.items()}
     again = ledger.upsert_results(JOB, rows)
     assert again.unknown == 0
-    assert again.applied == sum(1 for i in range(4, n) if expected(i) == RETRY)
+    # Not even the retry lines: their items are in retry now, no longer submitted.
+    assert again.applied == 0
     assert_accounted(again)
     assert {c: state(r) for c, r in items_by_id(database_url).items()} == before
 
@@ -700,7 +704,7 @@ def test_upsert_of_one_shards_results_matches_its_items_first_and_still_every_ot
         dead(cid(0), "late"),  # terminal: not applied
         ok(cid(1), "late"),  # terminal: not applied
         ok(cid(2), "moved, answered late"),  # now in the retry shard: still applied
-        dead(cid(3), "moved"),
+        dead(cid(3), "moved"),  # a failure of a moved item: never takes it back
         *[ok(cid(i), f"answer {i}") for i in range(5, n)],
         retry(cid(6)),  # a duplicate: the success stays
         ok(cid(n), "of the other shard"),
@@ -718,10 +722,10 @@ def test_upsert_of_one_shards_results_matches_its_items_first_and_still_every_ot
     stats, items = results["job-shard"]
     assert stats == UpsertStats(
         received=len(lines),
-        applied=len(lines) - 4,
+        applied=len(lines) - 5,
         duplicates=1,
         unknown=1,
-        already_terminal=2,
+        already_terminal=3,
         duplicate_ids=[cid(6)],
     )
     assert items[cid(2)]["result_json"] == "moved, answered late"
@@ -729,6 +733,10 @@ def test_upsert_of_one_shards_results_matches_its_items_first_and_still_every_ot
     assert items[cid(n)]["status"] == SUCCEEDED
     assert items[cid(6)]["status"] == SUCCEEDED
     assert items[cid(4)]["status"] == PENDING  # moved, no line
+    assert (items[cid(3)]["status"], items[cid(3)]["shard_id"]) == (
+        PENDING,
+        shard_id(1, 0, "job-shard"),
+    )
     other_stats, other_items = results["job-any"]
     assert other_stats == stats
 
@@ -957,9 +965,13 @@ def test_reassign_retry_items_to_a_new_shard(
 
     s1 = shard_id(1, 0)
     everything = [(cid(i), 100 * i) for i in range(n)]
-    assert (
-        ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=n - 2), everything) == n - 2
-    )
+    # Built with items that are not in retry (terminal ones): refused, nothing moved.
+    before = snapshot(database_url)
+    with pytest.raises(ShardMismatch, match=f"built with {n} items in retry, but only {n - 2}"):
+        ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=n), everything)
+    assert snapshot(database_url) == before
+    retried = everything[2:]
+    assert ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=n - 2), retried) == n - 2
     items = items_by_id(database_url)
     assert (items[cid(0)]["status"], items[cid(0)]["shard_id"]) == (SUCCEEDED, s0)
     assert (items[cid(1)]["status"], items[cid(1)]["shard_id"]) == (DEAD_LETTER, s0)
@@ -973,9 +985,10 @@ def test_reassign_retry_items_to_a_new_shard(
     assert (shard.round, shard.status, shard.provider_batch_id) == (1, "created", None)
     assert ledger.next_round(JOB) == 2
 
-    # Replayed: the shard exists and nothing is in retry any more.
+    # Replayed: the shard exists and nothing is in retry any more; refused, nothing changes.
     before = snapshot(database_url)
-    assert ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=n - 2), everything) == 0
+    with pytest.raises(ShardMismatch):
+        ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=n - 2), retried)
     assert snapshot(database_url) == before
 
     # The second submission counts a second attempt for exactly the moved items.

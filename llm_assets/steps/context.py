@@ -5,15 +5,21 @@ the steps that talk to a provider, the provider resource. Assets, the CLI, the s
 the benchmarks build a StepContext once and hand it to the step functions.
 """
 
+import contextlib
 import dataclasses
 import datetime as dt
+import logging
+from collections.abc import Callable
 
 from llm_assets import ids
 from llm_assets.resources.ledger import JobRecord, LedgerResource
+from llm_assets.resources.ledger.locks import holder_name
 from llm_assets.resources.pricing import ModelPrice, load_price_table
 from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec import PipelineSpec
+
+_logger = logging.getLogger(__name__)
 
 
 class GateBlocked(Exception):
@@ -91,7 +97,8 @@ class StepContext:
     """One pipeline's day, and the resources its steps use.
 
     `provider` is None where a step needs none (snapshot, validation, reports); `created_by`
-    is written on the job when request_shards creates it.
+    is written on the job when request_shards creates it. `run_id` and `created_by` name the
+    run to another one that waits for its day; `log` hears about such waits.
     """
 
     spec: PipelineSpec
@@ -100,6 +107,8 @@ class StepContext:
     storage: ArtifactStorage
     provider: BatchProvider | None = None
     created_by: str = "dagster"
+    run_id: str | None = None
+    log: Callable[[str], None] | None = None
 
     @property
     def batch_provider(self) -> BatchProvider:
@@ -129,3 +138,10 @@ class StepContext:
 
     def price(self) -> ModelPrice:
         return price_for(self.spec)
+
+    def day_lock(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the day for this step's writes; another run writing it is waited for."""
+        who = self.created_by + (f", run {self.run_id}" if self.run_id else "")
+        return self.ledger.day_lock(
+            self.job_id, holder=holder_name(who), log=self.log or _logger.warning
+        )

@@ -155,7 +155,15 @@ def _staged(
 
 
 def import_results(ctx: StepContext) -> ImportResult:
-    """Import every ended shard by custom_id, then plan retries for what is still open."""
+    """Import every ended shard by custom_id, then plan retries for what is still open.
+
+    Holds the day, so two imports never plan the same items into two retry shards.
+    """
+    with ctx.day_lock():
+        return _import_results(ctx)
+
+
+def _import_results(ctx: StepContext) -> ImportResult:
     ledger = ctx.ledger
     job = ctx.job()
     price = ctx.price()
@@ -276,7 +284,17 @@ def requeue_dead_letters(
 ) -> RequeueResult:
     """Send chosen dead letters (by class and/or custom_id or source id) back, rendered again
     from the current snapshot and spec, so a fixed prompt or fixed source row is what gets
-    sent; each send is a new attempt."""
+    sent; each send is a new attempt.
+
+    Holds the day, so an item is requeued into one shard however many runs ask.
+    """
+    with ctx.day_lock():
+        return _requeue_dead_letters(ctx, classes=classes, chosen_ids=chosen_ids)
+
+
+def _requeue_dead_letters(
+    ctx: StepContext, *, classes: set[str] | None = None, chosen_ids: set[str] | None = None
+) -> RequeueResult:
     spec, ledger = ctx.spec, ctx.ledger
     job = ctx.job()
     chosen = {

@@ -135,7 +135,7 @@ def run_online_shard(
 
     def deliver(results: list[ItemResult]) -> None:
         rows = (ledger_row(r, price, spec.model.name, batch=False) for r in results)
-        ledger.upsert_results(ctx.job_id, rows)
+        ledger.upsert_results(ctx.job_id, rows, shard_id=shard.shard_id)
         failpoint("online.after_checkpoint")
 
     work = OnlineWork(

@@ -144,14 +144,17 @@ class ShardRound:
     def shard_id(self, index: int) -> str:
         return ids.shard_id(self.job.job_id, self.round_no, index)
 
-    def write_file(self, index: int, lines: Sequence[tuple[str, bytes]]) -> WrittenArtifact:
-        """The shard's request lines, in order, at the shard's key."""
+    def write_file(
+        self, index: int, lines: Sequence[tuple[str, bytes]], *, name: str = ""
+    ) -> WrittenArtifact:
+        """The shard's request lines, in order, at the shard's key (or, given a `name`, at
+        that name beside it)."""
         key = artifact_key(
             "shards",
             self.ctx.spec.name,
             self.job.partition_date.isoformat(),
             self.job.job_id,
-            f"{self.shard_id(index)}.jsonl",
+            f"{name or self.shard_id(index)}.jsonl",
         )
         return self.ctx.storage.write_lines(key, (line for _, line in lines))
 
@@ -279,7 +282,15 @@ class _Intake:
 
 
 def build_shards(ctx: StepContext) -> ShardsResult:
-    """Turn snapshot rows the ledger has not seen into request shards and input dead letters."""
+    """Turn snapshot rows the ledger has not seen into request shards and input dead letters.
+
+    Holds the day: a second run waits, then finds the snapshot rows known and adds nothing.
+    """
+    with ctx.day_lock():
+        return _build_shards(ctx)
+
+
+def _build_shards(ctx: StepContext) -> ShardsResult:
     spec, ledger = ctx.spec, ctx.ledger
     snapshot_uri = ctx.snapshot_uri()
     job = ctx.job_or_create()

@@ -9,10 +9,19 @@ from collections.abc import Callable
 from pydantic import BaseModel
 
 from llm_assets.failpoints import failpoint
-from llm_assets.resources.ledger import DEAD_LETTER, PENDING, JobRecord, ShardRecord, utcnow
+from llm_assets.resources.ledger import (
+    DEAD_LETTER,
+    PENDING,
+    JobRecord,
+    ShardMismatch,
+    ShardRecord,
+    utcnow,
+)
 from llm_assets.resources.providers.base import IN_FLIGHT_STATES, ShardState, ShardSubmission
 from llm_assets.steps.context import GateBlocked, StepContext
+from llm_assets.steps.line_ids import request_lines
 from llm_assets.steps.online import OnlineInterrupted, run_online_shard, stop_on_sigterm
+from llm_assets.steps.shards import ShardRound, line_offsets
 
 _WAITING = (ShardState.CREATED, ShardState.UPLOADED)
 
@@ -161,6 +170,9 @@ class _Submitter:
                 return
             if current is None or current.provider_batch_id is not None:
                 return  # submitted by another run since it was listed
+            current = _as_pending(self.ctx, current)
+            if current is None:
+                return
             refusal = self.ctx.batch_provider.below_minimum_reason(
                 self.ctx.spec, current.shard_id, current.item_count
             )
@@ -201,6 +213,51 @@ class _Submitter:
         ctx.ledger.mark_submitted(shard.shard_id, batch_id, ShardState.SUBMITTED)
         failpoint("submit.after_record")
         return batch_id
+
+
+def _as_pending(ctx: StepContext, shard: ShardRecord) -> ShardRecord | None:
+    """The shard as it may be sent: its request lines are exactly its items pending in the
+    ledger. Items that took a result since the shard was built (a late answer to an earlier
+    attempt) are left out of a narrowed copy of its file; a shard left with none is closed
+    unsent (None). A shard that would send items the ledger gives elsewhere is never sent."""
+    pending = ctx.ledger.count_pending(shard.shard_id)
+    if pending == shard.item_count:
+        return shard
+    if pending > shard.item_count or shard.submit_intent_at is not None:
+        raise ShardMismatch(
+            f"shard {shard.shard_id} lists {shard.item_count} requests but {pending} of its "
+            "items are pending in the ledger; it was not sent"
+            + (" (a submission of it was begun before)" if shard.submit_intent_at else "")
+        )
+    now = utcnow()
+    offsets = ctx.ledger.pending_offsets(shard.shard_id)
+    if not offsets:
+        ctx.ledger.update_shard(
+            shard.shard_id,
+            expect_status=list(_WAITING),
+            status=ShardState.IMPORTED.value,
+            raw_status="nothing_pending",
+            message="every item took a result before the shard was sent",
+            ended_at=now,
+            imported_at=now,
+        )
+        return None
+    lines = request_lines(
+        ctx.storage, shard.input_uri, offsets, id_field=ctx.batch_provider.line_id_field
+    )
+    key = shard.input_uri.rsplit("/", 1)[-1].removesuffix(".jsonl")
+    written = ShardRound(ctx, ctx.job(), shard.round).write_file(
+        shard.shard_index, lines, name=f"{key}.pending-{len(lines)}"
+    )
+    ctx.ledger.narrow_shard(
+        shard.shard_id,
+        line_offsets(lines),
+        input_uri=written.uri,
+        size_bytes=written.size_bytes,
+        content_sha256=written.sha256,
+        item_count=len(lines),
+    )
+    return ctx.ledger.get_shard(shard.shard_id)
 
 
 def _dead_letter_unsendable(ctx: StepContext, shard: ShardRecord, reason: str) -> None:

@@ -220,7 +220,15 @@ def _result(ctx: StepContext, gate: _Gate, uri: str, counts: JobCounts) -> Valid
 
 def validate_outputs(ctx: StepContext) -> ValidateResult:
     """Parse succeeded results with pydantic, then check them as a frame with pandera; every
-    failure becomes a quality dead letter naming the rule and the offending value."""
+    failure becomes a quality dead letter naming the rule and the offending value.
+
+    Holds the day: validating it again replaces its outputs, never collides with another run.
+    """
+    with ctx.day_lock():
+        return _validate_outputs(ctx)
+
+
+def _validate_outputs(ctx: StepContext) -> ValidateResult:
     import pyarrow.parquet as pq
 
     ledger = ctx.ledger

@@ -9,6 +9,7 @@ import json
 import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -205,6 +206,8 @@ class BatchLifecycle:
     count_unrun_as_failed: bool
     responder: Responder | None
     cached_tokens: int
+    billed: Counter[str]
+    dropped: Counter[str]
 
     def _step(self, batch: JSON) -> None:
         """Move a batch one status on."""
@@ -322,10 +325,13 @@ class BatchLifecycle:
                 counts["failed"] += 1
             elif fault == "missing":
                 counts["completed"] += 1
+                self.billed[custom_id] += 1  # run and paid for, but its line is lost
+                self.dropped[custom_id] += 1
             else:
                 success = self._success_line(batch, custom_id, body, counts)
                 output += [success, success] if fault == "duplicate" else [success]
                 counts["completed"] += 1
+                self.billed[custom_id] += 1
         return output, error_lines, counts
 
     def _success_line(

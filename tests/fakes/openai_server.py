@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -80,6 +81,9 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
     responder: body -> assistant content, instead of `default_responder`.
     cached_tokens: prompt tokens reported as read from the prompt cache (at most the prompt).
         Token counts are OpenAI's: the model's BPE plus the chat framing.
+    billed: custom_id -> how many times a batch ran its request to an answer (what OpenAI
+        bills); dropped: how many of those answers the fake then left out of the output
+        ("missing").
 
     faults: control-plane faults matched by method and path substring (query included). A
         fault answers with its `status` (and `retry-after` when `retry_after` is set), or resets
@@ -107,6 +111,8 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         self.count_unrun_as_failed: bool = True
         self.responder: Responder | None = None
         self.cached_tokens: int = 0
+        self.billed: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()
         self._lock = threading.RLock()
 
     @property

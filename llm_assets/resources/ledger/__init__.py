@@ -5,11 +5,14 @@ ignores what already exists or an upsert keyed by `(job_id, custom_id)` that nev
 terminal row, so re-running any step adds nothing twice and loses nothing.
 
 Modules by job: `tables` and `schema` (tables, engines, upgrades), `bulk` (COPY, staging, the
-writer thread), `jobs`, `shards` (with the submission lock), `items`, `results` (imports),
-`budget`, `reporting` and `outputs`; `LedgerResource` is the one Dagster resource over them.
+writer thread), `jobs`, `shards`, `locks` (a shard's submission, a day's writes), `items`,
+`results` (imports), `budget`, `reporting` and `outputs`; `LedgerResource` is the one
+Dagster resource over them.
 """
 
 from llm_assets.resources.ledger.bulk import BackgroundWriter
+from llm_assets.resources.ledger.items import ShardMismatch
+from llm_assets.resources.ledger.locks import DayBusy
 from llm_assets.resources.ledger.records import (
     JobCounts,
     JobRecord,
@@ -55,9 +58,11 @@ __all__ = [
     "SUCCEEDED",
     "TERMINAL",
     "BackgroundWriter",
+    "DayBusy",
     "JobCounts",
     "JobRecord",
     "LedgerResource",
+    "ShardMismatch",
     "ShardRecord",
     "StagedResults",
     "UpsertStats",

@@ -1,6 +1,7 @@
 """Item rows: inserted with their shard, moved between statuses and shards, read back and
 counted."""
 
+import datetime as dt
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -25,6 +26,25 @@ def status_in(statuses: Iterable[str]) -> str:
     if unknown:
         raise ValueError(f"unknown item status {sorted(unknown)}")
     return ", ".join(f"'{s}'" for s in statuses)
+
+
+class ShardMismatch(Exception):
+    """A shard would be recorded with other items than it was built with; nothing of it
+    was recorded."""
+
+
+def record_new_shard(conn: Connection, shard: dict[str, Any], now: dt.datetime) -> None:
+    """Insert a shard row that must be new: a shard id is recorded once, with its items."""
+    inserted = conn.execute(
+        dialect_insert(conn, shard_table)
+        .values(**shard, status="created", created_at=now, updated_at=now)
+        .on_conflict_do_nothing()
+    ).rowcount
+    if inserted != 1:
+        raise ShardMismatch(
+            f"shard {shard['shard_id']} is in the ledger already; it was built again by a "
+            "run that did not hold its day, and nothing of it was recorded"
+        )
 
 
 def insert_items(conn: Connection, items: Sequence[dict[str, Any]], now: Any) -> int:
@@ -105,18 +125,15 @@ def move_into_shard(
     from_status: str,
 ) -> int:
     """Record a new shard and move its items (custom_id, request_offset in its file) from
-    `from_status` into it, pending, atomically; returns how many moved."""
+    `from_status` into it, pending, atomically: all of them or, with ShardMismatch, none
+    (and no shard). Returns how many moved."""
     now = utcnow()
     # The last attempt's cost stays with the shard that paid it.
     sets = f"status = '{PENDING}', prior_cost_usd = r.prior_cost_usd + r.cost_usd, cost_usd = 0, "
     guard = f"status = {status_in([from_status])}"
     moved = 0
     with engine.begin() as conn:
-        conn.execute(
-            dialect_insert(conn, shard_table)
-            .values(**shard, status="created", created_at=now, updated_at=now)
-            .on_conflict_do_nothing()
-        )
+        record_new_shard(conn, shard, now)
         bulk = Bulk(conn)
         for chunk in chunked(lines, limits.BULK_CHUNK):
             if not bulk.postgres:
@@ -140,6 +157,12 @@ def move_into_shard(
                 {"shard": shard["shard_id"], "now": now, "job": job_id},
             )
             moved += int(bulk.cursor.rowcount)
+        if moved != len(lines):
+            raise ShardMismatch(
+                f"shard {shard['shard_id']} was built with {len(lines)} items in "
+                f"{from_status}, but only {moved} of them still were; nothing of it was "
+                "recorded and no item moved"
+            )
     return moved
 
 

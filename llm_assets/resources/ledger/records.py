@@ -120,6 +120,8 @@ class UpsertStats(BaseModel):
     duplicates: int = 0
     unknown: int = 0
     already_terminal: int = 0
+    """Lines not applied to their item: it is terminal already, or the line is a failure
+    and the item is no longer `submitted` in the shard whose results these are."""
     duplicate_ids: list[str] = []
     """Up to 100 custom_ids seen more than once in the import, for the duplicates check."""
 

@@ -14,6 +14,7 @@ from llm_assets.resources.ledger import (
     budget,
     items,
     jobs,
+    locks,
     outputs,
     reporting,
     results,
@@ -51,6 +52,9 @@ class LedgerResource(dg.ConfigurableResource):
     """Typed access to the ledger tables; creates them on first use."""
 
     database_url: str
+    day_lock_wait_seconds: float = locks.DAY_LOCK_WAIT_SECONDS
+    """How long a run waits for another run writing the same day before it fails with
+    DayBusy (it changed nothing then, and can simply run again)."""
 
     _ready: bool = PrivateAttr(default=False)
 
@@ -183,8 +187,33 @@ class LedgerResource(dg.ConfigurableResource):
     @contextlib.contextmanager
     def submission_lock(self, shard_id: str) -> Iterator[bool]:
         """Hold the right to submit one shard; yields False when another process holds it."""
-        with shards.submission_lock(self.engine, shard_id) as got:
+        with locks.submission_lock(self.engine, shard_id) as got:
             yield got
+
+    @contextlib.contextmanager
+    def day_lock(
+        self, job_id: str, *, holder: str, log: Callable[[str], None] | None = None
+    ) -> Iterator[None]:
+        """Hold the right to write a job's day, waiting up to `day_lock_wait_seconds` for
+        another run that holds it (see locks.day_lock)."""
+        with locks.day_lock(
+            self.engine,
+            job_id,
+            holder=holder,
+            wait_seconds=self.day_lock_wait_seconds,
+            log=log,
+        ):
+            yield
+
+    def count_pending(self, shard_id: str) -> int:
+        return shards.count_pending(self.engine, shard_id)
+
+    def pending_offsets(self, shard_id: str) -> dict[str, int | None]:
+        return shards.pending_offsets(self.engine, shard_id)
+
+    def narrow_shard(self, shard_id: str, lines: Sequence[tuple[str, int]], **values: Any) -> None:
+        """A shard not sent yet, rewritten with only its pending items' lines."""
+        shards.narrow_shard(self.engine, shard_id, lines, **values)
 
     def mark_submitted(self, shard_id: str, provider_batch_id: str, status: str) -> None:
         shards.mark_submitted(self.engine, shard_id, provider_batch_id, status)

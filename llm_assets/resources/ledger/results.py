@@ -20,6 +20,7 @@ from llm_assets.resources.ledger.records import UpsertStats, utcnow
 from llm_assets.resources.ledger.tables import result_table
 from llm_assets.result_rows import (
     RESULT_COLUMNS,
+    SUBMITTED,
     SUCCEEDED,
     TERMINAL,
     ResultStager,
@@ -193,15 +194,23 @@ def apply_staged(
         return _apply_postgres(bulk, job_id, rows, now, override, shard_id)
     if override:
         return _override_sqlite(bulk, job_id, rows, now)
-    return _apply_sqlite(bulk, job_id, rows, now)
+    return _apply_sqlite(bulk, job_id, rows, now, shard_id)
 
 
-def _guard(override: bool, r: str, now: str) -> str:
-    """Which rows may be written: `r` is the table's alias, `now` the time's parameter."""
+def _guard(override: bool, r: str, now: str, shard: str | None = None) -> str:
+    """Which rows may be written: `r` is the table's alias, `now` the time's parameter and
+    `shard` the parameter of the shard whose results these are (None: any shard).
+
+    A success is taken by any item that is not terminal yet. A failure changes an item only
+    while it is `submitted` in that same shard: a late or repeated failure never takes back
+    an item already planned into a retry shard or sent again."""
     if override:
         return f"{r}status <> '{SUCCEEDED}' AND {r}updated_at = {now}"
     terminal = ", ".join(f"'{s}'" for s in TERMINAL)
-    return f"{r}status NOT IN ({terminal})"
+    sent_here = f"{r}status = '{SUBMITTED}'"
+    if shard is not None:
+        sent_here += f" AND {r}shard_id = {shard}"
+    return f"{r}status NOT IN ({terminal}) AND (s.status = '{SUCCEEDED}' OR ({sent_here}))"
 
 
 _SETS = ", ".join(f"{k} = s.{k}" for k in RESULT_COLUMNS)
@@ -216,7 +225,7 @@ def _apply_postgres(
     update = (
         f"UPDATE {_TABLE} AS r SET {_SETS}, updated_at = %(now)s FROM {bulk.STAGE} AS s "
         f"WHERE r.job_id = %(job)s AND r.custom_id = s.custom_id "
-        f"AND {_guard(override, 'r.', '%(now)s')}"
+        f"AND {_guard(override, 'r.', '%(now)s', '%(shard)s' if shard_id else None)}"
     )
     applied = Applied()
     left = len(rows)
@@ -272,7 +281,9 @@ def _override_sqlite(bulk: Bulk, job_id: str, rows: list[Any], now: Any) -> Appl
     return Applied(count=bulk.executemany(update, params, encoded=True))
 
 
-def _apply_sqlite(bulk: Bulk, job_id: str, rows: list[Any], now: Any) -> Applied:
+def _apply_sqlite(
+    bulk: Bulk, job_id: str, rows: list[Any], now: Any, shard_id: str | None
+) -> Applied:
     """SQLite: the chunk into a temporary table, applied by one statement (SQLite works
     without the GIL for all of it, not between per-row binds of an executemany)."""
     columns = ["custom_id", *RESULT_COLUMNS]
@@ -284,8 +295,9 @@ def _apply_sqlite(bulk: Bulk, job_id: str, rows: list[Any], now: Any) -> Applied
     bulk.executemany(f"INSERT INTO {stage} VALUES ({marks})", rows, encoded=True)
     bulk.execute(
         f"UPDATE {_TABLE} AS r SET {_SETS}, updated_at = ? FROM {stage} AS s "
-        f"WHERE r.job_id = ? AND r.custom_id = s.custom_id AND {_guard(False, 'r.', '?')}",
-        (bulk.value(now), job_id),
+        f"WHERE r.job_id = ? AND r.custom_id = s.custom_id "
+        f"AND {_guard(False, 'r.', '?', '?' if shard_id else None)}",
+        (bulk.value(now), job_id, *([shard_id] if shard_id else [])),
     )
     applied = Applied(count=max(bulk.cursor.rowcount, 0))
     if applied.count < len(rows):

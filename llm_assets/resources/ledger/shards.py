@@ -1,22 +1,16 @@
-"""Shards: recorded with their items, moved through their states by compare-and-set,
-submitted under a lock that dies with its holder, and closed with what they were billed."""
+"""Shards: recorded with exactly their items, moved through their states by compare-and-set,
+and closed with what they were billed. Their locks are in `locks`."""
 
-import contextlib
 import datetime as dt
-import hashlib
-import os
-from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from llm_assets import file_lock
 from llm_assets.resources.ledger import limits
-from llm_assets.resources.ledger.items import insert_items
+from llm_assets.resources.ledger.items import ShardMismatch, insert_items, record_new_shard
 from llm_assets.resources.ledger.records import ShardRecord, utcnow
-from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import reservation_table, result_table, shard_table
 from llm_assets.result_rows import PENDING, SUBMITTED
 
@@ -27,19 +21,23 @@ BILLED = {"input_tokens", "cached_input_tokens", "output_tokens", "cost_usd"}
 def add_shard_with_items(
     engine: Engine, shard: dict[str, Any], new_items: Sequence[dict[str, Any]]
 ) -> int:
-    """Record a new shard and its items in one transaction; returns items inserted.
+    """Record a new shard and exactly its items in one transaction; returns items inserted.
 
-    Items already in the ledger are left alone, so a crash between writing the shard file and
-    this call is repaired by simply running the step again.
+    The shard and its items go in together or not at all (ShardMismatch when any of its
+    items is in the ledger already), so a crash between writing the shard file and this
+    call is repaired by running the step again.
     """
     now = utcnow()
     with engine.begin() as conn:
-        conn.execute(
-            dialect_insert(conn, shard_table)
-            .values(**shard, status="created", created_at=now, updated_at=now)
-            .on_conflict_do_nothing()
-        )
-        return insert_items(conn, new_items, now)
+        record_new_shard(conn, shard, now)
+        inserted = insert_items(conn, new_items, now)
+        if inserted != len(new_items):
+            raise ShardMismatch(
+                f"shard {shard['shard_id']} was built with {len(new_items)} new items, but "
+                f"{len(new_items) - inserted} of them are in the ledger already; nothing of "
+                "it was recorded"
+            )
+        return inserted
 
 
 def shards(engine: Engine, job_id: str, statuses: Iterable[str] | None = None) -> list[ShardRecord]:
@@ -74,57 +72,6 @@ def update_shard(
         query = query.where(shard_table.c.status.in_(list(expect_status)))
     with engine.begin() as conn:
         return conn.execute(query.values(**values, updated_at=utcnow())).rowcount > 0
-
-
-@contextlib.contextmanager
-def submission_lock(engine: Engine, shard_id: str) -> Iterator[bool]:
-    """Hold the right to submit one shard; yields False when another process holds it.
-
-    Two runs of the same day (a sensor's and a backfill's) must not both create a batch for a
-    shard. The lock dies with its holder, so a crashed run never blocks the next one, which
-    then reconciles from the recorded intent: a PostgreSQL advisory lock on its own
-    connection, or an flock beside a SQLite ledger file.
-    """
-    if engine.dialect.name == "postgresql":
-        with _advisory_lock(engine, shard_id) as got:
-            yield got
-        return
-    database = engine.url.database
-    if not database or database == ":memory:":
-        yield True
-        return
-    with _file_lock(Path(f"{database}.submission-locks"), shard_id) as got:
-        yield got
-
-
-@contextlib.contextmanager
-def _advisory_lock(engine: Engine, shard_id: str) -> Iterator[bool]:
-    """Advisory locks belong to the whole database, so the key includes the ledger's schema:
-    two ledgers in one database never block each other's shards."""
-    with engine.connect() as conn:
-        schema = conn.execute(sa.select(sa.func.current_schema())).scalar() or ""
-        scoped = hashlib.sha256(f"{schema}\0{shard_id}".encode()).digest()
-        key = int.from_bytes(scoped[:8], "big", signed=True)
-        got = bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(key))).scalar())
-        conn.commit()
-        try:
-            yield got
-        finally:
-            if got:
-                conn.execute(sa.select(sa.func.pg_advisory_unlock(key)))
-                conn.commit()
-
-
-@contextlib.contextmanager
-def _file_lock(folder: Path, shard_id: str) -> Iterator[bool]:
-    digest = hashlib.sha256(shard_id.encode()).digest()
-    folder.mkdir(exist_ok=True)
-    fd = os.open(folder / f"{digest.hex()[:32]}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        with file_lock.exclusive(fd) as taken:
-            yield taken
-    finally:
-        os.close(fd)
 
 
 def mark_submitted(engine: Engine, shard_id: str, provider_batch_id: str, status: str) -> None:
@@ -223,3 +170,55 @@ def _settle(conn: Connection, shard_id: str, totals: Sequence[Any], now: dt.date
         .where(reservation_table.c.shard_id == shard_id)
         .values(actual_usd=float(cost), settled_at=now)
     )
+
+
+def count_pending(engine: Engine, shard_id: str) -> int:
+    """How many of a shard's items wait to be sent in it."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.select(sa.func.count()).where(
+                    result_table.c.shard_id == shard_id, result_table.c.status == PENDING
+                )
+            ).scalar()
+            or 0
+        )
+
+
+def pending_offsets(engine: Engine, shard_id: str) -> dict[str, int | None]:
+    """Where the line of each of a shard's pending items starts in its file."""
+    query = sa.select(result_table.c.custom_id, result_table.c.request_offset).where(
+        result_table.c.shard_id == shard_id, result_table.c.status == PENDING
+    )
+    with engine.connect() as conn:
+        return {cid: offset for cid, offset in conn.execute(query)}
+
+
+def narrow_shard(
+    engine: Engine, shard_id: str, lines: Sequence[tuple[str, int]], **values: Any
+) -> None:
+    """A shard not sent yet, rewritten with only its pending items' lines: its row gets
+    `values` (file, size, item count) and each item its new offset, all or nothing."""
+    now = utcnow()
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(shard_table)
+            .where(shard_table.c.shard_id == shard_id, shard_table.c.provider_batch_id.is_(None))
+            .values(**values, updated_at=now)
+        )
+        moved = 0
+        for cid, offset in lines:
+            moved += conn.execute(
+                sa.update(result_table)
+                .where(
+                    result_table.c.shard_id == shard_id,
+                    result_table.c.custom_id == cid,
+                    result_table.c.status == PENDING,
+                )
+                .values(request_offset=offset, updated_at=now)
+            ).rowcount
+        if moved != len(lines):
+            raise ShardMismatch(
+                f"shard {shard_id}: {len(lines) - moved} of the {len(lines)} items of its "
+                "rewritten file are no longer pending in it; nothing was changed"
+            )
