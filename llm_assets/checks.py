@@ -34,28 +34,45 @@ def batch_results_check_specs(key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
     ]
 
 
+def _result(
+    name: str,
+    passed: bool,
+    severity: dg.AssetCheckSeverity,
+    metadata: dict[str, Any],
+    failure: str | None = None,
+) -> dg.AssetCheckResult:
+    """One check's result; `failure` says what went wrong and is shown only when it failed."""
+    return dg.AssetCheckResult(
+        check_name=name,
+        passed=passed,
+        severity=severity,
+        metadata=metadata,
+        description=None if passed else failure,
+    )
+
+
 def missing_results_check(missing: Sequence[str], counts: JobCounts) -> dg.AssetCheckResult:
     terminal = counts.total > 0 and counts.open == 0
-    return dg.AssetCheckResult(
-        check_name=NO_MISSING_RESULTS,
-        passed=not missing,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
+    return _result(
+        NO_MISSING_RESULTS,
+        not missing,
+        dg.AssetCheckSeverity.ERROR,
+        {
             "job_terminal": terminal,
             "missing_results": len(missing),
             "open_items": counts.open,
             "custom_ids": dg.MetadataValue.md(id_table(missing)) if missing else "",
         },
-        description=None if not missing else f"{len(missing)} items were sent and never answered",
+        f"{len(missing)} items were sent and never answered",
     )
 
 
 def duplicate_results_check(duplicates: int, custom_ids: Sequence[str]) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(
-        check_name=NO_DUPLICATE_RESULTS,
-        passed=duplicates == 0,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
+    return _result(
+        NO_DUPLICATE_RESULTS,
+        duplicates == 0,
+        dg.AssetCheckSeverity.WARN,
+        {
             "duplicate_lines": duplicates,
             "custom_ids": dg.MetadataValue.md(id_table(custom_ids)) if custom_ids else "",
         },
@@ -139,63 +156,59 @@ def validated_outputs_checks(
 
 
 def _output_schema_check(schema_failures: Sequence[dict[str, Any]]) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(
-        check_name=OUTPUT_SCHEMA,
-        passed=not schema_failures,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
+    return _result(
+        OUTPUT_SCHEMA,
+        not schema_failures,
+        dg.AssetCheckSeverity.ERROR,
+        {
             "failing_rows": len(schema_failures),
             "failure_cases": dg.MetadataValue.md(case_table(schema_failures)),
         },
-        description=None if not schema_failures else "the published frame breaks the schema",
+        "the published frame breaks the schema",
     )
 
 
 def _quality_failure_rate_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
-    rate_ok = result.failure_rate <= spec.quality.max_failure_rate
-    return dg.AssetCheckResult(
-        check_name=QUALITY_FAILURE_RATE,
-        passed=rate_ok,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
+    limit = spec.quality.max_failure_rate
+    return _result(
+        QUALITY_FAILURE_RATE,
+        result.failure_rate <= limit,
+        dg.AssetCheckSeverity.ERROR,
+        {
             "failure_rate": result.failure_rate,
-            "max_failure_rate": spec.quality.max_failure_rate,
+            "max_failure_rate": limit,
             "quality_dead_letters": result.quality_dead_letters,
             "valid_rows": result.valid_rows,
             "failures_by_rule": result.quality_failures,
             "failure_cases": dg.MetadataValue.md(case_table(result.failure_cases)),
         },
-        description=None
-        if rate_ok
-        else f"quality failure rate {result.failure_rate:.1%} is over "
-        f"quality.max_failure_rate {spec.quality.max_failure_rate:.1%}",
+        f"quality failure rate {result.failure_rate:.1%} is over "
+        f"quality.max_failure_rate {limit:.1%}",
     )
 
 
 def _outputs_complete_check(result: Any) -> dg.AssetCheckResult:
-    complete = result.open_items == 0 and not result.missing_results
-    return dg.AssetCheckResult(
-        check_name=OUTPUTS_COMPLETE,
-        passed=complete,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
+    missing = len(result.missing_results)
+    return _result(
+        OUTPUTS_COMPLETE,
+        result.open_items == 0 and not missing,
+        dg.AssetCheckSeverity.ERROR,
+        {
             "open_items": result.open_items,
-            "missing_results": len(result.missing_results),
+            "missing_results": missing,
             "custom_ids": dg.MetadataValue.md(id_table(result.missing_results)),
         },
-        description=None
-        if complete
-        else f"{result.open_items} items still open, {len(result.missing_results)} never answered",
+        f"{result.open_items} items still open, {missing} never answered",
     )
 
 
 def _low_confidence_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
     share = (result.low_confidence_rows or 0) / result.valid_rows if result.valid_rows else 0.0
-    return dg.AssetCheckResult(
-        check_name=LOW_CONFIDENCE_SHARE,
-        passed=share <= spec.quality.max_low_confidence_share,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
+    return _result(
+        LOW_CONFIDENCE_SHARE,
+        share <= spec.quality.max_low_confidence_share,
+        dg.AssetCheckSeverity.WARN,
+        {
             "share_below_min_confidence": share,
             "rows_below_min_confidence": result.low_confidence_rows or 0,
             "min_confidence": spec.quality.min_confidence,
@@ -206,11 +219,11 @@ def _low_confidence_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResul
 
 def _label_shift_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
     shift = result.label_shift
-    return dg.AssetCheckResult(
-        check_name=LABEL_DISTRIBUTION_SHIFT,
-        passed=shift is None or shift <= spec.quality.max_label_shift,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
+    return _result(
+        LABEL_DISTRIBUTION_SHIFT,
+        shift is None or shift <= spec.quality.max_label_shift,
+        dg.AssetCheckSeverity.WARN,
+        {
             "total_variation": shift if shift is not None else -1.0,
             "baseline_partitions": spec.quality.shift_window,
             "has_baseline": bool(result.baseline_distribution),
@@ -238,18 +251,18 @@ def budget_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
 
 def budget_check(gate: Any) -> dg.AssetCheckResult:
     """The result of steps.budget_gate as a blocking check."""
-    return dg.AssetCheckResult(
-        check_name=BUDGET,
-        passed=gate.passed,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
+    return _result(
+        BUDGET,
+        gate.passed,
+        dg.AssetCheckSeverity.ERROR,
+        {
             "upper_bound_usd": gate.committed_usd,
             "max_usd_per_partition": gate.limit_usd if gate.limit_usd is not None else -1.0,
             "approved_usd": gate.approved_usd if gate.approved_usd is not None else -1.0,
             "approved_by": gate.approved_by or "",
             "reason": gate.reason,
         },
-        description=None if gate.passed else gate.reason,
+        gate.reason,
     )
 
 
@@ -272,19 +285,17 @@ def cost_drift_check(drift: Any) -> dg.AssetCheckResult:
         }
         for name, value in drift.current.items()
     ]
-    return dg.AssetCheckResult(
-        check_name=COST_DRIFT,
-        passed=not drift.drifted,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
+    return _result(
+        COST_DRIFT,
+        not drift.drifted,
+        dg.AssetCheckSeverity.WARN,
+        {
             "drifted": ", ".join(drift.drifted),
             "history_partitions": drift.history,
             "drift_factor": drift.factor,
             **{f"ratio_{name}": ratio for name, ratio in drift.ratio.items()},
             "comparison": dg.MetadataValue.md(case_table(rows)),
         },
-        description=None
-        if not drift.drifted
-        else f"{', '.join(drift.drifted)} moved more than {drift.factor}x from the trailing "
+        f"{', '.join(drift.drifted)} moved more than {drift.factor}x from the trailing "
         f"median of {drift.history} partition(s)",
     )

@@ -10,7 +10,7 @@ import datetime as dt
 import functools
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import dagster as dg
 
@@ -264,59 +264,28 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
     return validated_outputs
 
 
-def _reporting_step(
-    pipe: _Pipeline,
-    step: str,
-    run: Callable[[steps.StepContext], _R],
-    report: Callable[[PipelineSpec, _R], dict[str, Any]],
-    **asset_kwargs: Any,
-) -> dg.AssetsDefinition:
-    """An asset whose body runs one step and reports its result as metadata, for the steps
-    that have no checks of their own."""
+@dataclasses.dataclass(frozen=True)
+class _ReportingStep(Generic[_R]):
+    """A step asset with no checks of its own, built for a pipeline by calling it: its body
+    runs the step and reports the result as metadata."""
 
-    @pipe.asset(step, **asset_kwargs)
-    def reporting_step(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        ctx = pipe.context(context)
-        result = _run_step(lambda: run(ctx))
-        return dg.MaterializeResult(metadata=report(pipe.spec, result))
+    step: str
+    run: Callable[[steps.StepContext], _R]
+    report: Callable[[PipelineSpec, _R], dict[str, Any]]
+    description: str
+    kinds: frozenset[str]
+    after: tuple[str, ...] = ("validated_outputs",)
 
-    return reporting_step
+    def __call__(self, pipe: _Pipeline) -> dg.AssetsDefinition:
+        @pipe.asset(
+            self.step, after=self.after, description=self.description, kinds=set(self.kinds)
+        )
+        def reporting_step(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+            ctx = pipe.context(context)
+            result = _run_step(lambda: self.run(ctx))
+            return dg.MaterializeResult(metadata=self.report(pipe.spec, result))
 
-
-def _published_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
-    return _reporting_step(
-        pipe,
-        "published_outputs",
-        steps.publish_outputs,
-        asset_metadata.published_metadata,
-        after=["validated_outputs"],
-        description="The hand-off to consumers; never materialized past a failed blocking check.",
-        kinds={"parquet"},
-    )
-
-
-def _qa_sample(pipe: _Pipeline) -> dg.AssetsDefinition:
-    return _reporting_step(
-        pipe,
-        "qa_sample",
-        steps.qa_sample,
-        asset_metadata.sample_metadata,
-        after=["validated_outputs"],
-        description="Validated rows drawn with a fixed seed per partition, for spot checks.",
-        kinds={"jsonl"},
-    )
-
-
-def _dead_letter(pipe: _Pipeline) -> dg.AssetsDefinition:
-    return _reporting_step(
-        pipe,
-        "dead_letter",
-        steps.export_dead_letters,
-        asset_metadata.dead_letter_metadata,
-        after=["request_shards", "batch_results", "validated_outputs"],
-        description="Every item that will not succeed, with its class and reason.",
-        kinds={"jsonl"},
-    )
+        return reporting_step
 
 
 def _cost_report(pipe: _Pipeline) -> dg.AssetsDefinition:
@@ -345,9 +314,28 @@ _BUILDERS: tuple[Callable[[_Pipeline], dg.AssetsDefinition], ...] = (
     _provider_batches,
     _batch_results,
     _validated_outputs,
-    _published_outputs,
-    _qa_sample,
-    _dead_letter,
+    _ReportingStep(
+        "published_outputs",
+        steps.publish_outputs,
+        asset_metadata.published_metadata,
+        "The hand-off to consumers; never materialized past a failed blocking check.",
+        frozenset({"parquet"}),
+    ),
+    _ReportingStep(
+        "qa_sample",
+        steps.qa_sample,
+        asset_metadata.sample_metadata,
+        "Validated rows drawn with a fixed seed per partition, for spot checks.",
+        frozenset({"jsonl"}),
+    ),
+    _ReportingStep(
+        "dead_letter",
+        steps.export_dead_letters,
+        asset_metadata.dead_letter_metadata,
+        "Every item that will not succeed, with its class and reason.",
+        frozenset({"jsonl"}),
+        after=("request_shards", "batch_results", "validated_outputs"),
+    ),
     _cost_report,
 )
 

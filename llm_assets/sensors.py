@@ -13,14 +13,16 @@
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import dagster as dg
 
 from llm_assets import notify, steps
-from llm_assets.factory import STEPS, asset_key
+from llm_assets.factory import STEPS, asset_key, partitions_for
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import ENDED_STATES, IN_FLIGHT_STATES, BatchProvider
@@ -218,11 +220,7 @@ def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDe
     """Submit the days a new or changed source file touches, once per file version."""
     source = settings.resolve_source_uri(spec.source.uri)
     submit_keys = [asset_key(spec, step) for step in SUBMIT_STEPS]
-    partitions = dg.DailyPartitionsDefinition(
-        start_date=spec.partitions.start_date.isoformat(),
-        timezone=spec.partitions.timezone,
-        end_offset=spec.partitions.end_offset,
-    )
+    partitions = partitions_for(spec)
 
     @dg.sensor(
         name=new_data_sensor_name(spec),
@@ -322,27 +320,41 @@ def _notify_partition(
     notify.deliver(spec, summary)
 
 
+_NOTIFICATIONS = (
+    (
+        "finished",
+        functools.partial(dg.run_status_sensor, run_status=dg.DagsterRunStatus.SUCCESS),
+        "When a day's cost report is written: a summary (items, dead letters by class, cost, "
+        "duration) to the log and the spec's webhook, with alerts.",
+    ),
+    (
+        "failed",
+        dg.run_failure_sensor,
+        "When any run of a day fails (a gate or an error): a summary with the reason to the "
+        "log and the spec's webhook.",
+    ),
+)
+"""Per outcome: the sensor decorator of the runs it summarizes and the sensor's description."""
+
+
 def build_notification_sensors(specs: list[PipelineSpec]) -> list[dg.SensorDefinition]:
     """Summaries when a day's report run succeeds (finished) or any run of a day fails."""
     by_name = {spec.name: spec for spec in specs}
+    return [_notification_sensor(by_name, *notification) for notification in _NOTIFICATIONS]
 
-    @dg.run_status_sensor(
-        run_status=dg.DagsterRunStatus.SUCCESS,
-        name="llm_assets__partition_finished",
-        description="When a day's cost report is written: a summary (items, dead letters by "
-        "class, cost, duration) to the log and the spec's webhook, with alerts.",
+
+def _notification_sensor(
+    by_name: dict[str, PipelineSpec],
+    outcome: str,
+    sensor: Callable[..., Callable[..., dg.SensorDefinition]],
+    description: str,
+) -> dg.SensorDefinition:
+    @sensor(
+        name=f"llm_assets__partition_{outcome}",
+        description=description,
         default_status=dg.DefaultSensorStatus.RUNNING,
     )
-    def partition_finished(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:
-        _notify_partition(context, by_name, ledger, outcome="finished")
+    def notify_partition(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:
+        _notify_partition(context, by_name, ledger, outcome=outcome)
 
-    @dg.run_failure_sensor(
-        name="llm_assets__partition_failed",
-        description="When any run of a day fails (a gate or an error): a summary with the "
-        "reason to the log and the spec's webhook.",
-        default_status=dg.DefaultSensorStatus.RUNNING,
-    )
-    def partition_failed(context: dg.RunFailureSensorContext, ledger: LedgerResource) -> None:
-        _notify_partition(context, by_name, ledger, outcome="failed")
-
-    return [partition_finished, partition_failed]
+    return notify_partition

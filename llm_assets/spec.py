@@ -1,9 +1,10 @@
 """Pipeline specs: one YAML file describes one pipeline, parsed into pydantic models.
 
 `check_specs` reports every problem it can find (file, field, reason) instead of stopping at
-the first, so `llm-assets validate-spec` can be fixed in one pass. What only a consumer of
-specs can check (which providers exist, what each can serve) is registered here by that
-consumer (`register_check`); the model imports none of them.
+the first, so `llm-assets validate-spec` can be fixed in one pass. The checks a spec must pass
+after it parses are in spec_checks.py; what only a consumer of specs can check (which
+providers exist, what each can serve) is registered there by that consumer (`register_check`,
+importable from here too); the model imports none of them.
 """
 
 import datetime as dt
@@ -11,12 +12,17 @@ import hashlib
 import json
 import re
 import string
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from llm_assets.spec_checks import SpecCheck as SpecCheck
+from llm_assets.spec_checks import load_pandera_model as load_pandera_model
+from llm_assets.spec_checks import register_check as register_check
+from llm_assets.spec_checks import semantic_problems
 
 FIELD_TYPES = ("str", "int", "float", "bool", "list[str]", "list[float]")
 PIPELINE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
@@ -327,85 +333,6 @@ def _loc(loc: Iterable[Any]) -> str:
     return ".".join(parts) or "-"
 
 
-SpecCheck = Callable[[PipelineSpec], list[tuple[str, str]]]
-"""A check only a consumer of specs can make, as (field, reason) problems."""
-
-_registered_checks: list[SpecCheck] = []
-
-
-def register_check(check: SpecCheck) -> None:
-    """Add a check that every parsed spec must pass.
-
-    The spec model knows none of its consumers: the provider registry registers the
-    provider checks (known provider, priced model, what the adapter can serve) when it is
-    imported, so whatever validates specs imports the registry first.
-    """
-    if check not in _registered_checks:
-        _registered_checks.append(check)
-
-
-def load_pandera_model(path: str) -> type[Any]:
-    """The pandera `DataFrameModel` a spec names as `package.module:Class`."""
-    import importlib
-
-    import pandera.pandas as pa
-
-    module_name, _, attribute = path.partition(":")
-    model = getattr(importlib.import_module(module_name), attribute)
-    if not (isinstance(model, type) and issubclass(model, pa.DataFrameModel)):
-        raise TypeError(f"{path} is not a pandera DataFrameModel")
-    return model
-
-
-def _semantic_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    fields = set(spec.source.fields)
-    for name in spec.prompt.placeholders:
-        if not name:
-            problems.append(("prompt.template", "empty placeholder {}; name a source field"))
-        elif not name.isidentifier():
-            problems.append(
-                ("prompt.template", f"placeholder {{{name}}} is not a plain field name")
-            )
-        elif name not in fields:
-            problems.append(
-                (
-                    "prompt.template",
-                    f"placeholder {{{name}}} is not a source field; source.fields is "
-                    f"{sorted(fields)}",
-                )
-            )
-    for name in spec.source.required_fields or []:
-        if name not in fields:
-            problems.append(("source.required_fields", f"{name!r} is not in source.fields"))
-    for check in _registered_checks:
-        problems.extend(check(spec))
-    if spec.output.pandera_model:
-        try:
-            load_pandera_model(spec.output.pandera_model)
-        except Exception as exc:
-            problems.append(
-                ("output.pandera_model", f"cannot use {spec.output.pandera_model!r}: {exc}")
-            )
-    if spec.automation.schedule is not None:
-        from dagster._utils.schedules import is_valid_cron_string
-
-        if not is_valid_cron_string(spec.automation.schedule):
-            problems.append(
-                (
-                    "automation.schedule",
-                    f"{spec.automation.schedule!r} is not a cron expression like '0 6 * * *'",
-                )
-            )
-    try:
-        import zoneinfo
-
-        zoneinfo.ZoneInfo(spec.partitions.timezone)
-    except Exception:
-        problems.append(("partitions.timezone", f"unknown timezone {spec.partitions.timezone!r}"))
-    return problems
-
-
 def parse_spec(path: Path) -> tuple[PipelineSpec | None, list[SpecProblem]]:
     """Parse one file; return the spec (if it parsed) and every problem found."""
     file = str(path)
@@ -426,7 +353,7 @@ def parse_spec(path: Path) -> tuple[PipelineSpec | None, list[SpecProblem]]:
         ]
     return spec, [
         SpecProblem(file=file, field=field, reason=reason)
-        for field, reason in _semantic_problems(spec)
+        for field, reason in semantic_problems(spec)
     ]
 
 

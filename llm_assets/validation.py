@@ -18,6 +18,7 @@ _PY_TYPES: dict[str, Any] = {
     "list[str]": list[str],
     "list[float]": list[float],
 }
+_BOUNDS = ("min_length", "max_length", "ge", "le", "gt", "lt")
 
 
 def _annotation(field: FieldSpec) -> Any:
@@ -27,15 +28,10 @@ def _annotation(field: FieldSpec) -> Any:
 
 
 def _field_info(field: FieldSpec) -> Any:
-    return Field(
-        description=field.description or None,
-        min_length=field.min_length,
-        max_length=field.max_length,
-        ge=field.ge,
-        le=field.le,
-        gt=field.gt,
-        lt=field.lt,
-    )
+    """The pydantic Field of an output field: its description and its bounds, which FieldSpec
+    names as pydantic does."""
+    bounds = {name: getattr(field, name) for name in _BOUNDS}
+    return Field(description=field.description or None, **bounds)
 
 
 @functools.cache

@@ -41,19 +41,29 @@ def _count_of(condition: Any) -> Any:
     return sa.func.sum(sa.case((condition, 1), else_=0))
 
 
-def _live_job_totals(jobs: Any) -> Any:
-    """Per job: its items now, by outcome, and the cost of all their attempts."""
+def _live_totals(key: Any, where: Any, *sums: Any) -> Any:
+    """The result rows under `where`, grouped by `key` (a job or a shard): how many there are
+    (`n_items`), how many succeeded, and `sums`."""
     return (
         sa.select(
-            _r.job_id,
+            key,
             sa.func.count().label("n_items"),
             _count_of(_r.status == SUCCEEDED).label("succeeded"),
-            _count_of(_r.status == DEAD_LETTER).label("dead_letters"),
-            sa.func.sum(_r.cost_usd + _r.prior_cost_usd).label("cost_usd"),
+            *sums,
         )
-        .where(_r.job_id.in_(jobs))
-        .group_by(_r.job_id)
+        .where(where)
+        .group_by(key)
         .subquery()
+    )
+
+
+def _live_job_totals(jobs: Any) -> Any:
+    """Per job: its items now, by outcome, and the cost of all their attempts."""
+    return _live_totals(
+        _r.job_id,
+        _r.job_id.in_(jobs),
+        _count_of(_r.status == DEAD_LETTER).label("dead_letters"),
+        sa.func.sum(_r.cost_usd + _r.prior_cost_usd).label("cost_usd"),
     )
 
 
@@ -129,18 +139,12 @@ def _job_cost_row(values: Sequence[Any]) -> dict[str, Any]:
 
 def _live_shard_totals(job_id: str) -> Any:
     """Per shard, the items now in it and their last attempt's tokens and cost."""
-    return (
-        sa.select(
-            _r.shard_id,
-            sa.func.count().label("item_rows"),
-            _count_of(_r.status == SUCCEEDED).label("succeeded"),
-            sa.func.coalesce(sa.func.sum(_r.input_tokens), 0).label("input_tokens"),
-            sa.func.coalesce(sa.func.sum(_r.output_tokens), 0).label("output_tokens"),
-            sa.func.coalesce(sa.func.sum(_r.cost_usd), 0.0).label("cost_usd"),
-        )
-        .where(_r.job_id == job_id, _r.shard_id.is_not(None))
-        .group_by(_r.shard_id)
-        .subquery()
+    return _live_totals(
+        _r.shard_id,
+        sa.and_(_r.job_id == job_id, _r.shard_id.is_not(None)),
+        sa.func.coalesce(sa.func.sum(_r.input_tokens), 0).label("input_tokens"),
+        sa.func.coalesce(sa.func.sum(_r.output_tokens), 0).label("output_tokens"),
+        sa.func.coalesce(sa.func.sum(_r.cost_usd), 0.0).label("cost_usd"),
     )
 
 
@@ -158,7 +162,7 @@ def shard_totals(engine: Engine, job_id: str) -> list[dict[str, Any]]:
         "status": _s.status,
         "provider_batch_id": _s.provider_batch_id,
         "requests": _s.item_count,
-        "items_now": sa.func.coalesce(live.c.item_rows, 0),
+        "items_now": sa.func.coalesce(live.c.n_items, 0),
         "succeeded": sa.func.coalesce(live.c.succeeded, 0),
         "estimated_input_tokens": _s.estimated_input_tokens,
         "input_tokens": sa.func.coalesce(_s.actual_input_tokens, live.c.input_tokens, 0),

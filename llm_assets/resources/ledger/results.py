@@ -7,6 +7,7 @@ update protects rows that are already terminal.
 """
 
 import dataclasses
+import datetime as dt
 import functools
 from collections.abc import Iterable
 from typing import Any
@@ -67,31 +68,24 @@ def upsert_staged(
     return stats
 
 
+@dataclasses.dataclass
 class _Picker:
     """Picks the rows one upsert writes from its staged chunks and queues them on the writer
     in chunks of BULK_CHUNK rows; a success that arrives after a failure of the same item
     was queued is queued again as an override."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        job_id: str,
-        stats: UpsertStats,
-        writer: BackgroundWriter,
-        shard_id: str | None,
-    ) -> None:
-        self.engine = engine
-        self.job_id = job_id
-        self.stats = stats
-        self.writer = writer
-        self.shard_id = shard_id
-        self.now = utcnow()
-        self.written: dict[str, str] = {}
-        """The status each custom_id was given by this upsert (queued, not necessarily written)."""
-        self.rows: list[Any] = []
-        self.statuses: list[str] = []
-        self.at: dict[str, int] = {}
-        self.overrides: list[Any] = []
+    engine: Engine
+    job_id: str
+    stats: UpsertStats
+    writer: BackgroundWriter
+    shard_id: str | None
+    now: dt.datetime = dataclasses.field(default_factory=utcnow)
+    written: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The status each custom_id was given by this upsert (queued, not necessarily written)."""
+    rows: list[Any] = dataclasses.field(default_factory=list)
+    statuses: list[str] = dataclasses.field(default_factory=list)
+    at: dict[str, int] = dataclasses.field(default_factory=dict)
+    overrides: list[Any] = dataclasses.field(default_factory=list)
 
     def take_all(self, chunks: Iterable[StagedResults]) -> None:
         for chunk in chunks:

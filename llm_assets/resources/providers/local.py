@@ -49,6 +49,7 @@ from llm_assets.resources.providers.local_answers import execute, item_result, l
 from llm_assets.resources.providers.local_engine import LocalEngine
 from llm_assets.resources.providers.local_files import (
     ENDPOINT,
+    SHARD_FIELDS,
     BatchErrorData,
     LocalBatch,
     RequestCounts,
@@ -156,11 +157,7 @@ class LocalProvider(BatchProvider):
                 os.fsync(handle.fileno())
             batch = LocalBatch(
                 id=batch_id,
-                shard_id=shard.shard_id,
-                job_id=shard.job_id,
-                pipeline=shard.pipeline,
-                input_uri=shard.input_uri,
-                item_count=shard.item_count,
+                **shard.model_dump(include=SHARD_FIELDS),
                 created_at=int(time.time()),
                 request_counts=RequestCounts(total=count),
             )

@@ -72,6 +72,10 @@ class LocalBatch(BaseModel):
     error_count: int = 0
 
 
+SHARD_FIELDS = frozenset({"shard_id", "job_id", "pipeline", "input_uri", "item_count"})
+"""What a batch keeps of the shard it is made from: these fields of its ShardSubmission."""
+
+
 def pending_chunks(
     input_path: Path, done: set[str], size: int
 ) -> Iterator[list[tuple[int, dict[str, Any]]]]:
