@@ -17,7 +17,7 @@ import dagster as dg
 from pydantic import BaseModel
 from rich.progress import Progress, TaskID
 
-from llm_assets import steps
+from llm_assets import file_lock, steps
 from llm_assets.checks import CHECK_GATES
 from llm_assets.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG, asset_key, build_pipeline_assets
 from llm_assets.failpoints import failpoint
@@ -168,19 +168,29 @@ class PartitionRunner:
         interval = 0.0
         while True:
             shards = self.ledger.shards(job.job_id, IN_FLIGHT_STATES)
-            if not shards:
+            elsewhere = self.being_submitted_elsewhere(job.job_id)
+            if not shards and not elsewhere:
                 return
             shards = steps.poll_shards(self.ledger, self.provider, shards)
             total = sum(s.item_count for s in shards)
             done = sum(s.completed_requests + s.failed_requests for s in shards)
             if progress is not None:
                 progress("provider", min(done, total), total)
-            if (
+            if elsewhere or (
                 any(s.status in IN_FLIGHT_STATES for s in shards)
                 and not self.provider.ends_when_polled
             ):
                 interval = min(max(interval * 2, 1.0), self.poll_interval)
                 time.sleep(interval)
+
+    def being_submitted_elsewhere(self, job_id: str) -> int:
+        """How many of the day's waiting shards another run is submitting right now (it holds
+        their submission locks): they will be in flight, so this run waits for them too."""
+        busy = 0
+        for shard in self.ledger.shards(job_id, ["created"]):
+            with self.ledger.submission_lock(shard.shard_id) as free:
+                busy += not free
+        return busy
 
     def wait_for_backoff(self, planned: list[ShardRecord], progress: ProgressFn | None) -> None:
         """Retry rounds wait out their backoff here, in the CLI, never inside an asset."""
@@ -226,15 +236,18 @@ class PartitionRunner:
             progress("submitted", 1, 1)
         if not wait:
             return self.outcome(day, run_ids)
+        # Other runs of the same day (a sensor's, a backfill's) may import, plan and submit
+        # some of its work meanwhile: the day is done when no item is open, whoever did it.
         for _ in range(max_rounds):
             self.wait_for_batches(day, progress)
             run_ids.append(self.materialize(day, IMPORT_STEPS))
             job = steps.existing_job(self.spec, day, self.ledger)
-            planned = self.ledger.shards(job.job_id, ["created"])
-            if not planned:
+            if self.ledger.counts(job.job_id).open == 0:
                 break
-            self.wait_for_backoff(planned, progress)
-            run_ids.append(self.materialize(day, ("provider_batches",), progress))
+            planned = self.ledger.shards(job.job_id, ["created"])
+            if planned:
+                self.wait_for_backoff(planned, progress)
+                run_ids.append(self.materialize(day, ("provider_batches",), progress))
         # The quality gate runs first; dead letters and costs are reported even when it fails.
         gate: StepFailed | None = None
         try:
@@ -262,11 +275,19 @@ def persistent_instance(settings: Settings) -> dg.DagsterInstance:
     os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))
     home = Path(os.environ["DAGSTER_HOME"])
     home.mkdir(parents=True, exist_ok=True)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        # A local instance on SQLite under the home; production uses the repo's dagster.yaml.
-        config.write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
-    return dg.DagsterInstance.get()
+    # Runs started together on a new home would each create the instance's SQLite storage
+    # and stamp its schema twice; one at a time, the later ones find it made.
+    fd = os.open(home / ".instance.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        with file_lock.exclusive(fd, blocking=True):
+            config = home / "dagster.yaml"
+            if not config.exists():
+                # A local instance on SQLite under the home; production uses the repo's
+                # dagster.yaml.
+                config.write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
+            return dg.DagsterInstance.get()
+    finally:
+        os.close(fd)
 
 
 def run_days(
