@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 import dagster as dg
 
 from llm_assets import asset_metadata, checks, steps
+from llm_assets.resources.ledger import DayBusy, ShardMismatch
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import AmbiguousSubmission
 from llm_assets.settings import Settings
@@ -80,6 +81,13 @@ def _run_step(fn: Callable[[], Any]) -> Any:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     except steps.OnlineInterrupted as exc:
         raise dg.Failure(description=str(exc), metadata={"interrupted": True}) from exc
+    except DayBusy as exc:
+        # Nothing was changed: a retry of the run (or the next sensor tick) does the work.
+        raise dg.Failure(description=str(exc), metadata={"day_busy": True}) from exc
+    except ShardMismatch as exc:
+        raise dg.Failure(
+            description=f"stopped to keep the ledger exact: {exc}", allow_retries=False
+        ) from exc
 
 
 @dataclasses.dataclass(frozen=True)
