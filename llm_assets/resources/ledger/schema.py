@@ -47,10 +47,10 @@ def _postgres_session(dbapi_connection: Any, _record: Any) -> None:
     # The ledger's statements read by index, or whole days set-based: JIT compiling them
     # costs more than it saves.
     cursor.execute("SET jit = off")
+    # COPY data is sent as UTF-8 bytes, made in worker processes that do not know the session.
+    cursor.execute("SET client_encoding = 'UTF8'")
     cursor.close()
     dbapi_connection.commit()
-    # COPY data is sent as UTF-8 bytes, made in worker processes that do not know the session.
-    dbapi_connection.set_client_encoding("UTF8")
 
 
 def _check_sqlite_version() -> None:
@@ -64,8 +64,8 @@ def _check_sqlite_version() -> None:
         )
 
 
-POSTGRES_DRIVER = "psycopg2"
-"""The driver of a PostgreSQL ledger (its bulk writes use psycopg2's COPY)."""
+POSTGRES_DRIVER = "psycopg"
+"""The driver of a PostgreSQL ledger (its bulk writes use psycopg 3's COPY)."""
 POSTGRES_FORMS = ("postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://")
 """The forms of a PostgreSQL ledger URL: each one opens the ledger with POSTGRES_DRIVER."""
 
