@@ -39,8 +39,9 @@ def record_new_shard(conn: Connection, shard: dict[str, Any], now: dt.datetime) 
         dialect_insert(conn, shard_table)
         .values(**shard, status="created", created_at=now, updated_at=now)
         .on_conflict_do_nothing()
-    ).rowcount
-    if inserted != 1:
+        .returning(shard_table.c.shard_id)
+    ).first()
+    if inserted is None:
         raise ShardMismatch(
             f"shard {shard['shard_id']} is in the ledger already; it was built again by a "
             "run that did not hold its day, and nothing of it was recorded"
