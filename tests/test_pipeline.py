@@ -166,6 +166,43 @@ def test_bad_rows_end_as_input_dead_letters_with_their_reason(platform: Platform
     assert set(EXPECTED_INPUT_DEAD_LETTERS.values()) <= exported_codes
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_each_submit_intent_is_synced_to_disk_before_its_batch_is_created(
+    platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch created after a write the machine loses would be created again by the next
+    run (a second paid batch): on SQLite, whose other writes run with synchronous=NORMAL,
+    each shard's intent is written with synchronous=FULL (2) before the provider's create
+    call."""
+    events: list[tuple[str, Any]] = []
+
+    def level(conn: sa.Connection, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE") and "submit_intent_at" in statement:
+            raw = conn.connection.driver_connection
+            events.append(("intent", raw.execute("PRAGMA synchronous").fetchone()[0]))
+
+    submit = LocalProvider.submit
+
+    def create(self: LocalProvider, submission: Any, storage: Any) -> str:
+        events.append(("create", submission.shard_id))
+        return submit(self, submission, storage)
+
+    monkeypatch.setattr(LocalProvider, "submit", create)
+    engine = platform.ledger.engine
+    sa.event.listen(engine, "before_cursor_execute", level)
+    try:
+        platform.materialize(("input_snapshot", "request_shards", "provider_batches"))
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", level)
+
+    job = steps.existing_job(platform.spec, DAY, platform.ledger)
+    shards = platform.ledger.shards(job.job_id)
+    assert shards and all(s.provider_batch_id for s in shards)
+    assert [kind for kind, _ in events] == ["intent", "create"] * len(shards)
+    assert {value for kind, value in events if kind == "intent"} == {2}
+    assert [value for kind, value in events if kind == "create"] == [s.shard_id for s in shards]
+
+
 def test_rematerializing_any_step_changes_nothing(platform: Platform) -> None:
     platform.materialize()
     job = steps.existing_job(platform.spec, DAY, platform.ledger)
