@@ -2,6 +2,7 @@
 
 import datetime as dt
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,25 @@ def test_each_submit_intent_is_synced_to_disk_before_its_batch_is_created(
     assert [kind for kind, _ in events] == ["intent", "create"] * len(shards)
     assert {value for kind, value in events if kind == "intent"} == {2}
     assert [value for kind, value in events if kind == "create"] == [s.shard_id for s in shards]
+
+
+@pytest.mark.one_database
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640)])
+def test_every_file_a_day_writes_is_as_readable_as_the_umask_lets_it_be(
+    platform: Platform, umask: int, mode: int
+) -> None:
+    """Snapshots, shard files, validated and published outputs and reports are read by the
+    group that consumes them: 0o666 less the umask, not readable by their writer alone."""
+    before = os.umask(umask)
+    try:
+        platform.materialize()
+    finally:
+        os.umask(before)
+
+    artifacts = Path(platform.settings.storage_url)
+    written = {path: path.stat().st_mode & 0o777 for path in artifacts.rglob("*") if path.is_file()}
+    assert any(path.parts[-3:-1] == ("published", "support_tickets") for path in written)
+    assert written and set(written.values()) == {mode}, written
 
 
 def test_rematerializing_any_step_changes_nothing(platform: Platform) -> None:
