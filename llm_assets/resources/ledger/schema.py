@@ -1,9 +1,11 @@
 """Engines and the schema: one engine per URL per process, tables made on first use, older
 ledgers upgraded in place, and a ledger newer than this code refused."""
 
+import contextlib
 import functools
 import pathlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -111,6 +113,29 @@ def dialect_insert(conn: Connection, table: sa.Table) -> Any:
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
+
+
+@contextlib.contextmanager
+def durable_begin(engine: Engine) -> Iterator[Connection]:
+    """A transaction whose commit is on disk when the block ends, whatever happens to the
+    machine next. PostgreSQL commits that way already. The SQLite ledger runs WAL with
+    synchronous=NORMAL, where a power loss can undo the last commits; here its connection
+    syncs the WAL at commit (synchronous=FULL) for this one transaction and is set back
+    after it, so a write that must outlive what follows it costs one sync and the bulk
+    writes none. The pragma goes to the driver's connection directly, outside any
+    transaction (SQLite refuses to change it inside one)."""
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
+        before = None
+        if raw is not None:
+            before = raw.execute("PRAGMA synchronous").fetchone()[0]
+            raw.execute("PRAGMA synchronous=FULL")
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            if raw is not None:
+                raw.execute(f"PRAGMA synchronous={int(before)}")
 
 
 @functools.cache
