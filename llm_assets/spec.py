@@ -42,6 +42,12 @@ class SourceSpec(_Strict):
     required_fields: list[str] | None = Field(
         default=None, description="Fields that must be non-blank; default: every field."
     )
+    max_line_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        description="A JSONL or CSV line longer than this is an input dead letter; it is read "
+        "past, never held in memory.",
+    )
 
     @property
     def non_blank_fields(self) -> list[str]:
