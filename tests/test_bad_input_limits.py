@@ -52,13 +52,26 @@ from tests.test_openai_provider import user_text
 pytestmark = pytest.mark.fake_server("openai", responder=truthful)
 
 GOOD = {f"G-{n:03d}" for n in range(4)}  # the good rows of day_of()
-CSV = {"source": {"kind": "csv", "uri": "reviews/*.csv"}}
 HUGE = 300 * 1024 * 1024
+
+
+def source_kind(kind: str) -> dict[str, Any]:
+    """Spec overrides that read the day's source from reviews/*.<kind>."""
+    return {"source": {"kind": kind, "uri": f"reviews/*.{kind}"}}
+
+
+CSV = source_kind("csv")
 
 
 @pytest.fixture
 def harness(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> Iterator[Harness]:
     yield from make_harness(tmp_path, database_url, fake)
+
+
+@pytest.fixture
+def lenient(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> Iterator[Harness]:
+    """A harness whose quality gate lets a day with one failed answer in six through."""
+    yield from make_harness(tmp_path, database_url, fake, quality={"max_failure_rate": 0.5})
 
 
 def dead_letters(harness: Harness) -> list[dict[str, Any]]:
@@ -119,8 +132,7 @@ def test_a_value_that_json_cannot_hold_is_an_input_dead_letter(
     """The snapshot writes each row as JSON: arrays nested past the writers' depth (JSONL) or
     bytes that are not UTF-8 (a Parquet binary column) make that row unreadable, not the
     snapshot fail."""
-    overrides = {"source": {"kind": kind, "uri": f"reviews/*.{kind}"}}
-    for harness in make_harness(tmp_path, database_url, fake, **overrides):
+    for harness in make_harness(tmp_path, database_url, fake, **source_kind(kind)):
         if kind == "jsonl":
             nested = json.loads("[" * 300 + "]" * 300)
             raw = json.dumps({"review_id": "BAD", "created_at": STAMP, "text": nested})
@@ -227,19 +239,23 @@ def test_a_nul_in_an_id_is_an_input_dead_letter(harness: Harness, fake: FakeOpen
 
 
 def test_nul_and_overlong_provider_strings_are_escaped_and_cut_to_their_columns(
-    harness: Harness, fake: FakeOpenAI
+    lenient: Harness, fake: FakeOpenAI
 ) -> None:
     """What a provider says goes into the ledger as it can hold it: a NUL in an answer, an
     error message or a finish reason escaped as \\u0000, an error code, a finish reason and
-    a batch's raw status cut to their columns' lengths."""
-    write_source(harness.home, day_of(good("A-nul", 10)))
-    cid = {key: ids.custom_id(harness.spec.name, DAY, key) for key in ("G-001", "G-002")}
+    a batch's raw status cut to their columns' lengths; so is a quality rule that names a
+    key of the model's answer."""
+    write_source(lenient.home, day_of(good("A-nul", 10), good("Q-key", 11)))
+    cid = {key: ids.custom_id(lenient.spec.name, DAY, key) for key in ("G-001", "G-002")}
     long_finish = "stop\x00" + "x" * 300
+    long_key = "k\x00" + "y" * 300
 
     def answer(body: Any) -> str:
         content = truthful(body)
         if "Order 2010" in user_text(body):  # A-nul's review
             return content.replace('"summary": "', '"summary": "\x00', 1)
+        if "Order 2011" in user_text(body):  # Q-key's: a key the schema does not allow
+            return json.dumps({**json.loads(content), long_key: 1})
         return content
 
     def edit(line: dict[str, Any]) -> dict[str, Any]:
@@ -258,16 +274,19 @@ def test_nul_and_overlong_provider_strings_are_escaped_and_cut_to_their_columns(
 
     fake.responder, fake.edit_line = answer, edit
 
-    outcome = harness.run_day()
+    outcome = lenient.run_day()
 
-    rows = {r["source_id"]: r for r in harness.rows().values()}
+    rows = {r["source_id"]: r for r in lenient.rows().values()}
     failed = rows["G-001"]
     assert (failed["status"], failed["error_class"]) == ("dead_letter", "deterministic")
     assert (failed["error_code"], failed["error_message"]) == ("E" * 128, "bad\\u0000 request")
     assert rows["G-002"]["finish_reason"] == long_finish.replace("\x00", "\\u0000")[:64]
     answered = rows["A-nul"]["result_json"]
     assert "\x00" not in answered and json.loads(answered)["summary"].startswith("\x00")
-    assert outcome.dead_letters_by_class == {"deterministic": 1}
+    quality = rows["Q-key"]
+    assert (quality["status"], quality["error_class"]) == ("dead_letter", "quality")
+    assert quality["error_code"] == f"{long_key}.extra_forbidden".replace("\x00", "\\u0000")[:128]
+    assert outcome.dead_letters_by_class == {"deterministic": 1, "quality": 1}
     assert (outcome.succeeded, outcome.open_items) == (4, 0) and outcome.done
 
     status = BatchStatus(
@@ -277,11 +296,11 @@ def test_nul_and_overlong_provider_strings_are_escaped_and_cut_to_their_columns(
         message="quota\x00 exceeded",
     )
     assert (len(status.raw_status), status.message) == (64, "quota\\u0000 exceeded")
-    [shard, *_] = harness.ledger.shards(harness.job_id())
-    harness.ledger.update_shard(
+    [shard, *_] = lenient.ledger.shards(lenient.job_id())
+    lenient.ledger.update_shard(
         shard.shard_id, raw_status=status.raw_status, message=status.message
     )
-    stored = harness.ledger.get_shard(shard.shard_id)
+    stored = lenient.ledger.get_shard(shard.shard_id)
     assert stored is not None
     assert (stored.raw_status, stored.message) == (status.raw_status, status.message)
 
@@ -321,8 +340,7 @@ def test_a_line_of_hundreds_of_mb_is_an_input_dead_letter(
     tmp_path: Path, database_url: str, fake: FakeOpenAI, kind: str
 ) -> None:
     """source.max_line_bytes (4 MiB by default) bounds a line; a longer one is read past."""
-    overrides = {"source": {"kind": kind, "uri": f"reviews/*.{kind}"}}
-    for harness in make_harness(tmp_path, database_url, fake, **overrides):
+    for harness in make_harness(tmp_path, database_url, fake, **source_kind(kind)):
         source = harness.home / "reviews" / f"reviews-{DAY.isoformat()}.{kind}"
         if kind == "jsonl":
             rows = [review(f"G-{n:03d}", good_text(n)) for n in range(6)]
