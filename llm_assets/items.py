@@ -114,6 +114,13 @@ class Preparer:
         if not source_id.strip():
             message = f"{where}: no value in id field {spec.source.id_field!r}"
             return None, where, self.dead(where, None, "missing_id", message, "row")
+        if "\x00" in source_id:
+            # PostgreSQL stores no NUL in text: the id is named escaped, and kept nowhere.
+            message = (
+                f"{where}: id {source_id!r} holds a NUL character, which the ledger cannot "
+                "store; remove it from the source"
+            )
+            return None, where, self.dead(where, None, "invalid_id", message, "row")
         if parse_date(record.get(spec.source.date_field), self._tz) is None:
             message = (
                 f"{where}: no valid date in {spec.source.date_field!r} "
@@ -124,17 +131,10 @@ class Preparer:
         if blank:
             message = f"{where}: empty field(s) {blank}"
             return source_id, where, self.dead(source_id, source_id, "empty_field", message)
-        counter, framing = self._count()
-        budget = self.context_window - spec.model.max_output_tokens
-        user = render(spec, record)
-        tokens = framing + counter.text(user)
-        if tokens > budget and spec.prompt.truncate_to_context and budget > framing:
-            user = counter.truncate(user, budget - framing)
-            tokens = framing + counter.text(user)
-        if tokens > budget:
-            about = "" if counter.exact else "about "
+        user, tokens, over = self._fit(render(spec, record))
+        if over:
             message = (
-                f"{where}: {about}{tokens} input tokens; the model's context window is "
+                f"{where}: {over} input tokens; the model's context window is "
                 f"{self.context_window} with {spec.model.max_output_tokens} kept for output"
             )
             return source_id, where, self.dead(source_id, source_id, "context_exceeded", message)
@@ -144,6 +144,24 @@ class Preparer:
             where,
             PreparedItem(cid, source_id, self.encode(cid, user), tokens),
         )
+
+    def _fit(self, user: str) -> tuple[str, int, str]:
+        """(the user text to send, its request's input tokens, "" or how far it is over the
+        context window). A text whose length alone puts it over is not tokenized: one of
+        hundreds of MB would take minutes; truncating cuts it first."""
+        counter, framing = self._count()
+        budget = self.context_window - self.spec.model.max_output_tokens
+        truncating = self.spec.prompt.truncate_to_context and budget > framing
+        fewest = framing + counter.fewest(len(user))
+        if fewest > budget and not truncating:
+            return user, fewest, f"{len(user)} characters: at least {fewest}"
+        tokens = framing + counter.text(user) if fewest <= budget else budget + 1
+        if tokens > budget and truncating:
+            user = counter.truncate(user, budget - framing)
+            tokens = framing + counter.text(user)
+        if tokens > budget:
+            return user, tokens, f"{'' if counter.exact else 'about '}{tokens}"
+        return user, tokens, ""
 
 
 def assess_lines(preparer: Preparer, lines: list[bytes]) -> list[tuple[Any, ...]]:

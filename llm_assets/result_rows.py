@@ -14,6 +14,8 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, NamedTuple
 
+from llm_assets import column_sizes
+
 # An item's status in the ledger.
 PENDING = "pending"
 SUBMITTED = "submitted"
@@ -81,6 +83,18 @@ class Answered(NamedTuple):
     def result(self) -> ItemResult:
         """The same success as an ItemResult (each field here is one of ItemResult's)."""
         return ItemResult(succeeded=True, **self._asdict())
+
+
+def ledger_text(value: Any, limit: int | None = None) -> str | None:
+    """A provider's text as the ledger can hold it: a NUL character, which PostgreSQL refuses
+    in text, escaped as JSON writes it (\\u0000), and the text cut to its column's `limit`
+    characters, which PostgreSQL would refuse too. A value of another type is its text."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    if "\x00" in text:
+        text = text.replace("\x00", "\\u0000")
+    return text if limit is None or len(text) <= limit else text[:limit]
 
 
 def copy_text(value: Any) -> str:
@@ -210,8 +224,8 @@ def ledger_values(
         result.custom_id,
         status,
         error_class,
-        result.error_code,
-        result.error_message,
+        ledger_text(result.error_code, column_sizes.ERROR_CODE),
+        ledger_text(result.error_message),
         model_name,
         result.input_tokens if billed else 0,
         result.cached_input_tokens if billed else 0,
@@ -219,8 +233,8 @@ def ledger_values(
         cost(result.input_tokens, result.output_tokens, result.cached_input_tokens)
         if billed
         else 0.0,
-        result.finish_reason,
-        result.output_text,
+        ledger_text(result.finish_reason, column_sizes.FINISH_REASON),
+        ledger_text(result.output_text),
     )
 
 
@@ -247,6 +261,10 @@ def _answered_row(answered: Answered, to_row: RowMaker, binary_copy: bool) -> An
     same written as constants."""
     cid, _, text, finish, tokens_in, cached, tokens_out = answered
     cost = to_row.cost(tokens_in, tokens_out, cached)
+    if text is not None and "\x00" in text:
+        text = ledger_text(text)
+    if finish is not None and (len(finish) > column_sizes.FINISH_REASON or "\x00" in finish):
+        finish = ledger_text(finish, column_sizes.FINISH_REASON)
     if not binary_copy:
         model = to_row.model_name
         return (

@@ -35,7 +35,7 @@ from llm_assets.runner import (
     step_failure_reason,
 )
 from llm_assets.settings import Settings
-from llm_assets.source import file_dates, list_source_files
+from llm_assets.source import FileDays, file_days, list_source_files
 from llm_assets.spec import PipelineSpec
 
 POLL_DEADLINE_SECONDS = 30.0
@@ -238,33 +238,59 @@ def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDe
         current: dict[str, str] = {}
         requests: list[dg.RunRequest] = []
         for uri in list_source_files(source, storage):
-            version = storage.version(uri)
+            try:
+                version = storage.version(uri)
+                fresh = version is not None and seen.get(uri) != version
+                found = file_days(spec, uri, storage) if fresh else None
+            except Exception as exc:
+                # One file that cannot be read holds up no other; it is read again next tick.
+                context.log.error(
+                    f"{uri}: cannot be read ({type(exc).__name__}: {exc}); its days are not "
+                    "submitted, and it is read again on the next tick"
+                )
+                if uri in seen:
+                    current[uri] = seen[uri]
+                continue
             if version is None:
                 continue
             current[uri] = version
-            if seen.get(uri) == version:
-                continue
-            days = sorted(file_dates(spec, uri, storage))
-            outside = [d for d in days if d.isoformat() not in known]
-            if outside:
-                context.log.warning(
-                    f"{uri}: rows for {len(outside)} day(s) outside the partitions "
-                    f"({outside[0]}..{outside[-1]}) are not submitted"
-                )
-            for day in days:
-                if day.isoformat() in known:
-                    requests.append(
-                        dg.RunRequest(
-                            run_key=f"{uri}@{version}:{day.isoformat()}",
-                            partition_key=day.isoformat(),
-                            asset_selection=submit_keys,
-                            tags={"llm_assets/source_file": uri[-200:]},
-                        )
-                    )
+            if found is not None:
+                requests += _file_requests(context, spec, uri, version, found, known)
         # Files that disappeared drop out of the cursor, so it stays as big as the folder.
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(current, sort_keys=True))
 
     return new_data
+
+
+def _file_requests(
+    context: dg.SensorEvaluationContext,
+    spec: PipelineSpec,
+    uri: str,
+    version: str,
+    found: FileDays,
+    known: set[str],
+) -> list[dg.RunRequest]:
+    """The runs of a new file version: one per day it has rows for, within the partitions;
+    rows outside them, or of no day at all, are named in the tick's log."""
+    days = sorted(found.days)
+    outside = [d for d in days if d.isoformat() not in known]
+    if outside:
+        context.log.warning(
+            f"{uri}: rows for {len(outside)} day(s) outside the partitions "
+            f"({outside[0]}..{outside[-1]}) are not submitted"
+        )
+    if found.undated:
+        context.log.error(f"{uri}: {found.undated_reason(spec)}")
+    return [
+        dg.RunRequest(
+            run_key=f"{uri}@{version}:{day.isoformat()}",
+            partition_key=day.isoformat(),
+            asset_selection=[asset_key(spec, step) for step in SUBMIT_STEPS],
+            tags={"llm_assets/source_file": uri[-200:]},
+        )
+        for day in days
+        if day.isoformat() in known
+    ]
 
 
 def _partition_of(

@@ -20,6 +20,7 @@ import orjson
 from pydantic import BaseModel
 
 from llm_assets import fastjson
+from llm_assets.source_lines import CsvText, LineTooLong, bounded_lines
 from llm_assets.spec import PipelineSpec
 
 if TYPE_CHECKING:  # Dagster; rows are read in worker processes without it
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # Dagster; rows are read in worker processes without it
 
 _DATE_IN_NAME = re.compile(r"(\d{4}-\d{2}-\d{2})")
 _GLOB = re.compile(r"[*?\[]")
+_TOO_DEEP = "nested too deeply to read (JSON arrays and objects within each other)"
 
 
 class SourceRow(NamedTuple):
@@ -49,6 +51,17 @@ class SourceRow(NamedTuple):
         except TypeError:
             return SourceRowModel(**self._asdict()).model_dump_json().encode()
 
+    def snapshot_line(self) -> tuple["SourceRow", bytes]:
+        """The row and its snapshot line (to_json). A row holding a value JSON cannot hold
+        (bytes that are not UTF-8, an object of no JSON type, arrays nested past the
+        writers' depth) becomes an unreadable row naming the field, not a failed snapshot."""
+        try:
+            return self, self.to_json()
+        except (TypeError, ValueError, RecursionError):
+            pass
+        unreadable = self._replace(record=None, error=_unwritable(self.record or {}))
+        return unreadable, unreadable.to_json()
+
     @classmethod
     def from_json(cls, line: bytes) -> "SourceRow":
         """A snapshot line back into a row."""
@@ -62,6 +75,16 @@ class SourceRowModel(BaseModel):
     line: int
     record: dict[str, Any] | None = None
     error: str | None = None
+
+
+def _unwritable(record: dict[str, Any]) -> str:
+    """Which of a record's values cannot be written as JSON, and why."""
+    for key, value in record.items():
+        try:
+            SourceRowModel(file="", line=0, record={key: value}).model_dump_json()
+        except (TypeError, ValueError, RecursionError) as exc:
+            return f"the value of {key!r} cannot be written as JSON: {str(exc)[:200]}"
+    return "the row cannot be written as JSON"
 
 
 def list_source_files(uri: str, storage: "ArtifactStorage") -> list[str]:
@@ -88,7 +111,7 @@ def list_source_files(uri: str, storage: "ArtifactStorage") -> list[str]:
 
 def parse_date(value: Any, tz: zoneinfo.ZoneInfo) -> dt.date | None:
     """A row's partition date from an ISO date or timestamp (naive timestamps are UTC)."""
-    if value is None:
+    if value is None or isinstance(value, list | dict):
         return None
     if isinstance(value, dt.datetime):
         stamp = value
@@ -109,8 +132,12 @@ def parse_date(value: Any, tz: zoneinfo.ZoneInfo) -> dt.date | None:
     return stamp.astimezone(tz).date()
 
 
-def _jsonl_rows(uri: str, storage: "ArtifactStorage") -> Iterator[SourceRow]:
-    for number, raw in enumerate(storage.open_lines(uri), start=1):
+def _jsonl_rows(uri: str, storage: "ArtifactStorage", limit: int) -> Iterator[SourceRow]:
+    lines = bounded_lines(storage.open_chunks(uri), limit)
+    for number, raw in enumerate(lines, start=1):
+        if isinstance(raw, LineTooLong):
+            yield SourceRow(file=uri, line=number, error=raw.reason(limit))
+            continue
         if not raw.strip():
             continue
         try:
@@ -122,6 +149,9 @@ def _jsonl_rows(uri: str, storage: "ArtifactStorage") -> Iterator[SourceRow]:
             record, clean = fastjson.parse(text)
         except json.JSONDecodeError as exc:
             yield SourceRow(file=uri, line=number, error=f"not valid JSON: {exc.msg}")
+            continue
+        except RecursionError:
+            yield SourceRow(file=uri, line=number, error=_TOO_DEEP)
             continue
         if not isinstance(record, dict):
             yield SourceRow(file=uri, line=number, error="not a JSON object")
@@ -140,6 +170,8 @@ def _checked(uri: str, line: int, record: dict[str, Any]) -> SourceRow:
         _encodable(record)
     except UnicodeEncodeError as exc:
         return SourceRow(file=uri, line=line, error=f"invalid Unicode: {exc.reason}")
+    except RecursionError:
+        return SourceRow(file=uri, line=line, error=_TOO_DEEP)
     return SourceRow(file=uri, line=line, record=record)
 
 
@@ -156,35 +188,69 @@ def _encodable(value: Any) -> None:
             _encodable(item)
 
 
-def _csv_rows(uri: str, storage: "ArtifactStorage") -> Iterator[SourceRow]:
-    """Rows keep their physical line number, also after quoted fields that span lines."""
+def _csv_rows(uri: str, storage: "ArtifactStorage", limit: int) -> Iterator[SourceRow]:
+    """Rows keep their physical line number, also after quoted fields that span lines. A
+    row the csv module refuses (a field over its field_size_limit), or that holds a line
+    over the limit or one that is not UTF-8, is an unreadable row; the rows after it are
+    read on. A header that cannot be read makes every row of the file unreadable."""
     import csv
 
-    with storage.local_copy(uri) as path, path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        start = 2
-        for record in reader:
-            yield _checked(uri, start, {k: (v if v != "" else None) for k, v in record.items()})
-            start = reader.line_num + 1
+    text = CsvText(bounded_lines(storage.open_chunks(uri), limit), limit)
+    reader = csv.reader(text)
+    header: list[str] | None = None
+    header_error: str | None = None
+    while True:
+        start = text.number + 1
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            fields, error = [], f"not valid CSV: {exc}"
+        else:
+            error = text.problem(start)
+        if header is None and header_error is None:
+            if error is None:
+                header = fields
+            else:
+                header_error = f"the file's header (line {start}) cannot be read: {error}"
+            continue
+        if error is None and not fields:
+            continue  # a blank line
+        error = error or header_error
+        if error is not None:
+            yield SourceRow(file=uri, line=start, error=error)
+        elif header is not None:
+            record = dict.fromkeys(header)
+            record.update((k, v or None) for k, v in zip(header, fields, strict=False))
+            yield _checked(uri, start, record)
 
 
 def _parquet_rows(uri: str, storage: "ArtifactStorage") -> Iterator[SourceRow]:
-    """Read with pyarrow so integer ids next to nulls stay integers."""
+    """Read with pyarrow so integer ids next to nulls stay integers. A file pyarrow cannot
+    read (not Parquet, cut short, a page it cannot decode) ends in one unreadable row for
+    the rows from there on, so the rows before it still count."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     with storage.local_copy(uri) as path:
         number = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=10_000):
-            for record in batch.to_pylist():
-                number += 1
-                yield _checked(uri, number, record)
+        try:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=10_000):
+                for record in batch.to_pylist():
+                    number += 1
+                    yield _checked(uri, number, record)
+        except pa.ArrowException as exc:
+            error = f"cannot read the Parquet file from row {number + 1} on: {exc}"
+            yield SourceRow(file=uri, line=number + 1, error=error)
 
 
 def read_file_rows(uri: str, spec: PipelineSpec, storage: "ArtifactStorage") -> Iterator[SourceRow]:
+    limit = spec.source.max_line_bytes
     if spec.source.kind == "jsonl":
-        return _jsonl_rows(uri, storage)
+        return _jsonl_rows(uri, storage, limit)
     if spec.source.kind == "csv":
-        return _csv_rows(uri, storage)
+        return _csv_rows(uri, storage, limit)
     return _parquet_rows(uri, storage)
 
 
@@ -231,6 +297,35 @@ def rows_for_partition(
                 yield row
 
 
-def file_dates(spec: PipelineSpec, uri: str, storage: "ArtifactStorage") -> set[dt.date]:
-    """The partition dates a source file has rows for."""
-    return {day for _, day in _dated_rows(spec, uri, storage) if day is not None}
+class FileDays(NamedTuple):
+    """The partition dates a source file has rows for, and its rows that belong to none (no
+    date of their own, and none in the file's name or its other rows)."""
+
+    days: set[dt.date]
+    undated: int = 0
+    first_undated: SourceRow | None = None
+
+    def undated_reason(self, spec: PipelineSpec) -> str:
+        """Why the undated rows are not submitted, naming the first."""
+        row = self.first_undated
+        first = f"line {row.line}: {row.error or 'no date'}" if row is not None else ""
+        return (
+            f"{self.undated} row(s) belong to no day: no usable {spec.source.date_field!r}, and "
+            f"no date in the file's name or its other rows (first at {first}); they are not "
+            "submitted until the file names its day"
+        )
+
+
+def file_days(spec: PipelineSpec, uri: str, storage: "ArtifactStorage") -> FileDays:
+    """The partition dates a source file has rows for, and the rows that have none."""
+    days: set[dt.date] = set()
+    undated = 0
+    first: SourceRow | None = None
+    for row, day in _dated_rows(spec, uri, storage):
+        if day is not None:
+            days.add(day)
+            continue
+        undated += 1
+        if first is None:
+            first = row
+    return FileDays(days, undated, first)

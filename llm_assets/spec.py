@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from llm_assets import column_sizes
 from llm_assets.spec_checks import SpecCheck as SpecCheck
 from llm_assets.spec_checks import load_pandera_model as load_pandera_model
 from llm_assets.spec_checks import register_check as register_check
@@ -41,6 +42,12 @@ class SourceSpec(_Strict):
     required_fields: list[str] | None = Field(
         default=None, description="Fields that must be non-blank; default: every field."
     )
+    max_line_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        description="A JSONL or CSV line longer than this is an input dead letter; it is read "
+        "past, never held in memory.",
+    )
 
     @property
     def non_blank_fields(self) -> list[str]:
@@ -48,7 +55,11 @@ class SourceSpec(_Strict):
 
 
 class PromptSpec(_Strict):
-    version: str = Field(min_length=1)
+    version: str = Field(
+        min_length=1,
+        max_length=column_sizes.PROMPT_VERSION,
+        description="Part of the job key, kept in the ledger's prompt_version column.",
+    )
     system: str = ""
     template: str = Field(min_length=1)
     truncate_to_context: bool = Field(
@@ -65,7 +76,7 @@ class PromptSpec(_Strict):
 
 class ModelSpec(_Strict):
     provider: str
-    name: str
+    name: str = Field(max_length=column_sizes.MODEL_NAME)
     max_output_tokens: int = Field(default=512, gt=0)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     options: dict[str, Any] = Field(default_factory=dict)

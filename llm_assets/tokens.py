@@ -26,6 +26,10 @@ APPROX_MARGIN = 0.15
 """Added to approximated input counts in the upper bound: above the largest day-level error
 measured against the real tokenizers by bench/token_estimates.py."""
 
+MAX_TOKEN_BYTES = 128
+"""The longest token of o200k_base and cl100k_base, in bytes (a run of spaces; tested): a
+text of n characters (at least n bytes) is at least n / 128 tokens, known without tokenizing."""
+
 # OpenAI's chat framing (their cookbook's count): every message costs 3 tokens plus its role,
 # and the reply is primed with 3 more.
 _PER_MESSAGE = 3
@@ -122,6 +126,12 @@ class TokenCounter:
         tokens = len(_encoding(self.tokenizer).encode_ordinary(text))
         return tokens if self.factor is None else math.ceil(tokens * self.factor)
 
+    def fewest(self, characters: int) -> int:
+        """A lower bound of the count of any text of this many characters, without
+        tokenizing it: how a text of hundreds of MB is known to be over a context window at
+        once, where tokenizing it would take minutes."""
+        return math.floor(characters / MAX_TOKEN_BYTES * (self.factor or 1.0))
+
     def request(self, system: str, user: str) -> int:
         """Input tokens of one request: the texts plus the chat framing where it is known."""
         tokens = self.text(system) + self.text(user)
@@ -134,9 +144,12 @@ class TokenCounter:
         """The longest prefix of `text` that counts at most `max_tokens`."""
         if max_tokens <= 0:
             return ""
+        keep = max_tokens if self.factor is None else int(max_tokens / self.factor)
+        # The answer is at most keep * MAX_TOKEN_BYTES characters: a huge text is cut to
+        # twice that before it is tokenized.
+        text = text[: 2 * (keep + 1) * MAX_TOKEN_BYTES]
         encoding = _encoding(self.tokenizer)
         ids = encoding.encode_ordinary(text)
-        keep = max_tokens if self.factor is None else int(max_tokens / self.factor)
         if len(ids) <= keep:
             return text
         cut = encoding.decode(ids[:keep])

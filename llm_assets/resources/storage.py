@@ -324,11 +324,11 @@ class ArtifactStorage(dg.ConfigurableResource):
 
     def open_lines(self, uri: str) -> Iterator[bytes]:
         """Stream lines without newlines; opens eagerly so a bad uri fails at the call site."""
-        return split_lines(self._open_chunks(uri))
+        return split_lines(self.open_chunks(uri))
 
     def open_line_blocks(self, uri: str) -> Iterator[bytes]:
         """Stream the file in blocks of whole lines (see `line_blocks`); opens eagerly."""
-        return line_blocks(self._open_chunks(uri))
+        return line_blocks(self.open_chunks(uri))
 
     def lines_at(self, uri: str, offsets: Iterable[int]) -> Iterator[bytes]:
         """The lines (without newline) that start at these byte offsets, ascending: a few
@@ -337,7 +337,7 @@ class ArtifactStorage(dg.ConfigurableResource):
         target = _parse_uri(uri)
         if isinstance(target, Path):
             return self._local_lines_at(_open_local(target, uri), offsets)
-        return _lines_at(line_blocks(self._open_chunks(uri)), offsets)
+        return _lines_at(line_blocks(self.open_chunks(uri)), offsets)
 
     @staticmethod
     def _local_lines_at(handle: IO[bytes], offsets: Iterable[int]) -> Iterator[bytes]:
@@ -346,7 +346,8 @@ class ArtifactStorage(dg.ConfigurableResource):
                 handle.seek(offset)
                 yield handle.readline().removesuffix(b"\n")
 
-    def _open_chunks(self, uri: str) -> Iterator[bytes]:
+    def open_chunks(self, uri: str) -> Iterator[bytes]:
+        """Stream the file in chunks of `read_chunk_bytes`, cut anywhere; opens eagerly."""
         target = _parse_uri(uri)
         chunk_size = self.read_chunk_bytes
         if isinstance(target, Path):

@@ -39,9 +39,9 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
                 files.add(row.file)
                 if row.record is not None:
                     row = row._replace(record={k: v for k, v in row.record.items() if k in keep})
-                else:
-                    unreadable += 1
-                line = row.to_json() + b"\n"
+                row, line = row.snapshot_line()
+                unreadable += row.record is None
+                line += b"\n"
                 digest.update(line)
                 tmp.write(line)
                 rows += 1

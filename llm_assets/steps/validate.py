@@ -11,9 +11,10 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from llm_assets import quality
+from llm_assets import column_sizes, quality
 from llm_assets.failpoints import failpoint
 from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, JobCounts, JobRecord
+from llm_assets.result_rows import ledger_text
 from llm_assets.spec import PipelineSpec
 from llm_assets.steps.context import StepContext, artifact_key
 from llm_assets.validation import parse_output
@@ -95,14 +96,16 @@ class _Gate:
         self.valid = 0
 
     def fail(self, custom_id: str, rule: str, message: str) -> None:
+        """A quality dead letter; its rule may name a key of the model's answer, so it is
+        fitted to the ledger like any provider string."""
         self.failures[rule] += 1
         self.failed_rows.append(
             {
                 "custom_id": custom_id,
                 "status": DEAD_LETTER,
                 "error_class": "quality",
-                "error_code": rule,
-                "error_message": message,
+                "error_code": ledger_text(rule, column_sizes.ERROR_CODE),
+                "error_message": ledger_text(message),
             }
         )
 

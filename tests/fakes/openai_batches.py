@@ -205,6 +205,7 @@ class BatchLifecycle:
     error_file_when_clean: CleanErrorFile
     count_unrun_as_failed: bool
     responder: Responder | None
+    edit_line: Callable[[JSON], JSON] | None
     cached_tokens: int
     billed: Counter[str]
     dropped: Counter[str]
@@ -350,6 +351,8 @@ class BatchLifecycle:
         }
 
     def _write_result_file(self, batch: JSON, kind: str, lines: list[JSON]) -> str:
+        if self.edit_line is not None:
+            lines = [self.edit_line(line) for line in lines]
         content = "".join(json.dumps(line) + "\n" for line in lines).encode()
         meta = self.store.create_file(
             content, f"{batch['id']}_{kind}.jsonl", "batch_output", int(time.time()) + 30 * DAY

@@ -79,6 +79,8 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         "empty_string" (""), or "empty_file" (an empty file).
     count_unrun_as_failed: expired and cancelled lines count in request_counts.failed.
     responder: body -> assistant content, instead of `default_responder`.
+    edit_line: result line -> the line written instead (output and error files alike): the
+        odd answers of a real provider (overlong codes, NUL characters).
     cached_tokens: prompt tokens reported as read from the prompt cache (at most the prompt).
         Token counts are OpenAI's: the model's BPE plus the chat framing.
     billed: custom_id -> how many times a batch ran its request to an answer (what OpenAI
@@ -110,6 +112,7 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         self.error_file_when_clean: CleanErrorFile = "null"
         self.count_unrun_as_failed: bool = True
         self.responder: Responder | None = None
+        self.edit_line: Callable[[JSON], JSON] | None = None
         self.cached_tokens: int = 0
         self.billed: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()

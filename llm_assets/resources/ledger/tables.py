@@ -3,6 +3,8 @@ reservations."""
 
 import sqlalchemy as sa
 
+from llm_assets import column_sizes as size
+
 RESULT_FILLFACTOR = 36
 """Percent of each llm_batch_result page filled on insert; the rest is room for in-place
 updates. An item's row is rewritten twice (submitted, then with its result, about twice as
@@ -34,8 +36,8 @@ job_table = sa.Table(
     sa.Column("partition_date", sa.Date, nullable=False),
     sa.Column("task_type", sa.String(32), nullable=False),
     sa.Column("provider", sa.String(32), nullable=False),
-    sa.Column("model_name", sa.String(128), nullable=False),
-    sa.Column("prompt_version", sa.String(64), nullable=False),
+    sa.Column("model_name", sa.String(size.MODEL_NAME), nullable=False),
+    sa.Column("prompt_version", sa.String(size.PROMPT_VERSION), nullable=False),
     sa.Column("code_version", sa.String(128), nullable=False),
     sa.Column("status", sa.String(32), nullable=False),
     sa.Column("total_items", sa.Integer, nullable=False, server_default="0"),
@@ -83,7 +85,7 @@ shard_table = sa.Table(
     sa.Column("output_uri", sa.Text, nullable=True),
     sa.Column("error_uri", sa.Text, nullable=True),
     sa.Column("status", sa.String(32), nullable=False),
-    sa.Column("raw_status", sa.String(64), nullable=True),
+    sa.Column("raw_status", sa.String(size.RAW_STATUS), nullable=True),
     sa.Column("message", sa.Text, nullable=True),
     sa.Column("retry_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("completed_requests", sa.Integer, nullable=False, server_default="0"),
@@ -111,16 +113,16 @@ result_table = sa.Table(
     sa.Column("status", sa.String(32), nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("error_class", sa.String(32), nullable=True),
-    sa.Column("error_code", sa.String(128), nullable=True),
+    sa.Column("error_code", sa.String(size.ERROR_CODE), nullable=True),
     sa.Column("error_message", sa.Text, nullable=True),
-    sa.Column("model_name", sa.String(128), nullable=True),
+    sa.Column("model_name", sa.String(size.MODEL_NAME), nullable=True),
     sa.Column("estimated_input_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("input_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("cached_input_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("output_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
     sa.Column("prior_cost_usd", sa.Float, nullable=False, server_default="0"),
-    sa.Column("finish_reason", sa.String(64), nullable=True),
+    sa.Column("finish_reason", sa.String(size.FINISH_REASON), nullable=True),
     sa.Column("result_json", sa.Text, nullable=True),
     # Where the item's request line starts in its shard's input file, in bytes: a retry round
     # reads the lines it sends again there (null in rows of ledgers before version 5).
@@ -149,8 +151,8 @@ output_table = sa.Table(
     sa.Column("job_id", sa.String(128), nullable=False),  # no foreign key: see result_table
     sa.Column("custom_id", sa.String(64), nullable=False),
     sa.Column("source_id", sa.Text, nullable=True),
-    sa.Column("prompt_version", sa.String(64), nullable=False),
-    sa.Column("model_name", sa.String(128), nullable=False),
+    sa.Column("prompt_version", sa.String(size.PROMPT_VERSION), nullable=False),
+    sa.Column("model_name", sa.String(size.MODEL_NAME), nullable=False),
     sa.Column("output_json", sa.Text, nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.UniqueConstraint("job_id", "custom_id", name="uq_output_job_custom_id"),

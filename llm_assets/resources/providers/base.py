@@ -11,10 +11,11 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import dagster as dg
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
+from llm_assets import column_sizes
 from llm_assets.items import TemplateEncoder
-from llm_assets.result_rows import Answered, ItemResult
+from llm_assets.result_rows import Answered, ItemResult, ledger_text
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -93,6 +94,17 @@ class BatchStatus(BaseModel):
     completed: int = 0
     failed: int = 0
     message: str | None = None
+
+    @field_validator("raw_status")
+    @classmethod
+    def _raw_status_fits(cls, value: str) -> str:
+        """Kept in the shard's raw_status column, whatever the provider said."""
+        return ledger_text(value, column_sizes.RAW_STATUS) or ""
+
+    @field_validator("message")
+    @classmethod
+    def _message_fits(cls, value: str | None) -> str | None:
+        return ledger_text(value)
 
     @property
     def ended(self) -> bool:
