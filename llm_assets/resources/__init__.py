@@ -14,10 +14,22 @@ if TYPE_CHECKING:
 
 
 def _secret(name: str) -> Any:
-    """Keys reach resources only through dg.EnvVar; unset, the SDK reports what is missing."""
+    """Keys (and URLs that may carry credentials) reach resources only through dg.EnvVar;
+    unset, the SDK reports what is missing."""
     import dagster as dg
 
     return dg.EnvVar(name) if os.environ.get(name) else None
+
+
+def _ledger_settings(settings: "Settings") -> dict[str, Any]:
+    """The ledger's URL, as dg.EnvVar when it is LLM_ASSETS_DATABASE_URL's value (the UI then
+    shows the variable's name, never a password; the default SQLite URL stays a value)."""
+    import dagster as dg
+
+    url: Any = settings.database_url
+    if os.environ.get("LLM_ASSETS_DATABASE_URL") == url:
+        url = dg.EnvVar("LLM_ASSETS_DATABASE_URL")
+    return {"database_url": url}
 
 
 def _provider_settings(settings: "Settings") -> dict[str, dict[str, Any]]:
@@ -33,7 +45,7 @@ def _provider_settings(settings: "Settings") -> dict[str, dict[str, Any]]:
             "staging_uri": os.environ.get("LLM_ASSETS_BEDROCK_S3_URI") or None,
         },
         "online": {
-            "base_url": os.environ.get("LLM_ASSETS_ONLINE_BASE_URL") or None,
+            "base_url": _secret("LLM_ASSETS_ONLINE_BASE_URL"),
             "api_key": _secret("LLM_ASSETS_ONLINE_API_KEY"),
         },
     }
@@ -47,7 +59,7 @@ def build_resources(settings: "Settings") -> dict[str, Any]:
 
     configured = _provider_settings(settings)
     return {
-        "ledger": LedgerResource(database_url=settings.database_url),
+        "ledger": LedgerResource(**_ledger_settings(settings)),
         "storage": ArtifactStorage(base_url=settings.storage_url),
         **{
             provider_resource_key(name): adapter(**configured.get(name, {}))

@@ -22,7 +22,12 @@ from llm_assets.resources.ledger.records import (
     utcnow,
 )
 from llm_assets.resources.ledger.resource import LedgerResource
-from llm_assets.resources.ledger.schema import SCHEMA_VERSION, _engines, get_engine
+from llm_assets.resources.ledger.schema import (
+    SCHEMA_VERSION,
+    LedgerUnavailable,
+    _engines,
+    get_engine,
+)
 from llm_assets.resources.ledger.tables import (
     FIRST,
     REQUEUE_SHARD,
@@ -62,6 +67,7 @@ __all__ = [
     "JobCounts",
     "JobRecord",
     "LedgerResource",
+    "LedgerUnavailable",
     "ShardMismatch",
     "ShardRecord",
     "StagedResults",

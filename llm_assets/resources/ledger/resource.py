@@ -52,6 +52,8 @@ class LedgerResource(dg.ConfigurableResource):
     """Typed access to the ledger tables; creates them on first use."""
 
     database_url: str
+    """The ledger's URL; given as dg.EnvVar("LLM_ASSETS_DATABASE_URL") so that Dagster shows
+    the variable's name, never the password."""
     day_lock_wait_seconds: float = locks.DAY_LOCK_WAIT_SECONDS
     """How long a run waits for another run writing the same day before it fails with
     DayBusy (it changed nothing then, and can simply run again)."""
@@ -59,11 +61,22 @@ class LedgerResource(dg.ConfigurableResource):
     _ready: bool = PrivateAttr(default=False)
 
     @property
+    def url(self) -> str:
+        """The database URL, read from its variable when the resource holds a dg.EnvVar
+        (outside a Dagster run nothing resolves it)."""
+        if isinstance(self.database_url, dg.EnvVar):
+            value = self.database_url.get_value()
+            if not value:
+                raise ValueError(f"{self.database_url.env_var_name} is not set")
+            return value
+        return self.database_url
+
+    @property
     def engine(self) -> Engine:
         if not self._ready:
-            schema.ensure_schema(self.database_url)
+            schema.ensure_schema(self.url)
             self._ready = True
-        return schema.get_engine(self.database_url)
+        return schema.get_engine(self.url)
 
     def begin(self) -> contextlib.AbstractContextManager[Connection]:
         return self.engine.begin()

@@ -18,12 +18,18 @@ from llm_assets.resources.ledger.tables import (
     result_table,
     schema_version,
 )
+from llm_assets.secrecy import mask_url
 
 SCHEMA_VERSION = 5
 TEMP_BUFFERS = "64MB"
 """PostgreSQL temp_buffers of the ledger's sessions: a staged chunk of results stays in memory."""
 SQLITE_MIN = (3, 33, 0)
 """The oldest SQLite the ledger runs on: an import applies results with UPDATE ... FROM."""
+
+
+class LedgerUnavailable(RuntimeError):
+    """The ledger's database cannot be reached; the message shows its URL password-masked."""
+
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
@@ -115,8 +121,17 @@ def dialect_insert(conn: Connection, table: sa.Table) -> Any:
 
 @functools.cache
 def ensure_schema(url: str) -> bool:
-    """Create the tables once per URL and process, upgrading an older ledger in place."""
+    """Create the tables once per URL and process, upgrading an older ledger in place; a
+    database that cannot be reached is LedgerUnavailable, its URL shown password-masked."""
     engine = get_engine(url)
+    try:
+        with engine.connect():
+            pass
+    except sa.exc.OperationalError as exc:
+        reason = str(exc.orig).strip() if exc.orig is not None else type(exc).__name__
+        raise LedgerUnavailable(
+            f"cannot open the ledger at {mask_url(url)} (LLM_ASSETS_DATABASE_URL): {reason}"
+        ) from None
     for attempt in range(3):
         try:
             metadata.create_all(engine, checkfirst=True)
@@ -129,7 +144,7 @@ def ensure_schema(url: str) -> bool:
         found = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
         if found is not None and found > SCHEMA_VERSION:
             raise RuntimeError(
-                f"the ledger at {engine.url.render_as_string(hide_password=True)} has schema "
+                f"the ledger at {mask_url(url)} has schema "
                 f"version {found}, newer than this code's {SCHEMA_VERSION}; upgrade llm-assets"
             )
         if found is not None and found < SCHEMA_VERSION:

@@ -89,9 +89,8 @@ class OnlineProvider(BatchProvider):
     def run(self, spec: "PipelineSpec", work: OnlineWork) -> OnlineStats:
         """Send the work's `(custom_id, body, tokens)` requests to the spec's (or this
         resource's) OpenAI-compatible endpoint."""
-        return asyncio.run(
-            self._run(spec.online.base_url or self.base_url, settings_of(spec), work)
-        )
+        base_url = spec.online.base_url or resolve_secret(self.base_url)
+        return asyncio.run(self._run(base_url, settings_of(spec), work))
 
     async def _run(
         self, base_url: str | None, settings: OnlineSettings, work: OnlineWork
