@@ -21,15 +21,31 @@ def _secret(name: str) -> Any:
     return dg.EnvVar(name) if os.environ.get(name) else None
 
 
+LEDGER_LIMIT_VARIABLES: dict[str, tuple[str, type[int] | type[float]]] = {
+    "connect_timeout_seconds": ("LLM_ASSETS_LEDGER_CONNECT_TIMEOUT_SECONDS", int),
+    "statement_timeout_seconds": ("LLM_ASSETS_LEDGER_STATEMENT_TIMEOUT_SECONDS", float),
+}
+"""LedgerResource settings taken from the environment when set (PostgreSQL ledgers)."""
+
+
 def _ledger_settings(settings: "Settings") -> dict[str, Any]:
     """The ledger's URL, as dg.EnvVar when it is LLM_ASSETS_DATABASE_URL's value (the UI then
-    shows the variable's name, never a password; the default SQLite URL stays a value)."""
+    shows the variable's name, never a password; the default SQLite URL stays a value), and
+    the connection limits set in the environment."""
     import dagster as dg
 
     url: Any = settings.database_url
     if os.environ.get("LLM_ASSETS_DATABASE_URL") == url:
         url = dg.EnvVar("LLM_ASSETS_DATABASE_URL")
-    return {"database_url": url}
+    configured: dict[str, Any] = {"database_url": url}
+    for field, (variable, kind) in LEDGER_LIMIT_VARIABLES.items():
+        value = os.environ.get(variable)
+        if value:
+            try:
+                configured[field] = kind(value)
+            except ValueError:
+                raise ValueError(f"{variable}={value!r} is not a number of seconds") from None
+    return configured
 
 
 def _provider_settings(settings: "Settings") -> dict[str, dict[str, Any]]:

@@ -24,8 +24,10 @@ from llm_assets.resources.ledger.records import (
 from llm_assets.resources.ledger.resource import LedgerResource
 from llm_assets.resources.ledger.schema import (
     SCHEMA_VERSION,
+    ConnectionLimits,
     LedgerUnavailable,
     _engines,
+    dispose_engines,
     get_engine,
 )
 from llm_assets.resources.ledger.tables import (
@@ -63,6 +65,7 @@ __all__ = [
     "SUCCEEDED",
     "TERMINAL",
     "BackgroundWriter",
+    "ConnectionLimits",
     "DayBusy",
     "JobCounts",
     "JobRecord",
@@ -74,6 +77,7 @@ __all__ = [
     "UpsertStats",
     "_engines",
     "as_utc",
+    "dispose_engines",
     "get_engine",
     "job_table",
     "metadata",

@@ -1,6 +1,7 @@
-"""Engines and the schema: one engine per URL per process, tables made on first use, older
-ledgers upgraded in place, and a ledger newer than this code refused."""
+"""Engines and the schema: one engine per URL (and connection limits) per process, tables made
+on first use, older ledgers upgraded in place, and a ledger newer than this code refused."""
 
+import dataclasses
 import functools
 import pathlib
 import threading
@@ -27,11 +28,43 @@ SQLITE_MIN = (3, 33, 0)
 """The oldest SQLite the ledger runs on: an import applies results with UPDATE ... FROM."""
 
 
+@dataclasses.dataclass(frozen=True)
+class ConnectionLimits:
+    """How long a PostgreSQL ledger connection may take to open, how soon a dead server or a
+    silently dropped connection is noticed (TCP keepalives: after `keepalives_idle_seconds`
+    of silence, `keepalives_count` probes `keepalives_interval_seconds` apart), and how long
+    one statement may run before the server cancels it (0: no limit).
+
+    The statement limit is far above the longest legitimate statement (a million-item day's
+    bulk statements take tens of seconds): it ends a statement stuck behind a lock or a lost
+    server, never a slow import. A setting given in the URL's query wins over these."""
+
+    connect_timeout_seconds: int = 10
+    statement_timeout_seconds: float = 900.0
+    keepalives_idle_seconds: int = 30
+    keepalives_interval_seconds: int = 10
+    keepalives_count: int = 3
+
+    def connect_args(self, url: sa.URL) -> dict[str, Any]:
+        """psycopg2's connection parameters for these limits, less those the URL sets."""
+        args = {
+            "connect_timeout": self.connect_timeout_seconds,
+            "keepalives": 1,
+            "keepalives_idle": self.keepalives_idle_seconds,
+            "keepalives_interval": self.keepalives_interval_seconds,
+            "keepalives_count": self.keepalives_count,
+        }
+        return {name: value for name, value in args.items() if name not in url.query}
+
+
+DEFAULT_LIMITS = ConnectionLimits()
+
+
 class LedgerUnavailable(RuntimeError):
     """The ledger's database cannot be reached; the message shows its URL password-masked."""
 
 
-_engines: dict[str, Engine] = {}
+_engines: dict[tuple[str, ConnectionLimits], Engine] = {}
 _engines_lock = threading.Lock()
 
 
@@ -44,12 +77,14 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def _postgres_session(dbapi_connection: Any, _record: Any) -> None:
+def _postgres_session(limits: ConnectionLimits, dbapi_connection: Any, _record: Any) -> None:
     """Room for an import's staging table (a chunk of results) in the session's temporary
     buffers, so it is never written out and read back; settable only before a session's
-    first temporary table, so it is set when the connection opens."""
+    first temporary table, so it is set when the connection opens. The statement limit is
+    set here too, so it does not replace the `options` a URL may carry."""
     cursor = dbapi_connection.cursor()
     cursor.execute(f"SET temp_buffers = '{TEMP_BUFFERS}'")
+    cursor.execute(f"SET statement_timeout = {int(limits.statement_timeout_seconds * 1000)}")
     # The ledger's statements read by index, or whole days set-based: JIT compiling them
     # costs more than it saves.
     cursor.execute("SET jit = off")
@@ -93,10 +128,11 @@ def ledger_url(url: str) -> sa.URL:
     return parsed.set(drivername=f"postgresql+{POSTGRES_DRIVER}")
 
 
-def get_engine(url: str) -> Engine:
-    """One engine per URL per process, with SQLite set up for concurrent runs."""
+def get_engine(url: str, limits: ConnectionLimits = DEFAULT_LIMITS) -> Engine:
+    """One engine per URL and limits per process, with SQLite set up for concurrent runs and
+    PostgreSQL connections under `limits`."""
     with _engines_lock:
-        engine = _engines.get(url)
+        engine = _engines.get((url, limits))
         if engine is None:
             if url.startswith("sqlite"):
                 _check_sqlite_version()
@@ -106,10 +142,20 @@ def get_engine(url: str) -> Engine:
                 engine = sa.create_engine(url, connect_args={"timeout": 30})
                 sa.event.listen(engine, "connect", _sqlite_pragmas)
             else:
-                engine = sa.create_engine(ledger_url(url), pool_pre_ping=True)
-                sa.event.listen(engine, "connect", _postgres_session)
-            _engines[url] = engine
+                parsed = ledger_url(url)
+                engine = sa.create_engine(
+                    parsed, pool_pre_ping=True, connect_args=limits.connect_args(parsed)
+                )
+                sa.event.listen(engine, "connect", functools.partial(_postgres_session, limits))
+            _engines[(url, limits)] = engine
         return engine
+
+
+def dispose_engines(url: str) -> None:
+    """Close and forget this process's engines of `url` (whatever their limits)."""
+    with _engines_lock:
+        for key in [key for key in _engines if key[0] == url]:
+            _engines.pop(key).dispose()
 
 
 def dialect_insert(conn: Connection, table: sa.Table) -> Any:
@@ -120,10 +166,10 @@ def dialect_insert(conn: Connection, table: sa.Table) -> Any:
 
 
 @functools.cache
-def ensure_schema(url: str) -> bool:
+def ensure_schema(url: str, limits: ConnectionLimits = DEFAULT_LIMITS) -> bool:
     """Create the tables once per URL and process, upgrading an older ledger in place; a
     database that cannot be reached is LedgerUnavailable, its URL shown password-masked."""
-    engine = get_engine(url)
+    engine = get_engine(url, limits)
     try:
         with engine.connect():
             pass
