@@ -5,7 +5,6 @@ imports take seconds, and `--help` or `validate-spec` need none of them. What th
 print is laid out in console.py.
 """
 
-import csv
 import datetime as dt
 import getpass
 import json
@@ -22,6 +21,7 @@ from llm_assets.console import (
     err,
     outcome_table,
     print_costs,
+    print_csv,
     print_error,
     print_status,
     progress_bar,
@@ -316,9 +316,7 @@ def dead_letter(pipeline: str, date_: str, as_json: bool, as_csv: bool) -> None:
     if as_csv:
         columns = ["custom_id", "source_id", "error_class", "error_code", "error_message"]
         columns += ["attempts", "last_provider_batch"]
-        writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+        print_csv(columns, rows)
         return
     title = f"{spec.name} {day}: {len(rows)} dead letters (job {job.job_id})"
     console.print(dead_letter_table(title, rows))

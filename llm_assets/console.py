@@ -1,13 +1,14 @@
-"""What the command line prints: its two consoles, the progress display and its tables.
+"""What the command line prints: its two consoles, the progress display, its tables and CSV.
 
 Results go to stdout and progress and errors to stderr, so `--json` output and tables can be
 piped. When a stream is not a terminal it is 120 columns wide, so output captured by scripts
 and tests does not depend on the terminal it ran in.
 """
 
+import csv
 import datetime as dt
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -19,6 +20,9 @@ console = Console(stderr=False, width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 _COUNTS = ("items", "succeeded", "input_tokens", "output_tokens")
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+"""What a text cell starts with when a spreadsheet would run it as a formula (OWASP, CSV
+injection)."""
 
 
 def progress_bar() -> Progress:
@@ -137,3 +141,26 @@ def dead_letter_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
             escape((row["error_message"] or "")[:200]),
         )
     return table
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula, with a single quote before it so it
+    shows as the text it is: error messages and ids come from providers and source data,
+    and a CSV is opened in a spreadsheet. Numbers and other text are kept as they are."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def print_csv(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> None:
+    """Rows as CSV with a header row on stdout, each row ended by a line feed, every cell
+    `spreadsheet_safe`. With line feeds ending rows the csv module quotes only cells holding
+    one; a row with a carriage return in a cell is written with every cell quoted, so a
+    reader never takes that carriage return for the end of the row."""
+    plain = csv.writer(sys.stdout, lineterminator="\n")
+    quoted = csv.writer(sys.stdout, lineterminator="\n", quoting=csv.QUOTE_ALL)
+    plain.writerow(columns)
+    for row in rows:
+        cells = [spreadsheet_safe(row.get(column)) for column in columns]
+        carriage_return = any(isinstance(cell, str) and "\r" in cell for cell in cells)
+        (quoted if carriage_return else plain).writerow(cells)

@@ -21,6 +21,7 @@ import os
 import pickle
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 import time
@@ -136,33 +137,73 @@ def _call(
     return None
 
 
+SPILLS_ROOT = "/dev/shm"
+"""Where workers' result folders go when the system has it writable: memory, not disk."""
 SPILLS_PREFIX = "llm-assets-results-"
 STALE_SPILLS_SECONDS = 600
+_PID_LIMIT = 2**31
+"""Above every process id a system hands out (pid_t is a signed 32-bit number)."""
 
 
 def _spill_dir() -> str:
-    """A folder for this process's workers to leave results in: in memory (/dev/shm) where
-    the system has it. Folders left by processes that were killed are removed first: those
-    of no running process, untouched for `STALE_SPILLS_SECONDS` (a folder of a live run in
-    another PID namespace sharing /dev/shm changes with every chunk)."""
-    shm = "/dev/shm"
-    root = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
-    for name in os.listdir(root):
-        owner = name[len(SPILLS_PREFIX) :].split("-")[0]
-        if not name.startswith(SPILLS_PREFIX) or not owner.isdigit():
+    """A folder for this process's workers to leave results in: under `SPILLS_ROOT` where
+    the system has it, else in the temp folder. Folders left by processes that were killed
+    are removed first (`_remove_stale_spills`)."""
+    usable = os.path.isdir(SPILLS_ROOT) and os.access(SPILLS_ROOT, os.W_OK)
+    root = SPILLS_ROOT if usable else tempfile.gettempdir()
+    _remove_stale_spills(root)
+    return tempfile.mkdtemp(prefix=f"{SPILLS_PREFIX}{os.getpid()}-", dir=root)
+
+
+def _spill_owner(name: str) -> int | None:
+    """The process id in the name of a result folder, None for any other name: a file of
+    another program, or a name that only looks like ours (no id, letters or digits of
+    other scripts where the id goes, an id no process can have)."""
+    if not name.startswith(SPILLS_PREFIX):
+        return None
+    owner = name[len(SPILLS_PREFIX) :].partition("-")[0]
+    if not (owner.isascii() and owner.isdigit()):
+        return None
+    pid = int(owner)
+    return pid if 0 < pid < _PID_LIMIT else None
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # running, another user's
+        return True
+    return True
+
+
+def _remove_stale_spills(root: str) -> None:
+    """Remove the result folders of processes that are gone and left untouched for
+    `STALE_SPILLS_SECONDS` (a folder of a live run in another PID namespace sharing
+    /dev/shm changes with every chunk). Only real folders of this user are removed; any
+    other entry (a file or a symlink under such a name, another user's folder, a name that
+    only looks like ours) is left as found, and a root or folder that cannot be read or
+    removed is passed over: a stale entry never stops a step from starting its workers."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    stale_before = time.time() - STALE_SPILLS_SECONDS
+    for name in names:
+        pid = _spill_owner(name)
+        if pid is None or _running(pid):
             continue
         path = os.path.join(root, name)
         try:
-            os.kill(int(owner), 0)
-            continue  # running
-        except ProcessLookupError:
-            pass
-        except OSError:  # running, another user's
+            found = os.lstat(path)
+        except OSError:
             continue
-        with contextlib.suppress(OSError):
-            if os.stat(path).st_mtime < time.time() - STALE_SPILLS_SECONDS:
-                shutil.rmtree(path, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{SPILLS_PREFIX}{os.getpid()}-", dir=root)
+        if not stat.S_ISDIR(found.st_mode) or (uid is not None and found.st_uid != uid):
+            continue
+        if found.st_mtime < stale_before:
+            shutil.rmtree(path, ignore_errors=True)  # refuses a symlink swapped in since
 
 
 def _warm(work: Callable[[Any, Any], Any], key: str, context: bytes) -> None:

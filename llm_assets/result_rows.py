@@ -101,27 +101,6 @@ def copy_text(value: Any) -> str:
     return str(value)
 
 
-def copy_line(row: Sequence[Any]) -> str:
-    """A row as one line of COPY text (without its newline): copy_text of each value, with
-    the common cases inline (a line per imported result)."""
-    return "\t".join(
-        [
-            "\\N"
-            if value is None
-            else value
-            if value.__class__ is str
-            and "\\" not in value
-            and "\t" not in value
-            and "\n" not in value
-            and "\r" not in value
-            else str(value)
-            if value.__class__ is int or value.__class__ is float
-            else copy_text(value)
-            for value in row
-        ]
-    )
-
-
 COPY_BINARY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
 """The start of PostgreSQL's binary COPY data: signature, flags and header extension (none)."""
 COPY_BINARY_TRAILER = b"\xff\xff"

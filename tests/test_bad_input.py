@@ -666,6 +666,74 @@ def test_worker_results_come_back_in_files_that_are_removed(
     assert returned and all(future.result() is not None for _, future in returned)
 
 
+def test_odd_entries_where_result_folders_go_never_stop_workers_from_starting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Only this user's real folders of processes that are gone are removed when a pool
+    starts; names that only look like ours, files and symlinks under such names, another
+    user's folder and a folder that cannot be emptied are left as found, and a file where
+    the root folder should be sends the results to the temp folder instead."""
+    import subprocess
+    import sys
+
+    from llm_assets import parallel
+
+    gone = int(
+        subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    root = tmp_path / "shm"
+    root.mkdir()
+    monkeypatch.setattr(parallel, "SPILLS_ROOT", str(root))
+    prefix = parallel.SPILLS_PREFIX
+    kept: list[Path] = []
+    for odd in ("", "-x", "abc-1", "\u00b2-1", "\u0663-1", "0-x", "99999999999999999999-x"):
+        kept.append(root / f"{prefix}{odd}")
+        kept[-1].mkdir()
+    a_file = root / f"{prefix}{gone}-file"
+    a_file.write_bytes(b"not a folder")
+    kept.append(a_file)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_bytes(b"not ours")
+    kept.append(root / f"{prefix}{gone}-link")
+    kept[-1].symlink_to(elsewhere, target_is_directory=True)
+    stale = root / f"{prefix}{gone}-stale"
+    (stale / "locked").mkdir(parents=True)
+    (stale / "locked" / "7").write_bytes(b"left by a killed run")
+    if os.geteuid() == 0:
+        kept.append(root / f"{prefix}{gone}-theirs")
+        kept[-1].mkdir()
+        os.chown(kept[-1], 65534, 65534)
+    else:  # a folder that cannot be emptied
+        (stale / "locked").chmod(0o500)
+    old = time.time() - parallel.STALE_SPILLS_SECONDS - 1
+    for entry in (*kept, stale):
+        os.utime(entry, (old, old), follow_symlinks=False)
+    try:
+        made = Path(parallel._spill_dir())
+        assert made.parent == root and made.is_dir()
+        assert all(entry.is_symlink() or entry.exists() for entry in kept)
+        assert (elsewhere / "keep").read_bytes() == b"not ours"
+        assert os.geteuid() != 0 or not stale.exists()
+
+        # A file where the root folder should be: the temp folder holds the results.
+        system_tmp = tmp_path / "tmp"
+        system_tmp.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+        monkeypatch.setattr(parallel, "SPILLS_ROOT", str(a_file))
+        assert Path(parallel._spill_dir()).parent == system_tmp
+        parallel._remove_stale_spills(str(a_file))
+        parallel._remove_stale_spills(str(tmp_path / "missing"))
+    finally:
+        if stale.exists():
+            (stale / "locked").chmod(0o700)
+
+
 def sloppy(body: Any) -> str:
     """Answers like a good model, except for some texts: not JSON, or a label not allowed."""
     text = openai_tests.user_text(body)

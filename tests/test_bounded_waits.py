@@ -277,7 +277,7 @@ def test_a_postgresql_ledger_connects_with_timeouts_and_keepalives(postgres_url:
     ledger = LedgerResource(database_url=postgres_url)
     with ledger.engine.connect() as conn:
         assert conn.execute(sa.text("SHOW statement_timeout")).scalar() == "15min"
-        dsn = conn.connection.dbapi_connection.get_dsn_parameters()  # type: ignore[union-attr]
+        dsn = conn.connection.driver_connection.info.get_parameters()  # type: ignore[union-attr]
         # The URL's own options (the test schema's search_path) are kept.
         search_path = conn.execute(sa.text("SHOW search_path")).scalar()
     assert dsn["connect_timeout"] == "10"
@@ -315,7 +315,7 @@ def test_connection_limits_come_from_the_environment_and_the_url(
     try:
         with ledger.engine.connect() as conn:
             assert conn.execute(sa.text("SHOW statement_timeout")).scalar() == "30s"
-            dsn = conn.connection.dbapi_connection.get_dsn_parameters()  # type: ignore[union-attr]
+            dsn = conn.connection.driver_connection.info.get_parameters()  # type: ignore[union-attr]
         assert dsn["connect_timeout"] == "7"  # the URL's own setting wins
     finally:
         dispose_engines(url)

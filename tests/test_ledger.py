@@ -355,6 +355,42 @@ def test_add_shard_with_items_is_idempotent(ledger: LedgerResource, database_url
     assert snapshot(database_url) == before
 
 
+def test_a_submit_intent_is_committed_to_disk_and_other_writes_are_not_slowed(
+    ledger: LedgerResource, database_url: str
+) -> None:
+    """The intent tells a later run to look for a batch the provider may have made before a
+    crash, so it must outlive the machine dying right after the create call. On SQLite (WAL,
+    synchronous=NORMAL) its commit syncs the WAL: the UPDATE runs with synchronous=FULL (2),
+    and the connection is back to NORMAL (1) for the writes after it."""
+    make_job(ledger)
+    sid = shard_id(0, 0)
+    ledger.add_shard_with_items(shard_row(item_count=1), [item_row(cid(0), shard=sid)])
+    engine = engine_of(database_url)
+    on_sqlite = engine.dialect.name == "sqlite"
+    seen: list[tuple[str, int | None]] = []
+
+    def level(conn: sa.Connection, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE LLM_BATCH_SHARD"):
+            raw = conn.connection.driver_connection
+            synchronous = raw.execute("PRAGMA synchronous").fetchone()[0] if on_sqlite else None
+            seen.append((statement, synchronous))
+
+    sa.event.listen(engine, "before_cursor_execute", level)
+    try:
+        ledger.record_submit_intent(sid, '{"input_per_mtok": 1.0}')
+        assert ledger.update_shard(sid, status="uploaded")
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", level)
+
+    shard = ledger.get_shard(sid)
+    assert shard is not None and shard.submit_intent_at is not None
+    assert shard.price_json == '{"input_per_mtok": 1.0}'
+    [(intent, intent_level), (_, later_level)] = seen
+    assert "submit_intent_at" in intent
+    if on_sqlite:
+        assert (intent_level, later_level) == (2, 1)
+
+
 def test_a_shard_is_recorded_only_with_exactly_its_items(
     ledger: LedgerResource, database_url: str
 ) -> None:

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,62 @@ def test_bad_rows_end_as_input_dead_letters_with_their_reason(platform: Platform
     )
     exported_codes = {json.loads(line)["error_code"] for line in exported}
     assert set(EXPECTED_INPUT_DEAD_LETTERS.values()) <= exported_codes
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_each_submit_intent_is_synced_to_disk_before_its_batch_is_created(
+    platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch created after a write the machine loses would be created again by the next
+    run (a second paid batch): on SQLite, whose other writes run with synchronous=NORMAL,
+    each shard's intent is written with synchronous=FULL (2) before the provider's create
+    call."""
+    events: list[tuple[str, Any]] = []
+
+    def level(conn: sa.Connection, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE") and "submit_intent_at" in statement:
+            raw = conn.connection.driver_connection
+            events.append(("intent", raw.execute("PRAGMA synchronous").fetchone()[0]))
+
+    submit = LocalProvider.submit
+
+    def create(self: LocalProvider, submission: Any, storage: Any) -> str:
+        events.append(("create", submission.shard_id))
+        return submit(self, submission, storage)
+
+    monkeypatch.setattr(LocalProvider, "submit", create)
+    engine = platform.ledger.engine
+    sa.event.listen(engine, "before_cursor_execute", level)
+    try:
+        platform.materialize(("input_snapshot", "request_shards", "provider_batches"))
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", level)
+
+    job = steps.existing_job(platform.spec, DAY, platform.ledger)
+    shards = platform.ledger.shards(job.job_id)
+    assert shards and all(s.provider_batch_id for s in shards)
+    assert [kind for kind, _ in events] == ["intent", "create"] * len(shards)
+    assert {value for kind, value in events if kind == "intent"} == {2}
+    assert [value for kind, value in events if kind == "create"] == [s.shard_id for s in shards]
+
+
+@pytest.mark.one_database
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640)])
+def test_every_file_a_day_writes_is_as_readable_as_the_umask_lets_it_be(
+    platform: Platform, umask: int, mode: int
+) -> None:
+    """Snapshots, shard files, validated and published outputs and reports are read by the
+    group that consumes them: 0o666 less the umask, not readable by their writer alone."""
+    before = os.umask(umask)
+    try:
+        platform.materialize()
+    finally:
+        os.umask(before)
+
+    artifacts = Path(platform.settings.storage_url)
+    written = {path: path.stat().st_mode & 0o777 for path in artifacts.rglob("*") if path.is_file()}
+    assert any(path.parts[-3:-1] == ("published", "support_tickets") for path in written)
+    assert written and set(written.values()) == {mode}, written
 
 
 def test_rematerializing_any_step_changes_nothing(platform: Platform) -> None:

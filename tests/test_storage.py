@@ -287,6 +287,28 @@ def test_failed_local_publish_cleans_temp(tmp_path: Path, monkeypatch: pytest.Mo
     assert list((tmp_path / "k").iterdir()) == []
 
 
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
+def test_local_artifacts_are_as_readable_as_the_umask_lets_them(
+    tmp_path: Path, umask: int, mode: int
+) -> None:
+    """Published files are read by the group that consumes them: their mode is 0o666 less
+    the umask, as for any file a program makes, whichever way they are written."""
+    storage = ArtifactStorage(base_url=str(tmp_path / "artifacts"))
+    source = tmp_path / "built.parquet"
+    source.write_bytes(b"built elsewhere")
+    before = os.umask(umask)
+    try:
+        written = [
+            storage.write_lines("published/day.jsonl", [b"a", b"b"]),
+            storage.write_bytes("reports/day.cost.md", b"# costs"),
+            storage.write_file("published/day.parquet", source),
+        ]
+    finally:
+        os.umask(before)
+    for artifact in written:
+        assert Path(artifact.uri).stat().st_mode & 0o777 == mode, artifact.uri
+
+
 def test_in_flight_temp_files_are_not_listed(tmp_path: Path) -> None:
     storage = ArtifactStorage(base_url=str(tmp_path))
     storage.write_bytes("d/real.txt", b"r")

@@ -1,12 +1,14 @@
 """Artifact storage: one API over a local folder or an S3 prefix (`storage_s3`).
 
 Every write is staged in a temp file and published in one step (``os.replace`` locally,
-``upload_file`` on S3), so readers never see a partial artifact, even after a crash.
+``upload_file`` on S3), so readers never see a partial artifact, even after a crash. A local
+artifact's mode follows the umask (0o666 less it), like any file a program makes.
 """
 
 import hashlib
 import os
 import re
+import secrets
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -135,6 +137,21 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _open_staging(target: S3Location | Path) -> tuple[IO[bytes], Path]:
+    """A new file to stage a write in: beside a local target, so publishing is a rename, or
+    in the temp folder for an upload. A local one is made with mode 0o666 less the umask,
+    as any file a program makes, so the group that reads published outputs can read them
+    (tempfile makes 0o600 files: readable by this user alone)."""
+    if isinstance(target, Path):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        path = target.parent / f".{target.name}.{secrets.token_hex(8)}{_STAGING_SUFFIX}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    else:
+        fd, name = tempfile.mkstemp(prefix="llm-assets-upload-", suffix=_STAGING_SUFFIX)
+        path = Path(name)
+    return os.fdopen(fd, "wb"), path
 
 
 class _Sink(Protocol):
@@ -286,20 +303,10 @@ class ArtifactStorage(dg.ConfigurableResource):
     def _write(self, key: str, fill: Callable[[_HashingWriter], int]) -> WrittenArtifact:
         uri = self.uri(key)
         target = _parse_uri(uri)
-        if isinstance(target, Path):
-            staging_dir: Path | None = target.parent
-            staging_dir.mkdir(parents=True, exist_ok=True)
-            prefix = f".{target.name}."
-        else:
-            staging_dir = None
-            prefix = "llm-assets-upload-"
-
         staged_path: Path | None = None
         try:
-            with tempfile.NamedTemporaryFile(
-                dir=staging_dir, prefix=prefix, suffix=_STAGING_SUFFIX, delete=False
-            ) as staged:
-                staged_path = Path(staged.name)
+            staged, staged_path = _open_staging(target)
+            with staged:
                 out = _HashingWriter(staged)
                 line_count = fill(out)
                 staged.flush()

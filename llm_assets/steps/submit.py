@@ -187,9 +187,7 @@ class _Submitter:
         # The first intent is kept: after a crash, the adapter reconciles from that moment.
         # The price in force now is the one the shard's results are charged at.
         if shard.submit_intent_at is None:
-            ctx.ledger.update_shard(
-                shard.shard_id, submit_intent_at=utcnow(), price_json=self.price_json
-            )
+            ctx.ledger.record_submit_intent(shard.shard_id, self.price_json)
             shard = shard.model_copy(update={"price_json": self.price_json})
         failpoint("submit.after_intent")
         provider = ctx.batch_provider

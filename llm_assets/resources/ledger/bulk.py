@@ -1,33 +1,54 @@
 """Bulk writes: many rows per statement without per-row SQLAlchemy work, and the thread that
 runs ledger writes while the caller prepares the next chunk.
 
-PostgreSQL: rows are COPYed into a temporary table and applied by one set-based statement.
+PostgreSQL (psycopg 3): rows are COPYed into a temporary table, in binary COPY encoded by
+psycopg's C code from the ledger's column types, and applied by one set-based statement.
 SQLite: one executemany of plain tuples on the raw connection, with datetimes encoded as
 SQLAlchemy stores them.
 """
 
 import contextlib
 import datetime as dt
-import io
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+from psycopg.copy import LibpqWriter
 from sqlalchemy.engine import Connection
 
 from llm_assets.resources.ledger.tables import Timestamp
-from llm_assets.result_rows import COPY_BINARY_HEADER, COPY_BINARY_TRAILER, copy_line
+from llm_assets.result_rows import COPY_BINARY_HEADER, COPY_BINARY_TRAILER
 
 COPY_BUFFER = 1 << 22
-"""Bytes handed to a COPY per read of its buffer: psycopg2 reads 8 KB at a time by default,
-taking the GIL for each read, which keeps the writer thread waiting behind a busy caller."""
+"""Bytes of COPY data psycopg queues in libpq before it waits for them to reach the server
+(1 MB by default): each wait gives up the GIL and takes it again, which keeps the writer
+thread waiting behind a busy caller."""
 HASH_WORK_MEM = "64MB"
 """PostgreSQL work_mem of a statement that joins a staged chunk to a shard's rows by a hash
 table: the table of one shard's rows (or of the chunk) is built in memory, in one batch."""
 UNIQUE_VIOLATION = "23505"
 """PostgreSQL's SQLSTATE for a duplicate key."""
+
+
+def _copy_type(column: sa.Column[Any], dialect: sa.Dialect) -> str:
+    """The PostgreSQL type a column's binary COPY field is encoded as."""
+    kind = column.type.dialect_impl(dialect)
+    if isinstance(kind, sa.BigInteger):
+        return "int8"
+    if isinstance(kind, sa.Integer):
+        return "int4"
+    if isinstance(kind, sa.Float):
+        return "float8"
+    if isinstance(kind, sa.DateTime):
+        return "timestamptz" if kind.timezone else "timestamp"
+    if isinstance(kind, sa.Date):
+        return "date"
+    if isinstance(kind, sa.String):
+        return "text"
+    raise TypeError(f"no binary COPY type for {column.table.name}.{column.name} ({kind})")
 
 
 class Bulk:
@@ -38,7 +59,13 @@ class Bulk:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.postgres = conn.dialect.name == "postgresql"
-        self.cursor = conn.connection.cursor()
+        # PostgreSQL: parameters bound on the client, as one query text, so that settings and
+        # the statement they are for go in one round trip (see execute).
+        self.cursor = (
+            psycopg.ClientCursor(conn.connection.dbapi_connection)
+            if self.postgres
+            else conn.connection.cursor()
+        )
         self._settings = ""
         when = Timestamp.dialect_impl(conn.dialect).bind_processor(conn.dialect)
         self._when = when or (lambda value: value)
@@ -53,7 +80,7 @@ class Bulk:
                 statement, None, exc, self.conn.dialect.loaded_dbapi.Error
             ) from exc
 
-    def execute(self, statement: str, params: Any = ()) -> None:
+    def execute(self, statement: str, params: Any = None) -> None:
         """Run a statement, after the settings queued for it (sent in the same round trip:
         the thread that writes the ledger takes the GIL again after each one, and waits for
         it behind a busy main thread). The cursor's rowcount is the statement's."""
@@ -61,7 +88,13 @@ class Bulk:
             statement = f"{self._settings}; {statement}"
             self._settings = ""
         with self._errors(statement):
-            self.cursor.execute(statement, params)
+            if not self.postgres:
+                self.cursor.execute(statement, params or ())
+                return
+            self.cursor.execute(statement, params or None)
+            # psycopg 3 shows the first result of several statements: move to the last one.
+            while self.cursor.nextset():
+                pass
 
     def join_by_index(self) -> None:
         """PostgreSQL, from the next statement to the end of this transaction (or until
@@ -114,26 +147,42 @@ class Bulk:
         if binary is not None:
             self.copy_binary(self.STAGE, columns, binary)
         else:
-            self.copy(self.STAGE, columns, rows)
+            self.copy(table, columns, rows, into=self.STAGE)
 
-    def copy(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-        """PostgreSQL: COPY rows into a table, as COPY text, handed to the driver as one
-        buffer of UTF-8 bytes."""
+    def copy(
+        self,
+        table: sa.Table,
+        columns: Sequence[str],
+        rows: Iterable[Sequence[Any]],
+        *,
+        into: str | None = None,
+    ) -> None:
+        """PostgreSQL: COPY rows into `table` (or into `into`, a table of the same column
+        types), as binary COPY that psycopg encodes row by row in C from the columns' types:
+        no text for the server to parse. Values are of their column's Python type (datetimes
+        aware, not text); None is NULL."""
         assert self.postgres
-        lines = [copy_line(row) for row in rows]
-        buffer = io.BytesIO(("\n".join(lines) + "\n").encode() if lines else b"")
-        statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
-        with self._errors(statement):
-            self.cursor.copy_expert(statement, buffer, size=COPY_BUFFER)
+        types = [_copy_type(table.c[name], self.conn.dialect) for name in columns]
+        statement = f"COPY {into or table.name} ({', '.join(columns)}) FROM STDIN (FORMAT binary)"
+        with self._errors(statement), self._copying(statement) as copy:
+            copy.set_types(types)
+            write_row = copy.write_row
+            for row in rows:
+                write_row(row)
 
     def copy_binary(self, table: str, columns: Sequence[str], tuples: Sequence[bytes]) -> None:
         """PostgreSQL: COPY tuples of binary COPY (made for the table's column types) into a
-        table."""
+        table, handed to psycopg as one block with the format's header and trailer."""
         assert self.postgres
-        buffer = io.BytesIO(b"".join((COPY_BINARY_HEADER, *tuples, COPY_BINARY_TRAILER)))
         statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT binary)"
-        with self._errors(statement):
-            self.cursor.copy_expert(statement, buffer, size=COPY_BUFFER)
+        with self._errors(statement), self._copying(statement) as copy:
+            copy.write(b"".join((COPY_BINARY_HEADER, *tuples, COPY_BINARY_TRAILER)))
+
+    def _copying(self, statement: str) -> Any:
+        """A COPY ... FROM STDIN of the cursor, its data queued in libpq up to COPY_BUFFER."""
+        return self.cursor.copy(
+            statement, writer=LibpqWriter(self.cursor, flush_threshold=COPY_BUFFER)
+        )
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]], *, encoded: bool = False) -> int:
         """SQLite: one statement over many tuples; the rows it changed. `encoded`: the rows
@@ -165,9 +214,9 @@ class Bulk:
             )
         self.execute("SAVEPOINT llm_direct_copy")
         try:
-            self.copy(table.name, columns, rows)
+            self.copy(table, columns, rows)
         except sa.exc.IntegrityError as exc:
-            if getattr(exc.orig, "pgcode", None) != UNIQUE_VIOLATION:
+            if getattr(exc.orig, "sqlstate", None) != UNIQUE_VIOLATION:
                 raise
             self.execute("ROLLBACK TO SAVEPOINT llm_direct_copy")
         else:

@@ -14,7 +14,7 @@ from llm_assets.resources.ledger.bulk import Bulk
 from llm_assets.resources.ledger.records import JobCounts, utcnow
 from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import result_table, shard_table
-from llm_assets.result_rows import DEAD_LETTER, PENDING, RETRY, SUBMITTED, SUCCEEDED, copy_text
+from llm_assets.result_rows import DEAD_LETTER, PENDING, RETRY, SUBMITTED, SUCCEEDED
 
 _TABLE = result_table.name
 
@@ -39,8 +39,9 @@ def record_new_shard(conn: Connection, shard: dict[str, Any], now: dt.datetime) 
         dialect_insert(conn, shard_table)
         .values(**shard, status="created", created_at=now, updated_at=now)
         .on_conflict_do_nothing()
-    ).rowcount
-    if inserted != 1:
+        .returning(shard_table.c.shard_id)
+    ).first()
+    if inserted is None:
         raise ShardMismatch(
             f"shard {shard['shard_id']} is in the ledger already; it was built again by a "
             "run that did not hold its day, and nothing of it was recorded"
@@ -55,8 +56,9 @@ def insert_items(conn: Connection, items: Sequence[dict[str, Any]], now: Any) ->
     keys = list(items[0])
     columns = [*keys, "created_at", "updated_at"]
     inserted = 0
-    # The item's datetimes are these two stamps, encoded once (not per row and value).
-    stamp = copy_text(now) if bulk.postgres else bulk.value(now)
+    # The item's datetimes are these two stamps, encoded once (not per row and value) on
+    # SQLite; PostgreSQL's COPY takes the datetime itself.
+    stamp = bulk.value(now)
     for chunk in chunked(items, limits.BULK_CHUNK):
         rows = [[item.get(k) for k in keys] + [stamp, stamp] for item in chunk]
         inserted += bulk.insert_ignoring_existing(

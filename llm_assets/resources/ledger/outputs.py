@@ -16,7 +16,6 @@ from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.bulk import BackgroundWriter, Bulk
 from llm_assets.resources.ledger.records import utcnow
 from llm_assets.resources.ledger.tables import job_table, output_table
-from llm_assets.result_rows import copy_text
 
 OUTPUT_KEYS = ("custom_id", "source_id", "prompt_version", "model_name", "output_json")
 """The values of an output row, in the order replacing_outputs takes them."""
@@ -39,14 +38,14 @@ def replacing_outputs(engine: Engine, job_id: str) -> Iterator[OutputWriter]:
             yield lambda batch: pickle.dump(batch, spool)
             replace_outputs(engine, job_id, _spooled(spool))
         return
-    now = copy_text(utcnow())  # once, not per row
+    now = utcnow()
     columns = [*OUTPUT_KEYS, "job_id", "created_at"]
     with engine.connect() as conn, conn.begin():
         conn.execute(sa.delete(output_table).where(output_table.c.job_id == job_id))
         bulk = Bulk(conn)
 
         def copy(batch: list[tuple[Any, ...]]) -> None:
-            bulk.copy(output_table.name, columns, ((*row, job_id, now) for row in batch))
+            bulk.copy(output_table, columns, ((*row, job_id, now) for row in batch))
 
         with BackgroundWriter() as writer:
             yield lambda batch: writer.submit(functools.partial(copy, batch))
@@ -72,14 +71,14 @@ def replace_outputs(engine: Engine, job_id: str, rows: Iterable[dict[str, Any]])
     with engine.begin() as conn:
         conn.execute(sa.delete(output_table).where(output_table.c.job_id == job_id))
         bulk = Bulk(conn)
-        # Outputs are strings; the one timestamp is encoded once, not per row.
-        stamp = copy_text(now) if bulk.postgres else bulk.value(now)
+        # Outputs are strings; the one timestamp is encoded once, not per row (SQLite).
+        stamp = bulk.value(now)
         for chunk in chunked(rows, limits.BULK_CHUNK):
             keys = list(chunk[0])
             columns = [*keys, "job_id", "created_at"]
             values = ([row.get(k) for k in keys] + [job_id, stamp] for row in chunk)
             if bulk.postgres:
-                bulk.copy(output_table.name, columns, values)
+                bulk.copy(output_table, columns, values)
             else:
                 marks = ", ".join("?" for _ in columns)
                 bulk.executemany(

@@ -248,6 +248,10 @@ class LedgerResource(dg.ConfigurableResource):
         """A shard not sent yet, rewritten with only its pending items' lines."""
         shards.narrow_shard(self.engine, shard_id, lines, **values)
 
+    def record_submit_intent(self, shard_id: str, price_json: str) -> None:
+        """The shard is about to be sent: recorded durably before the create call."""
+        shards.record_submit_intent(self.engine, shard_id, price_json)
+
     def mark_submitted(self, shard_id: str, provider_batch_id: str, status: str) -> None:
         shards.mark_submitted(self.engine, shard_id, provider_batch_id, status)
 

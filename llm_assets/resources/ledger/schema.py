@@ -1,10 +1,12 @@
 """Engines and the schema: one engine per URL (and connection limits) per process, tables made
 on first use, older ledgers upgraded in place, and a ledger newer than this code refused."""
 
+import contextlib
 import dataclasses
 import functools
 import pathlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -46,7 +48,7 @@ class ConnectionLimits:
     keepalives_count: int = 3
 
     def connect_args(self, url: sa.URL) -> dict[str, Any]:
-        """psycopg2's connection parameters for these limits, less those the URL sets."""
+        """The libpq connection parameters of these limits, less those the URL sets."""
         args = {
             "connect_timeout": self.connect_timeout_seconds,
             "keepalives": 1,
@@ -88,10 +90,10 @@ def _postgres_session(limits: ConnectionLimits, dbapi_connection: Any, _record: 
     # The ledger's statements read by index, or whole days set-based: JIT compiling them
     # costs more than it saves.
     cursor.execute("SET jit = off")
+    # COPY data is sent as UTF-8 bytes, made in worker processes that do not know the session.
+    cursor.execute("SET client_encoding = 'UTF8'")
     cursor.close()
     dbapi_connection.commit()
-    # COPY data is sent as UTF-8 bytes, made in worker processes that do not know the session.
-    dbapi_connection.set_client_encoding("UTF8")
 
 
 def _check_sqlite_version() -> None:
@@ -105,8 +107,8 @@ def _check_sqlite_version() -> None:
         )
 
 
-POSTGRES_DRIVER = "psycopg2"
-"""The driver of a PostgreSQL ledger (its bulk writes use psycopg2's COPY)."""
+POSTGRES_DRIVER = "psycopg"
+"""The driver of a PostgreSQL ledger (its bulk writes use psycopg 3's COPY)."""
 POSTGRES_FORMS = ("postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://")
 """The forms of a PostgreSQL ledger URL: each one opens the ledger with POSTGRES_DRIVER."""
 
@@ -163,6 +165,29 @@ def dialect_insert(conn: Connection, table: sa.Table) -> Any:
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
+
+
+@contextlib.contextmanager
+def durable_begin(engine: Engine) -> Iterator[Connection]:
+    """A transaction whose commit is on disk when the block ends, whatever happens to the
+    machine next. PostgreSQL commits that way already. The SQLite ledger runs WAL with
+    synchronous=NORMAL, where a power loss can undo the last commits; here its connection
+    syncs the WAL at commit (synchronous=FULL) for this one transaction and is set back
+    after it, so a write that must outlive what follows it costs one sync and the bulk
+    writes none. The pragma goes to the driver's connection directly, outside any
+    transaction (SQLite refuses to change it inside one)."""
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
+        before = None
+        if raw is not None:
+            before = raw.execute("PRAGMA synchronous").fetchone()[0]
+            raw.execute("PRAGMA synchronous=FULL")
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            if raw is not None:
+                raw.execute(f"PRAGMA synchronous={int(before)}")
 
 
 @functools.cache

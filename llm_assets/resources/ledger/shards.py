@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection, Engine
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.items import ShardMismatch, insert_items, record_new_shard
 from llm_assets.resources.ledger.records import ShardRecord, utcnow
+from llm_assets.resources.ledger.schema import durable_begin
 from llm_assets.resources.ledger.tables import reservation_table, result_table, shard_table
 from llm_assets.result_rows import PENDING, SUBMITTED
 
@@ -72,6 +73,20 @@ def update_shard(
         query = query.where(shard_table.c.status.in_(list(expect_status)))
     with engine.begin() as conn:
         return conn.execute(query.values(**values, updated_at=utcnow())).rowcount > 0
+
+
+def record_submit_intent(engine: Engine, shard_id: str, price_json: str) -> None:
+    """Record that the shard is about to be sent, and the price its results are charged at.
+    The intent is what tells a later run to look for a batch the provider may have made
+    before a crash, so it is committed durably (`durable_begin`) before the create call:
+    it survives the machine dying right after that call."""
+    now = utcnow()
+    with durable_begin(engine) as conn:
+        conn.execute(
+            sa.update(shard_table)
+            .where(shard_table.c.shard_id == shard_id)
+            .values(submit_intent_at=now, price_json=price_json, updated_at=now)
+        )
 
 
 def mark_submitted(engine: Engine, shard_id: str, provider_batch_id: str, status: str) -> None:
