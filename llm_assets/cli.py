@@ -69,7 +69,8 @@ def _date(value: str | None) -> dt.date | None:
 
 
 class _Cli(click.Group):
-    """Exit 2 means "blocked by a gate" here, so usage errors exit 1 like other errors."""
+    """Exit 2 means "blocked by a gate" here, so usage errors exit 1 like other errors. A
+    ledger that cannot be opened is one line naming its URL with the password masked."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         kwargs["standalone_mode"] = False
@@ -82,6 +83,14 @@ class _Cli(click.Group):
             sys.exit(EXIT_ERROR)
         except click.exceptions.Abort:
             err.print("aborted")
+            sys.exit(EXIT_ERROR)
+        except Exception as exc:
+            # Raised only once the ledger was used, so this import is already done.
+            from llm_assets.resources.ledger import LedgerUnavailable
+
+            if not isinstance(exc, LedgerUnavailable):
+                raise
+            print_error(str(exc))
             sys.exit(EXIT_ERROR)
 
 

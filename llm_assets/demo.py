@@ -16,6 +16,7 @@ from llm_assets.resources import build_resources
 # Importing the registry registers the provider checks with spec validation.
 from llm_assets.resources.providers import registry  # noqa: F401
 from llm_assets.runner import DayOutcome, run_days
+from llm_assets.secrecy import mask_url
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec, load_specs
 
@@ -125,12 +126,13 @@ def _summary_table(spec: PipelineSpec, scored: list[tuple[DayOutcome, int, int]]
 
 
 def _where_things_are(settings: Settings, spec: PipelineSpec) -> str:
+    storage = mask_url(settings.storage_url)
     return (
-        f"published outputs: {settings.storage_url}/published/{spec.name}/\n"
-        f"validated outputs: {settings.storage_url}/outputs/{spec.name}/\n"
-        f"QA samples:        {settings.storage_url}/qa/{spec.name}/\n"
-        f"dead letters:      {settings.storage_url}/dead_letters/{spec.name}/\n"
-        f"cost reports:      {settings.storage_url}/reports/{spec.name}/\n"
-        f"ledger:            {settings.database_url}\n"
+        f"published outputs: {storage}/published/{spec.name}/\n"
+        f"validated outputs: {storage}/outputs/{spec.name}/\n"
+        f"QA samples:        {storage}/qa/{spec.name}/\n"
+        f"dead letters:      {storage}/dead_letters/{spec.name}/\n"
+        f"cost reports:      {storage}/reports/{spec.name}/\n"
+        f"ledger:            {mask_url(settings.database_url)}\n"
         f"Dagster runs:      {settings.dagster_home} (see them with `make ui`)"
     )

@@ -11,11 +11,13 @@ import logging
 import os
 import urllib.error
 import urllib.request
+from typing import Any
 
 from pydantic import BaseModel
 
 from llm_assets import steps
 from llm_assets.resources.ledger import LedgerResource, utcnow
+from llm_assets.secrecy import webhook_url_problem
 from llm_assets.spec import PipelineSpec
 
 log = logging.getLogger("llm_assets.notify")
@@ -102,40 +104,59 @@ def summarize(
     )
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer like any other (reported with its status), never followed: the
+    summary goes only to the URL configured, over the scheme it names."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirects)
+
+
 def post_webhook(url: str, summary: PartitionSummary, timeout: float = 10.0) -> str | None:
     """POST the summary; returns an error message instead of raising (a notification must
-    never fail the sensor that sends it). The URL is a secret: it is never logged."""
+    never fail the sensor that sends it). The URL is a secret: a failure is told by the
+    exception's type and the HTTP status, never by the URL or the exception's text (which
+    may quote it)."""
     payload = {"text": summary.text(), "llm_assets": summary.model_dump(mode="json")}
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
     error = ""
     for _ in range(2):  # a 5xx or a lost connection is tried once more
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            request = urllib.request.Request(
+                url,
+                data=json.dumps(payload).encode(),
+                headers={"Content-Type": "application/json"},
+                method="POST",
+            )
+            with _opener.open(request, timeout=timeout) as response:
                 if response.status < 300:
                     return None
                 error = f"webhook answered HTTP {response.status}"
         except urllib.error.HTTPError as exc:
-            error = f"webhook answered HTTP {exc.code}"
+            error = f"webhook answered HTTP {exc.code} ({type(exc).__name__})"
             if exc.code < 500:
                 return error
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            error = f"webhook unreachable: {type(exc).__name__}"
+            reason = getattr(exc, "reason", None)
+            cause = f", {type(reason).__name__}" if isinstance(reason, BaseException) else ""
+            error = f"webhook unreachable: {type(exc).__name__}{cause}"
+        except Exception as exc:  # a malformed URL, a broken answer: not worth another try
+            return f"webhook failed: {type(exc).__name__}"
     return error
 
 
 def deliver(spec: PipelineSpec, summary: PartitionSummary) -> str | None:
-    """Log the summary (a warning when it alerts) and post it when a webhook is set."""
+    """Log the summary (a warning when it alerts) and post it when a webhook is set and its
+    URL is one a webhook may have (https, or http to this machine)."""
     text = summary.text()
     (log.warning if summary.alerts or summary.outcome == "failed" else log.info)(text)
-    url = os.environ.get(spec.automation.notify.webhook_env)
+    variable = spec.automation.notify.webhook_env
+    url = os.environ.get(variable)
     if not url:
         return None
-    error = post_webhook(url, summary)
+    error = webhook_url_problem(url, variable) or post_webhook(url, summary)
     if error:
         log.warning(f"{spec.name} {summary.date}: notification not delivered: {error}")
     return error

@@ -3,7 +3,8 @@
 - `<pipeline>__new_data` watches the source files and submits every day a new or changed
   file touches.
 - `<pipeline>__batch_status` polls in-flight provider batches with cheap status calls (in
-  parallel, under a deadline well inside Dagster's sensor time limit), imports ended ones,
+  parallel, each one try with a short timeout, under a deadline well inside Dagster's sensor
+  time limit that bounds the calls still running too), imports ended ones,
   submits due retry shards, and finishes days whose items are all terminal: first the gated
   run (validation, publication), then the report run (dead letters, cost report), so the
   report is written also when a blocking check stops publication.
@@ -11,6 +12,7 @@
   report run succeeds or any of its runs fails (notify.py).
 """
 
+import concurrent.futures
 import dataclasses
 import datetime as dt
 import functools
@@ -39,6 +41,10 @@ from llm_assets.source import FileDays, file_days, list_source_files
 from llm_assets.spec import PipelineSpec
 
 POLL_DEADLINE_SECONDS = 30.0
+"""How long a batch-status tick polls, calls still running included (Dagster's sensor time
+limit is 60 s)."""
+POLL_CALL_TIMEOUT_SECONDS = 10.0
+"""The longest one status call of a tick may take; it is not retried within the tick."""
 POLL_WORKERS = 8
 FINISH_LOOKBACK = dt.timedelta(days=3)
 """Days whose last import is older than this are not looked at again by the sensor."""
@@ -89,30 +95,57 @@ def build_batch_status_sensor(
     def batch_status(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         ledger: LedgerResource = context.resources.ledger
         provider: BatchProvider = getattr(context.resources, provider_key)
-        deadline = time.monotonic() + POLL_DEADLINE_SECONDS
         in_flight = ledger.pipeline_shards(spec.name, IN_FLIGHT_STATES)
-
-        def poll(item: tuple[ShardRecord, dt.date]) -> tuple[ShardRecord, dt.date] | None:
-            if time.monotonic() > deadline:
-                return None
-            [updated] = steps.poll_shards(ledger, provider, [item[0]])
-            return updated, item[1]
-
-        with ThreadPoolExecutor(max_workers=POLL_WORKERS) as pool:
-            polled = [p for p in pool.map(poll, in_flight) if p is not None]
+        polled = _poll_until_deadline(context, ledger, provider, in_flight)
 
         run_requests = [
             *_import_requests(ledger, spec.name, keys),
             *_retry_requests(ledger, spec.name, keys),
             *_finish_requests(context.instance, ledger, spec.name, keys),
         ]
-        skipped = len(in_flight) - len(polled)
-        if skipped:
-            context.log.info(f"deadline reached; {skipped} shards left for the next tick")
         observations = [_observation(keys.submit, shard, day) for shard, day in polled]
         return dg.SensorResult(run_requests=run_requests, asset_events=observations)
 
     return batch_status
+
+
+def _poll_until_deadline(
+    context: dg.SensorEvaluationContext,
+    ledger: LedgerResource,
+    provider: BatchProvider,
+    in_flight: list[tuple[ShardRecord, dt.date]],
+) -> list[tuple[ShardRecord, dt.date]]:
+    """Poll the in-flight shards in parallel, each with one status call of at most
+    POLL_CALL_TIMEOUT_SECONDS, until POLL_DEADLINE_SECONDS have passed: a call is started only
+    while it can end before the deadline, and the tick stops waiting at the deadline even for
+    calls still running (their answers are recorded when they come). A failed call is logged
+    by its exception's type and HTTP status; the next tick asks again."""
+    deadline = time.monotonic() + POLL_DEADLINE_SECONDS
+
+    def poll(item: tuple[ShardRecord, dt.date]) -> tuple[ShardRecord, dt.date] | str | None:
+        if time.monotonic() + POLL_CALL_TIMEOUT_SECONDS > deadline:
+            return None
+        try:
+            [updated] = steps.poll_shards(
+                ledger, provider, [item[0]], timeout_seconds=POLL_CALL_TIMEOUT_SECONDS
+            )
+        except Exception as exc:
+            status = getattr(exc, "status_code", None)
+            http = f", HTTP {status}" if status else ""
+            return f"{item[0].shard_id}: status poll failed ({type(exc).__name__}{http})"
+        return updated, item[1]
+
+    pool = ThreadPoolExecutor(max_workers=POLL_WORKERS)
+    futures = [pool.submit(poll, item) for item in in_flight]
+    done, _ = concurrent.futures.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
+    pool.shutdown(wait=False, cancel_futures=True)
+    answers = [future.result() for future in futures if future in done]
+    for failure in (a for a in answers if isinstance(a, str)):
+        context.log.warning(f"{failure}; polled again next tick")
+    polled = [answer for answer in answers if isinstance(answer, tuple)]
+    if len(polled) < len(in_flight):
+        context.log.info(f"{len(in_flight) - len(polled)} shards left for the next tick")
+    return polled
 
 
 def _observation(submit_key: dg.AssetKey, shard: ShardRecord, day: dt.date) -> dg.AssetObservation:

@@ -17,9 +17,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from llm_assets import column_sizes
+from llm_assets.secrecy import holds_a_secret
 from llm_assets.spec_checks import SpecCheck as SpecCheck
 from llm_assets.spec_checks import load_pandera_model as load_pandera_model
 from llm_assets.spec_checks import register_check as register_check
@@ -253,7 +261,8 @@ class BedrockSpec(_Strict):
 class NotifySpec(_Strict):
     webhook_env: str = Field(
         default="LLM_ASSETS_WEBHOOK_URL",
-        description="Environment variable holding a Slack-compatible webhook URL; unset: log only.",
+        description="Environment variable holding a Slack-compatible webhook URL (https, or "
+        "http to 127.0.0.1, ::1 or localhost); unset: log only.",
     )
     max_error_rate: float | None = Field(
         default=0.1, ge=0.0, le=1.0, description="Alert when dead letters / items exceed this."
@@ -261,6 +270,16 @@ class NotifySpec(_Strict):
     max_cost_usd: float | None = Field(
         default=None, ge=0.0, description="Alert when a partition costs more than this."
     )
+
+    @field_validator("webhook_env")
+    @classmethod
+    def _not_a_secret_variable(cls, variable: str) -> str:
+        if holds_a_secret(variable):
+            raise ValueError(
+                f"{variable} holds the ledger's URL, a key or a password, never a webhook URL; "
+                "name a variable that holds only the webhook's URL"
+            )
+        return variable
 
 
 class AutomationSpec(_Strict):

@@ -1,13 +1,17 @@
 """The checks a pipeline spec must pass once it parses: what one field alone cannot say
 (prompt placeholders against the source fields, a loadable pandera model, a cron schedule, a
-known timezone) and the checks that consumers of specs register (`register_check`).
+known timezone, the URL in the webhook variable when it is set) and the checks that consumers
+of specs register (`register_check`).
 
 spec.py runs them on every parsed spec (`semantic_problems`); this module needs the spec
 model only for its type hints, so spec.py can import it.
 """
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from llm_assets.secrecy import webhook_url_problem
 
 if TYPE_CHECKING:
     from llm_assets.spec import PipelineSpec
@@ -42,6 +46,15 @@ def load_pandera_model(path: str) -> type[Any]:
     return model
 
 
+def webhook_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
+    """The URL in the spec's webhook variable, when it is set here, must be one a webhook may
+    have (https, or http to this machine); the problem names the variable, never the URL."""
+    variable = spec.automation.notify.webhook_env
+    url = os.environ.get(variable)
+    problem = webhook_url_problem(url, variable) if url else None
+    return [("automation.notify.webhook_env", problem)] if problem else []
+
+
 def semantic_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     """Every problem of a parsed spec that no single field's validator can see, as (field,
     reason), the registered checks' included."""
@@ -65,6 +78,7 @@ def semantic_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     for name in spec.source.required_fields or []:
         if name not in fields:
             problems.append(("source.required_fields", f"{name!r} is not in source.fields"))
+    problems.extend(webhook_problems(spec))
     for check in _registered_checks:
         problems.extend(check(spec))
     if spec.output.pandera_model:

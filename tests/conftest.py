@@ -104,10 +104,10 @@ def _pg_schema_url() -> Iterator[str]:
     try:
         yield url.render_as_string(hide_password=False)
     finally:
-        from llm_assets.resources.ledger import _engines
+        from llm_assets.resources.ledger import _engines, dispose_engines
 
-        for key in [k for k in _engines if schema in k]:
-            _engines.pop(key).dispose()
+        for engine_url in {engine_url for engine_url, _ in _engines if schema in engine_url}:
+            dispose_engines(engine_url)
         with admin.begin() as conn:
             conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()

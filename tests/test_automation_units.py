@@ -187,4 +187,4 @@ def test_a_summary_alerts_over_its_thresholds_and_reaches_the_webhook(
     assert posts[-1]["llm_assets"]["alerts"] == summary.alerts
 
     monkeypatch.setenv("LLM_ASSETS_WEBHOOK_URL", "http://127.0.0.1:9/closed")
-    assert notify.deliver(spec, summary) == "webhook unreachable: URLError"
+    assert notify.deliver(spec, summary) == "webhook unreachable: URLError, ConnectionRefusedError"

@@ -14,10 +14,38 @@ if TYPE_CHECKING:
 
 
 def _secret(name: str) -> Any:
-    """Keys reach resources only through dg.EnvVar; unset, the SDK reports what is missing."""
+    """Keys (and URLs that may carry credentials) reach resources only through dg.EnvVar;
+    unset, the SDK reports what is missing."""
     import dagster as dg
 
     return dg.EnvVar(name) if os.environ.get(name) else None
+
+
+LEDGER_LIMIT_VARIABLES: dict[str, tuple[str, type[int] | type[float]]] = {
+    "connect_timeout_seconds": ("LLM_ASSETS_LEDGER_CONNECT_TIMEOUT_SECONDS", int),
+    "statement_timeout_seconds": ("LLM_ASSETS_LEDGER_STATEMENT_TIMEOUT_SECONDS", float),
+}
+"""LedgerResource settings taken from the environment when set (PostgreSQL ledgers)."""
+
+
+def _ledger_settings(settings: "Settings") -> dict[str, Any]:
+    """The ledger's URL, as dg.EnvVar when it is LLM_ASSETS_DATABASE_URL's value (the UI then
+    shows the variable's name, never a password; the default SQLite URL stays a value), and
+    the connection limits set in the environment."""
+    import dagster as dg
+
+    url: Any = settings.database_url
+    if os.environ.get("LLM_ASSETS_DATABASE_URL") == url:
+        url = dg.EnvVar("LLM_ASSETS_DATABASE_URL")
+    configured: dict[str, Any] = {"database_url": url}
+    for field, (variable, kind) in LEDGER_LIMIT_VARIABLES.items():
+        value = os.environ.get(variable)
+        if value:
+            try:
+                configured[field] = kind(value)
+            except ValueError:
+                raise ValueError(f"{variable}={value!r} is not a number of seconds") from None
+    return configured
 
 
 def _provider_settings(settings: "Settings") -> dict[str, dict[str, Any]]:
@@ -33,7 +61,7 @@ def _provider_settings(settings: "Settings") -> dict[str, dict[str, Any]]:
             "staging_uri": os.environ.get("LLM_ASSETS_BEDROCK_S3_URI") or None,
         },
         "online": {
-            "base_url": os.environ.get("LLM_ASSETS_ONLINE_BASE_URL") or None,
+            "base_url": _secret("LLM_ASSETS_ONLINE_BASE_URL"),
             "api_key": _secret("LLM_ASSETS_ONLINE_API_KEY"),
         },
     }
@@ -47,7 +75,7 @@ def build_resources(settings: "Settings") -> dict[str, Any]:
 
     configured = _provider_settings(settings)
     return {
-        "ledger": LedgerResource(database_url=settings.database_url),
+        "ledger": LedgerResource(**_ledger_settings(settings)),
         "storage": ArtifactStorage(base_url=settings.storage_url),
         **{
             provider_resource_key(name): adapter(**configured.get(name, {}))

@@ -19,6 +19,7 @@ import dagster as dg
 import pydantic
 
 from llm_assets.resources.storage_s3 import S3Location, S3Objects, parse_s3
+from llm_assets.secrecy import mask_url
 
 _STAGING_SUFFIX = ".partial"
 _COPY_CHUNK_BYTES = 1024 * 1024
@@ -243,7 +244,8 @@ class ArtifactStorage(dg.ConfigurableResource):
             return S3Location(location.bucket, location.key.strip("/"))
         if not self.base_url or _SCHEME.match(self.base_url):
             raise ValueError(
-                f"storage base_url {self.base_url!r} must be a local folder or s3://bucket[/prefix]"
+                f"storage base_url {mask_url(self.base_url)!r} must be a local folder or "
+                "s3://bucket[/prefix]"
             )
         return Path(os.path.abspath(os.path.expanduser(self.base_url)))
 

@@ -46,9 +46,14 @@ rest are streamed: a few percent of a large day's items, a whole day's when a ba
 
 
 def poll_shards(
-    ledger: LedgerResource, provider: BatchProvider, shards: Iterable[ShardRecord]
+    ledger: LedgerResource,
+    provider: BatchProvider,
+    shards: Iterable[ShardRecord],
+    *,
+    timeout_seconds: float | None = None,
 ) -> list[ShardRecord]:
-    """Ask the provider about in-flight shards (cheap status calls) and record what it says."""
+    """Ask the provider about in-flight shards (cheap status calls) and record what it says;
+    with `timeout_seconds`, each call is one try bounded by it (`poll_briefly`)."""
     updated: list[ShardRecord] = []
     for shard in shards:
         if (
@@ -58,7 +63,11 @@ def poll_shards(
         ):
             updated.append(shard)
             continue
-        status = provider.poll(shard.provider_batch_id)
+        status = (
+            provider.poll(shard.provider_batch_id)
+            if timeout_seconds is None
+            else provider.poll_briefly(shard.provider_batch_id, timeout_seconds)
+        )
         values: dict[str, Any] = {
             "status": status.state.value,
             "raw_status": status.raw_status,

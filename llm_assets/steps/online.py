@@ -15,6 +15,7 @@ from llm_assets.resources.ledger import RESULT_COLUMNS, SUBMITTED, ShardRecord, 
 from llm_assets.resources.pricing import ModelPrice
 from llm_assets.resources.providers.base import ONLINE_BATCH_PREFIX, ItemResult, ShardState
 from llm_assets.resources.providers.realtime import OnlineWork
+from llm_assets.resources.providers.retrying import allow_waits, stop_waits
 from llm_assets.result_rows import ledger_values
 from llm_assets.steps.context import StepContext
 
@@ -31,15 +32,26 @@ class OnlineInterrupted(Exception):
 
 @contextlib.contextmanager
 def stop_on_sigterm(stopping: threading.Event, active: bool) -> Iterator[None]:
-    """While an online worker runs: SIGTERM asks it to stop cleanly instead of killing it."""
+    """While an online worker runs: SIGTERM asks it to stop cleanly instead of killing it,
+    and ends any retry wait of the process at once (`retrying.stop_waits`)."""
     if not active or threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+
+    def stop() -> None:
+        stopping.set()
+        stop_waits()
+
+    # Set from another thread: the handler runs in the main thread, which may be inside the
+    # very Event.wait it would wake, holding that event's lock.
+    previous = signal.signal(
+        signal.SIGTERM, lambda *_: threading.Thread(target=stop, daemon=True).start()
+    )
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        allow_waits()
 
 
 def ledger_row(

@@ -22,7 +22,14 @@ from llm_assets.resources.ledger.records import (
     utcnow,
 )
 from llm_assets.resources.ledger.resource import LedgerResource
-from llm_assets.resources.ledger.schema import SCHEMA_VERSION, _engines, get_engine
+from llm_assets.resources.ledger.schema import (
+    SCHEMA_VERSION,
+    ConnectionLimits,
+    LedgerUnavailable,
+    _engines,
+    dispose_engines,
+    get_engine,
+)
 from llm_assets.resources.ledger.tables import (
     FIRST,
     REQUEUE_SHARD,
@@ -58,16 +65,19 @@ __all__ = [
     "SUCCEEDED",
     "TERMINAL",
     "BackgroundWriter",
+    "ConnectionLimits",
     "DayBusy",
     "JobCounts",
     "JobRecord",
     "LedgerResource",
+    "LedgerUnavailable",
     "ShardMismatch",
     "ShardRecord",
     "StagedResults",
     "UpsertStats",
     "_engines",
     "as_utc",
+    "dispose_engines",
     "get_engine",
     "job_table",
     "metadata",

@@ -52,18 +52,51 @@ class LedgerResource(dg.ConfigurableResource):
     """Typed access to the ledger tables; creates them on first use."""
 
     database_url: str
+    """The ledger's URL; given as dg.EnvVar("LLM_ASSETS_DATABASE_URL") so that Dagster shows
+    the variable's name, never the password."""
     day_lock_wait_seconds: float = locks.DAY_LOCK_WAIT_SECONDS
     """How long a run waits for another run writing the same day before it fails with
     DayBusy (it changed nothing then, and can simply run again)."""
+    connect_timeout_seconds: int = schema.DEFAULT_LIMITS.connect_timeout_seconds
+    """PostgreSQL: how long opening a connection may take."""
+    statement_timeout_seconds: float = schema.DEFAULT_LIMITS.statement_timeout_seconds
+    """PostgreSQL: how long one statement may run before the server cancels it (0: no
+    limit); far above what a million-item day's bulk statements take."""
+    keepalives_idle_seconds: int = schema.DEFAULT_LIMITS.keepalives_idle_seconds
+    """PostgreSQL: silence on a connection before TCP keepalive probes start."""
+    keepalives_interval_seconds: int = schema.DEFAULT_LIMITS.keepalives_interval_seconds
+    keepalives_count: int = schema.DEFAULT_LIMITS.keepalives_count
+    """PostgreSQL: unanswered probes after which the connection counts as dead."""
 
     _ready: bool = PrivateAttr(default=False)
 
     @property
+    def url(self) -> str:
+        """The database URL, read from its variable when the resource holds a dg.EnvVar
+        (outside a Dagster run nothing resolves it)."""
+        if isinstance(self.database_url, dg.EnvVar):
+            value = self.database_url.get_value()
+            if not value:
+                raise ValueError(f"{self.database_url.env_var_name} is not set")
+            return value
+        return self.database_url
+
+    @property
+    def limits(self) -> schema.ConnectionLimits:
+        return schema.ConnectionLimits(
+            connect_timeout_seconds=self.connect_timeout_seconds,
+            statement_timeout_seconds=self.statement_timeout_seconds,
+            keepalives_idle_seconds=self.keepalives_idle_seconds,
+            keepalives_interval_seconds=self.keepalives_interval_seconds,
+            keepalives_count=self.keepalives_count,
+        )
+
+    @property
     def engine(self) -> Engine:
         if not self._ready:
-            schema.ensure_schema(self.database_url)
+            schema.ensure_schema(self.url, self.limits)
             self._ready = True
-        return schema.get_engine(self.database_url)
+        return schema.get_engine(self.url, self.limits)
 
     def begin(self) -> contextlib.AbstractContextManager[Connection]:
         return self.engine.begin()

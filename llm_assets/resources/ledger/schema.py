@@ -1,7 +1,8 @@
-"""Engines and the schema: one engine per URL per process, tables made on first use, older
-ledgers upgraded in place, and a ledger newer than this code refused."""
+"""Engines and the schema: one engine per URL (and connection limits) per process, tables made
+on first use, older ledgers upgraded in place, and a ledger newer than this code refused."""
 
 import contextlib
+import dataclasses
 import functools
 import pathlib
 import threading
@@ -20,6 +21,7 @@ from llm_assets.resources.ledger.tables import (
     result_table,
     schema_version,
 )
+from llm_assets.secrecy import mask_url
 
 SCHEMA_VERSION = 5
 TEMP_BUFFERS = "64MB"
@@ -27,7 +29,44 @@ TEMP_BUFFERS = "64MB"
 SQLITE_MIN = (3, 33, 0)
 """The oldest SQLite the ledger runs on: an import applies results with UPDATE ... FROM."""
 
-_engines: dict[str, Engine] = {}
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionLimits:
+    """How long a PostgreSQL ledger connection may take to open, how soon a dead server or a
+    silently dropped connection is noticed (TCP keepalives: after `keepalives_idle_seconds`
+    of silence, `keepalives_count` probes `keepalives_interval_seconds` apart), and how long
+    one statement may run before the server cancels it (0: no limit).
+
+    The statement limit is far above the longest legitimate statement (a million-item day's
+    bulk statements take tens of seconds): it ends a statement stuck behind a lock or a lost
+    server, never a slow import. A setting given in the URL's query wins over these."""
+
+    connect_timeout_seconds: int = 10
+    statement_timeout_seconds: float = 900.0
+    keepalives_idle_seconds: int = 30
+    keepalives_interval_seconds: int = 10
+    keepalives_count: int = 3
+
+    def connect_args(self, url: sa.URL) -> dict[str, Any]:
+        """The libpq connection parameters of these limits, less those the URL sets."""
+        args = {
+            "connect_timeout": self.connect_timeout_seconds,
+            "keepalives": 1,
+            "keepalives_idle": self.keepalives_idle_seconds,
+            "keepalives_interval": self.keepalives_interval_seconds,
+            "keepalives_count": self.keepalives_count,
+        }
+        return {name: value for name, value in args.items() if name not in url.query}
+
+
+DEFAULT_LIMITS = ConnectionLimits()
+
+
+class LedgerUnavailable(RuntimeError):
+    """The ledger's database cannot be reached; the message shows its URL password-masked."""
+
+
+_engines: dict[tuple[str, ConnectionLimits], Engine] = {}
 _engines_lock = threading.Lock()
 
 
@@ -40,12 +79,14 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def _postgres_session(dbapi_connection: Any, _record: Any) -> None:
+def _postgres_session(limits: ConnectionLimits, dbapi_connection: Any, _record: Any) -> None:
     """Room for an import's staging table (a chunk of results) in the session's temporary
     buffers, so it is never written out and read back; settable only before a session's
-    first temporary table, so it is set when the connection opens."""
+    first temporary table, so it is set when the connection opens. The statement limit is
+    set here too, so it does not replace the `options` a URL may carry."""
     cursor = dbapi_connection.cursor()
     cursor.execute(f"SET temp_buffers = '{TEMP_BUFFERS}'")
+    cursor.execute(f"SET statement_timeout = {int(limits.statement_timeout_seconds * 1000)}")
     # The ledger's statements read by index, or whole days set-based: JIT compiling them
     # costs more than it saves.
     cursor.execute("SET jit = off")
@@ -89,10 +130,11 @@ def ledger_url(url: str) -> sa.URL:
     return parsed.set(drivername=f"postgresql+{POSTGRES_DRIVER}")
 
 
-def get_engine(url: str) -> Engine:
-    """One engine per URL per process, with SQLite set up for concurrent runs."""
+def get_engine(url: str, limits: ConnectionLimits = DEFAULT_LIMITS) -> Engine:
+    """One engine per URL and limits per process, with SQLite set up for concurrent runs and
+    PostgreSQL connections under `limits`."""
     with _engines_lock:
-        engine = _engines.get(url)
+        engine = _engines.get((url, limits))
         if engine is None:
             if url.startswith("sqlite"):
                 _check_sqlite_version()
@@ -102,10 +144,20 @@ def get_engine(url: str) -> Engine:
                 engine = sa.create_engine(url, connect_args={"timeout": 30})
                 sa.event.listen(engine, "connect", _sqlite_pragmas)
             else:
-                engine = sa.create_engine(ledger_url(url), pool_pre_ping=True)
-                sa.event.listen(engine, "connect", _postgres_session)
-            _engines[url] = engine
+                parsed = ledger_url(url)
+                engine = sa.create_engine(
+                    parsed, pool_pre_ping=True, connect_args=limits.connect_args(parsed)
+                )
+                sa.event.listen(engine, "connect", functools.partial(_postgres_session, limits))
+            _engines[(url, limits)] = engine
         return engine
+
+
+def dispose_engines(url: str) -> None:
+    """Close and forget this process's engines of `url` (whatever their limits)."""
+    with _engines_lock:
+        for key in [key for key in _engines if key[0] == url]:
+            _engines.pop(key).dispose()
 
 
 def dialect_insert(conn: Connection, table: sa.Table) -> Any:
@@ -139,9 +191,18 @@ def durable_begin(engine: Engine) -> Iterator[Connection]:
 
 
 @functools.cache
-def ensure_schema(url: str) -> bool:
-    """Create the tables once per URL and process, upgrading an older ledger in place."""
-    engine = get_engine(url)
+def ensure_schema(url: str, limits: ConnectionLimits = DEFAULT_LIMITS) -> bool:
+    """Create the tables once per URL and process, upgrading an older ledger in place; a
+    database that cannot be reached is LedgerUnavailable, its URL shown password-masked."""
+    engine = get_engine(url, limits)
+    try:
+        with engine.connect():
+            pass
+    except sa.exc.OperationalError as exc:
+        reason = str(exc.orig).strip() if exc.orig is not None else type(exc).__name__
+        raise LedgerUnavailable(
+            f"cannot open the ledger at {mask_url(url)} (LLM_ASSETS_DATABASE_URL): {reason}"
+        ) from None
     for attempt in range(3):
         try:
             metadata.create_all(engine, checkfirst=True)
@@ -154,7 +215,7 @@ def ensure_schema(url: str) -> bool:
         found = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
         if found is not None and found > SCHEMA_VERSION:
             raise RuntimeError(
-                f"the ledger at {engine.url.render_as_string(hide_password=True)} has schema "
+                f"the ledger at {mask_url(url)} has schema "
                 f"version {found}, newer than this code's {SCHEMA_VERSION}; upgrade llm-assets"
             )
         if found is not None and found < SCHEMA_VERSION:

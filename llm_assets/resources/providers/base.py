@@ -201,6 +201,12 @@ class BatchProvider(dg.ConfigurableResource):
     def poll(self, provider_batch_id: str) -> BatchStatus:
         raise NotImplementedError
 
+    def poll_briefly(self, provider_batch_id: str, timeout_seconds: float) -> BatchStatus:
+        """`poll` as one call bounded by `timeout_seconds` and never retried or waited out,
+        for a sensor tick (its next tick asks again). Providers whose `poll` can take longer
+        override this."""
+        return self.poll(provider_batch_id)
+
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
         raise NotImplementedError
 

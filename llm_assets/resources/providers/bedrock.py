@@ -48,6 +48,7 @@ from llm_assets.resources.providers.online import (
     run_requests,
     settings_of,
 )
+from llm_assets.resources.providers.retrying import MAX_RETRY_AFTER_SECONDS, pause
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -126,22 +127,32 @@ class BedrockBatchProvider(BatchProvider):
     max_attempts: int = 6
     retry_base_seconds: float = 1.0
     retry_cap_seconds: float = 60.0
+    max_retry_after_seconds: float = MAX_RETRY_AFTER_SECONDS
+    """On-demand requests: the longest a rate limit pauses the senders at a time."""
 
     _clients: dict[str, Any] = PrivateAttr(default_factory=dict)
 
-    def _client(self, service: str) -> Any:
-        if service not in self._clients:
+    def _client(self, service: str, timeout_seconds: float | None = None) -> Any:
+        """A boto3 client of `service`, with botocore's timeouts unless `timeout_seconds`
+        bounds connecting and each read."""
+        key = f"{service}:{timeout_seconds}"
+        if key not in self._clients:
             import boto3
             from botocore.config import Config
 
-            self._clients[service] = boto3.client(
+            timeouts = (
+                {"connect_timeout": timeout_seconds, "read_timeout": timeout_seconds}
+                if timeout_seconds is not None
+                else {}
+            )
+            self._clients[key] = boto3.client(
                 service,
                 region_name=self.region_name,
                 endpoint_url=self.endpoint_url if service == "bedrock" else None,
                 # Our retry layer only: botocore's own attempts would retry a create twice.
-                config=Config(retries={"total_max_attempts": 1, "mode": "standard"}),
+                config=Config(retries={"total_max_attempts": 1, "mode": "standard"}, **timeouts),
             )
-        return self._clients[service]
+        return self._clients[key]
 
     def call(self, describe: str, fn: Any) -> Any:
         return tenacity.Retrying(
@@ -151,6 +162,7 @@ class BedrockBatchProvider(BatchProvider):
             ),
             retry=tenacity.retry_if_exception(is_transient_aws),
             reraise=True,
+            sleep=pause,
         )(fn)
 
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
@@ -253,6 +265,12 @@ class BedrockBatchProvider(BatchProvider):
     def poll(self, provider_batch_id: str) -> BatchStatus:
         return self._status(self._describe(provider_batch_id))
 
+    def poll_briefly(self, provider_batch_id: str, timeout_seconds: float) -> BatchStatus:
+        """One GetModelInvocationJob on a client whose connect and read time out after
+        `timeout_seconds`, not retried."""
+        client = self._client("bedrock", timeout_seconds)
+        return self._status(client.get_model_invocation_job(jobIdentifier=provider_batch_id))
+
     def cancel(self, provider_batch_id: str) -> BatchStatus:
         self.call(
             "stop job",
@@ -327,6 +345,7 @@ class BedrockBatchProvider(BatchProvider):
                     send,
                     backoff_base_seconds=self.retry_base_seconds,
                     backoff_cap_seconds=self.retry_cap_seconds,
+                    max_retry_after_seconds=self.max_retry_after_seconds,
                 )
             )
         )

@@ -173,6 +173,13 @@ class LocalProvider(BatchProvider):
         return batch_id
 
     def poll(self, provider_batch_id: str) -> BatchStatus:
+        return self._poll(provider_batch_id, self.work_budget_seconds)
+
+    def poll_briefly(self, provider_batch_id: str, timeout_seconds: float) -> BatchStatus:
+        """A poll that works on the batch for at most `timeout_seconds` (one chunk at least)."""
+        return self._poll(provider_batch_id, min(self.work_budget_seconds, timeout_seconds))
+
+    def _poll(self, provider_batch_id: str, work_seconds: float) -> BatchStatus:
         folder = self._batch_dir(provider_batch_id)
         with batch_lock(folder, blocking=False) as locked:
             batch = load_batch(folder)
@@ -182,7 +189,7 @@ class LocalProvider(BatchProvider):
             if batch.status == "cancelling":
                 batch = self._finish_cancel(folder, batch)
                 return self._status(batch)
-            deadline = time.monotonic() + self.work_budget_seconds
+            deadline = time.monotonic() + work_seconds
             if batch.status == "validating":
                 batch = self._validate(folder, batch)
                 if batch.status == "failed":

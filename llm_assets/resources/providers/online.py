@@ -30,6 +30,7 @@ from llm_assets.resources.providers.realtime import (
     parse_duration,
     run_requests,
 )
+from llm_assets.resources.providers.retrying import MAX_RETRY_AFTER_SECONDS
 
 if TYPE_CHECKING:
     from llm_assets.spec import PipelineSpec
@@ -67,6 +68,8 @@ class OnlineProvider(BatchProvider):
     api_key: str | None = None
     backoff_base_seconds: float = 0.5
     backoff_cap_seconds: float = 30.0
+    max_retry_after_seconds: float = MAX_RETRY_AFTER_SECONDS
+    """The longest a rate limit's Retry-After or reset pauses the senders at a time."""
 
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
         return online_spec_problems(spec)
@@ -89,9 +92,8 @@ class OnlineProvider(BatchProvider):
     def run(self, spec: "PipelineSpec", work: OnlineWork) -> OnlineStats:
         """Send the work's `(custom_id, body, tokens)` requests to the spec's (or this
         resource's) OpenAI-compatible endpoint."""
-        return asyncio.run(
-            self._run(spec.online.base_url or self.base_url, settings_of(spec), work)
-        )
+        base_url = spec.online.base_url or resolve_secret(self.base_url)
+        return asyncio.run(self._run(base_url, settings_of(spec), work))
 
     async def _run(
         self, base_url: str | None, settings: OnlineSettings, work: OnlineWork
@@ -112,6 +114,7 @@ class OnlineProvider(BatchProvider):
                 _chat_sender(client),
                 backoff_base_seconds=self.backoff_base_seconds,
                 backoff_cap_seconds=self.backoff_cap_seconds,
+                max_retry_after_seconds=self.max_retry_after_seconds,
             )
         finally:
             await client.close()

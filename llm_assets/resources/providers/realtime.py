@@ -3,6 +3,11 @@ sent one by one with `concurrency` in flight, paced under the RPM and TPM window
 for every sender on a rate limit, transient failures retried with jittered backoff
 (tenacity), results handed over in small batches as they complete, so memory stays flat and
 a checkpoint is never far behind.
+
+Every wait is bounded and ends on a stop: a rate limit's Retry-After or reset is waited out
+for at most `max_retry_after_seconds`, and a request still waiting for its turn or its
+backoff when the work's `stop()` turns true is not sent (its item stays open for the next
+run) within STOP_CHECK_SECONDS.
 """
 
 import asyncio
@@ -17,10 +22,13 @@ import tenacity
 from pydantic import BaseModel
 
 from llm_assets.resources.providers.base import ItemResult
+from llm_assets.resources.providers.retrying import MAX_RETRY_AFTER_SECONDS
 
 MARGIN = 1.02
 """Client windows are this much longer than the provider's, so jitter never overfills one."""
 MAX_RATE_LIMIT_WAITS = 50
+STOP_CHECK_SECONDS = 0.2
+"""How often a waiting request looks whether the work was asked to stop."""
 _NUMBER = r"(\d+(?:\.\d+)?)"
 _DURATION = re.compile(rf"(?:{_NUMBER}h)?(?:{_NUMBER}m(?!s))?(?:{_NUMBER}s)?(?:{_NUMBER}ms)?$")
 
@@ -117,6 +125,10 @@ class RateLimited(Exception):
         super().__init__(f"rate limited (retry after {retry_after})")
 
 
+class _Stopped(Exception):
+    """The work was asked to stop while this request waited: it is not sent."""
+
+
 Send = Callable[[str, dict[str, Any]], Awaitable[tuple[ItemResult, float | None]]]
 """One request: its result, and how long the endpoint said its request window stays empty
 (None when it did not say). Raises Transient or RateLimited."""
@@ -143,17 +155,14 @@ async def run_requests(
     *,
     backoff_base_seconds: float,
     backoff_cap_seconds: float,
+    max_retry_after_seconds: float = MAX_RETRY_AFTER_SECONDS,
 ) -> OnlineStats:
     """Send the work's requests through `send`: `settings.concurrency` in flight, paced
-    under the RPM and TPM windows, a pause for everyone on a rate limit, transient failures
-    retried with jittered backoff, results handed to `work.deliver` as they complete."""
+    under the RPM and TPM windows, a pause for everyone on a rate limit (at most
+    `max_retry_after_seconds` at a time), transient failures retried with jittered backoff,
+    results handed to `work.deliver` as they complete."""
     worker = _Worker(
-        settings,
-        work.deliver,
-        send,
-        work.checkpoint_every,
-        work.progress,
-        (backoff_base_seconds, backoff_cap_seconds),
+        settings, work, send, (backoff_base_seconds, backoff_cap_seconds), max_retry_after_seconds
     )
     return await worker.run(work.requests, work.stop)
 
@@ -164,18 +173,19 @@ class _Worker:
     def __init__(
         self,
         settings: OnlineSettings,
-        deliver: Callable[[list[ItemResult]], None],
+        work: OnlineWork,
         send: Send,
-        checkpoint_every: int,
-        progress: Callable[[OnlineStats], None] | None,
         backoff: tuple[float, float],
+        max_retry_after_seconds: float,
     ) -> None:
         self.max_tries = settings.max_tries
         self.backoff = backoff
-        self.deliver = deliver
+        self.max_hold_off = max_retry_after_seconds
+        self.deliver = work.deliver
+        self.stop = work.stop
         self.send = send
-        self.checkpoint_every = checkpoint_every
-        self.progress = progress
+        self.checkpoint_every = work.checkpoint_every
+        self.progress = work.progress
         self.stats = OnlineStats()
         self.requests_window = RollingWindow.per_minute(settings.rpm) if settings.rpm else None
         # Token counts vary per request, so keep a little more room than for requests.
@@ -241,11 +251,15 @@ class _Worker:
                 wait=tenacity.wait_random_exponential(multiplier=base, max=cap),
                 retry=tenacity.retry_if_exception_type(Transient),
                 reraise=True,
+                sleep=self.pause,
             )
             try:
                 result = await retrying(self.attempt, custom_id, body, tokens)
             except Transient as exc:
                 result = exc.result
+            except _Stopped:
+                self.stats.interrupted = True
+                return
             self.stats.retried += max(0, retrying.statistics.get("attempt_number", 1) - 1)
             self.stats.succeeded += result.succeeded
             self.stats.failed += not result.succeeded
@@ -290,15 +304,24 @@ class _Worker:
                     ready.append(self.tokens_window.ready_at(tokens, now))
                 if max(ready) <= now:
                     break
-                await asyncio.sleep(max(ready) - now)
+                await self.pause(max(ready) - now)
             if self.requests_window is not None:
                 self.requests_window.started(now, 1)
             if self.tokens_window is not None:
                 self.tokens_window.started(now, tokens)
 
+    async def pause(self, seconds: float) -> None:
+        """Sleep `seconds`, looking every STOP_CHECK_SECONDS whether to stop (_Stopped)."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if self.stop():
+                raise _Stopped
+            await asyncio.sleep(min(left, STOP_CHECK_SECONDS))
+
     def hold_off(self, seconds: float) -> None:
-        """Every sender waits `seconds` from now (a longer pause already set stands)."""
-        until = time.monotonic() + seconds
+        """Every sender waits `seconds` from now, at most `max_hold_off` (a longer pause
+        already set stands)."""
+        until = time.monotonic() + min(seconds, self.max_hold_off)
         if until > self.pause_until:
             self.stats.paused_seconds += until - max(self.pause_until, time.monotonic())
             self.pause_until = until

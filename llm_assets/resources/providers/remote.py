@@ -19,7 +19,11 @@ from llm_assets.resources.providers.base import (
     ShardSubmission,
     resolve_secret,
 )
-from llm_assets.resources.providers.retrying import call_with_retries, create_once
+from llm_assets.resources.providers.retrying import (
+    MAX_RETRY_AFTER_SECONDS,
+    call_with_retries,
+    create_once,
+)
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -40,7 +44,8 @@ class RemoteBatchProvider(BatchProvider):
     max_attempts: int = pydantic.Field(default=6, ge=1)
     retry_base_seconds: float = 1.0
     retry_cap_seconds: float = 60.0
-    max_retry_after_seconds: float = 120.0
+    max_retry_after_seconds: float = MAX_RETRY_AFTER_SECONDS
+    """The longest one wait for a server's Retry-After lasts (a hint of hours included)."""
     reconcile_page_limit: int = pydantic.Field(
         default=100, description="Pages of batches looked through for a shard's lost batch."
     )
@@ -90,6 +95,11 @@ class RemoteBatchProvider(BatchProvider):
 
     def poll(self, provider_batch_id: str) -> BatchStatus:
         batch = self.call("retrieve", lambda: self.batches_api().retrieve(provider_batch_id))
+        return self.batch_status(batch)
+
+    def poll_briefly(self, provider_batch_id: str, timeout_seconds: float) -> BatchStatus:
+        """One retrieve with the SDK's per-request timeout, not retried."""
+        batch = self.batches_api().retrieve(provider_batch_id, timeout=timeout_seconds)
         return self.batch_status(batch)
 
     def cancel(self, provider_batch_id: str) -> BatchStatus:

@@ -2,10 +2,17 @@
 
 The SDKs' own retries are switched off (`max_retries=0`) where this wraps them, so a call is
 never retried by two layers at once.
+
+Every wait here is bounded and interruptible: a server's Retry-After is waited out for at
+most `max_retry_after_seconds` (MAX_RETRY_AFTER_SECONDS unless a resource says otherwise;
+a hint of hours means "try again then", and the next answer says again), and a wait ends at
+once with WaitInterrupted when the process is asked to stop (`stop_waits`, called on the
+SIGTERM path of a step that handles SIGTERM itself; in the main thread a signal handler that
+raises, as Dagster's does, ends the wait too).
 """
 
 import random
-import time
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -14,6 +21,31 @@ import tenacity
 T = TypeVar("T")
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+MAX_RETRY_AFTER_SECONDS = 120.0
+"""The longest one wait for a server's Retry-After (or rate-limit reset) lasts."""
+
+_stopping = threading.Event()
+
+
+class WaitInterrupted(Exception):
+    """A retry wait ended early: the process is stopping (SIGTERM)."""
+
+
+def stop_waits() -> None:
+    """End every retry wait of the process now, and any started until `allow_waits`."""
+    _stopping.set()
+
+
+def allow_waits() -> None:
+    """Let retry waits run again (once the stop that ended them has been handled)."""
+    _stopping.clear()
+
+
+def pause(seconds: float) -> None:
+    """Wait `seconds` before a retry, or raise WaitInterrupted as soon as `stop_waits` is
+    called."""
+    if _stopping.wait(max(seconds, 0.0)):
+        raise WaitInterrupted(f"a {seconds:.1f}s retry wait was ended: the process is stopping")
 
 
 def status_of(exc: BaseException) -> int | None:
@@ -63,7 +95,7 @@ def create_once(
     attempts: int,
     base_seconds: float,
     cap_seconds: float,
-    max_retry_after_seconds: float = 120.0,
+    max_retry_after_seconds: float = MAX_RETRY_AFTER_SECONDS,
     reconcile_looks: int = 3,
 ) -> T:
     """Create a paid resource at most once.
@@ -85,10 +117,8 @@ def create_once(
                     found = find_existing()
                     if found is not None:
                         return found
-                    time.sleep(min(cap_seconds, base_seconds * 2**look))
-            time.sleep(
-                backoff_delay(exc, attempt, base_seconds, cap_seconds, max_retry_after_seconds)
-            )
+                    pause(min(cap_seconds, base_seconds * 2**look))
+            pause(backoff_delay(exc, attempt, base_seconds, cap_seconds, max_retry_after_seconds))
     raise AssertionError("unreachable")
 
 
@@ -114,7 +144,7 @@ def call_with_retries(
     attempts: int,
     base_seconds: float,
     cap_seconds: float,
-    max_retry_after_seconds: float = 120.0,
+    max_retry_after_seconds: float = MAX_RETRY_AFTER_SECONDS,
     describe: str = "provider call",
     log: Callable[[str], Any] | None = None,
 ) -> T:
@@ -133,5 +163,6 @@ def call_with_retries(
         retry=tenacity.retry_if_exception(is_transient),
         reraise=True,
         before_sleep=before_sleep,
+        sleep=pause,
     )
     return retrying(fn)
