@@ -35,7 +35,9 @@ from llm_assets.settings import REPO_ROOT, Settings
 from llm_assets.spec import PipelineSpec, check_specs
 from tests.harness import CLI, review_spec
 
-PASSWORD = f"pw-{uuid.uuid4().hex}"
+PASSWORD = "pw-e63a00efb4f3477f88bb27f256cd6d72"
+"""A password no code or log would hold by chance; fixed, as the test ids carry it and
+every test worker must collect the same ids."""
 DAY = dt.date(2026, 11, 3)
 
 RESOURCES_QUERY = """
