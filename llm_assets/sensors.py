@@ -1,7 +1,7 @@
 """Sensors: what makes a dropped file end in validated outputs and a cost report.
 
 - `<pipeline>__new_data` watches the source files and submits every day a new or changed
-  file touches.
+  file touches, unless the day's ledger job was planned from that very file version.
 - `<pipeline>__batch_status` polls in-flight provider batches with cheap status calls (in
   parallel, each one try with a short timeout, under a deadline well inside Dagster's sensor
   time limit that bounds the calls still running too), imports ended ones,
@@ -250,7 +250,16 @@ def new_data_sensor_name(spec: PipelineSpec) -> str:
 
 
 def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDefinition:
-    """Submit the days a new or changed source file touches, once per file version."""
+    """Submit the days a new or changed source file touches, once per file version.
+
+    The cursor maps each source file to its version. A file whose version is not in the
+    cursor (every file on the first tick and after a reset, a new file, a changed one)
+    requests one submit run per day it has rows for, except for a day whose ledger job was
+    planned from a snapshot that recorded this very file version (steps.snapshot_sources of
+    the job's snapshot_uri): that day already holds the file's rows, so the version only
+    enters the cursor. A day without a job, or whose job's snapshot has an older version of
+    the file or none, is requested as before.
+    """
     source = settings.resolve_source_uri(spec.source.uri)
     submit_keys = [asset_key(spec, step) for step in SUBMIT_STEPS]
     partitions = partitions_for(spec)
@@ -261,11 +270,12 @@ def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDe
         "rows for (run key: file, version and day).",
         minimum_interval_seconds=_interval(settings, 30),
         default_status=dg.DefaultSensorStatus.RUNNING,
-        required_resource_keys={"storage"},
+        required_resource_keys={"storage", "ledger"},
         asset_selection=submit_keys,
     )
     def new_data(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         storage: ArtifactStorage = context.resources.storage
+        planned = _planned_versions(spec, context.resources.ledger, storage)
         seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
         known = set(partitions.get_partition_keys(dynamic_partitions_store=context.instance))
         current: dict[str, str] = {}
@@ -288,11 +298,28 @@ def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDe
                 continue
             current[uri] = version
             if found is not None:
-                requests += _file_requests(context, spec, uri, version, found, known)
+                requests += _file_requests(context, spec, uri, version, found, known, planned)
         # Files that disappeared drop out of the cursor, so it stays as big as the folder.
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(current, sort_keys=True))
 
     return new_data
+
+
+def _planned_versions(
+    spec: PipelineSpec, ledger: LedgerResource, storage: ArtifactStorage
+) -> Callable[[dt.date], dict[str, str]]:
+    """Per day, the source file versions its ledger job was planned from: those its snapshot
+    recorded, none when the day has no job or its job no snapshot. Each day is looked up once
+    a tick."""
+
+    @functools.cache
+    def planned(day: dt.date) -> dict[str, str]:
+        job = ledger.get_job(steps.job_id_of(spec, day))
+        if job is None or job.snapshot_uri is None:
+            return {}
+        return steps.snapshot_sources(storage, job.snapshot_uri)
+
+    return planned
 
 
 def _file_requests(
@@ -302,9 +329,11 @@ def _file_requests(
     version: str,
     found: FileDays,
     known: set[str],
+    planned: Callable[[dt.date], dict[str, str]],
 ) -> list[dg.RunRequest]:
-    """The runs of a new file version: one per day it has rows for, within the partitions;
-    rows outside them, or of no day at all, are named in the tick's log."""
+    """The runs of a new file version: one per day it has rows for, within the partitions,
+    that the ledger has not planned from this version yet; rows outside the partitions, or of
+    no day at all, are named in the tick's log."""
     days = sorted(found.days)
     outside = [d for d in days if d.isoformat() not in known]
     if outside:
@@ -314,6 +343,13 @@ def _file_requests(
         )
     if found.undated:
         context.log.error(f"{uri}: {found.undated_reason(spec)}")
+    inside = [d for d in days if d.isoformat() in known]
+    due = [d for d in inside if planned(d).get(uri) != version]
+    if len(due) < len(inside):
+        context.log.info(
+            f"{uri}: {len(inside) - len(due)} day(s) already planned from this version in the "
+            "ledger are not submitted again"
+        )
     return [
         dg.RunRequest(
             run_key=f"{uri}@{version}:{day.isoformat()}",
@@ -321,8 +357,7 @@ def _file_requests(
             asset_selection=[asset_key(spec, step) for step in SUBMIT_STEPS],
             tags={"llm_assets/source_file": uri[-200:]},
         )
-        for day in days
-        if day.isoformat() in known
+        for day in due
     ]
 
 

@@ -12,10 +12,11 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from llm_assets import notify
+from llm_assets import notify, steps
 from llm_assets.factory import asset_key, build_pipeline_assets
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource
+from llm_assets.resources.providers import provider_resource_key
 from llm_assets.schedules import build_schedule, build_submit_job
 from llm_assets.sensors import SUBMIT_STEPS, build_new_data_sensor
 from llm_assets.settings import Settings
@@ -26,6 +27,14 @@ from tests.harness import review_spec
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings.from_env({"LLM_ASSETS_HOME": str(tmp_path / "home")})
+
+
+@pytest.fixture
+def inbox(settings: Settings) -> Path:
+    """The folder inbox_spec's source reads."""
+    folder = settings.home / "inbox"
+    folder.mkdir(parents=True)
+    return folder
 
 
 def inbox_spec(**overrides: Any) -> PipelineSpec:
@@ -58,11 +67,9 @@ def review(n: int, stamp: str) -> str:
 
 
 def test_the_new_data_sensor_fans_out_each_new_file_version_by_day(
-    settings: Settings, tmp_path: Path
+    settings: Settings, inbox: Path
 ) -> None:
     spec = inbox_spec()
-    inbox = settings.home / "inbox"
-    inbox.mkdir(parents=True)
     two_days = inbox / "drop-a.jsonl"
     two_days.write_text(
         "\n".join(
@@ -104,6 +111,56 @@ def test_the_new_data_sensor_fans_out_each_new_file_version_by_day(
         (inbox / "drop-b.jsonl").unlink()
         cursor = json.loads(tick(spec, settings, instance, again.cursor).cursor or "{}")
         assert set(cursor) == {str(two_days)}
+
+
+def test_the_new_data_sensor_starts_from_what_the_ledger_planned(
+    settings: Settings, inbox: Path
+) -> None:
+    """With no cursor the days whose jobs were planned from the files' current versions are
+    not requested again; a changed file, a new file of a planned day and a new day are."""
+    spec = inbox_spec()
+    files: dict[str, Path] = {}
+    for day in ("2026-11-03", "2026-11-04"):
+        files[day] = inbox / f"drop-{day}.jsonl"
+        files[day].write_text(review(int(day[-2:]), f"{day}T09:00:00Z") + "\n")
+    resources = build_resources(settings)
+    ledger: LedgerResource = resources["ledger"]
+    for day in files:
+        ctx = steps.StepContext(
+            spec=spec,
+            day=dt.date.fromisoformat(day),
+            ledger=ledger,
+            storage=resources["storage"],
+            provider=resources[provider_resource_key(spec.model.provider)],
+        )
+        steps.take_snapshot(ctx, settings.resolve_source_uri(spec.source.uri))
+        steps.build_shards(ctx)
+        job = ctx.job()
+        assert job.snapshot_uri is not None
+        assert steps.snapshot_sources(resources["storage"], job.snapshot_uri) == {
+            str(files[day]): resources["storage"].version(str(files[day]))
+        }
+
+    with dg.instance_for_test() as instance:
+        # First tick, and again after a reset: the planned versions enter the cursor, no run.
+        first = tick(spec, settings, instance, None)
+        assert first.run_requests == []
+        assert set(json.loads(first.cursor or "{}")) == {str(f) for f in files.values()}
+        assert tick(spec, settings, instance, None).run_requests == []
+
+        # A changed file of a planned day, a new file of a planned day and a file of a new day.
+        with files["2026-11-03"].open("a") as handle:
+            handle.write(review(5, "2026-11-03T12:00:00Z") + "\n")
+        (inbox / "late.jsonl").write_text(review(6, "2026-11-04T18:00:00Z") + "\n")
+        (inbox / "next.jsonl").write_text(review(7, "2026-11-05T10:00:00Z") + "\n")
+        expected = {
+            ("2026-11-03", str(files["2026-11-03"])),
+            ("2026-11-04", str(inbox / "late.jsonl")),
+            ("2026-11-05", str(inbox / "next.jsonl")),
+        }
+        for cursor in (first.cursor, None):
+            requests = tick(spec, settings, instance, cursor).run_requests
+            assert {(r.partition_key, r.run_key.split("@")[0]) for r in requests} == expected
 
 
 def test_the_schedule_submits_the_latest_complete_day(settings: Settings) -> None:
@@ -157,7 +214,6 @@ def test_a_summary_alerts_over_its_thresholds_and_reaches_the_webhook(
     hook: tuple[str, list[dict[str, Any]], list[int]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from llm_assets import steps
     from tests.test_ledger import item_row
 
     url, posts, _ = hook

@@ -23,6 +23,7 @@ from llm_assets.steps.context import (
     current_snapshot_uri,
     existing_job,
     job_for,
+    job_id_of,
     price_for,
 )
 from llm_assets.steps.imports import (
@@ -59,7 +60,7 @@ from llm_assets.steps.shards import (
     line_offsets,
     shards_for,
 )
-from llm_assets.steps.snapshot import SnapshotResult, take_snapshot
+from llm_assets.steps.snapshot import SnapshotResult, snapshot_sources, take_snapshot
 from llm_assets.steps.submit import BudgetGate, SubmitResult, budget_gate, submit_shards
 from llm_assets.steps.validate import ValidateResult, validate_outputs
 
@@ -92,6 +93,7 @@ __all__ = [
     "export_dead_letters",
     "import_results",
     "job_for",
+    "job_id_of",
     "ledger_row",
     "line_custom_id",
     "line_offsets",
@@ -107,6 +109,7 @@ __all__ = [
     "retry_backoff",
     "run_online_shard",
     "shards_for",
+    "snapshot_sources",
     "submit_shards",
     "take_snapshot",
     "validate_outputs",

@@ -1,6 +1,7 @@
 """input_snapshot: the partition's source rows frozen into one content-addressed file."""
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -8,8 +9,13 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from llm_assets.failpoints import failpoint
-from llm_assets.source import rows_for_partition
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.source import list_source_files, rows_for_partition
 from llm_assets.steps.context import StepContext, artifact_key, snapshot_dir
+
+SOURCES_SUFFIX = ".sources.json"
+"""Next to each snapshot `<hash>.jsonl`, `<hash>.sources.json` maps the source files it holds
+rows of to their versions (ArtifactStorage.version) as they were when the rows were read."""
 
 
 class SnapshotResult(BaseModel):
@@ -25,9 +31,13 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     """Freeze the partition's source rows into an immutable, content-addressed JSONL file.
 
     The file is named by the hash of its content, so taking the snapshot again over the same
-    rows reuses it; the CURRENT pointer names the snapshot the later steps read.
+    rows reuses it; the CURRENT pointer names the snapshot the later steps read. The source
+    files' versions are taken before their rows are read and written next to the snapshot
+    (SOURCES_SUFFIX), so a file changed meanwhile shows as newer than the snapshot, never
+    older.
     """
     spec, day, storage = ctx.spec, ctx.day, ctx.storage
+    versions = {uri: storage.version(uri) for uri in list_source_files(source_uri, storage)}
     keep = {spec.source.id_field, spec.source.date_field, *spec.source.fields}
     rows = 0
     unreadable = 0
@@ -55,7 +65,22 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
                 failpoint("snapshot.after_write")
         finally:
             os.unlink(tmp.name)
+    sources = {uri: versions[uri] for uri in sorted(files) if versions.get(uri)}
+    storage.write_bytes(key.removesuffix(".jsonl") + SOURCES_SUFFIX, json.dumps(sources).encode())
     storage.write_bytes(artifact_key(snapshot_dir(spec, day), "CURRENT"), uri.encode())
     return SnapshotResult(
         uri=uri, sha256=sha, rows=rows, unreadable_rows=unreadable, reused=reused, files=len(files)
     )
+
+
+def snapshot_sources(storage: ArtifactStorage, snapshot_uri: str) -> dict[str, str]:
+    """The source files a snapshot holds rows of and their versions when they were read; empty
+    for a snapshot taken before the versions were recorded, or whose record cannot be read."""
+    uri = snapshot_uri.removesuffix(".jsonl") + SOURCES_SUFFIX
+    if not storage.exists(uri):
+        return {}
+    try:
+        sources = json.loads(storage.read_bytes(uri))
+    except ValueError:
+        return {}
+    return sources if isinstance(sources, dict) else {}
