@@ -66,7 +66,8 @@ def snapshot_metadata(spec: PipelineSpec, result: SnapshotResult) -> dict[str, A
 
 
 def submit_metadata(spec: PipelineSpec, result: SubmitResult) -> dict[str, Any]:
-    """provider_batches: what was submitted, what is in flight and when the next retry goes."""
+    """provider_batches: what was submitted, what is in flight and when the next retry goes
+    (left out when no retry waits)."""
     next_at = result.next_submission_at
     return {
         **lineage(spec),
@@ -75,7 +76,7 @@ def submit_metadata(spec: PipelineSpec, result: SubmitResult) -> dict[str, Any]:
         "provider_batch_ids": list(result.submitted.values())[:20],
         "in_flight_shards": result.in_flight,
         "retry_shards_waiting_for_backoff": result.waiting_for_backoff,
-        "next_submission_at": next_at.isoformat() if next_at else "",
+        **({"next_submission_at": next_at.isoformat()} if next_at else {}),
         "day_upper_bound_usd": result.committed_cost_usd,
     }
 

@@ -20,7 +20,7 @@ import yaml
 from click.testing import CliRunner
 
 from llm_assets import steps
-from llm_assets.checks import BUDGET, COST_DRIFT
+from llm_assets.checks import BUDGET, COST_DRIFT, budget_check
 from llm_assets.cli import main as cli_main
 from llm_assets.factory import asset_key
 from llm_assets.resources.ledger import SCHEMA_VERSION, LedgerResource, result_table, shard_table
@@ -223,6 +223,25 @@ def test_the_estimate_is_exact_for_openai_input_and_learns_output_from_earlier_d
 # The budget gate.
 
 
+def test_the_budget_check_leaves_out_a_limit_or_approval_that_does_not_exist() -> None:
+    unlimited = steps.BudgetGate(
+        limit_usd=None,
+        committed_usd=0.25,
+        passed=True,
+        reason="no budget.max_usd_per_partition in the spec: the day has no limit",
+    )
+    metadata = budget_check(unlimited).metadata
+    assert set(metadata) == {"upper_bound_usd", "reason"}
+    assert metadata["reason"].value.endswith("the day has no limit")
+
+    approved = unlimited.model_copy(
+        update={"limit_usd": 0.1, "approved_usd": 0.25, "approved_by": "ops"}
+    )
+    metadata = budget_check(approved).metadata
+    assert (metadata["max_usd_per_partition"].value, metadata["approved_usd"].value) == (0.1, 0.25)
+    assert metadata["approved_by"].value == "ops"
+
+
 def test_an_over_budget_day_is_blocked_until_approved(
     tmp_path: Path, one_database_url: str, fake: FakeOpenAI
 ) -> None:
@@ -237,6 +256,7 @@ def test_an_over_budget_day_is_blocked_until_approved(
         (evaluation,) = check_history(harness, "request_shards", BUDGET)
         assert not evaluation.passed
         assert evaluation.metadata["upper_bound_usd"].value > 0.0001
+        assert "approved_usd" not in evaluation.metadata, "nobody approved the day yet"
         batches = asset_key(harness.spec, "provider_batches")
         assert harness.instance.get_latest_materialization_event(batches) is None
 
@@ -256,7 +276,8 @@ def test_an_over_budget_day_is_blocked_until_approved(
             },
         )
         assert approved.success
-        assert check_history(harness, "request_shards", BUDGET)[0].passed
+        approval = check_history(harness, "request_shards", BUDGET)[0]
+        assert approval.passed and approval.metadata["approved_usd"].value > 0.0001
         job = steps.existing_job(harness.spec, DAY, harness.ledger)
         assert job.budget_approved_usd == pytest.approx(harness.ledger.committed_cost(job.job_id))
         assert job.budget_approved_by.startswith("dagster run ")
