@@ -172,7 +172,8 @@ def import_metadata(spec: PipelineSpec, result: ImportResult) -> dict[str, Any]:
 
 
 def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[str, Any]:
-    """cost_report: billed tokens and cost, the estimate's error and the month so far."""
+    """cost_report: billed tokens and cost, why it is $0 when the model is priced at zero,
+    the estimate's error and the month so far, as of when the report was made."""
     month = report.pipeline_months[-1] if report.pipeline_months else {}
     errors = (
         ("cost_estimate_error", report.cost_estimate_error),
@@ -192,12 +193,14 @@ def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[
         "input_tokens_per_item": report.input_tokens_per_item,
         "output_tokens_per_item": report.output_tokens_per_item,
         "cost_usd": report.cost_usd,
+        **({"zero_cost_reason": report.zero_cost_reason} if report.zero_cost_reason else {}),
         "retry_cost_usd": report.retry_cost_usd,
         "cost_per_1k_items_usd": report.cost_per_1k_items_usd,
         "estimated_cost_usd": report.estimated_cost_usd,
         "estimated_cost_upper_bound_usd": report.estimated_cost_upper_usd,
         **{name: value for name, value in errors if value is not None},
         "pipeline_month_cost_usd": month.get("cost_usd", 0.0),
+        "pipeline_totals_as_of": dg.MetadataValue.timestamp(report.computed_at),
         "prices_as_of": report.prices_as_of,
         "report": dg.MetadataValue.md(report.markdown(spec, day)),
     }

@@ -24,7 +24,7 @@ from llm_assets.checks import BUDGET, COST_DRIFT, budget_check
 from llm_assets.cli import main as cli_main
 from llm_assets.factory import asset_key
 from llm_assets.resources.ledger import SCHEMA_VERSION, LedgerResource, result_table, shard_table
-from llm_assets.resources.pricing import load_price_table
+from llm_assets.resources.pricing import load_price_table, zero_price_reason
 from llm_assets.runner import PartitionRunner, StepFailed
 from llm_assets.spec import PipelineSpec
 from llm_assets.tokens import counter_for
@@ -135,6 +135,29 @@ def test_a_price_override_replaces_and_dates_entries(
     assert table.get("anthropic", "claude-sonnet-4-5").token_factor == 1.05
     with pytest.raises(KeyError, match="no price for openai/gpt-9"):
         table.get("openai", "gpt-9")
+
+
+def test_a_model_priced_at_zero_says_so_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LLM_ASSETS_PRICES", raising=False)
+    table = load_price_table()
+    assert zero_price_reason(table.get("openai", "gpt-4o-mini")) is None
+    local = zero_price_reason(table.get("local", "all-MiniLM-L6-v2"))
+    assert local == (
+        "local/all-MiniLM-L6-v2 is priced at $0 per token in prices.yaml (embedded provider; "
+        "runs on this machine, no charge), so its tokens cost $0"
+    )
+
+    override = tmp_path / "team-prices.yaml"
+    free = {"provider": "online", "name": "llama-on-prem", "context_window": 8192}
+    free |= {"input_per_mtok": 0, "output_per_mtok": 0}
+    override.write_text(yaml.safe_dump({"prices_as_of": "2026-12-01", "models": [free]}))
+    monkeypatch.setenv("LLM_ASSETS_PRICES", str(override))
+    reason = zero_price_reason(load_price_table().get("online", "llama-on-prem"))
+    assert reason == (
+        "online/llama-on-prem is priced at $0 per token in team-prices.yaml, so its tokens cost $0"
+    )
 
 
 def test_openai_counts_are_exact_and_the_rest_approximated() -> None:
