@@ -66,7 +66,8 @@ def snapshot_metadata(spec: PipelineSpec, result: SnapshotResult) -> dict[str, A
 
 
 def submit_metadata(spec: PipelineSpec, result: SubmitResult) -> dict[str, Any]:
-    """provider_batches: what was submitted, what is in flight and when the next retry goes."""
+    """provider_batches: what was submitted, what is in flight and when the next retry goes
+    (left out when no retry waits)."""
     next_at = result.next_submission_at
     return {
         **lineage(spec),
@@ -75,7 +76,7 @@ def submit_metadata(spec: PipelineSpec, result: SubmitResult) -> dict[str, Any]:
         "provider_batch_ids": list(result.submitted.values())[:20],
         "in_flight_shards": result.in_flight,
         "retry_shards_waiting_for_backoff": result.waiting_for_backoff,
-        "next_submission_at": next_at.isoformat() if next_at else "",
+        **({"next_submission_at": next_at.isoformat()} if next_at else {}),
         "day_upper_bound_usd": result.committed_cost_usd,
     }
 
@@ -171,7 +172,8 @@ def import_metadata(spec: PipelineSpec, result: ImportResult) -> dict[str, Any]:
 
 
 def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[str, Any]:
-    """cost_report: billed tokens and cost, the estimate's error and the month so far."""
+    """cost_report: billed tokens and cost, why it is $0 when the model is priced at zero,
+    the estimate's error and the month so far, as of when the report was made."""
     month = report.pipeline_months[-1] if report.pipeline_months else {}
     errors = (
         ("cost_estimate_error", report.cost_estimate_error),
@@ -191,12 +193,14 @@ def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[
         "input_tokens_per_item": report.input_tokens_per_item,
         "output_tokens_per_item": report.output_tokens_per_item,
         "cost_usd": report.cost_usd,
+        **({"zero_cost_reason": report.zero_cost_reason} if report.zero_cost_reason else {}),
         "retry_cost_usd": report.retry_cost_usd,
         "cost_per_1k_items_usd": report.cost_per_1k_items_usd,
         "estimated_cost_usd": report.estimated_cost_usd,
         "estimated_cost_upper_bound_usd": report.estimated_cost_upper_usd,
         **{name: value for name, value in errors if value is not None},
         "pipeline_month_cost_usd": month.get("cost_usd", 0.0),
+        "pipeline_totals_as_of": dg.MetadataValue.timestamp(report.computed_at),
         "prices_as_of": report.prices_as_of,
         "report": dg.MetadataValue.md(report.markdown(spec, day)),
     }

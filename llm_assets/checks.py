@@ -61,7 +61,7 @@ def missing_results_check(missing: Sequence[str], counts: JobCounts) -> dg.Asset
             "job_terminal": terminal,
             "missing_results": len(missing),
             "open_items": counts.open,
-            "custom_ids": dg.MetadataValue.md(id_table(missing)) if missing else "",
+            **({"custom_ids": dg.MetadataValue.md(id_table(missing))} if missing else {}),
         },
         f"{len(missing)} items were sent and never answered",
     )
@@ -74,7 +74,7 @@ def duplicate_results_check(duplicates: int, custom_ids: Sequence[str]) -> dg.As
         dg.AssetCheckSeverity.WARN,
         {
             "duplicate_lines": duplicates,
-            "custom_ids": dg.MetadataValue.md(id_table(custom_ids)) if custom_ids else "",
+            **({"custom_ids": dg.MetadataValue.md(id_table(custom_ids))} if custom_ids else {}),
         },
     )
 
@@ -218,17 +218,35 @@ def _low_confidence_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResul
 
 
 def _label_shift_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
+    """Passes with total_variation null and a `not_compared` sentence when there is nothing
+    to compare: no earlier outputs, or no valid rows today."""
     shift = result.label_shift
+    window = spec.quality.shift_window
+    if shift is not None:
+        compared: dict[str, Any] = {
+            "total_variation": shift,
+            "baseline": result.baseline_distribution,
+        }
+    elif not result.baseline_distribution:
+        compared = {
+            "total_variation": None,
+            "not_compared": f"no earlier days to compare with: none of the last {window} "
+            "partition(s) has validated outputs",
+        }
+    else:
+        compared = {
+            "total_variation": None,
+            "not_compared": "no valid rows on this day to compare with the earlier days",
+            "baseline": result.baseline_distribution,
+        }
     return _result(
         LABEL_DISTRIBUTION_SHIFT,
         shift is None or shift <= spec.quality.max_label_shift,
         dg.AssetCheckSeverity.WARN,
         {
-            "total_variation": shift if shift is not None else -1.0,
-            "baseline_partitions": spec.quality.shift_window,
-            "has_baseline": bool(result.baseline_distribution),
+            **compared,
+            "baseline_partitions": window,
             "distribution": result.label_distribution,
-            "baseline": result.baseline_distribution,
         },
     )
 
@@ -250,18 +268,19 @@ def budget_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
 
 
 def budget_check(gate: Any) -> dg.AssetCheckResult:
-    """The result of steps.budget_gate as a blocking check."""
+    """The result of steps.budget_gate as a blocking check; the limit and the approval are
+    left out when the spec sets no limit or nobody approved the day (`reason` says which)."""
+    limit = {} if gate.limit_usd is None else {"max_usd_per_partition": gate.limit_usd}
+    approval = (
+        {}
+        if gate.approved_usd is None
+        else {"approved_usd": gate.approved_usd, "approved_by": gate.approved_by or ""}
+    )
     return _result(
         BUDGET,
         gate.passed,
         dg.AssetCheckSeverity.ERROR,
-        {
-            "upper_bound_usd": gate.committed_usd,
-            "max_usd_per_partition": gate.limit_usd if gate.limit_usd is not None else -1.0,
-            "approved_usd": gate.approved_usd if gate.approved_usd is not None else -1.0,
-            "approved_by": gate.approved_by or "",
-            "reason": gate.reason,
-        },
+        {"upper_bound_usd": gate.committed_usd, **limit, **approval, "reason": gate.reason},
         gate.reason,
     )
 
@@ -276,20 +295,31 @@ def cost_drift_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
 
 
 def cost_drift_check(drift: Any) -> dg.AssetCheckResult:
+    """Passes with a `not_compared` sentence when there is no history to compare with."""
     rows = [
         {
             "metric": name,
             "this partition": f"{value:.6g}",
-            "trailing median": f"{drift.median.get(name, 0.0):.6g}",
+            "trailing median": f"{drift.median[name]:.6g}" if name in drift.median else "",
             "ratio": f"{drift.ratio[name]:.3f}" if name in drift.ratio else "",
         }
         for name, value in drift.current.items()
     ]
+    if not drift.current:
+        why = {"not_compared": "no succeeded items on this day to compare"}
+    elif not drift.history:
+        why = {
+            "not_compared": f"no earlier days to compare with: none of the last {drift.window} "
+            "partition(s) has succeeded items"
+        }
+    else:
+        why = {}
     return _result(
         COST_DRIFT,
         not drift.drifted,
         dg.AssetCheckSeverity.WARN,
         {
+            **why,
             "drifted": ", ".join(drift.drifted),
             "history_partitions": drift.history,
             "drift_factor": drift.factor,

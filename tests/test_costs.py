@@ -20,11 +20,11 @@ import yaml
 from click.testing import CliRunner
 
 from llm_assets import steps
-from llm_assets.checks import BUDGET, COST_DRIFT
+from llm_assets.checks import BUDGET, COST_DRIFT, budget_check
 from llm_assets.cli import main as cli_main
 from llm_assets.factory import asset_key
 from llm_assets.resources.ledger import SCHEMA_VERSION, LedgerResource, result_table, shard_table
-from llm_assets.resources.pricing import load_price_table
+from llm_assets.resources.pricing import load_price_table, zero_price_reason
 from llm_assets.runner import PartitionRunner, StepFailed
 from llm_assets.spec import PipelineSpec
 from llm_assets.tokens import counter_for
@@ -137,6 +137,29 @@ def test_a_price_override_replaces_and_dates_entries(
         table.get("openai", "gpt-9")
 
 
+def test_a_model_priced_at_zero_says_so_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LLM_ASSETS_PRICES", raising=False)
+    table = load_price_table()
+    assert zero_price_reason(table.get("openai", "gpt-4o-mini")) is None
+    local = zero_price_reason(table.get("local", "all-MiniLM-L6-v2"))
+    assert local == (
+        "local/all-MiniLM-L6-v2 is priced at $0 per token in prices.yaml (embedded provider; "
+        "runs on this machine, no charge), so its tokens cost $0"
+    )
+
+    override = tmp_path / "team-prices.yaml"
+    free = {"provider": "online", "name": "llama-on-prem", "context_window": 8192}
+    free |= {"input_per_mtok": 0, "output_per_mtok": 0}
+    override.write_text(yaml.safe_dump({"prices_as_of": "2026-12-01", "models": [free]}))
+    monkeypatch.setenv("LLM_ASSETS_PRICES", str(override))
+    reason = zero_price_reason(load_price_table().get("online", "llama-on-prem"))
+    assert reason == (
+        "online/llama-on-prem is priced at $0 per token in team-prices.yaml, so its tokens cost $0"
+    )
+
+
 def test_openai_counts_are_exact_and_the_rest_approximated() -> None:
     system = "Label the review as positive or negative. Return JSON."
     user = "Le mixeur est génial 👍 — order #A-1039 arrived; 0xDEADBEEF in the log."
@@ -223,6 +246,25 @@ def test_the_estimate_is_exact_for_openai_input_and_learns_output_from_earlier_d
 # The budget gate.
 
 
+def test_the_budget_check_leaves_out_a_limit_or_approval_that_does_not_exist() -> None:
+    unlimited = steps.BudgetGate(
+        limit_usd=None,
+        committed_usd=0.25,
+        passed=True,
+        reason="no budget.max_usd_per_partition in the spec: the day has no limit",
+    )
+    metadata = budget_check(unlimited).metadata
+    assert set(metadata) == {"upper_bound_usd", "reason"}
+    assert metadata["reason"].value.endswith("the day has no limit")
+
+    approved = unlimited.model_copy(
+        update={"limit_usd": 0.1, "approved_usd": 0.25, "approved_by": "ops"}
+    )
+    metadata = budget_check(approved).metadata
+    assert (metadata["max_usd_per_partition"].value, metadata["approved_usd"].value) == (0.1, 0.25)
+    assert metadata["approved_by"].value == "ops"
+
+
 def test_an_over_budget_day_is_blocked_until_approved(
     tmp_path: Path, one_database_url: str, fake: FakeOpenAI
 ) -> None:
@@ -237,6 +279,7 @@ def test_an_over_budget_day_is_blocked_until_approved(
         (evaluation,) = check_history(harness, "request_shards", BUDGET)
         assert not evaluation.passed
         assert evaluation.metadata["upper_bound_usd"].value > 0.0001
+        assert "approved_usd" not in evaluation.metadata, "nobody approved the day yet"
         batches = asset_key(harness.spec, "provider_batches")
         assert harness.instance.get_latest_materialization_event(batches) is None
 
@@ -256,7 +299,8 @@ def test_an_over_budget_day_is_blocked_until_approved(
             },
         )
         assert approved.success
-        assert check_history(harness, "request_shards", BUDGET)[0].passed
+        approval = check_history(harness, "request_shards", BUDGET)[0]
+        assert approval.passed and approval.metadata["approved_usd"].value > 0.0001
         job = steps.existing_job(harness.spec, DAY, harness.ledger)
         assert job.budget_approved_usd == pytest.approx(harness.ledger.committed_cost(job.job_id))
         assert job.budget_approved_by.startswith("dagster run ")

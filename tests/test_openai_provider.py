@@ -313,9 +313,14 @@ def test_retry_rounds_wait_for_their_backoff(
         [event] = [e for e in early.get_asset_materialization_events()]
         metadata = event.step_materialization_data.materialization.metadata
         assert metadata["retry_shards_waiting_for_backoff"].value == 1
+        assert metadata["next_submission_at"].value == retry.not_before.isoformat()
 
         harness.ledger.update_shard(retry.shard_id, not_before=utcnow())
-        assert harness.materialize("provider_batches").success
+        submitted = harness.materialize("provider_batches")
+        assert submitted.success
+        [event] = submitted.get_asset_materialization_events()
+        metadata = event.step_materialization_data.materialization.metadata
+        assert "next_submission_at" not in metadata, "no retry waits any more"
         assert harness.ledger.get_shard(retry.shard_id).status == "submitted"
 
 

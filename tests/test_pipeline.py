@@ -480,3 +480,37 @@ def test_a_day_runs_with_source_and_artifacts_on_s3(
         for folder in ("snapshots", "shards", "outputs", "dead_letters", "reports"):
             assert any(uri.startswith(f"{prefix}/artifacts/{folder}/") for uri in stored), folder
         assert str(platform.metadata(result, "validated_outputs")["uri"]).startswith("s3://")
+
+
+def test_a_first_local_day_says_what_it_cannot_show_instead_of_magic_numbers(
+    platform: Platform,
+) -> None:
+    result = platform.materialize()
+
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    for evaluation in evaluations.values():
+        values = [getattr(v, "value", v) for v in evaluation.metadata.values()]
+        assert -1 not in values and -1.0 not in values, evaluation
+    assert "custom_ids" not in evaluations["no_missing_results"].metadata
+    assert "custom_ids" not in evaluations["no_duplicate_results"].metadata
+    assert "next_submission_at" not in platform.metadata(result, "provider_batches")
+    budget = evaluations["budget"].metadata
+    assert "approved_usd" not in budget and "approved_by" not in budget
+    assert budget["reason"].value.startswith("upper bound $0.0000 within")
+    shift = evaluations["label_distribution_shift"]
+    assert shift.passed
+    assert isinstance(shift.metadata["total_variation"], dg.NullMetadataValue)
+    assert shift.metadata["not_compared"].value.startswith("no earlier days to compare with")
+    assert "baseline" not in shift.metadata and "has_baseline" not in shift.metadata
+    drift = evaluations["cost_drift"].metadata
+    assert drift["not_compared"].value.startswith("no earlier days to compare with")
+
+    report = platform.metadata(result, "cost_report")
+    assert report["cost_usd"] == 0.0
+    why = "local/all-MiniLM-L6-v2 is priced at $0 per token in prices.yaml"
+    assert report["zero_cost_reason"].startswith(why)
+    assert f"Why $0: {why}" in report["report"]
+    as_of = dt.datetime.fromtimestamp(report["pipeline_totals_as_of"], dt.UTC)
+    label = f"as of {as_of:%Y-%m-%d %H:%M} UTC"
+    assert f"## support_tickets per month, up to {DAY} ({label})" in report["report"]
+    assert f"## support_tickets per day, {DAY:%Y-%m} up to {DAY} ({label})" in report["report"]

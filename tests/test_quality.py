@@ -13,8 +13,11 @@ import pandas as pd
 import pytest
 import yaml
 
+from llm_assets import steps
+from llm_assets.checks import validated_outputs_checks
 from llm_assets.factory import asset_key
 from llm_assets.runner import StepFailed
+from llm_assets.spec import PipelineSpec
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, Harness, make_harness, review_spec, truthful
 
@@ -226,7 +229,14 @@ def test_a_label_shift_against_recent_days_warns_without_blocking(
         before = DAY - dt.timedelta(days=1)
         write_reviews(harness.home, before, 24)
         harness.runner().run_day(before, wait=True)
-        assert check_evaluation(harness, "label_distribution_shift").passed
+        first = check_evaluation(harness, "label_distribution_shift")
+        assert first.passed
+        # A new pipeline's first day: nothing to compare with, and the check says so.
+        assert isinstance(first.metadata["total_variation"], dg.NullMetadataValue)
+        assert first.metadata["not_compared"].value == (
+            "no earlier days to compare with: none of the last 7 partition(s) has validated outputs"
+        )
+        assert "baseline" not in first.metadata
 
         fake.responder = lambda body: json.dumps({"label": "positive", "summary": "all good"})
         harness.run_day()
@@ -235,9 +245,37 @@ def test_a_label_shift_against_recent_days_warns_without_blocking(
         assert not shift.passed
         assert shift.severity == dg.AssetCheckSeverity.WARN
         assert shift.metadata["total_variation"].value == pytest.approx(0.5)
+        assert "not_compared" not in shift.metadata
         published = asset_key(harness.spec, "published_outputs")
         event = harness.instance.get_latest_materialization_event(published)
         assert event is not None and event.dagster_event.partition == DAY.isoformat()
+
+
+def test_a_day_without_valid_rows_is_not_compared_and_says_why() -> None:
+    spec = PipelineSpec.model_validate(review_spec("openai", "gpt-4o-mini"))
+    result = steps.ValidateResult(
+        job_id="j",
+        uri="validated.parquet",
+        valid_rows=0,
+        quality_failures={},
+        quality_dead_letters=0,
+        failure_rate=0.0,
+        failure_cases=[],
+        open_items=0,
+        missing_results=[],
+        preview=[],
+        baseline_distribution={"positive": 0.5, "negative": 0.5},
+    )
+    (shift,) = [
+        c
+        for c in validated_outputs_checks(spec, result, [])
+        if c.check_name == "label_distribution_shift"
+    ]
+    assert shift.passed
+    assert isinstance(shift.metadata["total_variation"], dg.NullMetadataValue)
+    assert shift.metadata["not_compared"].value == (
+        "no valid rows on this day to compare with the earlier days"
+    )
 
 
 def test_a_low_confidence_share_warns(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> None:

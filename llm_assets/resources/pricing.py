@@ -158,11 +158,16 @@ def _read(path: Path) -> PriceTable:
 
 
 @functools.cache
+def _read_override(override: str) -> PriceTable:
+    return _read(Path(override))
+
+
+@functools.cache
 def _load(override: str | None) -> PriceTable:
     table = _read(DEFAULT_PRICES)
     if not override:
         return table
-    extra = _read(Path(override))
+    extra = _read_override(override)
     keys = {(m.provider, m.name) for m in extra.models}
     kept = [m for m in table.models if (m.provider, m.name) not in keys]
     return PriceTable(prices_as_of=extra.prices_as_of, models=[*kept, *extra.models])
@@ -171,3 +176,20 @@ def _load(override: str | None) -> PriceTable:
 def load_price_table() -> PriceTable:
     """The repo's table, with the user's overrides from LLM_ASSETS_PRICES on top."""
     return _load(os.environ.get("LLM_ASSETS_PRICES"))
+
+
+def zero_price_reason(price: ModelPrice) -> str | None:
+    """Why every cost of `price`'s model is $0, naming the price-table file that says so (the
+    LLM_ASSETS_PRICES file when it has the entry, else prices.yaml); None when the model's
+    tokens cost something."""
+    if price.input_per_mtok or price.output_per_mtok or price.cached_input_per_mtok:
+        return None
+    source = DEFAULT_PRICES.name
+    override = os.environ.get("LLM_ASSETS_PRICES")
+    if override and _read_override(override).find(price.provider, price.name):
+        source = Path(override).name
+    notes = f" ({price.notes})" if price.notes else ""
+    return (
+        f"{price.provider}/{price.name} is priced at $0 per token in {source}{notes}, so its "
+        "tokens cost $0"
+    )

@@ -13,8 +13,8 @@ from pydantic import BaseModel
 
 from llm_assets import quality
 from llm_assets.checks import case_table
-from llm_assets.resources.ledger import JobRecord
-from llm_assets.resources.pricing import ModelPrice, load_price_table
+from llm_assets.resources.ledger import JobRecord, utcnow
+from llm_assets.resources.pricing import ModelPrice, load_price_table, zero_price_reason
 from llm_assets.spec import PipelineSpec
 from llm_assets.steps.context import StepContext, artifact_key
 from llm_assets.steps.validate import outputs_key
@@ -130,10 +130,19 @@ class CostReport(BaseModel):
     cost_per_1k_items_usd: float
     prices_as_of: str
     price: ModelPrice
+    zero_cost_reason: str | None = None
+    """Why the cost is $0 when the price table prices the model at zero; None otherwise."""
+    computed_at: dt.datetime
+    """When the report read the ledger: the day and month tables hold what was billed then."""
     shards: list[dict[str, Any]]
     pipeline_days: list[dict[str, Any]]
     pipeline_months: list[dict[str, Any]]
     drift: Drift
+
+    @property
+    def as_of(self) -> str:
+        """The label of the period tables: they are read once, when the report is made."""
+        return f"as of {self.computed_at:%Y-%m-%d %H:%M} UTC"
 
     def markdown(self, spec: PipelineSpec, day: dt.date) -> str:
         summary = [
@@ -154,12 +163,13 @@ class CostReport(BaseModel):
             [
                 f"# Cost of {spec.name} on {day} ({self.price.provider}/{self.price.name}, "
                 f"prices as of {self.prices_as_of})",
+                *([f"Why $0: {self.zero_cost_reason}."] if self.zero_cost_reason else []),
                 case_table(summary),
                 "## Shards",
                 case_table(self.shards, limit=200),
-                f"## {spec.name} per day",
+                f"## {spec.name} per day, {day:%Y-%m} up to {day} ({self.as_of})",
                 case_table(self.pipeline_days, limit=62),
-                f"## {spec.name} per month",
+                f"## {spec.name} per month, up to {day} ({self.as_of})",
                 case_table(self.pipeline_months, limit=24),
             ]
         )
@@ -198,6 +208,7 @@ def cost_report(ctx: StepContext) -> CostReport:
     job = ctx.job()
     (row,) = [r for r in ledger.job_cost_rows(spec.name, day, day) if r["job_id"] == job.job_id]
     n = counts.succeeded or 1
+    price = ctx.price()
     report = CostReport(
         job_id=job.job_id,
         items=counts.total,
@@ -219,7 +230,9 @@ def cost_report(ctx: StepContext) -> CostReport:
         output_tokens_per_item=job.output_tokens / n,
         cost_per_1k_items_usd=counts.cost_usd / n * 1000,
         prices_as_of=load_price_table().prices_as_of,
-        price=ctx.price(),
+        price=price,
+        zero_cost_reason=zero_price_reason(price) if counts.cost_usd == 0 else None,
+        computed_at=utcnow(),
         shards=ledger.shard_totals(job.job_id),
         pipeline_days=_pipeline_totals(
             ledger.job_cost_rows(spec.name, day.replace(day=1), day), lambda d: d

@@ -55,7 +55,9 @@ def budget_gate(ctx: StepContext, *, approve: bool = False, approved_by: str = "
         reason="",
     )
     if limit is None:
-        return gate.model_copy(update={"reason": "no budget.max_usd_per_partition"})
+        return gate.model_copy(
+            update={"reason": "no budget.max_usd_per_partition in the spec: the day has no limit"}
+        )
     if not ledger.shards(job.job_id, list(_WAITING)):
         return gate.model_copy(update={"reason": "nothing is waiting to be submitted"})
     if committed <= limit:
