@@ -13,6 +13,7 @@ raises, as Dagster's does, ends the wait too).
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,6 +26,9 @@ MAX_RETRY_AFTER_SECONDS = 120.0
 """The longest one wait for a server's Retry-After (or rate-limit reset) lasts."""
 
 _stopping = threading.Event()
+_WAIT_SLICE_SECONDS = 0.5
+"""A retry wait wakes this often: a SIGTERM that the kernel delivers to another thread is
+handled by the main thread only when it runs Python again, not while it blocks."""
 
 
 class WaitInterrupted(Exception):
@@ -44,8 +48,12 @@ def allow_waits() -> None:
 def pause(seconds: float) -> None:
     """Wait `seconds` before a retry, or raise WaitInterrupted as soon as `stop_waits` is
     called."""
-    if _stopping.wait(max(seconds, 0.0)):
+    deadline = time.monotonic() + max(seconds, 0.0)
+    if _stopping.is_set():
         raise WaitInterrupted(f"a {seconds:.1f}s retry wait was ended: the process is stopping")
+    while (left := deadline - time.monotonic()) > 0:
+        if _stopping.wait(min(left, _WAIT_SLICE_SECONDS)):
+            raise WaitInterrupted(f"a {seconds:.1f}s retry wait was ended: the process is stopping")
 
 
 def status_of(exc: BaseException) -> int | None:
