@@ -3,16 +3,13 @@
 import dagster as dg
 
 from llm_assets.factory import build_pipeline_assets
+from llm_assets.new_data_sensor import build_new_data_sensor
 from llm_assets.resources import build_resources
 
 # Importing the registry registers the provider checks with spec validation.
 from llm_assets.resources.providers import registry  # noqa: F401
 from llm_assets.schedules import build_schedule, build_submit_job
-from llm_assets.sensors import (
-    build_batch_status_sensor,
-    build_new_data_sensor,
-    build_notification_sensors,
-)
+from llm_assets.sensors import build_batch_status_sensor, build_notification_sensors
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec, load_specs
 

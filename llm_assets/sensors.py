@@ -1,7 +1,8 @@
 """Sensors: what makes a dropped file end in validated outputs and a cost report.
 
 - `<pipeline>__new_data` watches the source files and submits every day a new or changed
-  file touches, unless the day's ledger job was planned from that very file version.
+  file touches, unless the day's ledger job was planned from that very file version
+  (new_data_sensor.py).
 - `<pipeline>__batch_status` polls in-flight provider batches with cheap status calls (in
   parallel, each one try with a short timeout, under a deadline well inside Dagster's sensor
   time limit that bounds the calls still running too), imports ended ones,
@@ -16,7 +17,6 @@ import concurrent.futures
 import dataclasses
 import datetime as dt
 import functools
-import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,20 +24,17 @@ from concurrent.futures import ThreadPoolExecutor
 import dagster as dg
 
 from llm_assets import notify, steps
-from llm_assets.factory import STEPS, asset_key, partitions_for
+from llm_assets.factory import STEPS, asset_key
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import ENDED_STATES, IN_FLIGHT_STATES, BatchProvider
-from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.runner import (
     GATED_STEPS,
     IMPORT_STEPS,
     REPORT_STEPS,
-    SUBMIT_STEPS,
     step_failure_reason,
 )
-from llm_assets.settings import Settings
-from llm_assets.source import FileDays, file_days, list_source_files
+from llm_assets.settings import Settings, sensor_interval
 from llm_assets.spec import PipelineSpec
 
 POLL_DEADLINE_SECONDS = 30.0
@@ -87,7 +84,7 @@ def build_batch_status_sensor(
         name=batch_status_sensor_name(spec),
         description=f"Polls {spec.name}'s in-flight provider batches, imports ended ones and "
         "finishes days whose items are all terminal.",
-        minimum_interval_seconds=_interval(settings, 60),
+        minimum_interval_seconds=sensor_interval(settings, 60),
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={"ledger", provider_key},
         asset_selection=[*keys.imports, *keys.gated, *keys.reports, keys.submit],
@@ -237,128 +234,6 @@ def _latest(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str) -> f
         dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1
     ).records
     return records[0].timestamp if records else None
-
-
-def _interval(settings: Settings | None, default: int) -> int:
-    if settings is not None and settings.sensor_interval_seconds is not None:
-        return settings.sensor_interval_seconds
-    return default
-
-
-def new_data_sensor_name(spec: PipelineSpec) -> str:
-    return f"{spec.name}__new_data"
-
-
-def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDefinition:
-    """Submit the days a new or changed source file touches, once per file version.
-
-    The cursor maps each source file to its version. A file whose version is not in the
-    cursor (every file on the first tick and after a reset, a new file, a changed one)
-    requests one submit run per day it has rows for, except for a day whose ledger job was
-    planned from a snapshot that recorded this very file version (steps.snapshot_sources of
-    the job's snapshot_uri): that day already holds the file's rows, so the version only
-    enters the cursor. A day without a job, or whose job's snapshot has an older version of
-    the file or none, is requested as before.
-    """
-    source = settings.resolve_source_uri(spec.source.uri)
-    submit_keys = [asset_key(spec, step) for step in SUBMIT_STEPS]
-    partitions = partitions_for(spec)
-
-    @dg.sensor(
-        name=new_data_sensor_name(spec),
-        description=f"Watches {spec.source.uri} and submits each day a new or changed file has "
-        "rows for (run key: file, version and day).",
-        minimum_interval_seconds=_interval(settings, 30),
-        default_status=dg.DefaultSensorStatus.RUNNING,
-        required_resource_keys={"storage", "ledger"},
-        asset_selection=submit_keys,
-    )
-    def new_data(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        storage: ArtifactStorage = context.resources.storage
-        planned = _planned_versions(spec, context.resources.ledger, storage)
-        seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
-        known = set(partitions.get_partition_keys(dynamic_partitions_store=context.instance))
-        current: dict[str, str] = {}
-        requests: list[dg.RunRequest] = []
-        for uri in list_source_files(source, storage):
-            try:
-                version = storage.version(uri)
-                fresh = version is not None and seen.get(uri) != version
-                found = file_days(spec, uri, storage) if fresh else None
-            except Exception as exc:
-                # One file that cannot be read holds up no other; it is read again next tick.
-                context.log.error(
-                    f"{uri}: cannot be read ({type(exc).__name__}: {exc}); its days are not "
-                    "submitted, and it is read again on the next tick"
-                )
-                if uri in seen:
-                    current[uri] = seen[uri]
-                continue
-            if version is None:
-                continue
-            current[uri] = version
-            if found is not None:
-                requests += _file_requests(context, spec, uri, version, found, known, planned)
-        # Files that disappeared drop out of the cursor, so it stays as big as the folder.
-        return dg.SensorResult(run_requests=requests, cursor=json.dumps(current, sort_keys=True))
-
-    return new_data
-
-
-def _planned_versions(
-    spec: PipelineSpec, ledger: LedgerResource, storage: ArtifactStorage
-) -> Callable[[dt.date], dict[str, str]]:
-    """Per day, the source file versions its ledger job was planned from: those its snapshot
-    recorded, none when the day has no job or its job no snapshot. Each day is looked up once
-    a tick."""
-
-    @functools.cache
-    def planned(day: dt.date) -> dict[str, str]:
-        job = ledger.get_job(steps.job_id_of(spec, day))
-        if job is None or job.snapshot_uri is None:
-            return {}
-        return steps.snapshot_sources(storage, job.snapshot_uri)
-
-    return planned
-
-
-def _file_requests(
-    context: dg.SensorEvaluationContext,
-    spec: PipelineSpec,
-    uri: str,
-    version: str,
-    found: FileDays,
-    known: set[str],
-    planned: Callable[[dt.date], dict[str, str]],
-) -> list[dg.RunRequest]:
-    """The runs of a new file version: one per day it has rows for, within the partitions,
-    that the ledger has not planned from this version yet; rows outside the partitions, or of
-    no day at all, are named in the tick's log."""
-    days = sorted(found.days)
-    outside = [d for d in days if d.isoformat() not in known]
-    if outside:
-        context.log.warning(
-            f"{uri}: rows for {len(outside)} day(s) outside the partitions "
-            f"({outside[0]}..{outside[-1]}) are not submitted"
-        )
-    if found.undated:
-        context.log.error(f"{uri}: {found.undated_reason(spec)}")
-    inside = [d for d in days if d.isoformat() in known]
-    due = [d for d in inside if planned(d).get(uri) != version]
-    if len(due) < len(inside):
-        context.log.info(
-            f"{uri}: {len(inside) - len(due)} day(s) already planned from this version in the "
-            "ledger are not submitted again"
-        )
-    return [
-        dg.RunRequest(
-            run_key=f"{uri}@{version}:{day.isoformat()}",
-            partition_key=day.isoformat(),
-            asset_selection=[asset_key(spec, step) for step in SUBMIT_STEPS],
-            tags={"llm_assets/source_file": uri[-200:]},
-        )
-        for day in due
-    ]
 
 
 def _partition_of(

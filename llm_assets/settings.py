@@ -44,3 +44,11 @@ class Settings(BaseModel):
         if uri.startswith("s3://") or Path(uri).is_absolute():
             return uri
         return str(self.home / uri)
+
+
+def sensor_interval(settings: Settings | None, default: int) -> int:
+    """A sensor's minimum interval: LLM_ASSETS_SENSOR_INTERVAL_SECONDS when set, else the
+    sensor's own default."""
+    if settings is not None and settings.sensor_interval_seconds is not None:
+        return settings.sensor_interval_seconds
+    return default

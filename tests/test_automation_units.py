@@ -14,11 +14,12 @@ import pytest
 
 from llm_assets import notify, steps
 from llm_assets.factory import asset_key, build_pipeline_assets
+from llm_assets.new_data_sensor import build_new_data_sensor
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.providers import provider_resource_key
+from llm_assets.runner import SUBMIT_STEPS
 from llm_assets.schedules import build_schedule, build_submit_job
-from llm_assets.sensors import SUBMIT_STEPS, build_new_data_sensor
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec
 from tests.harness import review_spec
