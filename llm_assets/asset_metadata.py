@@ -20,6 +20,7 @@ from llm_assets.steps import (
     SnapshotResult,
     SubmitResult,
     ValidateResult,
+    no_source_rows_reason,
 )
 
 
@@ -52,9 +53,11 @@ def preview(rows: Sequence[dict[str, Any]]) -> dg.MetadataValue:
     return dg.MetadataValue.md(checks.case_table(rows))
 
 
-def snapshot_metadata(spec: PipelineSpec, result: SnapshotResult) -> dict[str, Any]:
-    """input_snapshot: the snapshot file, its hash and what could not be read."""
-    return file_metadata(
+def snapshot_metadata(spec: PipelineSpec, result: SnapshotResult, day: dt.date) -> dict[str, Any]:
+    """input_snapshot: the snapshot file, its hash and what could not be read; a day with no
+    source rows says so (`no_source_rows`)."""
+    empty = {"no_source_rows": no_source_rows_reason(day)} if result.empty else {}
+    return empty | file_metadata(
         spec,
         result.rows,
         result.uri,

@@ -11,12 +11,29 @@ from llm_assets.spec import PipelineSpec
 
 NO_MISSING_RESULTS = "no_missing_results"
 NO_DUPLICATE_RESULTS = "no_duplicate_results"
+SOURCE_ROWS = "source_rows"
 
 
 def id_table(custom_ids: Sequence[str], limit: int = 20) -> str:
     rows = "\n".join(f"| {cid} |" for cid in custom_ids[:limit])
     more = f"\n\n… and {len(custom_ids) - limit} more" if len(custom_ids) > limit else ""
     return f"| custom_id |\n|---|\n{rows}{more}"
+
+
+def source_rows_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        SOURCE_ROWS,
+        asset=key,
+        description="The day has source rows; a day without any is skipped after the snapshot "
+        "(WARN).",
+    )
+
+
+def source_rows_check(rows: int, no_rows_reason: str) -> dg.AssetCheckResult:
+    """Fails (WARN) on a day with no source rows, so the UI shows the day as empty, not done."""
+    return _result(
+        SOURCE_ROWS, rows > 0, dg.AssetCheckSeverity.WARN, {"rows": rows}, no_rows_reason
+    )
 
 
 def batch_results_check_specs(key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
@@ -283,6 +300,11 @@ def budget_check(gate: Any) -> dg.AssetCheckResult:
         {"upper_bound_usd": gate.committed_usd, **limit, **approval, "reason": gate.reason},
         gate.reason,
     )
+
+
+def empty_day_budget_check(reason: str) -> dg.AssetCheckResult:
+    """The budget check of a day with no source rows: nothing is requested, nothing spent."""
+    return _result(BUDGET, True, dg.AssetCheckSeverity.ERROR, {"reason": reason})
 
 
 def cost_drift_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:

@@ -205,14 +205,18 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
     spec = _spec(settings, pipeline)
     day = _date(date_)
     assert day is not None
-    ledger = build_resources(settings)["ledger"]
+    from llm_assets import steps
+
+    resources = build_resources(settings)
+    ledger = resources["ledger"]
     jobs = [_job_status(ledger, spec, job) for job in ledger.jobs_for_partition(spec.name, day)]
+    empty = steps.no_source_rows(spec, day, resources["storage"])
+    no_data = steps.no_source_rows_reason(day) if empty else None
     if as_json:
-        click.echo(
-            json.dumps({"pipeline": spec.name, "date": day.isoformat(), "jobs": jobs}, indent=2)
-        )
+        report = {"pipeline": spec.name, "date": day.isoformat(), "no_data": no_data, "jobs": jobs}
+        click.echo(json.dumps(report, indent=2))
         return
-    print_status(spec.name, day, jobs)
+    print_status(spec.name, day, jobs, no_data)
 
 
 def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") -> dict[str, Any]:
@@ -264,15 +268,17 @@ def costs(pipeline: str, from_: str | None, to_: str | None, as_json: bool) -> N
     start, end = _date(from_), _date(to_)
     if start and end and end < start:
         raise click.BadParameter(f"--to {end} is before --from {start}")
-    ledger = build_resources(settings)["ledger"]
+    resources = build_resources(settings)
+    ledger = resources["ledger"]
     rows = ledger.job_cost_rows(spec.name, start, end)
+    no_data = _no_data_days(spec, resources["storage"], start, end, rows)
     total: dict[str, Any] = {k: sum(r[k] for r in rows) for k in _COST_SUMS}
     total |= {k: round(sum(r[k] for r in rows), 6) for k in _COST_MONEY}
     months: dict[str, float] = {}
     for row in rows:
         months[row["date"][:7]] = months.get(row["date"][:7], 0.0) + row["cost_usd"]
     if not as_json:
-        print_costs(spec.name, rows, total, months)
+        print_costs(spec.name, rows, total, months, no_data)
         return
     report = {
         "pipeline": spec.name,
@@ -281,8 +287,34 @@ def costs(pipeline: str, from_: str | None, to_: str | None, as_json: bool) -> N
         "rows": [{**r, **{k: round(r[k], 6) for k in _COST_MONEY}} for r in rows],
         "months": {m: round(v, 6) for m, v in months.items()},
         "total": total,
+        "no_data": no_data,
     }
     click.echo(json.dumps(report, indent=2))
+
+
+def _no_data_days(
+    spec: PipelineSpec,
+    storage: Any,
+    start: dt.date | None,
+    end: dt.date | None,
+    rows: list[dict[str, Any]],
+) -> list[str]:
+    """The days from `start` (else the first costed day) to `end` (else the last) with no
+    job whose snapshot has no source rows: `costs` names them as "no data", not as zero."""
+    from llm_assets import steps
+
+    dates = sorted(r["date"] for r in rows)
+    first = start or (dt.date.fromisoformat(dates[0]) if dates else None)
+    last = end or (dt.date.fromisoformat(dates[-1]) if dates else None)
+    if first is None or last is None:
+        return []
+    costed = set(dates)
+    days = (first + dt.timedelta(days=n) for n in range((last - first).days + 1))
+    return [
+        d.isoformat()
+        for d in days
+        if d.isoformat() not in costed and steps.no_source_rows(spec, d, storage)
+    ]
 
 
 def _current_job(settings: Settings, spec: PipelineSpec, day: dt.date) -> tuple[Any, Any]:

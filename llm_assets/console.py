@@ -48,6 +48,9 @@ def outcome_table(outcomes: Sequence[Any]) -> Table:
     for column in ("pipeline", "date", "items", "succeeded", "dead letters", "open", "cost USD"):
         table.add_column(column)
     for o in outcomes:
+        if o.no_data:
+            table.add_row(o.pipeline, o.date.isoformat(), f"no data: {o.no_data}", "", "", "", "")
+            continue
         classes = ", ".join(f"{k}={v}" for k, v in sorted(o.dead_letters_by_class.items()))
         table.add_row(
             o.pipeline,
@@ -61,8 +64,14 @@ def outcome_table(outcomes: Sequence[Any]) -> Table:
     return table
 
 
-def print_status(pipeline: str, day: dt.date, jobs: Sequence[dict[str, Any]]) -> None:
-    """`llm-assets status`: a shard table and an item summary per job of the day."""
+def print_status(
+    pipeline: str, day: dt.date, jobs: Sequence[dict[str, Any]], no_data: str | None = None
+) -> None:
+    """`llm-assets status`: a shard table and an item summary per job of the day; `no_data`
+    says why a day with no source rows has no job."""
+    if no_data and not jobs:
+        console.print(f"{pipeline} {day}: no data ({no_data})", highlight=False)
+        return
     if not jobs:
         console.print(f"{pipeline} {day}: nothing has run for this partition yet")
         return
@@ -93,8 +102,12 @@ def print_costs(
     rows: Sequence[dict[str, Any]],
     total: dict[str, Any],
     months: dict[str, float],
+    no_data: Sequence[str] = (),
 ) -> None:
-    """`llm-assets costs`: a row per job and a total row, then the cost per month."""
+    """`llm-assets costs`: a row per job and a total row, then the cost per month; the days
+    of `no_data` had no source rows and are named instead of shown as zero."""
+    for day in no_data:
+        console.print(f"{pipeline} {day}: no data (no source rows)", highlight=False)
     if not rows:
         console.print(f"{pipeline}: no jobs in that range")
         return

@@ -9,7 +9,7 @@ import dataclasses
 import datetime as dt
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import dagster as dg
@@ -90,6 +90,21 @@ def _run_step(fn: Callable[[], Any]) -> Any:
         ) from exc
 
 
+def _empty_day(context: dg.AssetExecutionContext, ctx: steps.StepContext) -> bool:
+    """Whether the day has no source rows, logged with why the asset is not materialized.
+
+    Assets that skip empty days are declared `output_required=False` and yield no
+    materialization then, so Dagster skips their downstream assets in the same run.
+    """
+    if not steps.no_source_rows(ctx.spec, ctx.day, ctx.storage):
+        return False
+    context.log.info(
+        f"{steps.no_source_rows_reason(ctx.day)}: {context.asset_key.to_user_string()} is "
+        "not materialized and the later steps of the day are skipped"
+    )
+    return True
+
+
 @dataclasses.dataclass(frozen=True)
 class _Pipeline:
     """What every asset of one spec shares: its keys, resources and definition
@@ -156,12 +171,20 @@ def _input_snapshot(pipe: _Pipeline) -> dg.AssetsDefinition:
         description=f"Immutable, content-hashed snapshot of {pipe.spec.name}'s source rows "
         "for the day.",
         kinds={"jsonl"},
+        check_specs=[checks.source_rows_check_spec(pipe.key("input_snapshot"))],
     )
     def input_snapshot(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context)
         result = _run_step(lambda: steps.take_snapshot(ctx, pipe.source_uri))
+        if result.empty:
+            context.log.warning(
+                f"{steps.no_source_rows_reason(ctx.day)}: the later steps of the day are skipped"
+            )
         return dg.MaterializeResult(
-            metadata=asset_metadata.snapshot_metadata(pipe.spec, result),
+            check_results=[
+                checks.source_rows_check(result.rows, steps.no_source_rows_reason(ctx.day))
+            ],
+            metadata=asset_metadata.snapshot_metadata(pipe.spec, result, ctx.day),
             data_version=dg.DataVersion(result.sha256[:20]),
         )
 
@@ -174,16 +197,21 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
         after=["input_snapshot"],
         provider=True,
         description="JSONL request shards with stable custom_ids, a token and cost estimate and "
-        "the budget gate; bad input is dead-lettered here.",
+        "the budget gate; bad input is dead-lettered here. A day with no source rows gets no "
+        "job and is not materialized, so its later steps skip.",
         kinds={"jsonl", pipe.spec.model.provider},
         code_version=pipe.spec.prompt_code_version,
         check_specs=[checks.budget_check_spec(pipe.key("request_shards"))],
+        output_required=False,
     )
     def request_shards(
         context: dg.AssetExecutionContext, config: BudgetApproval
-    ) -> dg.MaterializeResult:
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
         created_by = context.run.tags.get(CREATED_BY_TAG, "dagster")
         ctx = pipe.context(context, provider=True, created_by=created_by)
+        if _empty_day(context, ctx):
+            yield checks.empty_day_budget_check(steps.no_source_rows_reason(ctx.day))
+            return
         approve, who = approval_of(context, config)
         result: steps.ShardsResult = _run_step(lambda: steps.build_shards(ctx))
         gate = steps.budget_gate(ctx, approve=approve, approved_by=who)
@@ -194,7 +222,7 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
             f"${estimate.cost_usd:.4f}, upper bound ${estimate.cost_upper_usd:.4f}; budget: "
             f"{gate.reason}"
         )
-        return dg.MaterializeResult(
+        yield dg.MaterializeResult(
             check_results=[checks.budget_check(gate)],
             metadata=asset_metadata.shards_metadata(pipe.spec, result, gate),
         )
@@ -211,18 +239,21 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
         "without waiting.",
         kinds={pipe.spec.model.provider},
         pool=f"llm_provider_{pipe.spec.model.provider}",
+        output_required=False,
     )
     def provider_batches(
         context: dg.AssetExecutionContext, config: BudgetApproval
-    ) -> dg.MaterializeResult:
+    ) -> Iterator[dg.MaterializeResult]:
         ctx = pipe.context(context, provider=True)
+        if _empty_day(context, ctx):
+            return
         approve, who = approval_of(context, config)
         result: steps.SubmitResult = _run_step(
             lambda: steps.submit_shards(
                 ctx, approve_budget=approve, approved_by=who, progress=context.log.info
             )
         )
-        return dg.MaterializeResult(metadata=asset_metadata.submit_metadata(pipe.spec, result))
+        yield dg.MaterializeResult(metadata=asset_metadata.submit_metadata(pipe.spec, result))
 
     return provider_batches
 

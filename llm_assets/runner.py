@@ -26,6 +26,7 @@ from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider
+from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec
 
@@ -57,6 +58,8 @@ class DayOutcome(BaseModel):
     output_tokens: int = 0
     cost_usd: float = 0.0
     done: bool = False
+    no_data: str | None = None
+    """Set on a day with no source rows (why): nothing was requested and nothing is open."""
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -128,6 +131,12 @@ class PartitionRunner:
         ledger = self.resources["ledger"]
         assert isinstance(ledger, LedgerResource)
         return ledger
+
+    @property
+    def storage(self) -> ArtifactStorage:
+        storage = self.resources["storage"]
+        assert isinstance(storage, ArtifactStorage)
+        return storage
 
     @property
     def provider(self) -> BatchProvider:
@@ -232,6 +241,15 @@ class PartitionRunner:
     ) -> DayOutcome:
         """Submit the day; with `wait`, import, retry and finish until every item is terminal."""
         run_ids = [self.materialize(day, SUBMIT_STEPS, progress)]
+        if steps.no_source_rows(self.spec, day, self.storage):
+            # request_shards made no job: there is nothing to wait for, import or report.
+            return DayOutcome(
+                pipeline=self.spec.name,
+                date=day,
+                run_ids=run_ids,
+                done=True,
+                no_data=steps.no_source_rows_reason(day),
+            )
         if progress is not None:
             progress("submitted", 1, 1)
         if not wait:
@@ -320,6 +338,8 @@ def run_days(
                     task, description=f"{spec.name} {day} {stage}", completed=done, total=total
                 )
 
-            outcomes.append(runner.run_day(day, wait=wait, progress=report))
-            display.update(task, description=f"{spec.name} {day} done")
+            outcome = runner.run_day(day, wait=wait, progress=report)
+            outcomes.append(outcome)
+            done = f"no data ({outcome.no_data})" if outcome.no_data else "done"
+            display.update(task, description=f"{spec.name} {day} {done}")
     return outcomes

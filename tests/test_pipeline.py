@@ -57,14 +57,17 @@ class Platform:
         return {"ledger": self.ledger, "storage": self.storage, "local_provider": self.provider}
 
     def materialize(
-        self, step_names: tuple[str, ...] = STEPS, spec: PipelineSpec | None = None
+        self,
+        step_names: tuple[str, ...] = STEPS,
+        spec: PipelineSpec | None = None,
+        day: dt.date = DAY,
     ) -> dg.ExecuteInProcessResult:
         spec = spec or self.spec
         result = dg.materialize(
             build_pipeline_assets(spec, self.settings),
             instance=self.instance,
             resources=self.resources,
-            partition_key=PARTITION,
+            partition_key=day.isoformat(),
             selection=[asset_key(spec, s) for s in step_names],
         )
         assert result.success

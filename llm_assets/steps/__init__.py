@@ -60,7 +60,13 @@ from llm_assets.steps.shards import (
     line_offsets,
     shards_for,
 )
-from llm_assets.steps.snapshot import SnapshotResult, snapshot_sources, take_snapshot
+from llm_assets.steps.snapshot import (
+    SnapshotResult,
+    no_source_rows,
+    no_source_rows_reason,
+    snapshot_sources,
+    take_snapshot,
+)
 from llm_assets.steps.submit import BudgetGate, SubmitResult, budget_gate, submit_shards
 from llm_assets.steps.validate import ValidateResult, validate_outputs
 
@@ -109,6 +115,8 @@ __all__ = [
     "retry_backoff",
     "run_online_shard",
     "shards_for",
+    "no_source_rows",
+    "no_source_rows_reason",
     "snapshot_sources",
     "submit_shards",
     "take_snapshot",

@@ -1,5 +1,6 @@
 """input_snapshot: the partition's source rows frozen into one content-addressed file."""
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -11,11 +12,21 @@ from pydantic import BaseModel
 from llm_assets.failpoints import failpoint
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.source import list_source_files, rows_for_partition
-from llm_assets.steps.context import StepContext, artifact_key, snapshot_dir
+from llm_assets.spec import PipelineSpec
+from llm_assets.steps.context import (
+    MissingPrerequisite,
+    StepContext,
+    artifact_key,
+    current_snapshot_uri,
+    snapshot_dir,
+)
 
 SOURCES_SUFFIX = ".sources.json"
 """Next to each snapshot `<hash>.jsonl`, `<hash>.sources.json` maps the source files it holds
 rows of to their versions (ArtifactStorage.version) as they were when the rows were read."""
+
+EMPTY_SNAPSHOT = f"{hashlib.sha256(b'').hexdigest()[:20]}.jsonl"
+"""The file name of a snapshot with no rows: snapshots are named by the hash of their content."""
 
 
 class SnapshotResult(BaseModel):
@@ -25,6 +36,11 @@ class SnapshotResult(BaseModel):
     unreadable_rows: int
     reused: bool
     files: int
+
+    @property
+    def empty(self) -> bool:
+        """No source rows for the day: the later steps skip it."""
+        return self.rows == 0
 
 
 def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
@@ -84,3 +100,18 @@ def snapshot_sources(storage: ArtifactStorage, snapshot_uri: str) -> dict[str, s
     except ValueError:
         return {}
     return sources if isinstance(sources, dict) else {}
+
+
+def no_source_rows(spec: PipelineSpec, day: dt.date, storage: ArtifactStorage) -> bool:
+    """Whether the day's current snapshot holds no source rows (read from its name: a
+    snapshot is named by the hash of its content); False before any snapshot was taken."""
+    try:
+        uri = current_snapshot_uri(spec, day, storage)
+    except MissingPrerequisite:
+        return False
+    return uri.endswith("/" + EMPTY_SNAPSHOT)
+
+
+def no_source_rows_reason(day: dt.date) -> str:
+    """What an empty day reports in metadata, checks, logs and the CLI."""
+    return f"no source rows for {day.isoformat()}"
