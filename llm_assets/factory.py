@@ -277,7 +277,9 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
         # Subsettable, so that the checks are optional outputs too: skipped with the asset.
         can_subset=True,
     )
-    def validated_outputs(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
+    def validated_outputs(
+        context: dg.AssetExecutionContext,
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
         ctx = pipe.context(context)
         still_open = _run_step(lambda: ctx.ledger.counts(ctx.job().job_id).open)
         if still_open:
@@ -285,8 +287,18 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
             return
         result: steps.ValidateResult = _run_step(lambda: steps.validate_outputs(ctx))
         schema_failures = steps.published_frame_failures(ctx, result.uri)
+        selected = context.selected_asset_check_keys
+        check_results = [
+            check
+            for check in checks.validated_outputs_checks(pipe.spec, result, schema_failures)
+            if dg.AssetCheckKey(key, check.check_name) in selected
+        ]
+        if key not in context.selected_asset_keys:
+            # Only the checks were selected (the UI's "Execute checks"): they report alone.
+            yield from check_results
+            return
         yield dg.MaterializeResult(
-            check_results=checks.validated_outputs_checks(pipe.spec, result, schema_failures),
+            check_results=check_results,
             metadata=asset_metadata.validated_metadata(pipe.spec, result),
         )
 

@@ -9,7 +9,12 @@ import pytest
 
 from llm_assets import notify
 from llm_assets.checks import OUTPUTS_COMPLETE, QUALITY_FAILURE_RATE
-from llm_assets.factory import STEPS, asset_key, in_flight_reason
+from llm_assets.factory import (
+    STEPS,
+    asset_key,
+    build_pipeline_assets,
+    in_flight_reason,
+)
 from llm_assets.runner import GATED_STEPS, REPORT_STEPS
 from llm_assets.sensors import build_notification_sensors
 from tests.fakes.openai_server import FakeOpenAI
@@ -104,3 +109,27 @@ def test_materialize_all_while_in_flight_skips_validation_and_the_sensor_finishe
     assert evaluations[OUTPUTS_COMPLETE] and evaluations[QUALITY_FAILURE_RATE]
     assert all(evaluations.values())
     assert len(finished_notices(harness, *runs[-1])) == 1
+
+    # The checks alone (the UI's "Execute checks") report without a materialization.
+    validated = asset_key(harness.spec, "validated_outputs")
+    defs = dg.Definitions(
+        assets=build_pipeline_assets(harness.spec, harness.settings),
+        jobs=[
+            dg.define_asset_job(
+                "validated_outputs_checks",
+                selection=dg.AssetSelection.checks_for_assets(validated),
+            )
+        ],
+        resources=harness.resources,
+    )
+    only_checks = defs.resolve_job_def("validated_outputs_checks").execute_in_process(
+        instance=harness.instance,
+        tags={"dagster/partition": DAY.isoformat()},
+        raise_on_error=False,
+    )
+    assert only_checks.success
+    assert only_checks.get_asset_materialization_events() == []
+    assert {e.check_name for e in only_checks.get_asset_check_evaluations() if e.passed} >= {
+        OUTPUTS_COMPLETE,
+        QUALITY_FAILURE_RATE,
+    }
