@@ -284,23 +284,61 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
 
 
 def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @pipe.asset(
-        "validated_outputs",
-        after=["batch_results"],
-        description="Results that pass the pydantic and pandera gate, as Parquet with lineage.",
-        kinds={"parquet", "pandera"},
-        check_specs=checks.validated_outputs_check_specs(pipe.spec, pipe.key("validated_outputs")),
+    """A skippable asset: while the day has open items it materializes nothing, so its checks
+    and the steps after it in the same run are skipped, not failed; the batch-status sensor
+    validates the day once every item is terminal."""
+    key = pipe.key("validated_outputs")
+
+    @dg.multi_asset(
+        specs=[
+            dg.AssetSpec(
+                key,
+                deps=[pipe.key("batch_results")],
+                description="Results that pass the pydantic and pandera gate, as Parquet with "
+                "lineage; skipped while items are still in flight.",
+                kinds={"parquet", "pandera"},
+                skippable=True,
+                **{k: v for k, v in pipe.common.items() if k != "partitions_def"},
+            )
+        ],
+        name=f"{pipe.spec.name}__validated_outputs",
+        partitions_def=pipe.common["partitions_def"],
+        required_resource_keys={"ledger", "storage"},
+        check_specs=checks.validated_outputs_check_specs(pipe.spec, key),
+        # Subsettable, so that the checks are optional outputs too: skipped with the asset.
+        can_subset=True,
     )
-    def validated_outputs(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    def validated_outputs(
+        context: dg.AssetExecutionContext,
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
         ctx = pipe.context(context)
+        still_open = _run_step(lambda: ctx.ledger.counts(ctx.job().job_id).open)
+        if still_open:
+            context.log.info(in_flight_reason(still_open))
+            return
         result: steps.ValidateResult = _run_step(lambda: steps.validate_outputs(ctx))
         schema_failures = steps.published_frame_failures(ctx, result.uri)
-        return dg.MaterializeResult(
-            check_results=checks.validated_outputs_checks(pipe.spec, result, schema_failures),
+        selected = context.selected_asset_check_keys
+        check_results = [
+            check
+            for check in checks.validated_outputs_checks(pipe.spec, result, schema_failures)
+            if dg.AssetCheckKey(key, check.check_name) in selected
+        ]
+        if key not in context.selected_asset_keys:
+            # Only the checks were selected (the UI's "Execute checks"): they report alone.
+            yield from check_results
+            return
+        yield dg.MaterializeResult(
+            check_results=check_results,
             metadata=asset_metadata.validated_metadata(pipe.spec, result),
         )
 
     return validated_outputs
+
+
+def in_flight_reason(open_items: int) -> str:
+    """Why validated_outputs and the steps after it are skipped for a day."""
+    return f"{open_items} items still in flight; the batch-status sensor finishes this day"
 
 
 @dataclasses.dataclass(frozen=True)

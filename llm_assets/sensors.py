@@ -263,6 +263,17 @@ def _failure_reason(context: dg.RunFailureSensorContext) -> str | None:
     return reason
 
 
+def _materialized_in(context: dg.RunStatusSensorContext, key: dg.AssetKey) -> bool:
+    """Whether the run wrote the asset: a run of a day still in flight skips its cost report
+    and succeeds without finishing the day."""
+    if key not in (context.dagster_run.asset_selection or set()):
+        return False
+    records = context.instance.get_records_for_run(
+        context.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+    ).records
+    return any(record.asset_key == key for record in records)
+
+
 def _notify_partition(
     context: dg.RunStatusSensorContext,
     by_name: dict[str, PipelineSpec],
@@ -278,7 +289,7 @@ def _notify_partition(
     spec, day = found
     if isinstance(context, dg.RunFailureSensorContext):
         reason, log = _failure_reason(context), context.log.warning
-    elif asset_key(spec, "cost_report") in (context.dagster_run.asset_selection or set()):
+    elif _materialized_in(context, asset_key(spec, "cost_report")):
         reason, log = None, context.log.info
     else:
         return

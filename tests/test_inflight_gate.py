@@ -1,0 +1,135 @@
+"""'Materialize all' of a day whose batch is still in flight: validation and the steps after it
+are skipped with a reason, and the batch-status sensor finishes the day."""
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from llm_assets import notify
+from llm_assets.checks import OUTPUTS_COMPLETE, QUALITY_FAILURE_RATE
+from llm_assets.factory import (
+    STEPS,
+    asset_key,
+    build_pipeline_assets,
+    in_flight_reason,
+)
+from llm_assets.runner import GATED_STEPS, REPORT_STEPS
+from llm_assets.sensors import build_notification_sensors
+from tests.fakes.openai_server import FakeOpenAI
+from tests.harness import DAY, Harness, make_harness, truthful
+from tests.test_sensors import tick
+
+pytestmark = [pytest.mark.one_database, pytest.mark.fake_server("openai", responder=truthful)]
+SKIPPED = (*GATED_STEPS, *REPORT_STEPS)
+
+
+@pytest.fixture
+def harness(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> Iterator[Harness]:
+    yield from make_harness(tmp_path, database_url, fake)
+
+
+def materialized(harness: Harness, step: str) -> list[dg.EventLogRecord]:
+    return harness.instance.fetch_materializations(
+        dg.AssetRecordsFilter(
+            asset_key=asset_key(harness.spec, step), asset_partitions=[DAY.isoformat()]
+        ),
+        limit=10,
+    ).records
+
+
+def finished_notices(
+    harness: Harness, run: dg.ExecuteInProcessResult, selection: Sequence[str]
+) -> list[str]:
+    """The summaries the `finished` notification sensor delivers for a successful run of the
+    steps `selection` (named on the run as a launched run names them)."""
+    [finished, _] = build_notification_sensors([harness.spec])
+    [event] = [e for e in run.all_events if e.event_type == dg.DagsterEventType.RUN_SUCCESS]
+    keys = frozenset(asset_key(harness.spec, step) for step in selection)
+    context = dg.build_run_status_sensor_context(
+        sensor_name=finished.name,
+        dagster_event=event,
+        dagster_instance=harness.instance,
+        dagster_run=run.dagster_run._replace(asset_selection=keys),
+        resources={"ledger": harness.ledger},
+    )
+    delivered: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(notify, "deliver", lambda spec, summary: delivered.append(summary.text()))
+        finished(context)
+    return delivered
+
+
+def test_materialize_all_while_in_flight_skips_validation_and_the_sensor_finishes_the_day(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    fake.polls_per_state = 1000
+
+    result = harness.materialize(*STEPS)
+
+    assert result.success
+    assert not [e for e in result.all_events if e.is_step_failure]
+    assert not [
+        e
+        for e in result.get_asset_check_evaluations()
+        if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR
+    ]
+    assert all(materialized(harness, step) == [] for step in SKIPPED)
+    skipped = {e.step_key for e in result.all_events if e.is_step_skipped}
+    assert skipped == {asset_key(harness.spec, s).to_python_identifier() for s in SKIPPED[1:]}
+    open_items = harness.ledger.counts(harness.job_id()).open
+    assert open_items == 24
+    messages = [entry.user_message for entry in harness.instance.all_logs(result.run_id)]
+    assert in_flight_reason(open_items) in messages
+    # The run succeeded without writing the cost report: the day is not announced as finished.
+    assert finished_notices(harness, result, STEPS) == []
+
+    fake.polls_per_state = 0
+    runs: list[tuple[dg.ExecuteInProcessResult, list[str]]] = []
+    for _ in range(20):
+        requests = tick(harness).run_requests
+        if not requests and materialized(harness, "cost_report"):
+            break
+        for request in requests:
+            steps = [key.path[1] for key in request.asset_selection or []]
+            run = harness.materialize(*steps)
+            assert run.success, steps
+            runs.append((run, steps))
+
+    counts = harness.ledger.counts(harness.job_id())
+    assert counts.open == 0 and counts.succeeded == 24
+    assert all(materialized(harness, step) for step in SKIPPED)
+    evaluations = {
+        e.check_name: e.passed
+        for run, _ in runs
+        for e in run.get_asset_check_evaluations()
+        if e.asset_key == asset_key(harness.spec, "validated_outputs")
+    }
+    assert evaluations[OUTPUTS_COMPLETE] and evaluations[QUALITY_FAILURE_RATE]
+    assert all(evaluations.values())
+    assert len(finished_notices(harness, *runs[-1])) == 1
+
+    # The checks alone (the UI's "Execute checks") report without a materialization.
+    validated = asset_key(harness.spec, "validated_outputs")
+    defs = dg.Definitions(
+        assets=build_pipeline_assets(harness.spec, harness.settings),
+        jobs=[
+            dg.define_asset_job(
+                "validated_outputs_checks",
+                selection=dg.AssetSelection.checks_for_assets(validated),
+            )
+        ],
+        resources=harness.resources,
+    )
+    only_checks = defs.resolve_job_def("validated_outputs_checks").execute_in_process(
+        instance=harness.instance,
+        tags={"dagster/partition": DAY.isoformat()},
+        raise_on_error=False,
+    )
+    assert only_checks.success
+    assert only_checks.get_asset_materialization_events() == []
+    assert {e.check_name for e in only_checks.get_asset_check_evaluations() if e.passed} >= {
+        OUTPUTS_COMPLETE,
+        QUALITY_FAILURE_RATE,
+    }
