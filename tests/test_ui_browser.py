@@ -51,6 +51,7 @@ WIDTH = 1920
 SCREENSHOTS_ENV = "LLM_ASSETS_SAVE_SCREENSHOTS"
 
 CHECKS_BY_STEP = {
+    "input_snapshot": [checks.SOURCE_ROWS],
     "request_shards": [checks.BUDGET],
     "batch_results": [checks.NO_MISSING_RESULTS, checks.NO_DUPLICATE_RESULTS],
     "validated_outputs": [
