@@ -7,7 +7,7 @@ answer, and the ledger holds one row per item and one output per success."""
 import json
 import os
 import subprocess
-import time
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,6 @@ import yaml
 
 from llm_assets.factory import asset_key
 from llm_assets.resources.ledger import output_table
-from llm_assets.resources.providers.base import IN_FLIGHT_STATES
 from llm_assets.sensors import IMPORT_STEPS
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, first_time, open_harness, provider_for, review_spec, truthful
@@ -41,17 +40,6 @@ def _review(custom_id: str) -> int:
     return int(custom_id.rsplit("-", 1)[-1])
 
 
-def _wait_for_a_batch(harness: Any, runs: list[subprocess.Popen[str]]) -> None:
-    """Until one of the runs has a batch in flight (or they all ended: the test then fails
-    on what they said)."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and any(run.poll() is None for run in runs):
-        jobs = harness.ledger.jobs_for_partition(harness.spec.name, DAY)
-        if jobs and harness.ledger.shards(jobs[0].job_id, IN_FLIGHT_STATES):
-            return
-        time.sleep(0.02)
-
-
 def test_three_runs_and_the_sensor_on_one_day_send_and_bill_each_item_once(
     tmp_path: Path, database_url: str
 ) -> None:
@@ -62,6 +50,13 @@ def test_three_runs_and_the_sensor_on_one_day_send_and_bill_each_item_once(
     ):
         fake.responder = truthful
         fake.line_fault = first_time(FAULTS)
+        in_flight = threading.Event()
+
+        def outcome(batch: dict[str, Any]) -> str:
+            in_flight.set()  # asked when a created batch leaves validating
+            return "completed"
+
+        fake.batch_outcome = outcome
         (tmp_path / "specs").mkdir()
         (tmp_path / "specs" / "reviews.yaml").write_text(yaml.safe_dump(spec))
         env = {
@@ -86,7 +81,7 @@ def test_three_runs_and_the_sensor_on_one_day_send_and_bill_each_item_once(
         ]
         # The batch-status sensor, in the middle of it: it polls the day's batches and
         # runs the import it asks for while the three runs poll and import the same day.
-        _wait_for_a_batch(harness, runs)
+        assert in_flight.wait(300), [run.poll() for run in runs]
         sensor_imports = 0
         while sensor_imports == 0 and any(run.poll() is None for run in runs):
             for request in tick(harness).run_requests:
