@@ -17,12 +17,13 @@ from rich.markup import escape
 
 from llm_assets.console import (
     console,
-    dead_letter_table,
     err,
-    outcome_table,
+    home_relative,
     print_costs,
     print_csv,
+    print_dead_letters,
     print_error,
+    print_outcomes,
     print_status,
     progress_bar,
 )
@@ -161,12 +162,13 @@ def run(
         )
     except StepFailed as exc:
         label = "blocked" if exc.gate else "failed"
-        err.print(f"[red]{label}[/red]: {escape(str(exc))}", highlight=False, soft_wrap=True)
+        reason = escape(home_relative(str(exc), settings.home))
+        err.print(f"[red]{label}[/red]: {reason}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
     if as_json:
         click.echo(json.dumps([o.model_dump(mode="json") for o in outcomes], indent=2))
     else:
-        console.print(outcome_table(outcomes))
+        print_outcomes(outcomes, settings.home)
     if wait and any(not o.done for o in outcomes):
         err.print("some items are still open; see `llm-assets status`")
         sys.exit(EXIT_ERROR)
@@ -212,11 +214,19 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
     jobs = [_job_status(ledger, spec, job) for job in ledger.jobs_for_partition(spec.name, day)]
     empty = steps.no_source_rows(spec, day, resources["storage"])
     no_data = steps.no_source_rows_reason(day) if empty else None
+    # The gate that holds the day's publication, as a sentence; None when none does.
+    blocked: str | None = None
     if as_json:
-        report = {"pipeline": spec.name, "date": day.isoformat(), "no_data": no_data, "jobs": jobs}
+        report = {
+            "pipeline": spec.name,
+            "date": day.isoformat(),
+            "no_data": no_data,
+            "blocked": blocked,
+            "jobs": jobs,
+        }
         click.echo(json.dumps(report, indent=2))
         return
-    print_status(spec.name, day, jobs, no_data)
+    print_status(spec.name, day, jobs, no_data, blocked=blocked, home=settings.home)
 
 
 def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") -> dict[str, Any]:
@@ -277,8 +287,10 @@ def costs(pipeline: str, from_: str | None, to_: str | None, as_json: bool) -> N
     months: dict[str, float] = {}
     for row in rows:
         months[row["date"][:7]] = months.get(row["date"][:7], 0.0) + row["cost_usd"]
+    as_of = rows[-1]["date"] if rows else None
+    notes = _zero_cost_notes(rows)
     if not as_json:
-        print_costs(spec.name, rows, total, months, no_data)
+        print_costs(spec.name, rows, total, months, no_data, as_of=as_of, zero_cost_notes=notes)
         return
     report = {
         "pipeline": spec.name,
@@ -286,10 +298,38 @@ def costs(pipeline: str, from_: str | None, to_: str | None, as_json: bool) -> N
         "to": end.isoformat() if end else None,
         "rows": [{**r, **{k: round(r[k], 6) for k in _COST_MONEY}} for r in rows],
         "months": {m: round(v, 6) for m, v in months.items()},
+        "months_as_of": as_of,
         "total": total,
+        "zero_cost_reasons": notes,
         "no_data": no_data,
     }
     click.echo(json.dumps(report, indent=2))
+
+
+def _zero_cost_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """Why each $0 cost of `rows` is zero: the price table's entry of a model priced at $0
+    (once per model, with the date of its prices), or nothing billed yet."""
+    from llm_assets.resources.pricing import load_price_table, zero_price_reason
+
+    table = load_price_table()
+    notes: list[str] = []
+    for row in rows:
+        if row["cost_usd"]:
+            continue
+        model = f"{row['provider']}/{row['model']}"
+        price = table.find(row["provider"], row["model"])
+        reason = zero_price_reason(price) if price else None
+        if reason and price:
+            note = f"{reason} (prices as of {price.as_of or table.prices_as_of})"
+        elif row["input_tokens"] or row["output_tokens"]:
+            note = f"{row['date']} {model}: billed at the $0 price in force when it was sent"
+        else:
+            still_open = row["items"] - row["succeeded"] - row["dead_letters"]
+            why = f"{still_open:,} items still open" if still_open else "no item reached it"
+            note = f"{row['date']} {model}: no tokens billed yet ({why})"
+        if note not in notes:
+            notes.append(note)
+    return notes
 
 
 def _no_data_days(
@@ -350,8 +390,7 @@ def dead_letter(pipeline: str, date_: str, as_json: bool, as_csv: bool) -> None:
         columns += ["attempts", "last_provider_batch"]
         print_csv(columns, rows)
         return
-    title = f"{spec.name} {day}: {len(rows)} dead letters (job {job.job_id})"
-    console.print(dead_letter_table(title, rows))
+    print_dead_letters(spec.name, day, job.job_id, rows, settings.home)
 
 
 @main.command()
@@ -392,7 +431,8 @@ def requeue(pipeline: str, date_: str, classes: tuple[str, ...], ids: str | None
         chosen_ids=chosen,
     )
     for custom_id, reason in sorted(result.still_invalid.items()):
-        err.print(f"still invalid, not requeued: {custom_id}: {escape(reason)}", highlight=False)
+        reason = escape(home_relative(reason, settings.home))
+        err.print(f"still invalid, not requeued: {custom_id}: {reason}", highlight=False)
     console.print(
         f"requeued {result.requeued} dead letters into {len(result.shards)} shard(s); "
         f"`llm-assets run {spec.name} --date {day} --wait` sends them",

@@ -1,28 +1,64 @@
 """What the command line prints: its two consoles, the progress display, its tables and CSV.
 
 Results go to stdout and progress and errors to stderr, so `--json` output and tables can be
-piped. When a stream is not a terminal it is 120 columns wide, so output captured by scripts
-and tests does not depend on the terminal it ran in.
+piped. Widths: on a terminal a console is as wide as the terminal; a stream that is not a
+terminal is COLUMNS wide when that variable holds a number, else 80 columns (what terminals
+and e-mail show without wrapping), so output captured by scripts and tests does not depend on
+the terminal it ran in. Tables fit that width: long cells fold onto more lines instead of
+being cut, and ids are never cut into look-alikes.
+
+What human output shows differently from `--json` and `--csv` (which keep the ledger's text):
+- shard ids in a job's table are their part after the job id (`r00-s00003`: round 0, shard
+  3), other ids the shortest prefix that tells the table's rows apart (`short_forms`);
+- counts are words ("12 succeeded, 5 dead letters (4 quality, 1 deterministic)");
+- paths under LLM_ASSETS_HOME are relative to it (`home_relative`);
+- a dead letter's reason is cut to two lines in its table.
 """
 
 import csv
 import datetime as dt
+import os
+import re
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
 
-from rich.console import Console
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-console = Console(stderr=False, width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+from llm_assets.result_rows import DEAD_LETTER, PENDING, RETRY, SUBMITTED, SUCCEEDED
 
-_COUNTS = ("items", "succeeded", "input_tokens", "output_tokens")
+DEFAULT_WIDTH = 80
+"""Columns of a console whose stream is not a terminal and COLUMNS is not set."""
+
+
+def stream_width(stream: TextIO, environ: Mapping[str, str] = os.environ) -> int | None:
+    """None on a terminal (rich then follows the terminal, or COLUMNS when set); else COLUMNS
+    when it is a positive number, else DEFAULT_WIDTH."""
+    if stream.isatty():
+        return None
+    columns = environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else DEFAULT_WIDTH
+
+
+console = Console(stderr=False, width=stream_width(sys.stdout))
+err = Console(stderr=True, width=stream_width(sys.stderr))
+
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 """What a text cell starts with when a spreadsheet would run it as a formula (OWASP, CSV
 injection)."""
+REASON_LINES = 2
+"""Lines a dead letter's reason takes in a table; `--json` and `--csv` have it whole."""
+_STATUS_ORDER = (SUCCEEDED, DEAD_LETTER, RETRY, SUBMITTED, PENDING)
+_STATUS_WORDS = {RETRY: "waiting for a retry"}
 
 
 def progress_bar() -> Progress:
@@ -38,62 +74,245 @@ def progress_bar() -> Progress:
     )
 
 
-def print_error(message: str) -> None:
-    err.print(f"[red]error[/red] {escape(message)}", highlight=False, soft_wrap=True)
+def print_error(message: str, home: Path | None = None) -> None:
+    text = escape(home_relative(message, home))
+    err.print(f"[red]error[/red] {text}", highlight=False, soft_wrap=True)
 
 
-def outcome_table(outcomes: Sequence[Any]) -> Table:
-    """`llm-assets run`: one row per day (runner.DayOutcome)."""
-    table = Table(title="llm-assets run")
-    for column in ("pipeline", "date", "items", "succeeded", "dead letters", "open", "cost USD"):
-        table.add_column(column)
-    for o in outcomes:
-        if o.no_data:
-            table.add_row(o.pipeline, o.date.isoformat(), f"no data: {o.no_data}", "", "", "", "")
+def plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def class_words(by_class: Mapping[str, int]) -> str:
+    """ "4 quality, 1 deterministic": the most frequent class first."""
+    ranked = sorted(by_class.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{n:,} {name}" for name, n in ranked if n)
+
+
+def dead_letter_words(n: int, by_class: Mapping[str, int]) -> str:
+    """ "5 dead letters (4 quality, 1 deterministic)"."""
+    classes = class_words(by_class)
+    return f"{plural(n, 'dead letter')} ({classes})" if n and classes else plural(n, "dead letter")
+
+
+def count_words(by_status: Mapping[str, int], by_class: Mapping[str, int]) -> str:
+    """Items by status in words, done ones first: "120 succeeded, 5 dead letters (4 quality,
+    1 deterministic), 3 pending"."""
+    order = [*_STATUS_ORDER, *sorted(set(by_status) - set(_STATUS_ORDER))]
+    words = []
+    for status in order:
+        n = by_status.get(status, 0)
+        if not n:
             continue
-        classes = ", ".join(f"{k}={v}" for k, v in sorted(o.dead_letters_by_class.items()))
-        table.add_row(
-            o.pipeline,
-            o.date.isoformat(),
-            str(o.total),
-            str(o.succeeded),
-            f"{o.dead_letters} ({classes})" if classes else "0",
-            str(o.open_items),
-            f"{o.cost_usd:.4f}",
+        if status == DEAD_LETTER:
+            words.append(dead_letter_words(n, by_class))
+        else:
+            words.append(f"{n:,} {_STATUS_WORDS.get(status, status.replace('_', ' '))}")
+    return ", ".join(words) or "no items"
+
+
+def home_relative(text: str, home: Path | None) -> str:
+    """`text` with every absolute path under `home` (LLM_ASSETS_HOME) written relative to it:
+    "/home/x/.llm_assets/demo/inbox/a.jsonl:3: ..." reads "demo/inbox/a.jsonl:3: ...". A path
+    only starts where no path or word character comes before it, so a `file://` URI or a
+    longer path that merely contains the home is kept."""
+    if home is None or not text:
+        return text
+    for root in dict.fromkeys((str(home), os.path.realpath(home))):
+        text = re.sub(rf"(?<![\w./~-]){re.escape(root.rstrip('/'))}/(?=\S)", "", text)
+    return text
+
+
+def short_forms(ids: Iterable[str], *, job_id: str | None = None, least: int = 8) -> dict[str, str]:
+    """Each id's form in a table, different for different ids. Ids that all start with
+    `job_id` and a dash (a job's shards) show the rest (`r00-s00003`); others show the
+    shortest prefix of at least `least` characters that no other id of the table starts
+    with, and … where it was cut."""
+    distinct = sorted(set(ids))
+    if job_id and distinct and all(i.startswith(f"{job_id}-") for i in distinct):
+        return {i: i[len(job_id) + 1 :] for i in distinct}
+    forms: dict[str, str] = {}
+    for n, current in enumerate(distinct):
+        neighbours = distinct[max(n - 1, 0) : n] + distinct[n + 1 : n + 2]
+        shared = max((_common_prefix(current, other) for other in neighbours), default=0)
+        keep = max(least, shared + 1)
+        forms[current] = current if keep >= len(current) - 1 else current[:keep] + "…"
+    return forms
+
+
+def _common_prefix(a: str, b: str) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def usd(value: float) -> str:
+    """Dollars to 4 decimals; a cost too small for that shows its first digits instead of
+    reading as $0.0000, which only a zero cost shows."""
+    if 0 < abs(value) < 0.00005:
+        return f"${value:.2g}"
+    return f"${value:.4f}"
+
+
+class Clipped:
+    """Text wrapped to its cell and cut to `lines` lines, the cut marked with …."""
+
+    def __init__(self, text: str, lines: int = REASON_LINES) -> None:
+        self.text = Text(text)
+        self.lines = lines
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        widest = Measurement.get(console, options, self.text).maximum
+        return Measurement(min(widest, 20), widest)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        lines = self.text.wrap(console, width, overflow="fold")
+        if len(lines) > self.lines:
+            last = lines[self.lines - 1]
+            last.rstrip()
+            last.truncate(width - 1)
+            last.append("…")
+            lines = lines[: self.lines]
+        yield Text("\n").join(lines)
+
+
+class Pieces:
+    """Parts of a cell on one line joined by ", " when the cell is wide enough, else one part
+    per line, so a part ("1,085 in") is never split."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        one_line = cell_len(", ".join(self.parts))
+        return Measurement(max(cell_len(part) for part in self.parts), one_line)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        one_line = ", ".join(self.parts)
+        fits = cell_len(one_line) <= options.max_width
+        yield Text(one_line if fits else "\n".join(self.parts), justify=options.justify)
+
+
+def _heading(text: str) -> None:
+    """A table's title, on lines of its own as wide as the console (a rich title would wrap
+    at the table's width)."""
+    console.print(Text(text, style="bold"))
+
+
+def _table(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    numbers: Sequence[str] = (),
+) -> Table:
+    """A table that fits the console: no outer border and two spaces between columns, the
+    `numbers` columns right-aligned. When the table is too wide, rich narrows its widest
+    columns first (reasons, model names, batch ids), so dates, counts and short ids keep
+    their width down to narrow consoles; a cell wraps at its spaces and folds a longer word
+    onto the next line, and is never cut."""
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for column in columns:
+        table.add_column(
+            column,
+            justify="right" if column in numbers else "left",
+            overflow="fold",
         )
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
+def print_outcomes(outcomes: Sequence[Any], home: Path | None = None) -> None:
+    """`llm-assets run`: one row per day (runner.DayOutcome), then why each day with no data
+    has none."""
+    pipelines = sorted({o.pipeline for o in outcomes})
+    one = len(pipelines) == 1
+    columns = [*([] if one else ["pipeline"]), "date", "items", "succeeded"]
+    columns += ["dead letters", "open", "cost"]
+    rows = []
+    notes = []
+    for o in outcomes:
+        first = [] if one else [escape(o.pipeline)]
+        if o.no_data:
+            rows.append([*first, o.date.isoformat(), "no data", "", "", "", ""])
+            notes.append(f"{o.pipeline} {o.date}: no data ({home_relative(o.no_data, home)})")
+            continue
+        dead = f"{o.dead_letters:,}"
+        if o.dead_letters and o.dead_letters_by_class:
+            dead += f" ({class_words(o.dead_letters_by_class)})"
+        rows.append(
+            [
+                *first,
+                o.date.isoformat(),
+                f"{o.total:,}",
+                f"{o.succeeded:,}",
+                dead,
+                f"{o.open_items:,}",
+                usd(o.cost_usd),
+            ]
+        )
+    _heading(f"llm-assets run {pipelines[0]}" if one else "llm-assets run")
+    numbers = ("items", "succeeded", "open", "cost")
+    console.print(_table(columns, rows, numbers=numbers))
+    for note in notes:
+        console.print(note, highlight=False, markup=False)
+
+
 def print_status(
-    pipeline: str, day: dt.date, jobs: Sequence[dict[str, Any]], no_data: str | None = None
+    pipeline: str,
+    day: dt.date,
+    jobs: Sequence[dict[str, Any]],
+    no_data: str | None = None,
+    *,
+    blocked: str | None = None,
+    home: Path | None = None,
 ) -> None:
-    """`llm-assets status`: a shard table and an item summary per job of the day; `no_data`
-    says why a day with no source rows has no job."""
+    """`llm-assets status`: the gate that blocks the day (`blocked`) first, then a shard table
+    and an item summary per job of the day; `no_data` says why a day with no source rows has
+    no job."""
+    if blocked:
+        console.print(
+            Text(f"{pipeline} {day}: {home_relative(blocked, home)}", style="bold red"),
+        )
     if no_data and not jobs:
-        console.print(f"{pipeline} {day}: no data ({no_data})", highlight=False)
+        console.print(f"{pipeline} {day}: no data ({no_data})", highlight=False, markup=False)
         return
     if not jobs:
         console.print(f"{pipeline} {day}: nothing has run for this partition yet")
         return
     for job in jobs:
-        table = Table(title=f"{pipeline} {day} — job {job['job_id']} ({job['status']})")
-        for column in ("shard", "status", "provider status", "provider batch", "requests", "done"):
-            table.add_column(column)
-        for s in job["shards"]:
-            table.add_row(
-                s["shard_id"],
+        title = (
+            f"{pipeline} {day}, job {job['job_id']}: {job['status']}"
+            f"{'' if job.get('current', True) else ' (not the current prompt and model)'}"
+        )
+        shards = job["shards"]
+        forms = short_forms((s["shard_id"] for s in shards), job_id=job["job_id"])
+        rows = [
+            [
+                escape(forms[s["shard_id"]]),
                 s["status"],
-                s["provider_status"] or "-",
-                s["provider_batch_id"] or "-",
-                str(s["requests"]),
-                str(s["completed_requests"] + s["failed_requests"]),
-            )
-        console.print(table)
+                escape(s["provider_status"] or "-"),
+                escape(s["provider_batch_id"] or "-"),
+                f"{s['completed_requests'] + s['failed_requests']:,} of {s['requests']:,}",
+            ]
+            for s in shards
+        ]
+        columns = ("shard", "status", "provider status", "provider batch", "done")
+        _heading(title)
+        console.print(_table(columns, rows, numbers=("done",)))
         console.print(
-            f"items {job['items']}  by status {job['by_status']}  dead letters by class "
-            f"{job['dead_letters_by_class']}  tokens {job['input_tokens']}/{job['output_tokens']}"
-            f"  cost ${job['cost_usd']:.4f}",
+            f"{plural(job['items'], 'item')}: "
+            f"{count_words(job['by_status'], job['dead_letters_by_class'])}\n"
+            f"tokens {job['input_tokens']:,} in, {job['output_tokens']:,} out; "
+            f"cost {usd(job['cost_usd'])}",
             highlight=False,
+            markup=False,
         )
 
 
@@ -103,57 +322,83 @@ def print_costs(
     total: dict[str, Any],
     months: dict[str, float],
     no_data: Sequence[str] = (),
+    *,
+    as_of: str | None = None,
+    zero_cost_notes: Sequence[str] = (),
 ) -> None:
-    """`llm-assets costs`: a row per job and a total row, then the cost per month; the days
-    of `no_data` had no source rows and are named instead of shown as zero."""
+    """`llm-assets costs`: a row per job and a total row, why a $0 cost is zero
+    (`zero_cost_notes`), then the cost per month up to `as_of`; the days of `no_data` had no
+    source rows and are named instead of shown as zero."""
     for day in no_data:
         console.print(f"{pipeline} {day}: no data (no source rows)", highlight=False)
     if not rows:
         console.print(f"{pipeline}: no jobs in that range")
         return
-    table = Table(title=f"{pipeline} costs")
-    columns = ("date", "model", "prompt", "items", "succeeded", "in tokens", "out tokens")
-    for column in (*columns, "cost", "retries", "estimate"):
-        table.add_column(column, justify="left" if column in columns[:3] else "right")
-    for r in rows:
-        table.add_row(
-            r["date"],
-            f"{r['provider']}/{r['model']}",
-            r["prompt_version"],
-            *(str(r[k]) for k in _COUNTS),
-            f"${r['cost_usd']:.4f}",
-            f"${r['retry_cost_usd']:.4f}",
-            f"${r['estimated_cost_usd']:.4f}",
-        )
-    table.add_row(
-        "total",
-        "",
-        "",
-        *(str(total[k]) for k in _COUNTS),
-        f"${total['cost_usd']:.4f}",
-        f"${total['retry_cost_usd']:.4f}",
-        f"${total['estimated_cost_usd']:.4f}",
+    numbers = ("succeeded", "tokens", "cost", "retries", "estimate")
+    cells = [
+        [r["date"], escape(f"{r['provider']}/{r['model']} {r['prompt_version']}"), *_cost_cells(r)]
+        for r in rows
+    ]
+    cells.append(["total", "", *_cost_cells(total)])
+    columns = ("date", "model, prompt", *numbers)
+    _heading(f"{pipeline} costs")
+    table = _table(
+        columns,
+        cells,
+        numbers=numbers,
     )
     console.print(table)
+    for note in zero_cost_notes:
+        console.print(f"Why $0: {note}", highlight=False, markup=False)
     for month, cost in months.items():
-        console.print(f"{month}: ${cost:.4f}", highlight=False)
+        label = f"{month} total" + (f" as of {as_of}" if as_of else "")
+        console.print(f"{label}: {usd(cost)}", highlight=False)
 
 
-def dead_letter_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
-    """`llm-assets dead-letter`: one row per item, the reason cut to 200 characters."""
-    table = Table(title=title)
-    for column in ("source_id", "class", "code", "attempts", "last batch", "reason"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(
-            escape(str(row["source_id"])),
-            row["error_class"] or "",
-            escape(row["error_code"] or ""),
-            str(row["attempts"]),
-            row["last_provider_batch"] or "-",
-            escape((row["error_message"] or "")[:200]),
-        )
-    return table
+def _cost_cells(row: Mapping[str, Any]) -> list[Any]:
+    money = ("cost_usd", "retry_cost_usd", "estimated_cost_usd")
+    return [
+        f"{row['succeeded']:,} of {row['items']:,}",
+        Pieces(f"{row['input_tokens']:,} in", f"{row['output_tokens']:,} out"),
+        *(usd(row[k]) for k in money),
+    ]
+
+
+def print_dead_letters(
+    pipeline: str,
+    day: dt.date,
+    job_id: str,
+    rows: Sequence[dict[str, Any]],
+    home: Path | None = None,
+) -> None:
+    """`llm-assets dead-letter`: one row per item, its reason relative to LLM_ASSETS_HOME and
+    cut to REASON_LINES lines."""
+    by_class = Counter(row["error_class"] or "unknown" for row in rows)
+    head = f"{pipeline} {day}: {dead_letter_words(len(rows), by_class)} in job {job_id}"
+    if not rows:
+        console.print(head, highlight=False, markup=False)
+        return
+    batches = short_forms(r["last_provider_batch"] for r in rows if r["last_provider_batch"])
+    cells = [
+        [
+            "-" if row["source_id"] is None else escape(str(row["source_id"])),
+            escape(": ".join(x for x in (row["error_class"], row["error_code"]) if x)),
+            escape(_sent(row["attempts"], batches.get(row["last_provider_batch"] or ""))),
+            Clipped(home_relative(row["error_message"] or "", home)),
+        ]
+        for row in rows
+    ]
+    columns = ("source id", "error", "sent", "reason")
+    _heading(head)
+    console.print(_table(columns, cells))
+    console.print("reasons in full: --json or --csv", highlight=False)
+
+
+def _sent(attempts: int, batch: str | None) -> str:
+    """How often a dead letter was sent, and in which batch last: "never", "2x lb_e74c8132…"."""
+    if not attempts:
+        return "never"
+    return f"{attempts}x {batch}" if batch else f"{attempts}x"
 
 
 def spreadsheet_safe(value: Any) -> Any:

@@ -13,6 +13,15 @@ import pytest
 import yaml
 from dagster._core.instance.ref import InstanceRef
 
+from llm_assets.console import (
+    console,
+    count_words,
+    home_relative,
+    print_status,
+    short_forms,
+    stream_width,
+    usd,
+)
 from llm_assets.demo_data import generate_demo_data
 from llm_assets.resources.ledger import DEAD_LETTER, LedgerResource
 from llm_assets.settings import REPO_ROOT
@@ -207,3 +216,67 @@ def test_dead_letter_csv_cells_never_run_as_spreadsheet_formulas(env: Env) -> No
     assert [r["source_id"] for r in rows] == [f"'-{d['source_id']}" for d in dead]
     assert [r["custom_id"] for r in rows] == [d["custom_id"] for d in dead]
     assert [r["attempts"] for r in rows] == [str(d["attempts"]) for d in dead]
+
+
+def test_short_forms_tell_every_row_apart() -> None:
+    job = "support-tickets-20261102-805ab3a2ee"
+    shards = [f"{job}-r00-s{n:05d}" for n in range(3)] + [f"{job}-r01-s00000"]
+    batches = ["batch_abcdef123456", "batch_abcdef999999", "batch_zz", "batch_zz_1"]
+
+    assert short_forms(shards, job_id=job) == {
+        shards[0]: "r00-s00000",
+        shards[1]: "r00-s00001",
+        shards[2]: "r00-s00002",
+        shards[3]: "r01-s00000",
+    }
+    assert short_forms(batches) == {
+        "batch_abcdef123456": "batch_abcdef1…",
+        "batch_abcdef999999": "batch_abcdef9…",
+        "batch_zz": "batch_zz",
+        "batch_zz_1": "batch_zz_1",
+    }
+
+
+def test_paths_under_the_home_are_shown_relative_to_it() -> None:
+    home = Path("/home/x/.llm_assets")
+
+    assert home_relative(f"{home}/demo/a.jsonl:3: bad", home) == "demo/a.jsonl:3: bad"
+    assert (
+        home_relative(f"{home}/a.jsonl:10: id 'A' already seen at {home}/a.jsonl:3", home)
+        == "a.jsonl:10: id 'A' already seen at a.jsonl:3"
+    )
+    for kept in (f"file://{home}/a", f"{home}2/a", f"/srv{home}/a", f"see {home}"):
+        assert home_relative(kept, home) == kept
+
+
+def test_counts_read_as_words() -> None:
+    words = count_words(
+        {"pending": 3, "dead_letter": 5, "succeeded": 120, "retry": 1},
+        {"deterministic": 1, "quality": 4},
+    )
+
+    assert words == (
+        "120 succeeded, 5 dead letters (4 quality, 1 deterministic), 1 waiting for a retry, "
+        "3 pending"
+    )
+    assert count_words({"dead_letter": 1}, {"input": 1}) == "1 dead letter (1 input)"
+    assert count_words({}, {}) == "no items"
+    assert (usd(0), usd(1.23456), usd(0.0000123)) == ("$0.0000", "$1.2346", "$1.2e-05")
+
+
+def test_width_off_a_terminal_is_columns_else_80() -> None:
+    assert stream_width(io.StringIO(), {"COLUMNS": "132"}) == 132
+    assert stream_width(io.StringIO(), {"COLUMNS": "wide"}) == 80
+    assert stream_width(io.StringIO(), {}) == 80
+
+
+def test_status_names_the_gate_that_blocks_the_day_first() -> None:
+    blocked = "publication blocked by quality_failure_rate (25.8% > 5.0%)"
+
+    with console.capture() as captured:
+        print_status("support_tickets", DAY, [], blocked=blocked)
+
+    assert " ".join(captured.get().split()) == (
+        f"support_tickets {DAY}: {blocked} "
+        f"support_tickets {DAY}: nothing has run for this partition yet"
+    )
