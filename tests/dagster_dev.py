@@ -22,6 +22,8 @@ from llm_assets.settings import REPO_ROOT
 from tests.fakes.common import free_port
 
 T = TypeVar("T")
+_BACKFILL_UNDER_WAY = ("REQUESTED", "CANCELING", "FAILING")
+"""Backfill statuses the daemon has not ended yet."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,77 @@ class DagsterDev:
             interval = min(interval * 1.5, 2.0)
         tail = self.log.read_text(errors="replace")[-6000:]
         raise AssertionError(f"timed out waiting for {what}; dagster dev log tail:\n{tail}")
+
+    def stop_sensors_and_schedules(self) -> None:
+        """Stop every running sensor and schedule, so that only what the test launches runs."""
+        data = self.graphql(
+            "{ repositoriesOrError { ... on RepositoryConnection { nodes { "
+            "sensors { id sensorState { status } } schedules { id scheduleState { status } } "
+            "} } } }"
+        )
+        [repository] = data["repositoriesOrError"]["nodes"]
+        assert repository["sensors"], f"no sensors found in {data}"
+        for sensor in repository["sensors"]:
+            if sensor["sensorState"]["status"] == "RUNNING":
+                result = self.graphql(
+                    "mutation($id: String) { stopSensor(id: $id) { "
+                    "... on StopSensorMutationResult { instigationState { status } } } }",
+                    {"id": sensor["id"]},
+                )["stopSensor"]
+                assert result.get("instigationState", {}).get("status") == "STOPPED", result
+        for schedule in repository["schedules"]:
+            if schedule["scheduleState"]["status"] == "RUNNING":
+                result = self.graphql(
+                    "mutation($id: String) { stopRunningSchedule(id: $id) { __typename } }",
+                    {"id": schedule["id"]},
+                )["stopRunningSchedule"]
+                assert result["__typename"] == "ScheduleStateResult", result
+
+    def launch_asset_backfill(
+        self, partition_names: list[str], asset_paths: list[list[str]]
+    ) -> str:
+        """Launch a backfill of these assets over these partitions the way the UI does
+        (`launchPartitionBackfill`); the daemon runs it. Returns the backfill's id."""
+        launched = self.graphql(
+            """
+            mutation Launch($params: LaunchBackfillParams!) {
+              launchPartitionBackfill(backfillParams: $params) {
+                __typename
+                ... on LaunchBackfillSuccess { backfillId }
+                ... on PythonError { message }
+              }
+            }
+            """,
+            {
+                "params": {
+                    "partitionNames": partition_names,
+                    "assetSelection": [{"path": path} for path in asset_paths],
+                }
+            },
+        )["launchPartitionBackfill"]
+        assert launched["__typename"] == "LaunchBackfillSuccess", launched
+        return str(launched["backfillId"])
+
+    def wait_for_backfill(self, backfill_id: str, timeout: float = 300.0) -> dict[str, Any]:
+        """The backfill once the daemon has ended it: its status, and its runs with their
+        status and tags. The daemon looks at a backfill every 30 seconds and ends it a look or
+        two after its last run, so this takes a minute or more."""
+        query = """
+            query Backfill($id: String!) {
+              partitionBackfillOrError(backfillId: $id) {
+                ... on PartitionBackfill {
+                  status
+                  runs { runId status tags { key value } }
+                }
+              }
+            }
+        """
+
+        def ended() -> dict[str, Any] | None:
+            backfill = self.graphql(query, {"id": backfill_id})["partitionBackfillOrError"]
+            return None if backfill["status"] in _BACKFILL_UNDER_WAY else backfill
+
+        return self.wait_for(f"backfill {backfill_id} to end", ended, timeout=timeout)
 
 
 def _restore_sigint() -> None:

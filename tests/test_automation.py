@@ -216,37 +216,12 @@ def test_a_dropped_file_ends_in_validated_outputs_and_cost_reports(
 
 def test_a_date_backfill_submits_one_provider_job_per_day(platform: Platform) -> None:
     spec = platform.table
-    launched = platform.dev.graphql(
-        """
-        mutation Launch($params: LaunchBackfillParams!) {
-          launchPartitionBackfill(backfillParams: $params) {
-            __typename
-            ... on LaunchBackfillSuccess { backfillId }
-            ... on PythonError { message }
-          }
-        }
-        """,
-        {
-            "params": {
-                "partitionNames": [d.isoformat() for d in BACKFILL_DAYS],
-                "assetSelection": [
-                    {"path": [spec.name, step]}
-                    for step in ("input_snapshot", "request_shards", "provider_batches")
-                ],
-            }
-        },
-    )["launchPartitionBackfill"]
-    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    backfill_id = platform.dev.launch_asset_backfill(
+        [d.isoformat() for d in BACKFILL_DAYS],
+        [[spec.name, step] for step in ("input_snapshot", "request_shards", "provider_batches")],
+    )
 
-    def backfill_done() -> str | None:
-        status = platform.dev.graphql(
-            "query B($id: String!) { partitionBackfillOrError(backfillId: $id) "
-            "{ ... on PartitionBackfill { status } } }",
-            {"id": launched["backfillId"]},
-        )["partitionBackfillOrError"]["status"]
-        return status if status not in ("REQUESTED", "CANCELING", "FAILING") else None
-
-    assert platform.dev.wait_for("the backfill", backfill_done) in (
+    assert platform.dev.wait_for_backfill(backfill_id)["status"] in (
         "COMPLETED",
         "COMPLETED_SUCCESS",
     )

@@ -128,7 +128,7 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
         # The sensors would submit the day again and request finish and report runs of their
         # own, which would race the pages: the CLI is the only thing that runs here. Stopped
         # before the data exists, so no sensor tick can have seen it.
-        stop_sensors_and_schedules(dev)
+        dev.stop_sensors_and_schedules()
         generate_demo_data(home / "demo", start=DEMO_START, days=1, tickets_per_day=TICKETS)
         done = subprocess.run(
             [str(Path(sys.executable).parent / "llm-assets"), "run", PIPELINE, "--date", DAY]
@@ -143,31 +143,6 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
         [outcome] = json.loads(done.stdout)
         assert outcome["done"] and outcome["succeeded"] > 0, outcome
         yield Ui(dev, spec, outcome, screenshots, tmp)
-
-
-def stop_sensors_and_schedules(dev: DagsterDev) -> None:
-    data = dev.graphql(
-        "{ repositoriesOrError { ... on RepositoryConnection { nodes { "
-        "sensors { id sensorState { status } } schedules { id scheduleState { status } } "
-        "} } } }"
-    )
-    [repository] = data["repositoriesOrError"]["nodes"]
-    assert repository["sensors"], f"no sensors found in {data}"
-    for sensor in repository["sensors"]:
-        if sensor["sensorState"]["status"] == "RUNNING":
-            result = dev.graphql(
-                "mutation($id: String) { stopSensor(id: $id) { "
-                "... on StopSensorMutationResult { instigationState { status } } } }",
-                {"id": sensor["id"]},
-            )["stopSensor"]
-            assert result.get("instigationState", {}).get("status") == "STOPPED", result
-    for schedule in repository["schedules"]:
-        if schedule["scheduleState"]["status"] == "RUNNING":
-            result = dev.graphql(
-                "mutation($id: String) { stopRunningSchedule(id: $id) { __typename } }",
-                {"id": schedule["id"]},
-            )["stopRunningSchedule"]
-            assert result["__typename"] == "ScheduleStateResult", result
 
 
 @pytest.fixture(scope="module")
