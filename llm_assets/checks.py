@@ -14,10 +14,15 @@ NO_DUPLICATE_RESULTS = "no_duplicate_results"
 SOURCE_ROWS = "source_rows"
 
 
-def id_table(custom_ids: Sequence[str], limit: int = 20) -> str:
-    rows = "\n".join(f"| {cid} |" for cid in custom_ids[:limit])
-    more = f"\n\n… and {len(custom_ids) - limit} more" if len(custom_ids) > limit else ""
-    return f"| custom_id |\n|---|\n{rows}{more}"
+def shown_of(shown: int, total: int, what: str) -> str:
+    """The caption of a table that lists the first rows only: "20 of 31 quality failures"."""
+    return f"{shown} of {total} {what}" if shown < total else f"all {total} {what}"
+
+
+def id_table(custom_ids: Sequence[str], limit: int = 20, what: str = "items") -> str:
+    shown = custom_ids[:limit]
+    rows = "\n".join(f"| {cid} |" for cid in shown)
+    return f"{shown_of(len(shown), len(custom_ids), what)}\n\n| custom_id |\n|---|\n{rows}"
 
 
 def source_rows_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
@@ -102,6 +107,12 @@ OUTPUTS_COMPLETE = "outputs_complete"
 LOW_CONFIDENCE_SHARE = "low_confidence_share"
 LABEL_DISTRIBUTION_SHIFT = "label_distribution_shift"
 BLOCKING_CHECKS = (OUTPUT_SCHEMA, QUALITY_FAILURE_RATE, OUTPUTS_COMPLETE)
+"""The quality gate: when one of these fails (ERROR), the day is not published. Dagster does
+not enforce them as `blocking` (which fails the run): published_outputs and qa_sample skip
+the day with the reason the validation recorded (steps/gate.py), so a gated day reads
+"blocked by quality_failure_rate (25.8% > 5.0%)", not as a crashed run."""
+BLOCKS_PUBLICATION = "blocks_publication"
+"""Metadata of a failed gate check: the phrase the gate record, the UI and the CLI show."""
 
 
 def validated_outputs_check_specs(spec: PipelineSpec, key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
@@ -109,20 +120,20 @@ def validated_outputs_check_specs(spec: PipelineSpec, key: dg.AssetKey) -> list[
         dg.AssetCheckSpec(
             OUTPUT_SCHEMA,
             asset=key,
-            blocking=True,
-            description="The published Parquet passes the pandera schema built from the spec.",
+            description="Gates publication: the published Parquet passes the pandera schema "
+            "built from the spec.",
         ),
         dg.AssetCheckSpec(
             QUALITY_FAILURE_RATE,
             asset=key,
-            blocking=True,
-            description="Quality dead letters stay within quality.max_failure_rate.",
+            description="Gates publication: quality dead letters stay within "
+            "quality.max_failure_rate.",
         ),
         dg.AssetCheckSpec(
             OUTPUTS_COMPLETE,
             asset=key,
-            blocking=True,
-            description="Every item is terminal and every sent item has a result.",
+            description="Gates publication: every item is terminal and every sent item has a "
+            "result.",
         ),
     ]
     if quality.confidence_field(spec) and spec.quality.min_confidence is not None:
@@ -144,16 +155,25 @@ def validated_outputs_check_specs(spec: PipelineSpec, key: dg.AssetKey) -> list[
     return specs
 
 
-def case_table(cases: Sequence[dict[str, Any]], limit: int = 20) -> str:
-    """A markdown table of the first `limit` rows, for metadata the UI renders."""
+def case_table(
+    cases: Sequence[dict[str, Any]],
+    limit: int = 20,
+    *,
+    total: int | None = None,
+    what: str = "rows",
+) -> str:
+    """A markdown table of the first `limit` rows, for metadata the UI renders, captioned
+    with how many of `total` it shows ("20 of 31 quality failures") when a total is given."""
     if not cases:
         return "_none_"
+    shown = cases[:limit]
     columns = list(cases[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for case in cases[:limit]:
+    for case in shown:
         cells = [str(case.get(c, "")).replace("|", "\\|").replace("\n", " ")[:120] for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    caption = [shown_of(len(shown), total, what), ""] if total is not None else []
+    return "\n".join([*caption, *lines])
 
 
 def validated_outputs_checks(
@@ -173,50 +193,84 @@ def validated_outputs_checks(
 
 
 def _output_schema_check(schema_failures: Sequence[dict[str, Any]]) -> dg.AssetCheckResult:
-    return _result(
+    failing = len(schema_failures)
+    return _gate_result(
         OUTPUT_SCHEMA,
         not schema_failures,
-        dg.AssetCheckSeverity.ERROR,
         {
-            "failing_rows": len(schema_failures),
-            "failure_cases": dg.MetadataValue.md(case_table(schema_failures)),
+            "failing_rows": failing,
+            "failure_cases": dg.MetadataValue.md(
+                case_table(schema_failures, total=failing, what="failing rows")
+            ),
         },
         "the published frame breaks the schema",
+        f"{failing} rows break the schema",
     )
 
 
 def _quality_failure_rate_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
     limit = spec.quality.max_failure_rate
-    return _result(
+    cases = case_table(
+        result.failure_cases, total=result.quality_dead_letters, what="quality failures"
+    )
+    return _gate_result(
         QUALITY_FAILURE_RATE,
         result.failure_rate <= limit,
-        dg.AssetCheckSeverity.ERROR,
         {
             "failure_rate": result.failure_rate,
             "max_failure_rate": limit,
             "quality_dead_letters": result.quality_dead_letters,
             "valid_rows": result.valid_rows,
             "failures_by_rule": result.quality_failures,
-            "failure_cases": dg.MetadataValue.md(case_table(result.failure_cases)),
+            "failure_cases": dg.MetadataValue.md(cases),
         },
         f"quality failure rate {result.failure_rate:.1%} is over "
         f"quality.max_failure_rate {limit:.1%}",
+        f"{result.failure_rate:.1%} > {limit:.1%}",
     )
 
 
 def _outputs_complete_check(result: Any) -> dg.AssetCheckResult:
     missing = len(result.missing_results)
-    return _result(
+    return _gate_result(
         OUTPUTS_COMPLETE,
         result.open_items == 0 and not missing,
-        dg.AssetCheckSeverity.ERROR,
         {
             "open_items": result.open_items,
             "missing_results": missing,
-            "custom_ids": dg.MetadataValue.md(id_table(result.missing_results)),
+            "custom_ids": dg.MetadataValue.md(
+                id_table(result.missing_results, what="items never answered")
+            ),
         },
         f"{result.open_items} items still open, {missing} never answered",
+        ", ".join(
+            part
+            for part, count in (
+                (f"{result.open_items} items open", result.open_items),
+                (f"{missing} items never answered", missing),
+            )
+            if count
+        ),
     )
+
+
+def _gate_result(
+    name: str, passed: bool, metadata: dict[str, Any], failure: str, measured: str
+) -> dg.AssetCheckResult:
+    """A gate check's result (ERROR); when it fails, `blocks_publication` names the check and
+    what was measured: "quality_failure_rate (25.8% > 5.0%)"."""
+    blocks = {} if passed else {BLOCKS_PUBLICATION: f"{name} ({measured})"}
+    return _result(name, passed, dg.AssetCheckSeverity.ERROR, {**metadata, **blocks}, failure)
+
+
+def publication_blockers(results: Sequence[dg.AssetCheckResult]) -> list[str]:
+    """The phrases of the gate checks that failed, in check order."""
+    found = []
+    for result in results:
+        phrase = result.metadata.get(BLOCKS_PUBLICATION)
+        if phrase is not None and not result.passed:
+            found.append(str(getattr(phrase, "value", phrase)))
+    return found
 
 
 def _low_confidence_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:

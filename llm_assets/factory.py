@@ -9,6 +9,7 @@ import dataclasses
 import datetime as dt
 import functools
 import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -135,6 +136,22 @@ class _Pipeline:
     def key(self, step: str) -> dg.AssetKey:
         return asset_key(self.spec, step)
 
+    def partitioned(self, specs: Sequence[dg.AssetCheckSpec]) -> list[dg.AssetCheckSpec]:
+        """The checks with the pipeline's daily partitions, so that each result belongs to
+        its day (the UI's Partition column, per-day check history)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dg.PreviewWarning)
+            return [
+                dg.AssetCheckSpec(
+                    check.name,
+                    asset=check.asset_key,
+                    description=check.description,
+                    blocking=check.blocking,
+                    partitions_def=self.common["partitions_def"],
+                )
+                for check in specs
+            ]
+
     def asset(
         self, step: str, *, after: Sequence[str] = (), provider: bool = False, **kwargs: Any
     ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
@@ -147,6 +164,35 @@ class _Pipeline:
             required_resource_keys=self.with_provider if provider else {"ledger", "storage"},
             **self.common,
             **kwargs,
+        )
+
+    def skippable(
+        self,
+        step: str,
+        *,
+        after: Sequence[str],
+        description: str,
+        kinds: set[str],
+        check_specs: Sequence[dg.AssetCheckSpec],
+    ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+        """A step that may skip its day, checks included: a one-asset `dg.multi_asset` whose
+        asset is skippable and subsettable, so that its checks are optional outputs too."""
+        return dg.multi_asset(
+            specs=[
+                dg.AssetSpec(
+                    self.key(step),
+                    deps=[self.key(name) for name in after],
+                    description=description,
+                    kinds=kinds,
+                    skippable=True,
+                    **{k: v for k, v in self.common.items() if k != "partitions_def"},
+                )
+            ],
+            name=f"{self.spec.name}__{step}",
+            partitions_def=self.common["partitions_def"],
+            required_resource_keys={"ledger", "storage"},
+            check_specs=self.partitioned(check_specs),
+            can_subset=True,
         )
 
     def context(
@@ -171,7 +217,7 @@ def _input_snapshot(pipe: _Pipeline) -> dg.AssetsDefinition:
         description=f"Immutable, content-hashed snapshot of {pipe.spec.name}'s source rows "
         "for the day.",
         kinds={"jsonl"},
-        check_specs=[checks.source_rows_check_spec(pipe.key("input_snapshot"))],
+        check_specs=pipe.partitioned([checks.source_rows_check_spec(pipe.key("input_snapshot"))]),
     )
     def input_snapshot(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context)
@@ -201,7 +247,7 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
         "job and is not materialized, so its later steps skip.",
         kinds={"jsonl", pipe.spec.model.provider},
         code_version=pipe.spec.prompt_code_version,
-        check_specs=[checks.budget_check_spec(pipe.key("request_shards"))],
+        check_specs=pipe.partitioned([checks.budget_check_spec(pipe.key("request_shards"))]),
         output_required=False,
     )
     def request_shards(
@@ -265,7 +311,7 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
         provider=True,
         description="Imports ended batches by custom_id and plans retries of what is still open.",
         kinds={pipe.spec.model.provider},
-        check_specs=checks.batch_results_check_specs(pipe.key("batch_results")),
+        check_specs=pipe.partitioned(checks.batch_results_check_specs(pipe.key("batch_results"))),
     )
     def batch_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context, provider=True)
@@ -284,56 +330,54 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
 
 
 def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
-    """A skippable asset: while the day has open items it materializes nothing, so its checks
-    and the steps after it in the same run are skipped, not failed; the batch-status sensor
-    validates the day once every item is terminal."""
-    key = pipe.key("validated_outputs")
+    """While the day has open items it materializes nothing, so its checks and the steps
+    after it in the same run are skipped, not failed; the batch-status sensor validates the
+    day once every item is terminal."""
 
-    @dg.multi_asset(
-        specs=[
-            dg.AssetSpec(
-                key,
-                deps=[pipe.key("batch_results")],
-                description="Results that pass the pydantic and pandera gate, as Parquet with "
-                "lineage; skipped while items are still in flight.",
-                kinds={"parquet", "pandera"},
-                skippable=True,
-                **{k: v for k, v in pipe.common.items() if k != "partitions_def"},
-            )
-        ],
-        name=f"{pipe.spec.name}__validated_outputs",
-        partitions_def=pipe.common["partitions_def"],
-        required_resource_keys={"ledger", "storage"},
-        check_specs=checks.validated_outputs_check_specs(pipe.spec, key),
-        # Subsettable, so that the checks are optional outputs too: skipped with the asset.
-        can_subset=True,
+    @pipe.skippable(
+        "validated_outputs",
+        after=["batch_results"],
+        description="Results that pass the pydantic and pandera gate, as Parquet with "
+        "lineage; skipped while items are still in flight.",
+        kinds={"parquet", "pandera"},
+        check_specs=checks.validated_outputs_check_specs(pipe.spec, pipe.key("validated_outputs")),
     )
     def validated_outputs(
         context: dg.AssetExecutionContext,
-    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult | dg.AssetObservation]:
         ctx = pipe.context(context)
-        still_open = _run_step(lambda: ctx.ledger.counts(ctx.job().job_id).open)
-        if still_open:
-            context.log.info(in_flight_reason(still_open))
+        reason = _still_in_flight(ctx)
+        if reason:
+            yield _skipped(context, pipe.key("validated_outputs"), reason)
             return
         result: steps.ValidateResult = _run_step(lambda: steps.validate_outputs(ctx))
         schema_failures = steps.published_frame_failures(ctx, result.uri)
-        selected = context.selected_asset_check_keys
-        check_results = [
-            check
-            for check in checks.validated_outputs_checks(pipe.spec, result, schema_failures)
-            if dg.AssetCheckKey(key, check.check_name) in selected
-        ]
-        if key not in context.selected_asset_keys:
-            # Only the checks were selected (the UI's "Execute checks"): they report alone.
-            yield from check_results
-            return
-        yield dg.MaterializeResult(
-            check_results=check_results,
-            metadata=asset_metadata.validated_metadata(pipe.spec, result),
+        evaluated = checks.validated_outputs_checks(pipe.spec, result, schema_failures)
+        steps.record_gate(ctx, result.job_id, checks.publication_blockers(evaluated))
+        yield from _selected_results(
+            context,
+            pipe.key("validated_outputs"),
+            evaluated,
+            asset_metadata.validated_metadata(pipe.spec, result),
         )
 
     return validated_outputs
+
+
+def _selected_results(
+    context: dg.AssetExecutionContext,
+    key: dg.AssetKey,
+    evaluated: Sequence[dg.AssetCheckResult],
+    metadata: dict[str, Any],
+) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+    """A skippable step's materialization with the check results the run selected; only the
+    checks when only they were selected (the UI's "Execute checks")."""
+    selected = context.selected_asset_check_keys
+    check_results = [c for c in evaluated if dg.AssetCheckKey(key, c.check_name) in selected]
+    if key not in context.selected_asset_keys:
+        yield from check_results
+        return
+    yield dg.MaterializeResult(check_results=check_results, metadata=metadata)
 
 
 def in_flight_reason(open_items: int) -> str:
@@ -341,45 +385,92 @@ def in_flight_reason(open_items: int) -> str:
     return f"{open_items} items still in flight; the batch-status sensor finishes this day"
 
 
+def _still_in_flight(ctx: steps.StepContext) -> str | None:
+    """Why a day's report waits: items still open (the batch-status sensor finishes it)."""
+    still_open = _run_step(lambda: ctx.ledger.counts(ctx.job().job_id).open)
+    return in_flight_reason(still_open) if still_open else None
+
+
+def _publication_blocked(ctx: steps.StepContext) -> str | None:
+    """Why a day is not published: the gate checks its latest validation failed."""
+    return steps.publication_block(ctx.spec, ctx.day, ctx.storage)
+
+
+SKIPPED = "skipped"
+"""Observation metadata of a step that did not materialize its day: why."""
+
+
+def _skipped(
+    context: dg.AssetExecutionContext, key: dg.AssetKey, reason: str
+) -> dg.AssetObservation:
+    """A step that does not materialize its day says why, in the log and on its page."""
+    context.log.info(f"{key.to_user_string()} skipped: {reason}")
+    return dg.AssetObservation(
+        asset_key=key, partition=context.partition_key, metadata={SKIPPED: reason}
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class _ReportingStep(Generic[_R]):
     """A step asset with no checks of its own, built for a pipeline by calling it: its body
-    runs the step and reports the result as metadata."""
+    runs the step and reports the result as metadata. When `skip` gives a reason, the day is
+    not materialized (nor are later steps in the run): the reason is logged and recorded as
+    an observation of the asset, so its page says why."""
 
     step: str
     run: Callable[[steps.StepContext], _R]
     report: Callable[[PipelineSpec, _R], dict[str, Any]]
     description: str
     kinds: frozenset[str]
+    skip: Callable[[steps.StepContext], str | None]
     after: tuple[str, ...] = ("validated_outputs",)
 
     def __call__(self, pipe: _Pipeline) -> dg.AssetsDefinition:
         @pipe.asset(
-            self.step, after=self.after, description=self.description, kinds=set(self.kinds)
+            self.step,
+            after=self.after,
+            description=self.description,
+            kinds=set(self.kinds),
+            output_required=False,
         )
-        def reporting_step(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        def reporting_step(
+            context: dg.AssetExecutionContext,
+        ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
             ctx = pipe.context(context)
+            reason = self.skip(ctx)
+            if reason:
+                yield _skipped(context, pipe.key(self.step), reason)
+                return
             result = _run_step(lambda: self.run(ctx))
-            return dg.MaterializeResult(metadata=self.report(pipe.spec, result))
+            yield dg.MaterializeResult(metadata=self.report(pipe.spec, result))
 
         return reporting_step
 
 
 def _cost_report(pipe: _Pipeline) -> dg.AssetsDefinition:
-    @pipe.asset(
+    @pipe.skippable(
         "cost_report",
         after=["validated_outputs", "dead_letter"],
         description="Tokens and cost per item, shard, job and the pipeline's days and months, "
-        "with the batch discount, retry overhead, estimate error and drift.",
+        "with the batch discount, retry overhead, estimate error and drift; written once "
+        "every item of the day is terminal.",
         kinds={"json", "markdown"},
         check_specs=[checks.cost_drift_check_spec(pipe.key("cost_report"))],
     )
-    def cost_report(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    def cost_report(
+        context: dg.AssetExecutionContext,
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult | dg.AssetObservation]:
         ctx = pipe.context(context)
+        reason = _still_in_flight(ctx)
+        if reason:
+            yield _skipped(context, pipe.key("cost_report"), reason)
+            return
         report: steps.CostReport = _run_step(lambda: steps.cost_report(ctx))
-        return dg.MaterializeResult(
-            check_results=[checks.cost_drift_check(report.drift)],
-            metadata=asset_metadata.cost_metadata(pipe.spec, report, ctx.day),
+        yield from _selected_results(
+            context,
+            pipe.key("cost_report"),
+            [checks.cost_drift_check(report.drift)],
+            asset_metadata.cost_metadata(pipe.spec, report, ctx.day),
         )
 
     return cost_report
@@ -395,8 +486,10 @@ _BUILDERS: tuple[Callable[[_Pipeline], dg.AssetsDefinition], ...] = (
         "published_outputs",
         steps.publish_outputs,
         asset_metadata.published_metadata,
-        "The hand-off to consumers; never materialized past a failed blocking check.",
+        "The hand-off to consumers; skipped, with the reason, while the quality gate "
+        "blocks the day.",
         frozenset({"parquet"}),
+        _publication_blocked,
     ),
     _ReportingStep(
         "qa_sample",
@@ -404,13 +497,16 @@ _BUILDERS: tuple[Callable[[_Pipeline], dg.AssetsDefinition], ...] = (
         asset_metadata.sample_metadata,
         "Validated rows drawn with a fixed seed per partition, for spot checks.",
         frozenset({"jsonl"}),
+        _publication_blocked,
     ),
     _ReportingStep(
         "dead_letter",
         steps.export_dead_letters,
         asset_metadata.dead_letter_metadata,
-        "Every item that will not succeed, with its class and reason.",
+        "Every item that will not succeed, with its class and reason; written once every "
+        "item of the day is terminal.",
         frozenset({"jsonl"}),
+        _still_in_flight,
         after=("request_shards", "batch_results", "validated_outputs"),
     ),
     _cost_report,

@@ -14,6 +14,7 @@ import pandera.pandas as pa
 from pydantic import BaseModel
 
 from llm_assets.spec import FieldSpec, PipelineSpec, load_pandera_model
+from llm_assets.validation import describe_value
 
 LINEAGE = ("job_id", "custom_id", "source_id", "prompt_version", "model")
 _DTYPES: dict[str, Any] = {"str": str, "int": "int64", "float": float, "bool": bool}
@@ -26,6 +27,7 @@ class FrameFailure(BaseModel):
     rule: str
     column: str
     value: str
+    """The offending value as messages show it: its length for a length rule."""
 
 
 def _checks(field: FieldSpec) -> list[pa.Check]:
@@ -87,11 +89,14 @@ def validate_frame(
             position = int(index)
             if position in failures:
                 continue
+            row = frame.iloc[position]
+            column = str(case.column or "")
+            value = row[column] if column in row.index else case.failure_case
             failures[position] = FrameFailure(
-                custom_id=str(frame.iloc[position]["custom_id"]),
+                custom_id=str(row["custom_id"]),
                 rule=f"{case.column}.{case.check}" if case.column else str(case.check),
-                column=str(case.column or ""),
-                value=str(case.failure_case)[:200],
+                column=column,
+                value=describe_value(value, length_rule="str_length" in str(case.check)),
             )
 
     schemas: list[Any] = [frame_schema(spec)]
@@ -111,7 +116,7 @@ def validate_frame(
                     custom_id=str(indexed.iloc[position]["custom_id"]),
                     rule="source_id.field_uniqueness",
                     column="source_id",
-                    value=str(source_id),
+                    value=describe_value(source_id),
                 )
             seen_source_ids.add(source_id)
     keep = [p for p in range(len(indexed)) if p not in failures]

@@ -266,17 +266,13 @@ class PartitionRunner:
             if planned:
                 self.wait_for_backoff(planned, progress)
                 run_ids.append(self.materialize(day, ("provider_batches",), progress))
-        # The quality gate runs first; dead letters and costs are reported even when it fails.
-        gate: StepFailed | None = None
-        try:
-            run_ids.append(self.materialize(day, GATED_STEPS))
-        except StepFailed as exc:
-            if exc.gate is None:
-                raise
-            gate = exc
+        # Validation gates publication (a blocked day is skipped, not failed); dead letters
+        # and costs are reported either way, then a blocked day exits as blocked.
+        run_ids.append(self.materialize(day, GATED_STEPS))
         run_ids.append(self.materialize(day, REPORT_STEPS))
-        if gate is not None:
-            raise gate
+        blocked = steps.publication_block(self.spec, day, self.storage)
+        if blocked is not None:
+            raise StepFailed(f"quality gate: publication {blocked}", gate="quality")
         return self.outcome(day, run_ids)
 
 

@@ -97,6 +97,24 @@ class ParsedOutput:
     message: str | None = None
 
 
+SHOWN_CHARS = 60
+"""How much of an offending value a dead-letter message quotes."""
+
+
+def describe_value(value: Any, *, length_rule: bool = False) -> str:
+    """The offending value as a failure message shows it: its length for a length rule
+    ("length 412"), else the value, cut to SHOWN_CHARS with its full length when longer."""
+    if length_rule and isinstance(value, str | list | tuple | dict):
+        return f"length {len(value)}"
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= SHOWN_CHARS:
+        return repr(text) if isinstance(value, str) else text
+    return f"{text[:SHOWN_CHARS]!r}… ({len(text)} chars)"
+
+
+_LENGTH_ERRORS = ("string_too_short", "string_too_long", "too_short", "too_long")
+
+
 def parse_output(spec: PipelineSpec, text: str | None, finish_reason: str | None) -> ParsedOutput:
     """Parse one result's text; a failure names the rule it broke and the offending value."""
     if finish_reason == "length":
@@ -118,7 +136,7 @@ def parse_output(spec: PipelineSpec, text: str | None, finish_reason: str | None
     try:
         raw = json_loads(text)
     except json.JSONDecodeError as exc:
-        return ParsedOutput(ok=False, rule="invalid_json", message=f"{exc}: {text[:200]!r}")
+        return ParsedOutput(ok=False, rule="invalid_json", message=f"{exc}: {describe_value(text)}")
     try:
         value = output_model(spec).model_validate(raw)
     except ValidationError as exc:
@@ -127,7 +145,8 @@ def parse_output(spec: PipelineSpec, text: str | None, finish_reason: str | None
         return ParsedOutput(
             ok=False,
             rule=f"{where}.{first['type']}",
-            message=f"{first['msg']}; got {str(first.get('input'))[:200]!r}",
+            message=f"{first['msg']}; got "
+            + describe_value(first.get("input"), length_rule=first["type"] in _LENGTH_ERRORS),
         )
     # The fields are flat (strings, numbers, booleans, lists of them): the validated values
     # are the output, without model_dump's serializer (as long as the validation itself).

@@ -10,6 +10,9 @@ import pytest
 from llm_assets import notify
 from llm_assets.checks import OUTPUTS_COMPLETE, QUALITY_FAILURE_RATE
 from llm_assets.factory import (
+    SKIPPED as SKIPPED_KEY,
+)
+from llm_assets.factory import (
     STEPS,
     asset_key,
     build_pipeline_assets,
@@ -61,6 +64,32 @@ def finished_notices(
     return delivered
 
 
+def test_reports_alone_while_in_flight_are_skipped_with_the_reason(
+    harness: Harness, fake: FakeOpenAI
+) -> None:
+    """dead_letter or cost_report selected alone (the UI allows it) for a day still in
+    flight write nothing partial: each is skipped, and its page says why."""
+    fake.polls_per_state = 1000
+    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+    open_items = harness.ledger.counts(harness.job_id()).open
+    assert open_items == 24
+
+    for step in REPORT_STEPS:
+        result = harness.materialize(step)
+
+        assert result.success, step
+        assert materialized(harness, step) == [], step
+        [observed] = harness.instance.fetch_observations(
+            dg.AssetRecordsFilter(
+                asset_key=asset_key(harness.spec, step), asset_partitions=[DAY.isoformat()]
+            ),
+            limit=10,
+        ).records
+        assert observed.asset_observation.metadata[SKIPPED_KEY].value == in_flight_reason(24)
+    assert not harness.storage.list_uris(f"dead_letters/{harness.spec.name}")
+    assert not harness.storage.list_uris(f"reports/{harness.spec.name}")
+
+
 def test_materialize_all_while_in_flight_skips_validation_and_the_sensor_finishes_the_day(
     harness: Harness, fake: FakeOpenAI
 ) -> None:
@@ -81,7 +110,12 @@ def test_materialize_all_while_in_flight_skips_validation_and_the_sensor_finishe
     open_items = harness.ledger.counts(harness.job_id()).open
     assert open_items == 24
     messages = [entry.user_message for entry in harness.instance.all_logs(result.run_id)]
-    assert in_flight_reason(open_items) in messages
+    validated = asset_key(harness.spec, "validated_outputs")
+    assert f"{validated.to_user_string()} skipped: {in_flight_reason(24)}" in messages
+    [observed] = harness.instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=validated, asset_partitions=[DAY.isoformat()]), limit=10
+    ).records
+    assert observed.asset_observation.metadata[SKIPPED_KEY].value == in_flight_reason(24)
     # The run succeeded without writing the cost report: the day is not announced as finished.
     assert finished_notices(harness, result, STEPS) == []
 

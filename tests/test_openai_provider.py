@@ -337,9 +337,9 @@ def test_batch_results_checks_list_missing_and_duplicated_custom_ids(
 
     fake.line_fault = fault
     for harness in make_harness(tmp_path, database_url, fake, retry={"max_attempts": 2}):
-        # An item never answered blocks publication too (validated_outputs' blocking check).
+        # An item never answered blocks publication too (validated_outputs' gate check).
         with pytest.raises(
-            StepFailed, match="outputs_complete failed: 0 items still open, 1 never"
+            StepFailed, match=r"blocked by outputs_complete \(1 items never answered\)$"
         ):
             harness.run_day()
         result = harness.materialize("batch_results")

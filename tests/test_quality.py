@@ -13,11 +13,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from llm_assets import steps
-from llm_assets.checks import validated_outputs_checks
+from llm_assets import quality, steps
+from llm_assets.checks import case_table, validated_outputs_checks
 from llm_assets.factory import asset_key
 from llm_assets.runner import StepFailed
 from llm_assets.spec import PipelineSpec
+from llm_assets.validation import parse_output
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, Harness, make_harness, review_spec, truthful
 
@@ -128,10 +129,24 @@ def test_garbage_above_the_threshold_blocks_publication(
             harness.run_day()
 
         assert blocked.value.gate == "quality"
-        assert "quality_failure_rate" in str(blocked.value)
-        assert "over quality.max_failure_rate" in str(blocked.value)
+        # 4 of 24 answers are garbage: the gate names the check, the rate and the limit.
+        reason = "blocked by quality_failure_rate (16.7% > 5.0%)"
+        assert str(blocked.value) == f"quality gate: publication {reason}"
+        assert steps.publication_block(harness.spec, DAY, harness.storage) == reason
+        # Publication is skipped with that reason, in a run that did not fail.
+        assert not harness.instance.get_run_records(
+            dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE])
+        )
         published_key = asset_key(harness.spec, "published_outputs")
         assert harness.instance.get_latest_materialization_event(published_key) is None
+        for step in ("published_outputs", "qa_sample"):
+            observed = harness.instance.fetch_observations(
+                dg.AssetRecordsFilter(
+                    asset_key=asset_key(harness.spec, step), asset_partitions=[DAY.isoformat()]
+                ),
+                limit=1,
+            ).records
+            assert observed[0].asset_observation.metadata["skipped"].value == reason, step
         assert not harness.storage.exists(
             harness.storage.uri(f"published/{harness.spec.name}/{DAY}.parquet")
         )
@@ -139,7 +154,10 @@ def test_garbage_above_the_threshold_blocks_publication(
         assert not check.passed
         assert check.severity == dg.AssetCheckSeverity.ERROR
         assert latest_checks(harness)["quality_failure_rate.partition"] == DAY.isoformat()
+        assert check.partition == DAY.isoformat()
+        assert check.metadata["blocks_publication"].value == reason[len("blocked by ") :]
         cases = check.metadata["failure_cases"].value
+        assert cases.startswith("all 4 quality failures\n")
         assert "invalid_json" in cases and "label.literal_error" in cases
         # Dead letters and the cost report are still written when the gate fails.
         for step in ("dead_letter", "cost_report"):
@@ -207,8 +225,10 @@ def test_the_cli_exits_2_with_the_check_reason(
     )
 
     assert result.returncode == 2, result.stderr
-    assert "quality_failure_rate" in result.stderr
-    assert "max_failure_rate" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert (
+        last == "blocked: quality gate: publication blocked by quality_failure_rate (16.7% > 5.0%)"
+    )
 
 
 def check_evaluation(harness: Harness, name: str) -> Any:
@@ -321,3 +341,45 @@ def test_text_outputs_are_checked_for_empty_truncated_and_too_long(
             "quality",
             rule,
         )
+
+
+def test_a_failure_shows_the_offending_values_measure_not_a_cut_off_string() -> None:
+    spec = PipelineSpec.model_validate(review_spec("openai", "gpt-4o-mini"))
+    long_summary = "y" * 250
+
+    parsed = parse_output(spec, json.dumps({"label": "positive", "summary": long_summary}), "stop")
+    assert (parsed.rule, parsed.message) == (
+        "summary.string_too_long",
+        "String should have at most 200 characters; got length 250",
+    )
+    label = "a label far longer than anything the spec allows, " * 3
+    parsed = parse_output(spec, json.dumps({"label": label, "summary": "ok"}), "stop")
+    assert parsed.message is not None
+    assert parsed.message.endswith(f"got {label[:60]!r}… ({len(label)} chars)")
+
+    # The frame rules (pandera) say the same when a row reaches them.
+    frame = pd.DataFrame(
+        {
+            "job_id": ["j", "j"],
+            "custom_id": ["c1", "c2"],
+            "source_id": ["s1", "s2"],
+            "prompt_version": ["v1", "v1"],
+            "model": ["m", "m"],
+            "label": ["positive", "positive"],
+            "summary": [long_summary, "fine"],
+        }
+    )
+    passed, (failure,) = quality.validate_frame(spec, frame)
+    assert list(passed["custom_id"]) == ["c2"]
+    assert (failure.custom_id, failure.value) == ("c1", "length 250")
+    assert failure.rule.startswith("summary.str_length")
+
+
+def test_failure_case_tables_say_how_many_of_how_many_they_show() -> None:
+    cases = [{"custom_id": f"c{n}", "error_code": "invalid_json"} for n in range(31)]
+    table = case_table(cases, total=31, what="quality failures")
+    assert table.splitlines()[0] == "20 of 31 quality failures"
+    assert table.count("| invalid_json |") == 20
+    assert case_table(cases[:3], total=3, what="quality failures").startswith(
+        "all 3 quality failures\n"
+    )

@@ -13,6 +13,7 @@ and converges on the same ledger state. One module per stage:
 - imports: batch_results (poll, import, retry planning) and the requeue of dead letters
 - line_ids: request lines read back from shard files by custom_id
 - validate: validated_outputs
+- gate: the publication gate's record (what the latest validation blocked)
 - reports: dead_letter, cost_report, published_outputs, qa_sample
 """
 
@@ -26,6 +27,7 @@ from llm_assets.steps.context import (
     job_id_of,
     price_for,
 )
+from llm_assets.steps.gate import GateRecord, gate_record, publication_block, record_gate
 from llm_assets.steps.imports import (
     ImportResult,
     RequeueResult,
@@ -78,6 +80,7 @@ __all__ = [
     "Estimate",
     "Estimator",
     "GateBlocked",
+    "GateRecord",
     "ImportResult",
     "MissingPrerequisite",
     "OnlineInterrupted",
@@ -122,4 +125,7 @@ __all__ = [
     "take_snapshot",
     "validate_outputs",
     "validated_uri",
+    "gate_record",
+    "publication_block",
+    "record_gate",
 ]

@@ -142,7 +142,7 @@ class _Gate:
         frame = pd.DataFrame({name: [row.get(name) for row in batch] for name in self.names})
         passed, broken = quality.validate_frame(self.spec, frame, self.seen_sources)
         for failure in broken:
-            self.fail(failure.custom_id, failure.rule, f"{failure.rule}: got {failure.value!r}")
+            self.fail(failure.custom_id, failure.rule, f"{failure.rule}: got {failure.value}")
         if passed.empty:
             return
         # Columns to Python lists in one call each; rows only where rows are needed.
