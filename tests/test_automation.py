@@ -100,7 +100,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory, webhook: Webhook) -> Iter
         "openai",
         "gpt-4o-mini",
         source={"uri": "inbox/*.jsonl"},
-        automation={"notify": {"webhook_env": "REVIEWS_WEBHOOK_URL", "max_error_rate": 0.02}},
+        automation={"notify": {"webhook_env": "REVIEWS_WEBHOOK_URL", "max_dead_letter_rate": 0.02}},
     )
     (specs / "reviews.yaml").write_text(yaml.safe_dump(raw))
     table = review_spec(
