@@ -23,6 +23,9 @@ from llm_assets.steps import (
     no_source_rows_reason,
 )
 
+DAY_SUMMARY_JSON = "day_summary_json"
+"""cost_report's metadata key of the day's summary as data: the notification sensor sends it."""
+
 
 def lineage(spec: PipelineSpec) -> dict[str, Any]:
     return {
@@ -176,7 +179,8 @@ def import_metadata(spec: PipelineSpec, result: ImportResult) -> dict[str, Any]:
 
 def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[str, Any]:
     """cost_report: billed tokens and cost, why it is $0 when the model is priced at zero,
-    the estimate's error and the month so far, as of when the report was made."""
+    the estimate's error and the month so far, as of when the report was made; the day's
+    outcome and summary, as the notification sensor announces them (`day_summary_json`)."""
     month = report.pipeline_months[-1] if report.pipeline_months else {}
     errors = (
         ("cost_estimate_error", report.cost_estimate_error),
@@ -206,4 +210,7 @@ def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[
         "pipeline_totals_as_of": dg.MetadataValue.timestamp(report.computed_at),
         "prices_as_of": report.prices_as_of,
         "report": dg.MetadataValue.md(report.markdown(spec, day)),
+        "outcome": report.day_summary.outcome,
+        "day_summary": dg.MetadataValue.md(report.day_summary.markdown()),
+        DAY_SUMMARY_JSON: dg.MetadataValue.json(report.day_summary.model_dump(mode="json")),
     }

@@ -215,7 +215,7 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
     empty = steps.no_source_rows(spec, day, resources["storage"])
     no_data = steps.no_source_rows_reason(day) if empty else None
     # The gate that holds the day's publication, as a sentence; None when none does.
-    blocked: str | None = None
+    blocked = steps.publication_block(spec, day, resources["storage"])
     if as_json:
         report = {
             "pipeline": spec.name,

@@ -1,33 +1,43 @@
-"""Partition summaries for people: what a finished or failed day did, and when to worry.
+"""Day summaries for people: what a finished or failed day did, and when to worry.
 
-The notification sensors (sensors.py) build a `PartitionSummary` from the ledger, log it and,
-when the spec's webhook variable is set, post it as Slack-compatible JSON (`{"text": ...}`,
-which Slack, Mattermost, Rocket.Chat and Teams' incoming-webhook bridges accept).
+A `PartitionSummary` is built from the ledger (`summarize`). The cost report carries the
+day's summary as its metadata (`day_summary`, `outcome`), and the notification sensors
+(sensors.py) announce a day with the same summary: `announce` claims the summary's
+fingerprint in the ledger, and only the claimer posts it, when the spec's webhook variable
+is set, as Slack-compatible JSON (`{"text": ...}`, which Slack, Mattermost, Rocket.Chat and
+Teams' incoming-webhook bridges accept). So one day state is announced once, whichever runs,
+sensors and ticks see it; a day that changes (a requeue finishes it again with other counts,
+a failure after it finished) is announced again.
 """
 
 import datetime as dt
+import hashlib
 import json
-import logging
 import os
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from llm_assets import steps
-from llm_assets.resources.ledger import LedgerResource, utcnow
+from llm_assets import ids
+from llm_assets.resources.ledger import JobCounts, LedgerResource, utcnow
 from llm_assets.secrecy import webhook_url_problem
 from llm_assets.spec import PipelineSpec
 
-log = logging.getLogger("llm_assets.notify")
+Outcome = Literal["finished", "failed", "in progress"]
+
+_TIMING = frozenset({"duration_seconds", "run_id"})
+"""What a summary of the same day state says differently each time it is made."""
 
 
 class PartitionSummary(BaseModel):
     pipeline: str
     date: dt.date
-    outcome: str
-    """"finished" or "failed"."""
+    outcome: Outcome
+    """"finished" (every item terminal, the cost report written), "failed" (a run failed
+    and nothing under way finishes the day) or "in progress" (a cost report of a day with
+    items still open)."""
     job_id: str | None = None
     items: int = 0
     succeeded: int = 0
@@ -36,12 +46,14 @@ class PartitionSummary(BaseModel):
     open_items: int = 0
     cost_usd: float = 0.0
     duration_seconds: float | None = None
-    error_rate: float = 0.0
+    dead_letter_rate: float = 0.0
     alerts: list[str] = []
+    blocked: str | None = None
+    """Why the day was not published, e.g. "blocked by quality_failure_rate (25.8% > 5.0%)"."""
     reason: str | None = None
     run_id: str | None = None
 
-    def text(self) -> str:
+    def lines(self) -> list[str]:
         head = f"{self.pipeline} {self.date}: {self.outcome}"
         if self.alerts:
             head = f"ALERT {head} ({'; '.join(self.alerts)})"
@@ -57,11 +69,29 @@ class PartitionSummary(BaseModel):
                 else ""
             ),
         ]
+        if self.blocked:
+            parts.append(f"publication {self.blocked}")
         if self.reason:
             parts.append(f"reason: {self.reason}")
         if self.run_id:
             parts.append(f"run {self.run_id}")
-        return "\n".join(parts)
+        return parts
+
+    def text(self) -> str:
+        """The summary as the webhook and the sensor's log show it."""
+        return "\n".join(self.lines())
+
+    def markdown(self) -> str:
+        """The same lines for the Dagster UI (cost_report's `day_summary`)."""
+        return "\n\n".join(self.lines())
+
+    def fingerprint(self) -> str:
+        """What the summary says about the day, without when it was made or by which run:
+        equal for repeated reports of the same state, different once the day changes (its
+        counts, cost, alerts, outcome, block or failure)."""
+        state = self.model_dump(mode="json", exclude=set(_TIMING) | {"dead_letter_rate"})
+        state["cost_usd"] = f"{self.cost_usd:.4f}"
+        return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
 
 def summarize(
@@ -69,25 +99,41 @@ def summarize(
     day: dt.date,
     ledger: LedgerResource,
     *,
-    outcome: str,
+    outcome: Outcome,
     reason: str | None = None,
     run_id: str | None = None,
+    blocked: str | None = None,
+    counts: JobCounts | None = None,
 ) -> PartitionSummary:
+    """The day's summary from its job's items (`counts`, when the caller has just refreshed
+    them), with the alerts of automation.notify."""
     summary = PartitionSummary(
-        pipeline=spec.name, date=day, outcome=outcome, reason=reason, run_id=run_id
+        pipeline=spec.name,
+        date=day,
+        outcome=outcome,
+        reason=reason,
+        run_id=run_id,
+        blocked=blocked,
     )
-    try:
-        job = steps.existing_job(spec, day, ledger)
-    except steps.MissingPrerequisite:
+    job = ledger.get_job(
+        ids.job_id(spec.name, day, spec.prompt.version, spec.model.provider, spec.model.name)
+    )
+    if job is None:
         return summary
-    counts = ledger.refresh_job(job.job_id)
-    error_rate = counts.dead_letters / counts.total if counts.total else 0.0
+    counts = counts or ledger.refresh_job(job.job_id)
+    rate = counts.dead_letters / counts.total if counts.total else 0.0
     alerts = []
     notify = spec.automation.notify
-    if notify.max_error_rate is not None and error_rate > notify.max_error_rate:
-        alerts.append(f"error rate {error_rate:.1%} over {notify.max_error_rate:.1%}")
+    if notify.max_dead_letter_rate is not None and rate > notify.max_dead_letter_rate:
+        alerts.append(
+            f"dead-letter rate {rate:.1%} over automation.notify.max_dead_letter_rate "
+            f"{notify.max_dead_letter_rate:.1%}"
+        )
     if notify.max_cost_usd is not None and counts.cost_usd > notify.max_cost_usd:
-        alerts.append(f"cost ${counts.cost_usd:.2f} over ${notify.max_cost_usd:.2f}")
+        alerts.append(
+            f"cost ${counts.cost_usd:.2f} over automation.notify.max_cost_usd "
+            f"${notify.max_cost_usd:.2f}"
+        )
     return summary.model_copy(
         update={
             "job_id": job.job_id,
@@ -98,7 +144,7 @@ def summarize(
             "open_items": counts.open,
             "cost_usd": counts.cost_usd,
             "duration_seconds": (utcnow() - job.created_at).total_seconds(),
-            "error_rate": error_rate,
+            "dead_letter_rate": rate,
             "alerts": alerts,
         }
     )
@@ -148,15 +194,38 @@ def post_webhook(url: str, summary: PartitionSummary, timeout: float = 10.0) -> 
 
 
 def deliver(spec: PipelineSpec, summary: PartitionSummary) -> str | None:
-    """Log the summary (a warning when it alerts) and post it when a webhook is set and its
-    URL is one a webhook may have (https, or http to this machine)."""
-    text = summary.text()
-    (log.warning if summary.alerts or summary.outcome == "failed" else log.info)(text)
+    """Post the summary when a webhook is set and its URL is one a webhook may have (https,
+    or http to this machine); returns why it was not delivered, None when it was or when no
+    webhook is set. It logs nothing: the sensor that sends it does, once."""
     variable = spec.automation.notify.webhook_env
     url = os.environ.get(variable)
     if not url:
         return None
-    error = webhook_url_problem(url, variable) or post_webhook(url, summary)
-    if error:
-        log.warning(f"{spec.name} {summary.date}: notification not delivered: {error}")
-    return error
+    return webhook_url_problem(url, variable) or post_webhook(url, summary)
+
+
+class Announcement(BaseModel):
+    first: bool
+    """Whether this call claimed the summary (and sent it); False when it was sent before."""
+    error: str | None = None
+    """Why the webhook did not take it, when this call sent it."""
+
+
+def announce(spec: PipelineSpec, summary: PartitionSummary, ledger: LedgerResource) -> Announcement:
+    """Send the summary once per day state: claim its fingerprint in the ledger, and deliver
+    it only when this call made the claim."""
+    fingerprint = summary.fingerprint()
+    first = ledger.claim_notification(
+        pipeline=summary.pipeline,
+        partition_date=summary.date,
+        fingerprint=fingerprint,
+        outcome=summary.outcome,
+        text=summary.text(),
+        job_id=summary.job_id,
+        run_id=summary.run_id,
+    )
+    if not first:
+        return Announcement(first=False)
+    error = deliver(spec, summary)
+    ledger.record_delivery(summary.pipeline, summary.date, fingerprint, error)
+    return Announcement(first=True, error=error)

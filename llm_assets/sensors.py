@@ -9,8 +9,29 @@
   submits due retry shards, and finishes days whose items are all terminal: first the gated
   run (validation, publication), then the report run (dead letters, cost report), so the
   report is written also when a blocking check stops publication.
-- `llm_assets__partition_finished` / `llm_assets__partition_failed` summarize a day when its
-  report run succeeds or any of its runs fails (notify.py).
+- `llm_assets__partition_finished` / `llm_assets__partition_failed` announce a day's outcome
+  once (notify.py): the summary is claimed in the ledger by its fingerprint before it is
+  sent, so repeated report runs of the same day state (the CLI's and the sensor's), sensor
+  ticks and daemons send it once; a day that changes (a requeue finishes it again) is
+  announced again.
+
+When a day is announced:
+
+- finished: a successful run wrote the day's cost report and no item is open. The summary
+  is the one on the cost report (its `day_summary`), so the UI and the webhook say the same;
+  when the quality gate stopped publication, that summary says so.
+- failed, finally: a run of the day failed and nothing already under way finishes the day.
+  A failed run is not the day's outcome, and is only logged, when
+  - Dagster retries it (its worker crashed: `dagster/will_retry`);
+  - every failed step found the day held by another run (`day_busy`): that run's outcome
+    is the day's;
+  - the day still has items on their way: shards in flight at the provider, or retry
+    shards waiting for their backoff; the batch-status sensor finishes the day.
+  The quality gate fails no run (publication is skipped, see checks.BLOCKING_CHECKS): the
+  day's finished summary says the gate blocked publication.
+  Every other failure is final: an error in a run that nothing follows (the snapshot, a
+  submission, an import, the report run itself), or a gate that waits for an operator (the
+  budget).
 """
 
 import concurrent.futures
@@ -24,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 import dagster as dg
 
 from llm_assets import notify, steps
+from llm_assets.asset_metadata import DAY_SUMMARY_JSON
 from llm_assets.factory import STEPS, asset_key
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
@@ -254,71 +276,155 @@ def _partition_of(
         return None
 
 
+def _failed_checks(context: dg.RunFailureSensorContext) -> list[dg.AssetCheckEvaluation]:
+    """The run's checks that failed with ERROR severity (a gate)."""
+    records = context.instance.get_records_for_run(
+        context.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    ).records
+    evaluations = [record.event_log_entry.dagster_event.event_specific_data for record in records]
+    return [e for e in evaluations if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR]
+
+
 def _failure_reason(context: dg.RunFailureSensorContext) -> str | None:
-    """The failed steps and why, or the run's own failure message when no step failed."""
-    reason = context.failure_event.message if context.failure_event else None
+    """The failed checks and what they said, else the failed steps and why, else the run's
+    own failure message."""
+    checks = _failed_checks(context)
+    if checks:
+        return "; ".join(
+            f"{e.asset_key.to_user_string()} check {e.check_name} failed"
+            + (f": {e.description[:300]}" if e.description else "")
+            for e in checks
+        )
     step_failures = context.get_step_failure_events()
     if step_failures:
-        reason = "; ".join(f"{e.step_key}: {step_failure_reason(e)[:300]}" for e in step_failures)
-    return reason
+        return "; ".join(f"{e.step_key}: {step_failure_reason(e)[:300]}" for e in step_failures)
+    return context.failure_event.message if context.failure_event else None
 
 
-def _materialized_in(context: dg.RunStatusSensorContext, key: dg.AssetKey) -> bool:
-    """Whether the run wrote the asset: a run of a day still in flight skips its cost report
-    and succeeds without finishing the day."""
+def _cost_report_of(
+    context: dg.RunStatusSensorContext, key: dg.AssetKey
+) -> dg.EventLogRecord | None:
+    """The cost report the run wrote, if it wrote one: a run of a day still in flight skips
+    its cost report and succeeds without finishing the day."""
     if key not in (context.dagster_run.asset_selection or set()):
-        return False
+        return None
     records = context.instance.get_records_for_run(
         context.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
     ).records
-    return any(record.asset_key == key for record in records)
+    return next((record for record in records if record.asset_key == key), None)
+
+
+def _reported_summary(record: dg.EventLogRecord) -> notify.PartitionSummary | None:
+    """The day's summary the cost report carries as metadata (None for a report without)."""
+    materialization = record.asset_materialization
+    value = materialization.metadata.get(DAY_SUMMARY_JSON) if materialization else None
+    if value is None:
+        return None
+    return notify.PartitionSummary.model_validate(value.value)
+
+
+WILL_RETRY_TAG = "dagster/will_retry"
+"""Set on a failed run by Dagster: "true" when run retries will launch it again."""
+
+
+def _failure_data(event: dg.DagsterEvent) -> dict[str, object]:
+    """The metadata a step's dg.Failure carried (empty for an error)."""
+    data = event.step_failure_data
+    if data is None or data.user_failure_data is None:
+        return {}
+    return {
+        name: getattr(value, "value", value)
+        for name, value in data.user_failure_data.metadata.items()
+    }
+
+
+def _carried_on(
+    context: dg.RunFailureSensorContext, spec: PipelineSpec, day: dt.date, ledger: LedgerResource
+) -> str | None:
+    """Why the failed run is not the day's outcome (something under way finishes the day),
+    or None when the failure is final. The rules are in the module docstring."""
+    run = context.dagster_run
+    if run.tags.get(WILL_RETRY_TAG) == "true":
+        return "Dagster retries the run"
+    failures = context.get_step_failure_events()
+    if failures and all(_failure_data(event).get("day_busy") for event in failures):
+        return "another run holds the day; its outcome is the day's"
+    try:
+        job = steps.existing_job(spec, day, ledger)
+    except steps.MissingPrerequisite:
+        return None
+    waiting = [s for s in ledger.shards(job.job_id, ["created"]) if s.round > 0]
+    if ledger.shards(job.job_id, IN_FLIGHT_STATES) or waiting:
+        return "items are still on their way; the batch-status sensor finishes the day"
+    return None
 
 
 def _notify_partition(
     context: dg.RunStatusSensorContext,
     by_name: dict[str, PipelineSpec],
     ledger: LedgerResource,
-    *,
-    outcome: str,
 ) -> None:
-    """Summarize the partition of a run that finished a day's cost report or failed, log it
-    (a warning when the run failed) and deliver it to the spec's webhook."""
+    """Announce the day of a run that wrote a finished day's cost report, or whose failure is
+    final; log the summary once (a warning when it alerts or the day failed)."""
     found = _partition_of(context.dagster_run, by_name)
     if found is None:
         return
     spec, day = found
+    run_id = context.dagster_run.run_id
     if isinstance(context, dg.RunFailureSensorContext):
-        reason, log = _failure_reason(context), context.log.warning
-    elif _materialized_in(context, asset_key(spec, "cost_report")):
-        reason, log = None, context.log.info
+        carried_on = _carried_on(context, spec, day, ledger)
+        if carried_on:
+            context.log.info(f"{spec.name} {day}: run {run_id} failed; {carried_on}")
+            return
+        summary = notify.summarize(
+            spec, day, ledger, outcome="failed", reason=_failure_reason(context), run_id=run_id
+        )
     else:
+        record = _cost_report_of(context, asset_key(spec, "cost_report"))
+        if record is None:
+            return
+        summary = _reported_summary(record) or notify.summarize(
+            spec, day, ledger, outcome="finished", run_id=run_id
+        )
+        if summary.open_items:
+            context.log.info(
+                f"{spec.name} {day}: run {run_id} reported the day with {summary.open_items} "
+                "items still open; the day is announced when it finishes"
+            )
+            return
+    announced = notify.announce(spec, summary, ledger)
+    if not announced.first:
+        context.log.info(
+            f"{spec.name} {day}: this day's {summary.outcome} summary was sent before "
+            f"(run {run_id} found it unchanged)"
+        )
         return
-    summary = notify.summarize(
-        spec, day, ledger, outcome=outcome, reason=reason, run_id=context.dagster_run.run_id
-    )
-    log(summary.text())
-    notify.deliver(spec, summary)
+    alarming = summary.alerts or summary.outcome == "failed"
+    (context.log.warning if alarming else context.log.info)(summary.text())
+    if announced.error:
+        context.log.warning(f"{spec.name} {day}: notification not delivered: {announced.error}")
 
 
 _NOTIFICATIONS = (
     (
         "finished",
         functools.partial(dg.run_status_sensor, run_status=dg.DagsterRunStatus.SUCCESS),
-        "When a day's cost report is written: a summary (items, dead letters by class, cost, "
-        "duration) to the log and the spec's webhook, with alerts.",
+        "When a run writes the cost report of a day with no open item: the day's summary (items, "
+        "dead letters by class, cost, duration, alerts), once per day state, to the log and the "
+        "spec's webhook.",
     ),
     (
         "failed",
         dg.run_failure_sensor,
-        "When any run of a day fails (a gate or an error): a summary with the reason to the "
-        "log and the spec's webhook.",
+        "When a run of a day fails and nothing under way finishes the day: the day's summary "
+        "with the reason, once per day state, to the log and the spec's webhook.",
     ),
 )
 """Per outcome: the sensor decorator of the runs it summarizes and the sensor's description."""
 
 
 def build_notification_sensors(specs: list[PipelineSpec]) -> list[dg.SensorDefinition]:
-    """Summaries when a day's report run succeeds (finished) or any run of a day fails."""
+    """Summaries when a run finishes a day's cost report, or a run's failure is final."""
     by_name = {spec.name: spec for spec in specs}
     return [_notification_sensor(by_name, *notification) for notification in _NOTIFICATIONS]
 
@@ -335,6 +441,6 @@ def _notification_sensor(
         default_status=dg.DefaultSensorStatus.RUNNING,
     )
     def notify_partition(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:
-        _notify_partition(context, by_name, ledger, outcome=outcome)
+        _notify_partition(context, by_name, ledger)
 
     return notify_partition

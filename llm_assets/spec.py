@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import string
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -160,7 +161,14 @@ class OutputSpec(_Strict):
 
 
 class QualitySpec(_Strict):
-    max_failure_rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    max_failure_rate: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="The quality gate: when quality dead letters / items validated exceed this, "
+        "the blocking check quality_failure_rate fails and the day is not published. Not the "
+        "notification alert (automation.notify.max_dead_letter_rate).",
+    )
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
     max_low_confidence_share: float = Field(
         default=0.2, ge=0.0, le=1.0, description="WARN above this share below min_confidence."
@@ -258,18 +266,47 @@ class BedrockSpec(_Strict):
     )
 
 
+OLD_DEAD_LETTER_RATE = "max_error_rate"
+"""The deprecated name of automation.notify.max_dead_letter_rate."""
+
+
 class NotifySpec(_Strict):
     webhook_env: str = Field(
         default="LLM_ASSETS_WEBHOOK_URL",
         description="Environment variable holding a Slack-compatible webhook URL (https, or "
         "http to 127.0.0.1, ::1 or localhost); unset: log only.",
     )
-    max_error_rate: float | None = Field(
-        default=0.1, ge=0.0, le=1.0, description="Alert when dead letters / items exceed this."
+    max_dead_letter_rate: float | None = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="Alert (the day's summary starts with ALERT) when all dead letters, of "
+        "every class, / items exceed this; blocks nothing. Not the quality gate "
+        "(quality.max_failure_rate). `max_error_rate` is its deprecated old name.",
     )
     max_cost_usd: float | None = Field(
         default=None, ge=0.0, description="Alert when a partition costs more than this."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_name(cls, data: Any) -> Any:
+        """`max_error_rate` still loads, as max_dead_letter_rate, with a FutureWarning."""
+        if not isinstance(data, dict) or OLD_DEAD_LETTER_RATE not in data:
+            return data
+        if "max_dead_letter_rate" in data:
+            raise ValueError(
+                f"give max_dead_letter_rate only; {OLD_DEAD_LETTER_RATE} is its old name"
+            )
+        warnings.warn(
+            f"automation.notify.{OLD_DEAD_LETTER_RATE} is deprecated: rename it to "
+            "max_dead_letter_rate (the dead-letter rate alert, not the quality gate)",
+            FutureWarning,
+            stacklevel=2,
+        )
+        data = dict(data)
+        data["max_dead_letter_rate"] = data.pop(OLD_DEAD_LETTER_RATE)
+        return data
 
     @field_validator("webhook_env")
     @classmethod

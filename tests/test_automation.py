@@ -100,7 +100,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory, webhook: Webhook) -> Iter
         "openai",
         "gpt-4o-mini",
         source={"uri": "inbox/*.jsonl"},
-        automation={"notify": {"webhook_env": "REVIEWS_WEBHOOK_URL", "max_error_rate": 0.02}},
+        automation={"notify": {"webhook_env": "REVIEWS_WEBHOOK_URL", "max_dead_letter_rate": 0.02}},
     )
     (specs / "reviews.yaml").write_text(yaml.safe_dump(raw))
     table = review_spec(
@@ -205,6 +205,7 @@ def test_a_dropped_file_ends_in_validated_outputs_and_cost_reports(
         }
         return found if {d.isoformat() for d in FILE_DAYS} <= set(found) else None
 
+    name = platform.spec.name
     posted = platform.dev.wait_for("the finished notifications", summaries)
     for day in FILE_DAYS:
         summary = posted[day.isoformat()]
@@ -212,6 +213,19 @@ def test_a_dropped_file_ends_in_validated_outputs_and_cost_reports(
         assert summary["cost_usd"] == pytest.approx(reports[day].cost_usd)
         assert summary["alerts"] == []
     assert all("text" in p and p["text"].startswith(platform.spec.name) for p in webhook.posts)
+    # One notification per day: no failed one before it, no second one.
+    days = [p["llm_assets"]["date"] for p in webhook.posts if p["llm_assets"]["pipeline"] == name]
+    assert sorted(days) == [day.isoformat() for day in FILE_DAYS]
+
+    # The console shows each summary once: the sensor logs it, after posting it.
+    heads = [f"{name} {day}: finished" for day in FILE_DAYS]
+
+    def logged() -> list[str] | None:
+        lines = platform.dev.log.read_text(errors="replace").splitlines()
+        return lines if all(any(h in line for line in lines) for h in heads) else None
+
+    lines = platform.dev.wait_for("the summaries in the sensor's log", logged)
+    assert [sum(head in line for line in lines) for head in heads] == [1, 1]
 
 
 def test_a_date_backfill_submits_one_provider_job_per_day(platform: Platform) -> None:

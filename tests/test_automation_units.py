@@ -219,7 +219,7 @@ def test_a_summary_alerts_over_its_thresholds_and_reaches_the_webhook(
 
     url, posts, _ = hook
     ledger = LedgerResource(database_url=f"sqlite:///{tmp_path / 'ledger.db'}")
-    spec = inbox_spec(automation={"notify": {"max_error_rate": 0.1, "max_cost_usd": 3.0}})
+    spec = inbox_spec(automation={"notify": {"max_dead_letter_rate": 0.1, "max_cost_usd": 3.0}})
     day = dt.date(2026, 11, 3)
     job = steps.job_for(spec, day, ledger)
     ledger.add_items(
@@ -234,7 +234,10 @@ def test_a_summary_alerts_over_its_thresholds_and_reaches_the_webhook(
     assert (summary.items, summary.succeeded, summary.dead_letters) == (10, 8, 2)
     assert summary.dead_letters_by_class == {"deterministic": 1, "quality": 1}
     assert summary.cost_usd == pytest.approx(4.0)
-    assert summary.alerts == ["error rate 20.0% over 10.0%", "cost $4.00 over $3.00"]
+    assert summary.alerts == [
+        "dead-letter rate 20.0% over automation.notify.max_dead_letter_rate 10.0%",
+        "cost $4.00 over automation.notify.max_cost_usd $3.00",
+    ]
     assert summary.text().startswith(f"ALERT {spec.name} {day}: finished")
 
     monkeypatch.setenv("LLM_ASSETS_WEBHOOK_URL", url)
@@ -245,3 +248,57 @@ def test_a_summary_alerts_over_its_thresholds_and_reaches_the_webhook(
 
     monkeypatch.setenv("LLM_ASSETS_WEBHOOK_URL", "http://127.0.0.1:9/closed")
     assert notify.deliver(spec, summary) == "webhook unreachable: URLError, ConnectionRefusedError"
+
+
+def test_a_day_state_is_announced_once_and_again_when_it_changes(
+    tmp_path: Path,
+    hook: tuple[str, list[dict[str, Any]], list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two report runs of the same day state send one summary; when the day changes (a
+    requeued item finishes it with other counts) its new summary is sent."""
+    from tests.test_ledger import item_row
+
+    url, posts, answers = hook
+    answers.clear()
+    monkeypatch.setenv("LLM_ASSETS_WEBHOOK_URL", url)
+    ledger = LedgerResource(database_url=f"sqlite:///{tmp_path / 'ledger.db'}")
+    spec = inbox_spec()
+    day = dt.date(2026, 11, 3)
+    job = steps.job_for(spec, day, ledger)
+    ledger.add_items(
+        [item_row(f"c{n}", status="succeeded", cost_usd=0.01, job_id=job.job_id) for n in range(3)]
+    )
+
+    first = notify.summarize(spec, day, ledger, outcome="finished", run_id="cli-run")
+    again = notify.summarize(spec, day, ledger, outcome="finished", run_id="sensor-run")
+    assert first.text() != again.text()  # another run, another duration
+    assert first.fingerprint() == again.fingerprint()
+    assert notify.announce(spec, first, ledger) == notify.Announcement(first=True)
+    assert notify.announce(spec, again, ledger) == notify.Announcement(first=False)
+    assert [p["text"] for p in posts] == [first.text()]
+
+    ledger.add_items([item_row("c3", status="succeeded", cost_usd=0.01, job_id=job.job_id)])
+    changed = notify.summarize(spec, day, ledger, outcome="finished", run_id="requeue-run")
+    assert changed.items == 4
+    assert notify.announce(spec, changed, ledger).first
+    failed = changed.model_copy(update={"outcome": "failed", "reason": "cost_report: disk full"})
+    assert failed.fingerprint() != changed.fingerprint()
+
+    assert [p["llm_assets"]["run_id"] for p in posts] == ["cli-run", "requeue-run"]
+    sent = ledger.sent_notifications(spec.name, day)
+    assert [row["run_id"] for row in sent] == ["cli-run", "requeue-run"]
+    assert all(row["delivered_at"] and row["delivery_error"] is None for row in sent)
+
+
+def test_a_blocked_publication_is_a_line_of_the_summary() -> None:
+    summary = notify.PartitionSummary(
+        pipeline="reviews",
+        date=dt.date(2026, 11, 3),
+        outcome="finished",
+        blocked="blocked by quality_failure_rate (25.8% > 5.0%)",
+    )
+    assert "publication blocked by quality_failure_rate (25.8% > 5.0%)" in summary.text().split(
+        "\n"
+    )
+    assert summary.fingerprint() != summary.model_copy(update={"blocked": None}).fingerprint()

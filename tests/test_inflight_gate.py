@@ -1,13 +1,15 @@
 """'Materialize all' of a day whose batch is still in flight: validation and the steps after it
-are skipped with a reason, and the batch-status sensor finishes the day."""
+are skipped with a reason, the batch-status sensor finishes the day, and the day is announced
+once: one post to the webhook, whatever runs, failures and sensor ticks came before and after."""
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
 
-from llm_assets import notify
+from llm_assets.asset_metadata import DAY_SUMMARY_JSON
 from llm_assets.checks import OUTPUTS_COMPLETE, QUALITY_FAILURE_RATE
 from llm_assets.factory import (
     SKIPPED as SKIPPED_KEY,
@@ -19,7 +21,7 @@ from llm_assets.factory import (
     in_flight_reason,
 )
 from llm_assets.runner import GATED_STEPS, REPORT_STEPS
-from llm_assets.sensors import build_notification_sensors
+from tests.day_notices import announce, loopback_webhook
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, make_harness, truthful
 from tests.test_sensors import tick
@@ -33,6 +35,12 @@ def harness(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> Iterator[Har
     yield from make_harness(tmp_path, database_url, fake)
 
 
+@pytest.fixture
+def webhook(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    with loopback_webhook(monkeypatch) as posts:
+        yield posts
+
+
 def materialized(harness: Harness, step: str) -> list[dg.EventLogRecord]:
     return harness.instance.fetch_materializations(
         dg.AssetRecordsFilter(
@@ -40,28 +48,6 @@ def materialized(harness: Harness, step: str) -> list[dg.EventLogRecord]:
         ),
         limit=10,
     ).records
-
-
-def finished_notices(
-    harness: Harness, run: dg.ExecuteInProcessResult, selection: Sequence[str]
-) -> list[str]:
-    """The summaries the `finished` notification sensor delivers for a successful run of the
-    steps `selection` (named on the run as a launched run names them)."""
-    [finished, _] = build_notification_sensors([harness.spec])
-    [event] = [e for e in run.all_events if e.event_type == dg.DagsterEventType.RUN_SUCCESS]
-    keys = frozenset(asset_key(harness.spec, step) for step in selection)
-    context = dg.build_run_status_sensor_context(
-        sensor_name=finished.name,
-        dagster_event=event,
-        dagster_instance=harness.instance,
-        dagster_run=run.dagster_run._replace(asset_selection=keys),
-        resources={"ledger": harness.ledger},
-    )
-    delivered: list[str] = []
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(notify, "deliver", lambda spec, summary: delivered.append(summary.text()))
-        finished(context)
-    return delivered
 
 
 def test_reports_alone_while_in_flight_are_skipped_with_the_reason(
@@ -91,7 +77,7 @@ def test_reports_alone_while_in_flight_are_skipped_with_the_reason(
 
 
 def test_materialize_all_while_in_flight_skips_validation_and_the_sensor_finishes_the_day(
-    harness: Harness, fake: FakeOpenAI
+    harness: Harness, fake: FakeOpenAI, webhook: list[dict[str, Any]]
 ) -> None:
     fake.polls_per_state = 1000
 
@@ -117,7 +103,13 @@ def test_materialize_all_while_in_flight_skips_validation_and_the_sensor_finishe
     ).records
     assert observed.asset_observation.metadata[SKIPPED_KEY].value == in_flight_reason(24)
     # The run succeeded without writing the cost report: the day is not announced as finished.
-    assert finished_notices(harness, result, STEPS) == []
+    announce(harness, result, STEPS)
+    assert webhook == []
+    # Publishing by hand before validation fails; the day goes on, so that is not its outcome.
+    early = harness.materialize("published_outputs")
+    assert not early.success
+    announce(harness, early, ["published_outputs"])
+    assert webhook == []
 
     fake.polls_per_state = 0
     runs: list[tuple[dg.ExecuteInProcessResult, list[str]]] = []
@@ -130,6 +122,8 @@ def test_materialize_all_while_in_flight_skips_validation_and_the_sensor_finishe
             run = harness.materialize(*steps)
             assert run.success, steps
             runs.append((run, steps))
+            announce(harness, run, steps)
+            announce(harness, run, steps)  # a tick that evaluates the run again
 
     counts = harness.ledger.counts(harness.job_id())
     assert counts.open == 0 and counts.succeeded == 24
@@ -142,7 +136,25 @@ def test_materialize_all_while_in_flight_skips_validation_and_the_sensor_finishe
     }
     assert evaluations[OUTPUTS_COMPLETE] and evaluations[QUALITY_FAILURE_RATE]
     assert all(evaluations.values())
-    assert len(finished_notices(harness, *runs[-1])) == 1
+    # One notification: the finished day, the summary its cost report carries.
+    [post] = webhook
+    summary = post["llm_assets"]
+    assert summary["outcome"] == "finished"
+    assert (summary["items"], summary["succeeded"], summary["open_items"]) == (24, 24, 0)
+    assert post["text"].startswith(f"{harness.spec.name} {DAY}: finished")
+    [report] = materialized(harness, "cost_report")
+    metadata = report.asset_materialization.metadata
+    assert metadata[DAY_SUMMARY_JSON].value == summary
+    assert metadata["outcome"].value == "finished"
+    assert metadata["day_summary"].value == post["text"].replace("\n", "\n\n")
+
+    # The CLI reports the same day again: the same day state, not announced twice.
+    again = harness.materialize(*REPORT_STEPS)
+    assert again.success
+    announce(harness, again, REPORT_STEPS)
+    assert len(webhook) == 1
+    [sent] = harness.ledger.sent_notifications(harness.spec.name, DAY)
+    assert sent["run_id"] == summary["run_id"] and sent["delivery_error"] is None
 
     # The checks alone (the UI's "Execute checks") report without a materialization.
     validated = asset_key(harness.spec, "validated_outputs")

@@ -4,6 +4,7 @@ Every test takes the `database_url` fixture (through `ledger`), so each one runs
 SQLite file and a fresh PostgreSQL schema.
 """
 
+import concurrent.futures
 import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
@@ -1311,6 +1312,7 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
     postgres = engine.dialect.name == "postgresql"
     with engine.begin() as conn:
         conn.execute(sa.text("ALTER TABLE llm_batch_result DROP COLUMN request_offset"))
+        conn.execute(sa.text("DROP TABLE llm_batch_notification"))  # version 6 adds it
         if postgres:  # items and outputs had a foreign key to their job
             for table in ("llm_batch_result", "llm_batch_output"):
                 conn.execute(
@@ -1332,10 +1334,11 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 5
+    assert schema_version(upgraded) == SCHEMA_VERSION == 6
     inspector = sa.inspect(upgraded.engine)
     columns = {c["name"] for c in inspector.get_columns("llm_batch_result")}
     assert "request_offset" in columns
+    assert "llm_batch_notification" in inspector.get_table_names()
     names = {i["name"] for i in inspector.get_indexes("llm_batch_result")}
     assert "ix_result_job_status" not in names and "ix_result_shard" in names
     if postgres:
@@ -1520,3 +1523,36 @@ def test_a_postgresql_url_of_another_driver_is_refused_naming_the_forms_that_wor
     for form in ("postgresql://", "postgresql+psycopg://", "postgresql+psycopg2://"):
         assert form in message
     assert all(key[0] != url for key in L._engines)
+
+
+# ------------------------------------------------------------------------------ notifications
+
+
+def test_one_claimer_sends_a_day_summary(ledger: LedgerResource) -> None:
+    """Sensors of several daemons, ticks and runs claim the same summary at once: exactly one
+    claim wins (it sends the summary); a new fingerprint of the day is a new claim."""
+    claim = {
+        "pipeline": "reviews",
+        "partition_date": DAY,
+        "fingerprint": "f" * 64,
+        "outcome": "finished",
+        "text": "reviews 2024-05-01: finished",
+        "job_id": JOB,
+    }
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        won = list(
+            pool.map(lambda n: ledger.claim_notification(**claim, run_id=f"run-{n}"), range(8))
+        )
+    assert won.count(True) == 1
+    assert not ledger.claim_notification(**claim)
+    assert ledger.claim_notification(**(claim | {"fingerprint": "e" * 64}))
+    ledger.record_delivery("reviews", DAY, "f" * 64, "webhook answered HTTP 500")
+
+    sent = ledger.sent_notifications("reviews", DAY)
+    assert [(row["fingerprint"][0], row["outcome"]) for row in sent] == [
+        ("f", "finished"),
+        ("e", "finished"),
+    ]
+    assert sent[0]["delivery_error"] == "webhook answered HTTP 500"
+    assert sent[0]["delivered_at"] is not None and sent[1]["delivered_at"] is None
+    assert sent[0]["run_id"] == f"run-{won.index(True)}"

@@ -226,9 +226,18 @@ def test_the_cli_exits_2_with_the_check_reason(
 
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert (
-        last == "blocked: quality gate: publication blocked by quality_failure_rate (16.7% > 5.0%)"
+    reason = "blocked by quality_failure_rate (16.7% > 5.0%)"
+    assert last == f"blocked: quality gate: publication {reason}"
+
+    # `status` names the gate that holds the day, first, and in its JSON.
+    status = [cli, "status", spec["name"], "--date", DAY.isoformat()]
+    shown = subprocess.run(status, env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0] == f"{spec['name']} {DAY}: {reason}"
+    report = subprocess.run(
+        [*status, "--json"], env=env, capture_output=True, text=True, timeout=120, check=True
     )
+    assert json.loads(report.stdout)["blocked"] == reason
 
 
 def check_evaluation(harness: Harness, name: str) -> Any:

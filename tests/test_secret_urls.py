@@ -274,8 +274,9 @@ def test_a_webhook_failure_names_its_type_and_status_never_the_url(
     hook_server: tuple[str, type[_Hook]],
     failure: str,
 ) -> None:
-    """The failure sensor of a day logs the summary and the delivery error; neither the
-    sensor's result, its log nor the process output holds the webhook URL."""
+    """The failure sensor of a day logs the summary and the delivery error, and the ledger
+    records the error; neither the sensor's result, its log, the ledger nor the process
+    output holds the webhook URL."""
     base, handler = hook_server
     secret = f"xoxb-{uuid.uuid4().hex}"
     url, expected = {
@@ -301,11 +302,15 @@ def test_a_webhook_failure_names_its_type_and_status_never_the_url(
 
     result = sensor(failed_run_context(spec, ledger))
 
-    assert "notification not delivered" in caplog.text  # the sensor ran and the post failed
-    assert expected in caplog.text
+    out, err = capfd.readouterr()
+    logged = out + err  # the sensor's log
+    assert "notification not delivered" in logged  # the sensor ran and the post failed
+    assert expected in logged
+    [sent] = ledger.sent_notifications(spec.name, DAY)
+    assert expected in sent["delivery_error"]
     error = notify.deliver(spec, notify.summarize(spec, DAY, ledger, outcome="failed"))
     assert error is not None and expected in error
     out, err = capfd.readouterr()
-    seen = "\n".join([caplog.text, out, err, repr(result), error])
+    seen = "\n".join([caplog.text, logged, out, err, repr(result), error, repr(sent)])
     assert secret not in seen
     assert "/services" not in seen

@@ -132,6 +132,7 @@ def test_the_support_tickets_example_parses_into_the_documented_shape() -> None:
     assert spec.source.non_blank_fields == ["body"]
     assert set(spec.output.output_schema) == {"category", "confidence", "summary"}
     assert spec.partitions.start_date == dt.date(2026, 11, 1)
+    assert spec.automation.notify.max_dead_letter_rate == 0.1
 
 
 def test_the_good_spec_factory_is_valid(tmp_path: Path) -> None:
@@ -815,3 +816,22 @@ def test_cli_prints_paths_with_brackets_verbatim(tmp_path: Path) -> None:
 
     assert result.exit_code == 1
     assert str(path) in clean(result.output)
+
+
+def test_the_dead_letter_alert_keeps_loading_under_its_old_name(tmp_path: Path) -> None:
+    """`automation.notify.max_error_rate` is the deprecated name of max_dead_letter_rate: a
+    spec that uses it loads, with a warning naming the new one; both at once is a problem."""
+    old = mutated(lambda s: s.update(automation={"notify": {"max_error_rate": 0.02}}))
+    with pytest.warns(FutureWarning, match="rename it to max_dead_letter_rate"):
+        [spec] = load_specs(write_spec(tmp_path, old))
+    assert spec.automation.notify.max_dead_letter_rate == 0.02
+    assert spec.quality.max_failure_rate == 0.05  # the quality gate is another setting
+
+    both = mutated(
+        lambda s: s.update(
+            automation={"notify": {"max_error_rate": 0.02, "max_dead_letter_rate": 0.1}}
+        )
+    )
+    _, problems = check_specs(write_spec(tmp_path, both, "both.yaml"))
+    assert [p.field for p in problems] == ["automation.notify"]
+    assert "max_error_rate is its old name" in problems[0].reason

@@ -11,12 +11,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from llm_assets import quality
+from llm_assets import notify, quality
 from llm_assets.checks import case_table
 from llm_assets.resources.ledger import JobRecord, utcnow
 from llm_assets.resources.pricing import ModelPrice, load_price_table, zero_price_reason
 from llm_assets.spec import PipelineSpec
 from llm_assets.steps.context import StepContext, artifact_key
+from llm_assets.steps.gate import publication_block
 from llm_assets.steps.validate import outputs_key
 
 DEAD_LETTER_PREVIEW = 20
@@ -138,6 +139,9 @@ class CostReport(BaseModel):
     pipeline_days: list[dict[str, Any]]
     pipeline_months: list[dict[str, Any]]
     drift: Drift
+    day_summary: notify.PartitionSummary
+    """The day's summary as the notification sensor announces it: "finished" once no item
+    is open, "in progress" before."""
 
     @property
     def as_of(self) -> str:
@@ -202,7 +206,8 @@ def _pipeline_totals(rows: list[dict[str, Any]], key: Callable[[str], str]) -> l
 
 def cost_report(ctx: StepContext) -> CostReport:
     """Tokens and cost per item, shard, job and the pipeline's days and months, the retry
-    overhead, the estimate's error and the drift against earlier partitions."""
+    overhead, the estimate's error, the drift against earlier partitions and the day's
+    summary."""
     spec, day, ledger = ctx.spec, ctx.day, ctx.ledger
     counts = ledger.refresh_job(ctx.job().job_id)
     job = ctx.job()
@@ -241,6 +246,15 @@ def cost_report(ctx: StepContext) -> CostReport:
             ledger.job_cost_rows(spec.name, None, day), lambda d: d[:7]
         ),
         drift=cost_drift(ctx, job),
+        day_summary=notify.summarize(
+            spec,
+            day,
+            ledger,
+            outcome="in progress" if counts.open else "finished",
+            run_id=ctx.run_id,
+            counts=counts,
+            blocked=publication_block(spec, day, ctx.storage),
+        ),
     )
     base = artifact_key("reports", spec.name, day.isoformat(), job.job_id)
     markdown = ctx.storage.write_bytes(f"{base}.cost.md", report.markdown(spec, day).encode())

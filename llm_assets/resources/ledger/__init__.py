@@ -6,8 +6,8 @@ terminal row, so re-running any step adds nothing twice and loses nothing.
 
 Modules by job: `tables` and `schema` (tables, engines, upgrades), `bulk` (COPY, staging, the
 writer thread), `jobs`, `shards`, `locks` (a shard's submission, a day's writes), `items`,
-`results` (imports), `budget`, `reporting` and `outputs`; `LedgerResource` is the one
-Dagster resource over them.
+`results` (imports), `budget`, `reporting`, `outputs` and `notifications` (the day summaries
+sent); `LedgerResource` is the one Dagster resource over them.
 """
 
 from llm_assets.resources.ledger.bulk import BackgroundWriter
@@ -36,6 +36,7 @@ from llm_assets.resources.ledger.tables import (
     RETRY_SHARD,
     job_table,
     metadata,
+    notification_table,
     output_table,
     reservation_table,
     result_table,
@@ -81,6 +82,7 @@ __all__ = [
     "get_engine",
     "job_table",
     "metadata",
+    "notification_table",
     "output_table",
     "reservation_table",
     "result_table",

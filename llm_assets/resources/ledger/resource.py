@@ -15,6 +15,7 @@ from llm_assets.resources.ledger import (
     items,
     jobs,
     locks,
+    notifications,
     outputs,
     reporting,
     results,
@@ -314,6 +315,12 @@ class LedgerResource(dg.ConfigurableResource):
 
     def iter_dead_letters(self, job_id: str) -> Iterator[dict[str, Any]]:
         return reporting.iter_dead_letters(self.engine, job_id)
+
+    # Notifications
+
+    claim_notification = _on_engine(notifications.claim_notification)
+    record_delivery = _on_engine(notifications.record_delivery)
+    sent_notifications = _on_engine(notifications.sent_notifications)
 
     # Outputs
 

@@ -1,5 +1,5 @@
-"""The ledger's tables: jobs, shards, one row per item, validated outputs and budget
-reservations."""
+"""The ledger's tables: jobs, shards, one row per item, validated outputs, budget
+reservations and the day summaries sent."""
 
 import sqlalchemy as sa
 
@@ -178,4 +178,24 @@ budget_lock_table = sa.Table(
     metadata,
     sa.Column("pipeline", sa.String(128), primary_key=True),
     sa.Column("touched_at", Timestamp, nullable=False),
+)
+
+notification_table = sa.Table(
+    "llm_batch_notification",
+    metadata,
+    sa.Column("id", BigInt, primary_key=True, autoincrement=True),
+    # By pipeline and day, not only job: a day can fail before its job exists.
+    sa.Column("pipeline", sa.String(128), nullable=False),
+    sa.Column("partition_date", sa.Date, nullable=False),
+    sa.Column("job_id", sa.String(128), nullable=True),
+    sa.Column("fingerprint", sa.String(64), nullable=False),
+    sa.Column("outcome", sa.String(32), nullable=False),
+    sa.Column("run_id", sa.String(64), nullable=True),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("delivered_at", Timestamp, nullable=True),
+    sa.Column("delivery_error", sa.Text, nullable=True),
+    sa.UniqueConstraint(
+        "pipeline", "partition_date", "fingerprint", name="uq_notification_day_fingerprint"
+    ),
 )
