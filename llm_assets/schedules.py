@@ -45,8 +45,8 @@ def build_schedule(
         job=job,
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=f"Submits the latest complete day of {spec.name} at "
-        f"'{spec.automation.schedule}' ({spec.partitions.timezone}); blocking checks gate it "
-        "as any run.",
+        f"'{spec.automation.schedule}' ({spec.partitions.timezone}); the budget and quality "
+        "gates hold it as any run.",
     )
     def submit_latest_day(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
         now = context.scheduled_execution_time or dt.datetime.now(dt.UTC)

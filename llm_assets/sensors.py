@@ -8,7 +8,7 @@
   time limit that bounds the calls still running too), imports ended ones,
   submits due retry shards, and finishes days whose items are all terminal: first the gated
   run (validation, publication), then the report run (dead letters, cost report), so the
-  report is written also when a blocking check stops publication.
+  report is written also when the quality gate stops publication.
 - `llm_assets__partition_finished` / `llm_assets__partition_failed` announce a day's outcome
   once (notify.py): the summary is claimed in the ledger by its fingerprint before it is
   sent, so repeated report runs of the same day state (the CLI's and the sensor's), sensor
@@ -223,8 +223,8 @@ def _finish_requests(
 ) -> list[dg.RunRequest]:
     """Validate, publish and report days whose items are all terminal.
 
-    A day is validated and published once per set of imported shards (the blocking checks
-    gate publication in that run), then reported once its validation has run, whatever the
+    A day is validated and published once per set of imported shards (the gate checks
+    decide publication in that run), then reported once its validation has run, whatever the
     checks said. Days finished another way (the CLI) are recognized by their materializations
     and left alone.
     """

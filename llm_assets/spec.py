@@ -166,7 +166,7 @@ class QualitySpec(_Strict):
         ge=0.0,
         le=1.0,
         description="The quality gate: when quality dead letters / items validated exceed this, "
-        "the blocking check quality_failure_rate fails and the day is not published. Not the "
+        "the gate check quality_failure_rate fails and the day is not published. Not the "
         "notification alert (automation.notify.max_dead_letter_rate).",
     )
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)

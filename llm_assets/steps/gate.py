@@ -1,6 +1,6 @@
 """The publication gate: what the day's latest validation said about publishing it.
 
-validated_outputs records, after each validation, which of its blocking checks failed and by
+validated_outputs records, after each validation, which of its gate checks failed and by
 how much ("quality_failure_rate (25.8% > 5.0%)"). published_outputs and qa_sample read the
 record and skip the day, with that reason, instead of failing the run; `llm-assets status`,
 `run` and the day's summary print the same sentence. The record is per pipeline and day (the
@@ -23,7 +23,7 @@ class GateRecord(BaseModel):
     job_id: str
     validated_at: dt.datetime
     blocked_by: list[str]
-    """One phrase per failed blocking check, e.g. "quality_failure_rate (25.8% > 5.0%)"."""
+    """One phrase per failed gate check, e.g. "quality_failure_rate (25.8% > 5.0%)"."""
 
 
 def gate_key(spec: PipelineSpec, day: dt.date) -> str:
@@ -47,7 +47,7 @@ def gate_record(spec: PipelineSpec, day: dt.date, storage: ArtifactStorage) -> G
 
 def publication_block(spec: PipelineSpec, day: dt.date, storage: ArtifactStorage) -> str | None:
     """ "blocked by quality_failure_rate (25.8% > 5.0%)" when the day's latest validation
-    failed a blocking check, else None."""
+    failed a gate check, else None."""
     record = gate_record(spec, day, storage)
     if record is None or not record.blocked_by:
         return None
