@@ -278,7 +278,7 @@ def test_every_bad_row_becomes_one_input_dead_letter_and_the_rest_succeed(
     assert all_files(harness.home / "reviews") == [source]
     for path in all_files(artifacts):
         parts = path.relative_to(artifacts).parts
-        if parts[0] in ("published", "qa"):
+        if parts[0] in ("published", "qa", "gate"):
             assert parts[1] == harness.spec.name and parts[2].startswith(DAY.isoformat())
             continue
         assert parts[0] in ARTIFACT_KINDS and parts[1:3] == (harness.spec.name, DAY.isoformat())

@@ -21,6 +21,7 @@ import yaml
 
 from llm_assets.failpoints import POINTS
 from llm_assets.resources.ledger import LedgerResource, result_table, shard_table
+from llm_assets.steps import UNFINISHED, GateRecord
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import CLI, DAY, review_spec, truthful, write_reviews
@@ -118,6 +119,12 @@ class Partition:
         return numbers
 
 
+def gate_of(partition: Partition) -> GateRecord:
+    """The day's publication gate record, read from the artifacts."""
+    path = partition.home / "artifacts" / "gate" / partition.name / f"{DAY}.json"
+    return GateRecord.model_validate_json(path.read_bytes())
+
+
 def transient_once(every: int) -> Any:
     seen: set[str] = set()
 
@@ -167,6 +174,10 @@ def test_killed_at_every_failpoint_the_partition_still_ends_exactly_once(
                 s["provider_batch_id"] for s in partition.shards() if s["provider_batch_id"]
             ]
             assert len(recorded) == len(set(recorded))
+            if point == "validate.after_write":
+                # Killed inside validation: the day is held back, never published on the
+                # verdict of an earlier validation.
+                assert gate_of(partition).blocked_by == [UNFINISHED]
 
     final = partition.run()
 
@@ -174,6 +185,9 @@ def test_killed_at_every_failpoint_the_partition_still_ends_exactly_once(
     [outcome] = json.loads(final.stdout)
     assert outcome["open_items"] == 0
     assert len(killed) >= 12, killed
+    assert "validate.after_write" in killed
+    assert gate_of(partition).blocked_by == []
+    assert (partition.home / "artifacts" / "published" / partition.name / f"{DAY}.parquet").exists()
     numbers = partition.assert_invariants()
     assert numbers["items"] == 80
     labels = {

@@ -27,7 +27,13 @@ from llm_assets.steps.context import (
     job_id_of,
     price_for,
 )
-from llm_assets.steps.gate import GateRecord, gate_record, publication_block, record_gate
+from llm_assets.steps.gate import (
+    UNFINISHED,
+    GateRecord,
+    gate_record,
+    publication_block,
+    record_gate,
+)
 from llm_assets.steps.imports import (
     ImportResult,
     RequeueResult,
@@ -128,4 +134,5 @@ __all__ = [
     "gate_record",
     "publication_block",
     "record_gate",
+    "UNFINISHED",
 ]

@@ -5,7 +5,8 @@ how much ("quality_failure_rate (25.8% > 5.0%)"). published_outputs and qa_sampl
 record and skip the day, with that reason, instead of failing the run; `llm-assets status`,
 `run` and the day's summary print the same sentence. The record is per pipeline and day (the
 published file is), and every validation replaces it, so a day that passes again is
-published again.
+published again. A validation first records itself as unfinished, so a run that dies
+before its checks are recorded leaves the day blocked, never published on an old verdict.
 """
 
 import datetime as dt
@@ -24,6 +25,10 @@ class GateRecord(BaseModel):
     validated_at: dt.datetime
     blocked_by: list[str]
     """One phrase per failed gate check, e.g. "quality_failure_rate (25.8% > 5.0%)"."""
+
+
+UNFINISHED = "validation (started, not finished)"
+"""The gate record while a validation runs."""
 
 
 def gate_key(spec: PipelineSpec, day: dt.date) -> str:
