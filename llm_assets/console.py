@@ -35,6 +35,7 @@ from rich.table import Table
 from rich.text import Text
 
 from llm_assets.result_rows import DEAD_LETTER, PENDING, RETRY, SUBMITTED, SUCCEEDED
+from llm_assets.words import class_words, dead_letter_words, plural
 
 DEFAULT_WIDTH = 80
 """Columns of a console whose stream is not a terminal and COLUMNS is not set."""
@@ -77,22 +78,6 @@ def progress_bar() -> Progress:
 def print_error(message: str, home: Path | None = None) -> None:
     text = escape(home_relative(message, home))
     err.print(f"[red]error[/red] {text}", highlight=False, soft_wrap=True)
-
-
-def plural(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
-def class_words(by_class: Mapping[str, int]) -> str:
-    """ "4 quality, 1 deterministic": the most frequent class first."""
-    ranked = sorted(by_class.items(), key=lambda kv: (-kv[1], kv[0]))
-    return ", ".join(f"{n:,} {name}" for name, n in ranked if n)
-
-
-def dead_letter_words(n: int, by_class: Mapping[str, int]) -> str:
-    """ "5 dead letters (4 quality, 1 deterministic)"."""
-    classes = class_words(by_class)
-    return f"{plural(n, 'dead letter')} ({classes})" if n and classes else plural(n, "dead letter")
 
 
 def count_words(by_status: Mapping[str, int], by_class: Mapping[str, int]) -> str:

@@ -24,6 +24,7 @@ from llm_assets import ids
 from llm_assets.resources.ledger import JobCounts, LedgerResource, utcnow
 from llm_assets.secrecy import webhook_url_problem
 from llm_assets.spec import PipelineSpec
+from llm_assets.words import dead_letter_words, plural
 
 Outcome = Literal["finished", "failed", "in progress"]
 
@@ -55,13 +56,15 @@ class PartitionSummary(BaseModel):
 
     def lines(self) -> list[str]:
         head = f"{self.pipeline} {self.date}: {self.outcome}"
+        if self.blocked:
+            head += ", not published"
         if self.alerts:
             head = f"ALERT {head} ({'; '.join(self.alerts)})"
         parts = [
             head,
-            f"items {self.items}, succeeded {self.succeeded}, dead letters {self.dead_letters}"
-            + (f" {self.dead_letters_by_class}" if self.dead_letters_by_class else "")
-            + (f", still open {self.open_items}" if self.open_items else ""),
+            f"{plural(self.items, 'item')}: {self.succeeded:,} succeeded, "
+            + dead_letter_words(self.dead_letters, self.dead_letters_by_class)
+            + (f", {self.open_items:,} still open" if self.open_items else ""),
             f"cost ${self.cost_usd:.4f}"
             + (
                 f", {self.duration_seconds / 60:.1f} min since the day's job was created"

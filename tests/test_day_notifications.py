@@ -69,6 +69,10 @@ def test_a_day_blocked_by_the_quality_gate_is_announced_once_as_finished(
     blocked = "blocked by quality_failure_rate (16.7% > 5.0%)"
     assert summary["blocked"] == blocked
     assert f"publication {blocked}" in post["text"].splitlines()
+    assert post["text"].splitlines()[:2] == [
+        f"{harness.spec.name} {DAY}: finished, not published",
+        "24 items: 20 succeeded, 4 dead letters (4 quality)",
+    ]
     report = harness.instance.get_latest_materialization_event(
         asset_key(harness.spec, "cost_report")
     )

@@ -578,8 +578,8 @@ def test_cost_report_shows_the_day_summary(browser: WebDriver, ui: Ui) -> None:
     summary = metadata["day_summary"].splitlines()
     assert f"{PIPELINE} {DAY}: finished" in summary[0], summary
     assert summary[1].startswith(
-        f"items {outcome['total']}, succeeded {outcome['succeeded']}, "
-        f"dead letters {outcome['dead_letters']}"
+        f"{outcome['total']} items: {outcome['succeeded']} succeeded, "
+        f"{outcome['dead_letters']} dead letters ("
     ), summary
     assert summary[-1] == f"run {run_id}", summary
     assert not any("publication" in line for line in summary), summary
