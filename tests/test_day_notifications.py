@@ -70,7 +70,8 @@ def test_a_day_blocked_by_the_quality_gate_is_announced_once_as_finished(
     assert summary["blocked"] == blocked
     assert f"publication {blocked}" in post["text"].splitlines()
     assert post["text"].splitlines()[:2] == [
-        f"{harness.spec.name} {DAY}: finished, not published",
+        f"ALERT {harness.spec.name} {DAY}: finished, not published (dead-letter rate 16.7% "
+        "over automation.notify.max_dead_letter_rate 10.0%)",
         "24 items: 20 succeeded, 4 dead letters (4 quality)",
     ]
     report = harness.instance.get_latest_materialization_event(
