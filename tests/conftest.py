@@ -24,10 +24,13 @@ import boto3
 import openai
 import pytest
 import sqlalchemy as sa
+from google import genai
+from google.genai import types as genai_types
 
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.base import FakeServer
 from tests.fakes.bedrock_server import FakeBedrock
+from tests.fakes.gemini_server import FakeGemini
 from tests.fakes.online_server import FakeOnline
 from tests.fakes.openai_model import count_tokens
 from tests.fakes.openai_server import FakeOpenAI
@@ -44,7 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "fake_server(kind, state_dir=None, **knobs): the fake provider server the `fake` "
-        "fixture starts (openai, anthropic, bedrock or online) and the knobs it sets on it",
+        "fixture starts (openai, anthropic, bedrock, gemini or online) and the knobs it sets on it",
     )
     if IN_CI and not PG_URL:
         raise pytest.UsageError(
@@ -176,10 +179,14 @@ def _new_fake(kind: str, request: pytest.FixtureRequest, state_dir: Path) -> Fak
     if kind == "bedrock":
         moto: MotoS3 = request.getfixturevalue("moto_s3")
         return FakeBedrock(moto.endpoint_url)
+    if kind == "gemini":
+        return FakeGemini(state_dir)
     if kind == "online":
         count_tokens("warm up", "gpt-4o-mini")  # load the BPE now, not in the first timed request
         return FakeOnline()
-    raise pytest.UsageError(f"fake_server({kind!r}): expected openai, anthropic, bedrock or online")
+    raise pytest.UsageError(
+        f"fake_server({kind!r}): expected openai, anthropic, bedrock, gemini or online"
+    )
 
 
 @pytest.fixture
@@ -203,7 +210,13 @@ def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 
 @pytest.fixture
 def client(fake: FakeServer) -> Iterator[Any]:
-    """The official SDK pointed at `fake`, with no retries of its own."""
+    """The official SDK pointed at `fake`, with no retries of its own (google-genai retries
+    only when `HttpOptions.retry_options` is set)."""
+    if isinstance(fake, FakeGemini):
+        options = genai_types.HttpOptions(base_url=fake.base_url, api_version="v1beta")
+        with genai.Client(api_key="test-key", http_options=options) as sdk:
+            yield sdk
+        return
     if isinstance(fake, FakeAnthropic):
         with anthropic.Anthropic(api_key="test", base_url=fake.base_url, max_retries=0) as sdk:
             yield sdk

@@ -76,7 +76,8 @@ class FakeGemini(BatchLifecycle, FaultInjectingServer):
         LostResponseFault("POST", ":batchGenerateContent"), a create that takes effect but
         whose answer is lost.
     calls: one entry per HTTP call: ts, method, path, query, status, request_id, fault,
-        api_version; plus file/batch names and display_name where they apply.
+        api_version, keyed (an x-goog-api-key was sent); plus file/batch names and
+        display_name where they apply.
     """
 
     server_name: ClassVar[str] = "ESF"
@@ -117,6 +118,7 @@ class FakeGemini(BatchLifecycle, FaultInjectingServer):
         match = PATH_RE.match(request.path)
         if match:
             entry["api_version"] = match.group(2)
+        entry["keyed"] = bool(request.headers.get("x-goog-api-key"))
         return entry
 
     def crash_reply(self, request: Request) -> Reply:
@@ -125,6 +127,8 @@ class FakeGemini(BatchLifecycle, FaultInjectingServer):
     def fault_reply(self, fault: ControlFault, request: Request) -> Reply:
         message = MESSAGES.get(fault.status, f"Injected fault ({fault.status}).")
         headers = {}
+        if request.path.startswith("/upload/"):  # else the SDK resends the chunk after a sleep
+            headers["x-goog-upload-status"] = "final"
         if fault.retry_after is not None:
             headers["retry-after"] = format_seconds(fault.retry_after)
         return Reply(fault.status, error_body(fault.status, message), headers=headers)
