@@ -398,3 +398,20 @@ def test_responder_and_response_schema_shape_the_answers(
     assert output["k0"]["response"]["candidates"][0]["content"]["parts"] == [
         {"text": "Always this."}
     ]
+
+
+def test_an_upload_may_name_its_file_within_the_api_s_alphabet(
+    fake: FakeGemini, client: genai.Client
+) -> None:
+    named = client.files.upload(
+        file=io.BytesIO(b"{}\n"),
+        config={"mime_type": "application/jsonl", "name": "day-2024-05-01"},
+    )
+    assert named.name == "files/day-2024-05-01"
+    with pytest.raises(errors.ClientError) as refused:
+        client.files.upload(
+            file=io.BytesIO(b"{}\n"), config={"mime_type": "application/jsonl", "name": "Day_1"}
+        )
+    assert (refused.value.code, refused.value.status) == (400, "INVALID_ARGUMENT")
+    assert "lowercase alphanumeric" in (refused.value.message or "")
+    assert sorted(fake.files) == ["files/day-2024-05-01"]

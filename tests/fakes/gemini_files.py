@@ -5,6 +5,10 @@ Wire details follow google-genai's files.py and _api_client.py (`upload_file`, `
 `download_file`); see gemini_server for the list. File names are `files/` plus lowercase
 letters, digits and dashes; a batch's responses file is `files/batch-<batch id>`, as the
 live API names them. Content lives on disk in `state_dir/files`, metadata in memory.
+
+The SDK sends the start request's File in snake_case (`{"file": {"display_name",
+"mime_type", "size_bytes"}}`); protobuf's JSON parsing accepts either spelling, so this
+fake does too.
 """
 
 import base64
@@ -105,7 +109,9 @@ class FilesApi:
         self._uploads[upload_id] = {
             "name": name,
             "size": size,
-            "mime": headers.get("X-Goog-Upload-Header-Content-Type") or meta.get("mimeType"),
+            "mime": headers.get("X-Goog-Upload-Header-Content-Type")
+            or meta.get("mimeType")
+            or meta.get("mime_type"),
             "display": meta.get("displayName") or meta.get("display_name"),
             "data": bytearray(),
         }
