@@ -2,10 +2,9 @@
 a real S3 endpoint.
 
 `database_url` runs a test on SQLite and on PostgreSQL; a module marked `one_database` gets
-one database instead, PostgreSQL when the suite has it, and `module_database_url` is such a
-database shared by a module's tests. PostgreSQL comes from LLM_ASSETS_TEST_DATABASE_URL (set
-by .ci/run). On a laptop without it the PostgreSQL half is skipped with a visible reason;
-under CI=true it is required.
+one database instead, PostgreSQL when the suite has it. PostgreSQL comes from
+LLM_ASSETS_TEST_DATABASE_URL (set by .ci/run). On a laptop without it the PostgreSQL half is
+skipped with a visible reason; under CI=true it is required.
 
 `fake` is the fake provider server a module names with its `fake_server` marker, e.g.
 `pytestmark = pytest.mark.fake_server("openai", responder=truthful)`: started on loopback
@@ -115,16 +114,6 @@ def _pg_schema_url() -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
-
-
-@pytest.fixture(scope="module")
-def module_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`one_database_url` shared by a module's tests, for a module that sets up one expensive
-    end-to-end scene (a `dagster dev` and what its daemon ran) and asserts on it in several."""
-    if PG_URL is None:
-        yield f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.db'}"
-        return
-    yield from _pg_schema_url()
 
 
 @pytest.fixture

@@ -128,6 +128,32 @@ class DagsterDev:
 
         return self.wait_for(f"backfill {backfill_id} to end", ended, timeout=timeout)
 
+    def backfill_asset_counts(self, backfill_id: str) -> dict[str, tuple[int, int]]:
+        """(materialized, failed) partitions per asset (by its last key part), as the
+        backfill's page in the UI counts them."""
+        query = """
+            query Assets($id: String!) {
+              partitionBackfillOrError(backfillId: $id) {
+                ... on PartitionBackfill {
+                  assetBackfillData {
+                    assetBackfillStatuses {
+                      ... on AssetPartitionsStatusCounts {
+                        assetKey { path }
+                        numPartitionsMaterialized
+                        numPartitionsFailed
+                      }
+                    }
+                  }
+                }
+              }
+            }
+        """
+        backfill = self.graphql(query, {"id": backfill_id})["partitionBackfillOrError"]
+        return {
+            s["assetKey"]["path"][-1]: (s["numPartitionsMaterialized"], s["numPartitionsFailed"])
+            for s in backfill["assetBackfillData"]["assetBackfillStatuses"]
+        }
+
 
 def _restore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -4,8 +4,8 @@ Nobody touches anything after a file lands in the inbox: the new-data sensor sub
 days it touches, the batch-status sensor imports, retries and finishes them, and the
 notification sensor posts a summary per day to a webhook. A date backfill launched the way
 the UI launches it (GraphQL `launchPartitionBackfill`) submits one provider job per day of a
-second pipeline whose source is not watched. The provider is the fake OpenAI server,
-reached only through OPENAI_BASE_URL.
+second pipeline whose source is not watched, and skips a day of it that has no source rows.
+The provider is the fake OpenAI server, reached only through OPENAI_BASE_URL.
 """
 
 import datetime as dt
@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 import sqlalchemy as sa
 import yaml
 
 from llm_assets import steps
+from llm_assets.factory import asset_key
 from llm_assets.resources.ledger import LedgerResource, job_table
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec import PipelineSpec
@@ -32,6 +34,8 @@ from tests.harness import review_spec, truthful, write_reviews
 
 FILE_DAYS = (dt.date(2026, 11, 3), dt.date(2026, 11, 4))
 BACKFILL_DAYS = (dt.date(2026, 11, 10), dt.date(2026, 11, 11))
+EMPTY_DAY = dt.date(2026, 11, 12)
+"""A day of the backfill with no source rows."""
 
 
 @dataclass
@@ -71,6 +75,7 @@ class Platform:
     spec: PipelineSpec
     table: PipelineSpec
     home: Path
+    dagster_home: Path
     ledger: LedgerResource
     storage: ArtifactStorage
     fake: FakeOpenAI
@@ -143,6 +148,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory, webhook: Webhook) -> Iter
                 spec=spec,
                 table=PipelineSpec.model_validate(table),
                 home=home,
+                dagster_home=dagster_home,
                 ledger=LedgerResource(database_url=database_url),
                 storage=ArtifactStorage(base_url=str(home / "artifacts")),
                 fake=fake,
@@ -228,17 +234,64 @@ def test_a_dropped_file_ends_in_validated_outputs_and_cost_reports(
     assert [sum(head in line for line in lines) for head in heads] == [1, 1]
 
 
-def test_a_date_backfill_submits_one_provider_job_per_day(platform: Platform) -> None:
+def test_a_date_backfill_submits_one_provider_job_per_day_and_skips_an_empty_day(
+    platform: Platform,
+) -> None:
     spec = platform.table
+    submit = ("input_snapshot", "request_shards", "provider_batches")
     backfill_id = platform.dev.launch_asset_backfill(
-        [d.isoformat() for d in BACKFILL_DAYS],
-        [[spec.name, step] for step in ("input_snapshot", "request_shards", "provider_batches")],
+        [d.isoformat() for d in (*BACKFILL_DAYS, EMPTY_DAY)],
+        [[spec.name, step] for step in submit],
     )
 
-    assert platform.dev.wait_for_backfill(backfill_id)["status"] in (
-        "COMPLETED",
-        "COMPLETED_SUCCESS",
-    )
+    backfill = platform.dev.wait_for_backfill(backfill_id)
+    # Every run succeeds. Dagster's backfill counts a partition its runs did not materialize
+    # as failed: the empty day's skipped steps, and nothing else (docs/decisions.md).
+    assert {run["status"] for run in backfill["runs"]} == {"SUCCESS"}, backfill["runs"]
+    assert backfill["status"] == "COMPLETED_FAILED"
+    assert platform.dev.backfill_asset_counts(backfill_id) == {
+        "input_snapshot": (3, 0),
+        "request_shards": (2, 1),
+        "provider_batches": (2, 1),
+    }
+    # The empty day says why in its snapshot and its WARN check; no job, nothing published.
+    assert platform.ledger.jobs_for_partition(spec.name, EMPTY_DAY) == []
+    published = platform.storage.uri(f"published/{spec.name}/{EMPTY_DAY.isoformat()}.parquet")
+    assert not platform.storage.exists(published)
+    reason = f"no source rows for {EMPTY_DAY.isoformat()}"
+    instance = dg.DagsterInstance.from_config(str(platform.dagster_home))
+    try:
+        [snapshot] = instance.fetch_materializations(
+            dg.AssetRecordsFilter(
+                asset_key=asset_key(spec, "input_snapshot"),
+                asset_partitions=[EMPTY_DAY.isoformat()],
+            ),
+            limit=10,
+        ).records
+        metadata = snapshot.asset_materialization.metadata
+        assert metadata["no_source_rows"].value == reason
+        [check] = [
+            record.event.asset_check_evaluation
+            for record in instance.event_log_storage.get_asset_check_execution_history(
+                dg.AssetCheckKey(asset_key(spec, "input_snapshot"), "source_rows"), limit=10
+            )
+            if record.event
+            and record.event.asset_check_evaluation.partition == EMPTY_DAY.isoformat()
+        ]
+        assert (check.passed, check.severity, check.description) == (
+            False,
+            dg.AssetCheckSeverity.WARN,
+            reason,
+        )
+        for step in submit[1:]:
+            assert not instance.fetch_materializations(
+                dg.AssetRecordsFilter(
+                    asset_key=asset_key(spec, step), asset_partitions=[EMPTY_DAY.isoformat()]
+                ),
+                limit=1,
+            ).records, step
+    finally:
+        instance.dispose()
     for day in BACKFILL_DAYS:
         (job,) = platform.ledger.jobs_for_partition(spec.name, day)
         shards = platform.ledger.shards(job.job_id)
