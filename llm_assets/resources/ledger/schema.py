@@ -190,10 +190,21 @@ def durable_begin(engine: Engine) -> Iterator[Connection]:
                 raw.execute(f"PRAGMA synchronous={int(before)}")
 
 
+_schema_lock = threading.Lock()
+"""Threads of one process that open a ledger at once create its tables one after another
+(the cache below does not hold them back), so none of them fails on a table the other just
+made."""
+
+
 @functools.cache
 def ensure_schema(url: str, limits: ConnectionLimits = DEFAULT_LIMITS) -> bool:
     """Create the tables once per URL and process, upgrading an older ledger in place; a
     database that cannot be reached is LedgerUnavailable, its URL shown password-masked."""
+    with _schema_lock:
+        return _create_or_upgrade(url, limits)
+
+
+def _create_or_upgrade(url: str, limits: ConnectionLimits) -> bool:
     engine = get_engine(url, limits)
     try:
         with engine.connect():
