@@ -210,16 +210,17 @@ def scaled_cost_usd(
 def ledger_values(
     result: ItemResult, cost: Callable[[int, int, int], float], model_name: str
 ) -> tuple[Any, ...]:
-    """A normalized result as ledger values, custom_id then RESULT_COLUMNS. Only successes
-    are billed, so only they carry tokens and cost (at the price recorded when their shard
-    was submitted)."""
+    """A normalized result as ledger values, custom_id then RESULT_COLUMNS. Successes are
+    billed, and failures the provider billed all the same (a refusal whose result carries
+    its tokens); they carry tokens and cost, at the price recorded when their shard was
+    submitted."""
     if result.succeeded:
         status, error_class = SUCCEEDED, None
     elif result.error_class in ("transient", "expired"):
         status, error_class = RETRY, result.error_class
     else:
         status, error_class = DEAD_LETTER, result.error_class or "deterministic"
-    billed = result.succeeded
+    billed = result.succeeded or result.input_tokens > 0 or result.output_tokens > 0
     return (
         result.custom_id,
         status,

@@ -19,12 +19,15 @@ from llm_assets.resources.ledger import LedgerResource, result_table
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
 from llm_assets.resources.providers.base import BatchProvider
+from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
+from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.runner import DayOutcome, PartitionRunner
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec
 from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.gemini_server import FakeGemini
 from tests.fakes.openai_server import FakeOpenAI, user_text
 
 DAY = dt.date(2026, 11, 2)
@@ -196,10 +199,18 @@ def provider_for(fake: FakeOpenAI) -> OpenAIBatchProvider: ...
 def provider_for(fake: FakeAnthropic) -> AnthropicBatchProvider: ...
 
 
-def provider_for(fake: FakeOpenAI | FakeAnthropic) -> OpenAIBatchProvider | AnthropicBatchProvider:
+@overload
+def provider_for(fake: FakeGemini) -> GeminiBatchProvider: ...
+
+
+def provider_for(fake: FakeOpenAI | FakeAnthropic | FakeGemini) -> RemoteBatchProvider:
     """The batch adapter for `fake`, with short timeouts and retries so faults cost no time."""
-    adapter = OpenAIBatchProvider if isinstance(fake, FakeOpenAI) else AnthropicBatchProvider
-    return adapter(
+    adapters: dict[type, type[RemoteBatchProvider]] = {
+        FakeOpenAI: OpenAIBatchProvider,
+        FakeAnthropic: AnthropicBatchProvider,
+        FakeGemini: GeminiBatchProvider,
+    }
+    return adapters[type(fake)](
         api_key="test-key",
         base_url=fake.base_url,
         timeout_seconds=5.0,

@@ -52,9 +52,12 @@ def _provider_settings(settings: "Settings") -> dict[str, dict[str, Any]]:
     """Each provider's settings from the environment; a provider left out takes its defaults."""
     return {
         "local": {"state_dir": str(settings.home / "local_provider")},
-        # Base URLs stay unset here so the SDKs read OPENAI_BASE_URL / ANTHROPIC_BASE_URL.
+        # Base URLs stay unset here so the SDKs read OPENAI_BASE_URL / ANTHROPIC_BASE_URL /
+        # GOOGLE_GEMINI_BASE_URL.
         "openai": {"api_key": _secret("OPENAI_API_KEY")},
         "anthropic": {"api_key": _secret("ANTHROPIC_API_KEY")},
+        # The key as google-genai reads it: GOOGLE_API_KEY, else GEMINI_API_KEY.
+        "gemini": {"api_key": _secret("GOOGLE_API_KEY") or _secret("GEMINI_API_KEY")},
         # boto3 reads credentials, region and AWS_ENDPOINT_URL from the environment itself.
         "bedrock": {
             "role_arn": os.environ.get("LLM_ASSETS_BEDROCK_ROLE_ARN") or None,

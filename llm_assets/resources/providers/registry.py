@@ -10,6 +10,7 @@ from llm_assets.resources.pricing import load_price_table
 from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
 from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
+from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
 from llm_assets.resources.providers.local import LocalProvider
 from llm_assets.resources.providers.online import OnlineProvider
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
@@ -20,6 +21,7 @@ ADAPTERS: dict[str, type[BatchProvider]] = {
     "openai": OpenAIBatchProvider,
     "anthropic": AnthropicBatchProvider,
     "bedrock": BedrockBatchProvider,
+    "gemini": GeminiBatchProvider,
     "online": OnlineProvider,
 }
 PROVIDERS: tuple[str, ...] = tuple(ADAPTERS)

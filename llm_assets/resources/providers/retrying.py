@@ -57,13 +57,27 @@ def pause(seconds: float) -> None:
 
 
 def status_of(exc: BaseException) -> int | None:
-    return getattr(exc, "status_code", None)
+    """The HTTP status of an SDK's error: `status_code` (openai, anthropic), `code`
+    (google-genai's APIError)."""
+    status = getattr(exc, "status_code", None)
+    if status is None and type(exc).__module__.startswith("google.genai"):
+        status = getattr(exc, "code", None)
+    return status if isinstance(status, int) else None
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    """A connection reset, refused connection or timeout that an SDK let through unwrapped
+    (google-genai raises its HTTP library's own errors, httpx's or httpx2's)."""
+    return any(
+        cls.__name__ == "TransportError" and cls.__module__.split(".")[0] in ("httpx", "httpx2")
+        for cls in type(exc).__mro__
+    )
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Connection errors, timeouts, 429 and 5xx from either SDK."""
+    """Connection errors, timeouts, 429 and 5xx from any of the SDKs."""
     name = type(exc).__name__
-    if name in ("APIConnectionError", "APITimeoutError"):
+    if name in ("APIConnectionError", "APITimeoutError") or _is_transport_error(exc):
         return True
     status = status_of(exc)
     return status is not None and status in RETRYABLE_STATUS
