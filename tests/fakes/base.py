@@ -298,7 +298,8 @@ class FaultInjectingServer(FakeServer):
     `reset_connection` resets (status `reset_status`, fault "reset"); a `status` >= 400
     answers `fault_reply` (fault "<status>"); anything else is served by `answer`, which may
     add to the entry. `after_handling` serves the call and then resets (fault
-    "lost_response"). The entry is written before the answer is sent.
+    "lost_response"), or, with `status` >= 400 and no reset, answers that status all the same
+    (fault "<status>_after_handling"). The entry is written before the answer is sent.
     """
 
     reset_status: ClassVar[int | None] = 0
@@ -357,16 +358,22 @@ class FaultInjectingServer(FakeServer):
         if fault is not None and fault.delay_seconds > 0:
             entry["delayed"] = fault.delay_seconds
             time.sleep(fault.delay_seconds)
-        lost = fault is not None and fault.after_handling
+        handled = fault is not None and fault.after_handling
+        lost = handled and fault is not None and fault.reset_connection
         if fault is not None and fault.reset_connection and not lost:
             entry.update(status=self.reset_status, fault="reset")
             self.calls.record(entry)
             return None
-        if fault is not None and not lost and fault.status >= 400:
+        if fault is not None and not handled and fault.status >= 400:
             reply = self.fault_reply(fault, request)
             entry["fault"] = str(fault.status)
         else:
             reply = self._answer_or_crash(request, entry)
+            if handled and not lost and fault is not None and fault.status >= 400:
+                # The work is done, and the answer says it failed.
+                entry.update(reply.log, handled_status=reply.status)
+                reply = self.fault_reply(fault, request)
+                entry["fault"] = f"{fault.status}_after_handling"
         entry.update(reply.log, status=reply.status)
         if lost:
             entry["fault"] = "lost_response"

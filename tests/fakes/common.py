@@ -24,8 +24,8 @@ class ControlFault:
     """Take over the next `times` calls with this method whose path (query included) contains
     `path_contains`: sleep `delay_seconds`, then reset the connection (`reset_connection`), or
     answer `status` when it is 400 or more (with `retry-after` when `retry_after` is set), or
-    else serve the call normally. With `after_handling`, the call is served and the connection
-    reset instead of answered."""
+    else serve the call normally. With `after_handling`, the call is served and then the
+    connection reset (`reset_connection`) or `status` answered instead of its answer."""
 
     method: str
     path_contains: str

@@ -29,6 +29,7 @@ from tests.fakes.gemini_model import (
     answer_line,
     blocked_line,
     default_responder,
+    embedding_line,
     error_line,
     rfc3339,
 )
@@ -36,14 +37,18 @@ from tests.fakes.gemini_model import (
 JSON = dict[str, Any]
 ACTIVE = ("BATCH_STATE_PENDING", "BATCH_STATE_RUNNING")
 OUTCOMES = ("succeeded", "failed", "expired", "cancelled_after_partial")
-BATCH_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
-OUTPUT_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatchOutput"
+_TYPES = "type.googleapis.com/google.ai.generativelanguage.v1main."
+BATCH_TYPES = {"generate": f"{_TYPES}GenerateContentBatch", "embed": f"{_TYPES}EmbedContentBatch"}
+OUTPUT_TYPES = {
+    "generate": f"{_TYPES}GenerateContentBatchOutput",
+    "embed": f"{_TYPES}EmbedContentBatchOutput",
+}
 
 
 def operation(batch: JSON) -> JSON:
     """The Operation the API answers for a batch."""
     meta: JSON = {
-        "@type": BATCH_TYPE,
+        "@type": BATCH_TYPES[batch["kind"]],
         "model": batch["model"],
         "displayName": batch["displayName"],
         "inputConfig": {"fileName": batch["inputFile"]},
@@ -64,7 +69,8 @@ def operation(batch: JSON) -> JSON:
         if batch.get("error"):
             op["error"] = batch["error"]
         elif batch.get("responsesFile"):
-            op["response"] = {"@type": OUTPUT_TYPE, "responsesFile": batch["responsesFile"]}
+            output_type = OUTPUT_TYPES[batch["kind"]]
+            op["response"] = {"@type": output_type, "responsesFile": batch["responsesFile"]}
     return op
 
 
@@ -170,8 +176,11 @@ class BatchLifecycle:
                 continue
             if fault == "missing":
                 continue
-            text = (self.responder or default_responder)(request)
-            result, _, _ = answer_line(key, request, text, batch["model"])
+            if batch["kind"] == "embed":
+                result = embedding_line(key, request)
+            else:
+                text = (self.responder or default_responder)(request)
+                result, _, _ = answer_line(key, request, text, batch["model"])
             output += [result, result] if fault == "duplicate" else [result]
         if self.shuffle_output and len(output) > 1:
             original = list(output)

@@ -168,6 +168,18 @@ def answer_line(key: str, request: JSON, text: str, model: str) -> tuple[JSON, i
     return {"key": key, "response": response}, prompt, answer
 
 
+def embedding_line(key: str, request: JSON) -> JSON:
+    """The result line of an EmbedContentRequest: a unit vector of 8 values drawn from the
+    text, so the same text always has the same embedding."""
+    content = request.get("content") or {}
+    parts = content.get("parts") or [] if isinstance(content, dict) else []
+    text = " ".join(p.get("text", "") for p in parts if isinstance(p, dict))
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    raw = [b - 127.5 for b in digest[:8]]
+    norm = sum(v * v for v in raw) ** 0.5 or 1.0
+    return {"key": key, "response": {"embedding": {"values": [v / norm for v in raw]}}}
+
+
 def blocked_line(key: str, request: JSON, fault: str, model: str) -> tuple[JSON, int]:
     """(result line, prompt tokens) of a safety block: a candidate stopped with finishReason
     SAFETY and no content ("safety"), or a prompt refused outright ("prompt_blocked")."""

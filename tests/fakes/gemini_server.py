@@ -14,8 +14,8 @@ this fake serves, under /v1beta or /v1 (the SDK's default version is v1 since 3.
 * `GET/DELETE /{v}/files/{id}`, `GET /{v}/files`, and `GET /{v}/files/{id}:download?alt=media`
   (the SDK's `files.download`; `/download/{v}/...`, the API's media path, works too). Only
   generated files (batch output) download, as the SDK documents.
-* `POST /{v}/models/{m}:batchGenerateContent` with `{"batch": {"displayName", "inputConfig":
-  {"fileName"}}}`; `GET /{v}/batches/{id}`, `GET /{v}/batches?pageSize&pageToken` (answer
+* `POST /{v}/models/{m}:batchGenerateContent` (and `:asyncBatchEmbedContent`, whose lines
+  are EmbedContentRequests) with `{"batch": {"displayName", "inputConfig": {"fileName"}}}`; `GET /{v}/batches/{id}`, `GET /{v}/batches?pageSize&pageToken` (answer
   `{"operations", "nextPageToken"}`), `POST /{v}/batches/{id}:cancel`, `DELETE
   /{v}/batches/{id}`. See gemini_batches for the Operation shape.
 * Auth: `x-goog-api-key` (or `?key=`); none is 403 PERMISSION_DENIED, a key outside
@@ -48,6 +48,8 @@ __all__ = ["FakeGemini", "LostResponseFault"]
 JSON = dict[str, Any]
 API_VERSIONS = ("v1beta", "v1")
 PATH_RE = re.compile(rf"^/(?:(upload|download)/)?({'|'.join(API_VERSIONS)})/(.+)$")
+CREATE_VERBS = {":batchGenerateContent": "generate", ":asyncBatchEmbedContent": "embed"}
+"""The create methods, by what their batch's requests are."""
 NO_KEY = (
     "Method doesn't allow unregistered callers (callers without established identity). "
     "Please use API Key or other form of API consumer identity to call this API."
@@ -184,14 +186,10 @@ class FakeGemini(FilesApi, BatchLifecycle, FaultInjectingServer):
                 self.files.pop(file["name"])
                 self._content_path(file["name"]).unlink(missing_ok=True)
                 return Reply(body={})
-        create = ":batchGenerateContent"
-        if (
-            prefix is None
-            and method == "POST"
-            and rest.startswith("models/")
-            and rest.endswith(create)
-        ):
-            return self._create_batch(rest[: -len(create)], request.body, log)
+        if prefix is None and method == "POST" and rest.startswith("models/"):
+            for verb, kind in CREATE_VERBS.items():
+                if rest.endswith(verb):
+                    return self._create_batch(rest[: -len(verb)], request.body, log, kind)
         if prefix is None and rest == "batches" and method == "GET":
             newest_first = [operation(b) for b in reversed(self.batches.values())]
             return Reply(body=self._page("operations", newest_first, params))
@@ -218,7 +216,7 @@ class FakeGemini(FilesApi, BatchLifecycle, FaultInjectingServer):
             raise ApiError(404, f"Batch {name} not found.")
         return found
 
-    def _create_batch(self, model: str, raw: bytes, log: JSON) -> Reply:
+    def _create_batch(self, model: str, raw: bytes, log: JSON, kind: str) -> Reply:
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
@@ -230,7 +228,8 @@ class FakeGemini(FilesApi, BatchLifecycle, FaultInjectingServer):
         if not isinstance(display, str) or not display:
             raise ApiError(400, "batch.display_name is required.")
         source = spec.get("inputConfig") or {}
-        file_name = source.get("fileName")
+        # Proto JSON takes either spelling; the SDK sends embeddings' as file_name.
+        file_name = source.get("fileName", source.get("file_name"))
         if not isinstance(file_name, str):
             raise ApiError(400, "The fake implements only file input (inputConfig.fileName).")
         if file_name not in self.files:
@@ -248,6 +247,7 @@ class FakeGemini(FilesApi, BatchLifecycle, FaultInjectingServer):
         batch: JSON = {
             "name": f"batches/{new_id(36)}",
             "model": model,
+            "kind": kind,
             "displayName": display,
             "inputFile": file_name,
             "createTime": now,

@@ -86,11 +86,8 @@ def gemini_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
 def request_line(spec: "PipelineSpec", item: "RequestItem") -> dict[str, Any]:
     """The item's line of a shard file."""
     if is_embedding(spec):
-        embed: dict[str, Any] = {
-            "model": f"models/{spec.model.name}",
-            "content": {"parts": [{"text": item.user}]},
-        }
-        return {"key": item.custom_id, "request": embed}
+        # An EmbedContentRequest as the SDK sends inline ones: the model is the batch's.
+        return {"key": item.custom_id, "request": {"content": {"parts": [{"text": item.user}]}}}
     config: dict[str, Any] = {
         "maxOutputTokens": spec.model.max_output_tokens,
         "temperature": spec.model.temperature,
