@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from llm_assets import steps
 from llm_assets.resources.ledger import TERMINAL, utcnow
@@ -409,3 +410,11 @@ def test_a_shards_files_at_google_are_deleted_on_request(
 
     assert sorted(deleted) == sorted([responses, *uploaded])
     assert not set(deleted) & set(fake.files)
+
+
+def test_the_readme_example_of_a_gemini_model_section_is_a_valid_spec() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```yaml\n")[1:]]
+    [example] = [b for b in blocks if "provider: gemini" in b]
+    spec = review_spec("gemini", "gemini-2.5-flash", **yaml.safe_load(example))
+    assert provider_spec_problems(PipelineSpec.model_validate(spec)) == []
