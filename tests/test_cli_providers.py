@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 import yaml
 
@@ -121,20 +122,29 @@ def test_anthropic_run_wait_ends_with_every_item_terminal_and_correct(
     assert_sent_once_unless_retried(submitted, status)
 
 
-@pytest.mark.parametrize("variable", ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"])
-def test_keys_never_reach_metadata_or_logs(tmp_path: Path, variable: str) -> None:
+@pytest.mark.parametrize(
+    ("variable", "resource"),
+    [
+        ("OPENAI_API_KEY", "openai_provider"),
+        ("ANTHROPIC_API_KEY", "anthropic_provider"),
+        ("GOOGLE_API_KEY", "gemini_provider"),
+        ("GEMINI_API_KEY", "gemini_provider"),
+    ],
+)
+def test_keys_never_reach_metadata_or_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, resource: str
+) -> None:
     from llm_assets.resources import build_resources
     from llm_assets.settings import Settings
 
-    os.environ[variable] = "sk-secret-value"
-    try:
-        resources = build_resources(Settings.from_env({"LLM_ASSETS_HOME": str(tmp_path)}))
-    finally:
-        del os.environ[variable]
-    provider = resources[
-        "openai_provider" if variable.startswith("OPENAI") else "anthropic_provider"
-    ]
+    for name in ("GOOGLE_API_KEY", "GEMINI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "sk-secret-value")
+    resources = build_resources(Settings.from_env({"LLM_ASSETS_HOME": str(tmp_path)}))
+    provider = resources[resource]
     assert "sk-secret-value" not in repr(provider)
+    # The key reaches the resource by the variable's name, read when a client is made.
+    assert provider.api_key == dg.EnvVar(variable)
 
 
 def test_dead_letters_are_listed_and_requeued_as_new_attempts(
