@@ -139,9 +139,7 @@ def test_a_day_runs_end_to_end_with_the_key_and_endpoint_from_the_environment(
     assert len(downloads) == 3  # each responses file read once
 
 
-@pytest.mark.parametrize(
-    "point", ["submit.after_create", "import.after_upsert", "import.after_shard:2"]
-)
+@pytest.mark.parametrize("point", ["submit.after_create", "import.after_shard:2"])
 def test_a_kill_after_create_or_mid_import_neither_creates_nor_sends_again(
     day: Day, fake: FakeGemini, point: str
 ) -> None:

@@ -7,6 +7,7 @@ it before creating one and whenever a create's outcome is unknown.
 """
 
 import datetime as dt
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -51,6 +52,7 @@ class RemoteBatchProvider(BatchProvider):
     )
 
     _client: Any = PrivateAttr(default=None)
+    _client_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     def make_client(self, api_key: str | None) -> Any:
         raise NotImplementedError
@@ -78,8 +80,13 @@ class RemoteBatchProvider(BatchProvider):
 
     @property
     def client(self) -> Any:
+        """One client per resource, also when its first calls come from several threads at
+        once (a sensor tick polls on eight): a second client made in a race would be dropped
+        while its calls run, and google-genai's client closes its connections when collected."""
         if self._client is None:
-            self._client = self.make_client(resolve_secret(self.api_key))
+            with self._client_lock:
+                if self._client is None:
+                    self._client = self.make_client(resolve_secret(self.api_key))
         return self._client
 
     def call(self, describe: str, fn: Callable[[], T]) -> T:
