@@ -72,8 +72,8 @@ def snapshot_metadata(spec: PipelineSpec, result: SnapshotResult, day: dt.date) 
 
 
 def submit_metadata(spec: PipelineSpec, result: SubmitResult) -> dict[str, Any]:
-    """provider_batches: what was submitted, what is in flight and when the next retry goes
-    (left out when no retry waits)."""
+    """provider_batches: what was submitted, what is in flight, what waits for the provider's
+    quota and why, and when the next submission goes (left out when nothing waits)."""
     next_at = result.next_submission_at
     return {
         **lineage(spec),
@@ -82,6 +82,8 @@ def submit_metadata(spec: PipelineSpec, result: SubmitResult) -> dict[str, Any]:
         "provider_batch_ids": list(result.submitted.values())[:20],
         "in_flight_shards": result.in_flight,
         "retry_shards_waiting_for_backoff": result.waiting_for_backoff,
+        "shards_waiting_for_quota": result.waiting_for_quota,
+        **({"quota": result.quota_reason} if result.quota_reason else {}),
         **({"next_submission_at": next_at.isoformat()} if next_at else {}),
         "day_upper_bound_usd": result.committed_cost_usd,
     }

@@ -254,6 +254,8 @@ def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") 
                 "requests": s.item_count,
                 "completed_requests": s.completed_requests,
                 "failed_requests": s.failed_requests,
+                "message": s.message,
+                "not_before": s.not_before.isoformat() if s.not_before else None,
             }
             for s in ledger.shards(job.job_id)
         ],

@@ -291,6 +291,15 @@ def print_status(
         columns = ("shard", "status", "provider status", "provider batch", "done")
         _heading(title)
         console.print(_table(columns, rows, numbers=("done",)))
+        # providers.base.WAITING_FOR_QUOTA (not imported: the console stays light).
+        waiting = [s for s in shards if s["provider_status"] == "waiting_for_quota"]
+        if waiting:
+            console.print(
+                f"{plural(len(waiting), 'shard')} waiting for quota: {waiting[0]['message']}"
+                f"; next try {min(s['not_before'] or '' for s in waiting) or 'when due'}",
+                highlight=False,
+                markup=False,
+            )
         console.print(
             f"{plural(job['items'], 'item')}: "
             f"{count_words(job['by_status'], job['dead_letters_by_class'])}\n"

@@ -38,6 +38,7 @@ import concurrent.futures
 import dataclasses
 import datetime as dt
 import functools
+import hashlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -49,7 +50,12 @@ from llm_assets.asset_metadata import DAY_SUMMARY_JSON
 from llm_assets.factory import STEPS, asset_key
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
-from llm_assets.resources.providers.base import ENDED_STATES, IN_FLIGHT_STATES, BatchProvider
+from llm_assets.resources.providers.base import (
+    ENDED_STATES,
+    IN_FLIGHT_STATES,
+    WAITING_FOR_QUOTA,
+    BatchProvider,
+)
 from llm_assets.runner import (
     GATED_STEPS,
     IMPORT_STEPS,
@@ -206,16 +212,33 @@ def _import_requests(
 def _retry_requests(
     ledger: LedgerResource, pipeline: str, keys: _StatusKeys
 ) -> list[dg.RunRequest]:
-    """Retry shards planned by an import wait in `created`; submit each once, when due."""
+    """Retry shards planned by an import, and shards waiting for the provider's quota, wait
+    in `created`; each retry shard is submitted once when due, and a day's shards waiting for
+    quota once per wait (one run submits them all, as room allows)."""
+    now = utcnow()
+    keys_by_day: dict[dt.date, list[str]] = {}
+    for shard, day in ledger.pipeline_shards(pipeline, ["created"]):
+        if shard.not_before is not None and shard.not_before > now:
+            continue
+        if shard.raw_status == WAITING_FOR_QUOTA:
+            when = shard.not_before.isoformat() if shard.not_before else ""
+            keys_by_day.setdefault(day, []).append(f"quota:{shard.shard_id}:{when}")
+        elif shard.round > 0:  # the first round is submitted by the run that planned it
+            keys_by_day.setdefault(day, []).append(f"submit:{shard.shard_id}")
     return [
         dg.RunRequest(
-            run_key=f"submit:{shard.shard_id}",
-            partition_key=day.isoformat(),
-            asset_selection=[keys.submit],
+            run_key=_run_key(run_keys), partition_key=day.isoformat(), asset_selection=[keys.submit]
         )
-        for shard, day in ledger.pipeline_shards(pipeline, ["created"])
-        if shard.round > 0 and (shard.not_before is None or shard.not_before <= utcnow())
+        for day, run_keys in sorted(keys_by_day.items())
     ]
+
+
+def _run_key(parts: list[str]) -> str:
+    """One run key for a set of parts: the parts themselves while short, else their hash."""
+    joined = ",".join(sorted(parts))
+    if len(joined) <= 200:
+        return joined
+    return f"submit-set:{hashlib.sha256(joined.encode()).hexdigest()[:32]}"
 
 
 def _finish_requests(

@@ -188,6 +188,21 @@ class ShardingSpec(_Strict):
     max_bytes_per_shard: int = Field(default=100 * 1024 * 1024, gt=1024)
 
 
+class QuotaSpec(_Strict):
+    """The provider's quota for this model, kept by submission so nothing is refused: shards
+    beyond it wait in the ledger and go as earlier batches of the model end (any pipeline's)."""
+
+    max_active_batches: int | None = Field(
+        default=None, ge=1, description="Batches of this provider and model in flight at once."
+    )
+    max_enqueued_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Estimated prompt tokens of this provider and model in flight at once "
+        "(OpenAI's enqueued-token limit).",
+    )
+
+
 class RetrySpec(_Strict):
     max_attempts: int = Field(default=3, ge=1, le=20)
     backoff_seconds: float = Field(
@@ -348,6 +363,7 @@ class PipelineSpec(_Strict):
     quality: QualitySpec = QualitySpec()
     sharding: ShardingSpec = ShardingSpec()
     retry: RetrySpec = RetrySpec()
+    quota: QuotaSpec = QuotaSpec()
     budget: BudgetSpec = BudgetSpec()
     online: OnlineSpec = OnlineSpec()
     bedrock: BedrockSpec = BedrockSpec()

@@ -217,6 +217,7 @@ def provider_for(fake: FakeOpenAI | FakeAnthropic | FakeGemini) -> RemoteBatchPr
         retry_base_seconds=0.01,
         retry_cap_seconds=0.05,
         max_retry_after_seconds=0.05,
+        quota_wait_seconds=0.05,
     )
 
 

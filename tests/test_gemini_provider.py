@@ -418,3 +418,18 @@ def test_the_readme_example_of_a_gemini_model_section_is_a_valid_spec() -> None:
     [example] = [b for b in blocks if "provider: gemini" in b]
     spec = review_spec("gemini", "gemini-2.5-flash", **yaml.safe_load(example))
     assert provider_spec_problems(PipelineSpec.model_validate(spec)) == []
+
+
+def test_a_concurrent_jobs_quota_is_waited_out_without_spending_attempts(
+    harness: Harness, fake: FakeGemini
+) -> None:
+    fake.max_active_batches = 1
+
+    outcome = harness.run_day()
+
+    assert outcome.succeeded == len(harness.truth)
+    refused = [c for c in fake.calls.entries() if c["path"].endswith(":batchGenerateContent")]
+    assert any(c["status"] == 429 for c in refused), "the quota was met"
+    assert {r["attempts"] for r in harness.rows().values()} == {1}
+    assert_one_batch_per_shard(harness, fake)
+    assert set(fake.billed.values()) == {1}

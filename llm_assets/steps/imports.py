@@ -108,8 +108,35 @@ class _ImportTotals:
     imported: list[str] = dataclasses.field(default_factory=list)
 
 
+def _unanswered(shard: ShardRecord, for_quota: bool) -> dict[str, Any]:
+    """What a shard's items without a result become: retried, as transient or expired; a
+    batch the provider refused for quota after creating it ran none of its requests, so
+    theirs is sent again without counting the attempt."""
+    why = shard.raw_status or shard.status
+    if shard.message:
+        why = f"{why}: {shard.message}"
+    if for_quota:
+        return {
+            "status": RETRY,
+            "error_class": "transient",
+            "error_code": "quota",
+            "error_message": f"provider batch {shard.provider_batch_id} refused for quota "
+            f"({why}); sent again, not counted as an attempt",
+        }
+    return {
+        "status": RETRY,
+        "error_class": "expired" if shard.status == ShardState.EXPIRED else "transient",
+        "error_code": f"missing_result_{shard.status}",
+        "error_message": f"no result in provider batch {shard.provider_batch_id} (batch {why})",
+    }
+
+
 def _close_imported_shard(
-    ledger: LedgerResource, shard: ShardRecord, shard_stats: UpsertStats, totals: _ImportTotals
+    ledger: LedgerResource,
+    shard: ShardRecord,
+    shard_stats: UpsertStats,
+    totals: _ImportTotals,
+    for_quota: bool = False,
 ) -> None:
     """After a shard's results are in: what it did not answer is retried, its cost settled,
     and it is marked imported."""
@@ -118,19 +145,12 @@ def _close_imported_shard(
     for field in ("received", "applied", "duplicates", "unknown", "already_terminal"):
         setattr(stats, field, getattr(stats, field) + getattr(shard_stats, field))
     stats.duplicate_ids = (stats.duplicate_ids + shard_stats.duplicate_ids)[:100]
-    why = shard.raw_status or shard.status
-    if shard.message:
-        why = f"{why}: {shard.message}"
     # One transaction: the writer thread waits for the GIL again after every statement.
     missing, _ = ledger.close_shard(
         shard.shard_id,
         from_status=[SUBMITTED],
-        items={
-            "status": RETRY,
-            "error_class": "expired" if shard.status == ShardState.EXPIRED else "transient",
-            "error_code": f"missing_result_{shard.status}",
-            "error_message": f"no result in provider batch {shard.provider_batch_id} (batch {why})",
-        },
+        items=_unanswered(shard, for_quota),
+        uncount_attempt=for_quota,
         expect_status=ENDED_STATES,
         status=ShardState.IMPORTED.value,
         imported_at=utcnow(),
@@ -189,8 +209,11 @@ def _import_results(ctx: StepContext) -> ImportResult:
             shard_stats = ledger.upsert_staged(
                 job.job_id, staged, writer=writer, shard_id=shard.shard_id
             )
+            for_quota = ctx.batch_provider.ended_for_quota(shard.raw_status, shard.message)
             writer.submit(
-                functools.partial(_close_imported_shard, ledger, shard, shard_stats, totals)
+                functools.partial(
+                    _close_imported_shard, ledger, shard, shard_stats, totals, for_quota
+                )
             )
     retry_shards, gave_up = plan_retries(ctx, job)
     counts = ledger.refresh_job(job.job_id)

@@ -17,7 +17,13 @@ from llm_assets.resources.ledger import (
     ShardRecord,
     utcnow,
 )
-from llm_assets.resources.providers.base import IN_FLIGHT_STATES, ShardState, ShardSubmission
+from llm_assets.resources.providers.base import (
+    IN_FLIGHT_STATES,
+    WAITING_FOR_QUOTA,
+    ShardState,
+    ShardSubmission,
+)
+from llm_assets.resources.providers.retrying import QuotaRefused
 from llm_assets.steps.context import GateBlocked, StepContext
 from llm_assets.steps.line_ids import request_lines
 from llm_assets.steps.online import OnlineInterrupted, run_online_shard, stop_on_sigterm
@@ -131,6 +137,8 @@ class SubmitResult(BaseModel):
     in_flight: int
     committed_cost_usd: float
     waiting_for_backoff: int = 0
+    waiting_for_quota: int = 0
+    quota_reason: str | None = None
     next_submission_at: dt.datetime | None = None
 
 
@@ -146,6 +154,9 @@ class _Submitter:
     stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
     submitted: dict[str, str] = dataclasses.field(default_factory=dict)
     busy: int = 0
+    quota: QuotaRefused | None = None
+    """The provider's quota refusal this run met; later shards wait without trying."""
+    waiting_for_quota: list[str] = dataclasses.field(default_factory=list)
 
     def runs_in_step(self, shard: ShardRecord) -> bool:
         """Whether this step sends the shard's items itself rather than as a batch."""
@@ -181,7 +192,56 @@ class _Submitter:
             if refusal is not None:
                 _dead_letter_unsendable(self.ctx, current, refusal)
                 return
-            self.submitted[shard.shard_id] = self.submit_one(current)
+            if self.quota is None:
+                try:
+                    self.keep_quota(current)
+                    self.submitted[shard.shard_id] = self.submit_one(current)
+                    return
+                except QuotaRefused as refused:
+                    self.quota = refused
+            self.wait_for_quota(current, self.quota)
+
+    def keep_quota(self, shard: ShardRecord) -> None:
+        """Raise QuotaRefused when submitting the shard would go past the spec's quota for
+        its provider and model, counting every pipeline's batches in flight."""
+        quota, spec = self.ctx.spec.quota, self.ctx.spec
+        if quota.max_active_batches is None and quota.max_enqueued_tokens is None:
+            return
+        model = f"{spec.model.provider}/{spec.model.name}"
+        batches, tokens = self.ctx.ledger.in_flight_load(spec.model.provider, spec.model.name)
+        if quota.max_active_batches is not None and batches >= quota.max_active_batches:
+            raise QuotaRefused(
+                f"{batches} batches of {model} in flight; quota.max_active_batches is "
+                f"{quota.max_active_batches}"
+            )
+        limit = quota.max_enqueued_tokens
+        if limit is None or tokens + shard.estimated_input_tokens <= limit:
+            return
+        if batches == 0:
+            raise ValueError(
+                f"shard {shard.shard_id} alone holds about {shard.estimated_input_tokens:,} "
+                f"prompt tokens, over quota.max_enqueued_tokens {limit:,} for {model}: it "
+                "could never be admitted; lower sharding.max_requests_per_shard"
+            )
+        raise QuotaRefused(
+            f"{tokens:,} prompt tokens of {model} in flight and {shard.estimated_input_tokens:,} "
+            f"in this shard; quota.max_enqueued_tokens is {limit:,}"
+        )
+
+    def wait_for_quota(self, shard: ShardRecord, refused: QuotaRefused) -> None:
+        """Leave a shard waiting, not sent, until the provider's quota has room: its items
+        spend no attempt. The batch-status sensor and `run --wait` submit it when due."""
+        provider = self.ctx.batch_provider
+        hint = refused.retry_after_seconds
+        wait = provider.quota_wait_seconds if hint is None else min(hint, 3600.0)
+        self.ctx.ledger.update_shard(
+            shard.shard_id,
+            expect_status=list(_WAITING),
+            raw_status=WAITING_FOR_QUOTA,
+            message=f"{self.ctx.spec.model.provider} quota: {refused}"[:2000],
+            not_before=utcnow() + dt.timedelta(seconds=wait),
+        )
+        self.waiting_for_quota.append(shard.shard_id)
 
     def submit_one(self, shard: ShardRecord) -> str:
         """Submit one shard under its submission lock; returns the provider batch id."""
@@ -317,12 +377,17 @@ def submit_shards(
                 )
             run.submit_or_run(shard)
     ledger.refresh_job(job.job_id)
+    still_waiting = ledger.shards(job.job_id, list(_WAITING))
+    for_quota = [s for s in still_waiting if s.raw_status == WAITING_FOR_QUOTA]
+    due = [s.not_before for s in still_waiting if s.not_before and s.not_before > utcnow()]
     return SubmitResult(
         job_id=job.job_id,
         submitted=run.submitted,
         being_submitted_elsewhere=run.busy,
         in_flight=len(ledger.shards(job.job_id, IN_FLIGHT_STATES)),
         committed_cost_usd=ledger.committed_cost(job.job_id),
-        waiting_for_backoff=len(waiting),
-        next_submission_at=min((s.not_before for s in waiting if s.not_before), default=None),
+        waiting_for_backoff=len([s for s in waiting if s.raw_status != WAITING_FOR_QUOTA]),
+        waiting_for_quota=len(for_quota),
+        quota_reason=for_quota[0].message if for_quota else None,
+        next_submission_at=min(due, default=None),
     )

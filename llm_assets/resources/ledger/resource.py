@@ -263,6 +263,7 @@ class LedgerResource(dg.ConfigurableResource):
         from_status: Sequence[str],
         items: dict[str, Any],
         expect_status: Iterable[str] | None = None,
+        uncount_attempt: bool = False,
         **values: Any,
     ) -> tuple[int, bool]:
         return shards.close_shard(
@@ -271,6 +272,7 @@ class LedgerResource(dg.ConfigurableResource):
             from_status=from_status,
             items=items,
             expect_status=expect_status,
+            uncount_attempt=uncount_attempt,
             **values,
         )
 
@@ -306,6 +308,9 @@ class LedgerResource(dg.ConfigurableResource):
         self, pipeline: str, since: dt.datetime
     ) -> list[tuple[JobRecord, int, dt.datetime]]:
         return reporting.finished_jobs(self.engine, pipeline, since)
+
+    def in_flight_load(self, provider: str, model: str) -> tuple[int, int]:
+        return reporting.in_flight_load(self.engine, provider, model)
 
     def recent_provider_batch_ids(self, provider: str, since: dt.datetime) -> frozenset[str]:
         return reporting.recent_provider_batch_ids(self.engine, provider, since)

@@ -99,6 +99,9 @@ def mark_submitted(engine: Engine, shard_id: str, provider_batch_id: str, status
             .values(
                 provider_batch_id=provider_batch_id,
                 status=status,
+                # A wait for quota is over; the provider's own word comes with the first poll.
+                raw_status=None,
+                message=None,
                 submitted_at=now,
                 updated_at=now,
             )
@@ -118,14 +121,18 @@ def close_shard(
     from_status: Sequence[str],
     items: dict[str, Any],
     expect_status: Iterable[str] | None = None,
+    uncount_attempt: bool = False,
     **values: Any,
 ) -> tuple[int, bool]:
     """End a shard in one transaction: its items still in one of `from_status` get `items`
-    (what its batch did not answer), what it was billed is frozen and its budget reservation
-    settled, and the shard gets `values` if its status is in `expect_status`. Returns how many
-    items moved and whether the shard row changed."""
+    (what its batch did not answer; with `uncount_attempt`, the attempt its submission
+    counted is taken back), what it was billed is frozen and its budget reservation settled,
+    and the shard gets `values` if its status is in `expect_status`. Returns how many items
+    moved and whether the shard row changed."""
     if BILLED & items.keys():
         raise ValueError(f"closing a shard does not change what was billed: {sorted(items)}")
+    if uncount_attempt:
+        items = {**items, "attempts": result_table.c.attempts - 1}
     now = utcnow()
     with engine.begin() as conn:
         moved, totals = _close_items(conn, shard_id, list(from_status), items, now)

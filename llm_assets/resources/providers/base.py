@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import dagster as dg
+import pydantic
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from llm_assets import column_sizes
@@ -78,6 +79,10 @@ class ShardSubmission(BaseModel):
     """The request lines' format where a provider has several (Bedrock: anthropic, converse)."""
 
 
+WAITING_FOR_QUOTA = "waiting_for_quota"
+"""The raw_status of a shard not yet submitted because the provider's quota has no room."""
+
+
 class AmbiguousSubmission(Exception):
     """More than one provider batch could belong to a shard; an operator must decide."""
 
@@ -131,6 +136,19 @@ class BatchProvider(dg.ConfigurableResource):
     line_id_field: ClassVar[str] = "custom_id"
     """The key under which this provider's request lines carry the custom_id; each line
     starts with it, so retry rounds read a line's id without parsing the line."""
+
+    quota_wait_seconds: float = pydantic.Field(
+        default=60.0,
+        ge=0,
+        description="How long a shard refused for quota waits before it is submitted again, "
+        "when the provider gives no Retry-After.",
+    )
+
+    def ended_for_quota(self, raw_status: str | None, message: str | None) -> bool:
+        """Whether a batch that ended (as the ledger recorded it) was refused for a quota after
+        it was created, its requests never run: OpenAI fails a batch over the enqueued-token
+        limit that way. Its items are sent again without counting an attempt."""
+        return False
 
     def request_format(self, spec: "PipelineSpec") -> str:
         """The format of the spec's request lines where the provider takes several, for

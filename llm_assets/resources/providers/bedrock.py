@@ -48,7 +48,11 @@ from llm_assets.resources.providers.online import (
     run_requests,
     settings_of,
 )
-from llm_assets.resources.providers.retrying import MAX_RETRY_AFTER_SECONDS, pause
+from llm_assets.resources.providers.retrying import (
+    MAX_RETRY_AFTER_SECONDS,
+    QuotaRefused,
+    pause,
+)
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -239,10 +243,21 @@ class BedrockBatchProvider(BatchProvider):
         }
         # Idempotent by clientRequestToken: a create whose answer was lost, retried, and a
         # create after a crash between create and record all return the same job.
-        answer = self.call(
-            "create job", lambda: self._client("bedrock").create_model_invocation_job(**request)
-        )
+        answer = self.call("create job", lambda: self._create_job(request))
         return str(answer["jobArn"])
+
+    def _create_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        """CreateModelInvocationJob; the quota of jobs in progress per model is not retried
+        here (it frees up as jobs end, not in seconds): the shard waits for it."""
+        try:
+            return self._client("bedrock").create_model_invocation_job(**request)
+        except Exception as exc:
+            response = getattr(exc, "response", None)
+            error = response.get("Error", {}) if isinstance(response, dict) else {}
+            if error.get("Code") == "ServiceQuotaExceededException":
+                message = error.get("Message") or "ServiceQuotaExceededException"
+                raise QuotaRefused(message) from exc
+            raise
 
     def _describe(self, job_arn: str) -> dict[str, Any]:
         return self.call(

@@ -193,6 +193,9 @@ class OpenAIBatchProvider(RemoteBatchProvider):
             return str(json.loads(line)["url"])
         raise ValueError(f"shard {uri} is empty")
 
+    def ended_for_quota(self, raw_status: str | None, message: str | None) -> bool:
+        return raw_status == "failed" and "token_limit_exceeded" in (message or "")
+
     def batch_status(self, batch: Any) -> BatchStatus:
         counts = batch.request_counts
         message = None

@@ -35,6 +35,27 @@ class WaitInterrupted(Exception):
     """A retry wait ended early: the process is stopping (SIGTERM)."""
 
 
+class QuotaRefused(Exception):
+    """A provider refused to create a batch for a quota (too many batches or tokens in flight,
+    a rate limit): nothing was created, and the shard waits to be submitted again. Not an
+    attempt of its items. `retry_after_seconds` is the provider's hint, if it gave one."""
+
+    def __init__(self, message: str, retry_after_seconds: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+
+QUOTA_TRIES = 3
+"""How many 429s a create meets in a row, waited out in the step, before its shard goes back
+to waiting (QuotaRefused): a short rate limit passes in the step, a quota does not."""
+
+
+def quota_refusal(exc: BaseException) -> QuotaRefused:
+    """An SDK's refusal (a 429) as QuotaRefused, with what the server said and its hint."""
+    message = getattr(exc, "message", None) or str(exc)
+    return QuotaRefused(str(message)[:500], retry_after_seconds(exc))
+
+
 def stop_waits() -> None:
     """End every retry wait of the process now, and any started until `allow_waits`."""
     _stopping.set()
@@ -124,15 +145,21 @@ def create_once(
 
     A create whose answer was lost (reset, timeout, 5xx) may still have happened, so before
     trying again we look for what it would have created; only a 429, which the provider
-    answers before doing anything, is retried blindly.
+    answers before doing anything, is retried blindly, QUOTA_TRIES times in a row at most:
+    then the create is refused for quota (QuotaRefused), and the caller waits.
     """
+    refusals = 0
     for attempt in range(1, attempts + 1):
         try:
             return create()
         except Exception as exc:
+            refused = status_of(exc) == 429
+            refusals = refusals + 1 if refused else 0
+            if refused and refusals >= QUOTA_TRIES:
+                raise quota_refusal(exc) from exc
             if not is_transient(exc) or attempt == attempts:
                 raise
-            if status_of(exc) != 429:
+            if not refused:
                 # A create that timed out may still land a moment later: look a few times,
                 # further apart each time, before daring another create.
                 for look in range(reconcile_looks):
