@@ -15,9 +15,10 @@ this fake serves, under /v1beta or /v1 (the SDK's default version is v1 since 3.
   (the SDK's `files.download`; `/download/{v}/...`, the API's media path, works too). Only
   generated files (batch output) download, as the SDK documents.
 * `POST /{v}/models/{m}:batchGenerateContent` (and `:asyncBatchEmbedContent`, whose lines
-  are EmbedContentRequests) with `{"batch": {"displayName", "inputConfig": {"fileName"}}}`; `GET /{v}/batches/{id}`, `GET /{v}/batches?pageSize&pageToken` (answer
-  `{"operations", "nextPageToken"}`), `POST /{v}/batches/{id}:cancel`, `DELETE
-  /{v}/batches/{id}`. See gemini_batches for the Operation shape.
+  are EmbedContentRequests) with `{"batch": {"displayName", "inputConfig": {"fileName"}}}`;
+  `GET /{v}/batches/{id}`, `GET /{v}/batches?pageSize&pageToken` (answer `{"operations",
+  "nextPageToken"}`), `POST /{v}/batches/{id}:cancel`, `DELETE /{v}/batches/{id}`. See
+  gemini_batches for the Operation shape.
 * Auth: `x-goog-api-key` (or `?key=`); none is 403 PERMISSION_DENIED, a key outside
   `api_keys` 400 INVALID_ARGUMENT (API_KEY_INVALID), as Google answers.
 
