@@ -354,6 +354,46 @@ def test_rate_limit_with_retry_after(fake: FakeAnthropic, client: anthropic.Anth
     assert fake.submitted_custom_ids() == ["item-0", "item-1"]
 
 
+def test_a_create_over_the_processing_batch_limit_is_refused_until_one_ends(
+    fake: FakeAnthropic, client: anthropic.Anthropic
+) -> None:
+    fake.max_processing_batches = 2
+    first = client.messages.batches.create(requests=make_requests(2, "a"))
+    second = client.messages.batches.create(requests=make_requests(2, "b"))
+
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        client.messages.batches.create(requests=make_requests(2, "c"))
+
+    assert refused.value.status_code == 429
+    assert refused.value.response.headers["retry-after"] == "1"
+    assert refused.value.type == "rate_limit_error"
+    assert refused.value.body == {
+        "type": "error",
+        "error": {
+            "type": "rate_limit_error",
+            "message": "Number of Message Batches being processed has exceeded your limit of 2. "
+            "Please wait for a batch to end before creating another.",
+        },
+        "request_id": refused.value.request_id,
+    }
+    assert fake.batch_ids() == [first.id, second.id]
+
+    fake.quota_retry_after = None
+    assert client.messages.batches.cancel(second.id).processing_status == "canceling"
+    with pytest.raises(anthropic.RateLimitError) as canceling:
+        client.messages.batches.create(requests=make_requests(2, "c"))
+    assert "retry-after" not in canceling.value.response.headers
+    assert run_to_end(client, second.id).request_counts.canceled == 1
+    third = client.messages.batches.create(requests=make_requests(2, "c"))
+    assert third.processing_status == "in_progress"
+    with pytest.raises(anthropic.RateLimitError):
+        client.messages.batches.create(requests=make_requests(2, "d"))
+    assert run_to_end(client, first.id).request_counts.succeeded == 2
+    client.messages.batches.create(requests=make_requests(2, "d"))
+    assert statuses(fake, "POST", BATCHES) == [200, 200, 429, 429, 200, 429, 200]
+    assert fake.submitted_custom_ids() == ["a-0", "a-1", "b-0", "b-1", "c-0", "c-1", "d-0", "d-1"]
+
+
 @pytest.mark.parametrize(
     ("status", "error", "error_type"),
     [

@@ -322,6 +322,52 @@ def test_create_is_idempotent_on_the_client_request_token(ws: Workspace) -> None
     assert len(ws.fake.jobs()) == 1
 
 
+def test_the_quota_of_jobs_in_progress_per_model_refuses_creates_until_one_ends(
+    moto_s3: MotoS3, ws: Workspace
+) -> None:
+    ws.fake.max_active_jobs = 2
+    input_uri = ws.upload("reviews.jsonl", anthropic_records(100))
+    running = ws.create("quota-1", input_uri)
+    assert [
+        ws.bedrock.get_model_invocation_job(jobIdentifier=running)["status"] for _ in range(4)
+    ] == ["Submitted", "Validating", "Scheduled", "InProgress"]
+    queued = ws.create("quota-2", input_uri, clientRequestToken="quota-2-token")
+
+    with pytest.raises(ClientError) as refused:
+        ws.create("quota-3", input_uri, clientRequestToken="quota-3-token")
+    assert error_of(refused) == (
+        "ServiceQuotaExceededException",
+        400,
+        "You have exceeded the number of batch inference jobs that can be submitted or in "
+        f"progress at once for model {ANTHROPIC_MODEL} (quota: 2). Please try again later.",
+    )
+    assert ws.fake.calls.entries()[-1]["error_code"] == "ServiceQuotaExceededException"
+    assert ws.create("quota-2", input_uri, clientRequestToken="quota-2-token") == queued
+    nova_uri = ws.upload("nova.jsonl", converse_records(100))
+    ws.create("quota-nova", nova_uri, modelId=NOVA_MODEL, modelInvocationType="Converse")
+    retries = Config(retries={"total_max_attempts": 3, "mode": "standard"})
+    retrying = Workspace(moto_s3, ws.fake, bedrock_client(ws.fake, retries))
+    calls_before = len(ws.fake.calls.entries())
+    with pytest.raises(ClientError) as not_retried:
+        retrying.create("quota-3", input_uri)
+    assert error_of(not_retried)[0] == "ServiceQuotaExceededException"
+    assert len(ws.fake.calls.entries()) == calls_before + 1  # botocore does not retry it
+    assert [job["jobName"] for job in ws.fake.jobs()] == ["quota-1", "quota-2", "quota-nova"]
+
+    ws.bedrock.stop_model_invocation_job(jobIdentifier=queued)
+    with pytest.raises(ClientError) as stopping:
+        ws.create("quota-3", input_uri, clientRequestToken="quota-3-token")
+    assert error_of(stopping)[0] == "ServiceQuotaExceededException"
+    assert ws.statuses_to_end(queued) == ["Stopping", "Stopped"]
+    third = ws.create("quota-3", input_uri, clientRequestToken="quota-3-token")
+    assert ws.bedrock.get_model_invocation_job(jobIdentifier=third)["status"] == "Submitted"
+    with pytest.raises(ClientError):
+        ws.create("quota-4", input_uri)
+    assert ws.statuses_to_end(running) == ["Completed"]
+    ws.create("quota-4", input_uri)
+    assert len(ws.fake.jobs()) == 5
+
+
 def test_a_lost_create_response_retried_by_botocore_creates_one_job(ws: Workspace) -> None:
     retrying = bedrock_client(
         ws.fake, Config(retries={"total_max_attempts": 3, "mode": "standard"})

@@ -17,7 +17,7 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
 from tests.fakes.common import ControlFault
-from tests.fakes.openai_server import FakeOpenAI, count_tokens, stable_pick
+from tests.fakes.openai_server import FakeOpenAI, count_tokens, prompt_tokens_of, stable_pick
 
 CHAT = "/v1/chat/completions"
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
@@ -273,6 +273,80 @@ def test_failed_and_operator_cancelled_outcomes(fake: FakeOpenAI, client: openai
     assert statuses == ["validating", "in_progress", "cancelling", "cancelled"]
     assert batch.cancelling_at is not None and batch.cancelled_at is not None
     assert sorted(x["custom_id"] for x in download(client, batch.output_file_id)) == ["c0", "c1"]
+
+
+def test_the_enqueued_token_limit_fails_a_batch_until_room_frees_up(
+    fake: FakeOpenAI, client: openai.OpenAI
+) -> None:
+    first_lines = chat_lines(3)
+    later_lines = [chat_line(f"b{i}", f"Later review {i} is fine.") for i in range(3)]
+    first_tokens, later_tokens = (
+        sum(prompt_tokens_of(line["body"], "gpt-4o-mini") for line in group)
+        for group in (first_lines, later_lines)
+    )
+    limit = first_tokens + later_tokens - 1
+    fake.enqueued_token_limit = limit
+    first = submit(client, first_lines)
+    assert [client.batches.retrieve(first.id).status for _ in range(2)] == [
+        "validating",
+        "in_progress",
+    ]
+
+    statuses, refused = poll(client, submit(client, later_lines).id)
+
+    assert statuses == ["validating", "failed"]
+    assert refused.errors is not None and refused.errors.data is not None
+    assert [error.model_dump() for error in refused.errors.data] == [
+        {
+            "code": "token_limit_exceeded",
+            "message": "Enqueued token limit reached for gpt-4o-mini in organization org-fake. "
+            f"Limit: {limit:,} enqueued tokens. Please try submitting your batch again later.",
+            "param": None,
+            "line": None,
+        }
+    ]
+    assert refused.failed_at is not None and refused.in_progress_at is None
+    assert refused.output_file_id is None and refused.error_file_id is None
+    assert refused.request_counts is not None
+    assert refused.request_counts.model_dump() == {"total": 3, "completed": 0, "failed": 0}
+    assert refused.usage is not None and refused.usage.total_tokens == 0
+
+    done = poll(client, first.id)[1]
+    assert done.status == "completed"
+    assert done.usage is not None and done.usage.input_tokens == first_tokens
+    statuses, admitted = poll(client, submit(client, later_lines).id)
+    assert statuses == ["validating", "in_progress", "finalizing", "completed"]
+    assert admitted.usage is not None and admitted.usage.input_tokens == later_tokens
+    assert fake.billed == Counter([line["custom_id"] for line in first_lines + later_lines])
+    assert fake.peak_enqueued_tokens == {"gpt-4o-mini": max(first_tokens, later_tokens)}
+    assert fake.peak_enqueued_tokens["gpt-4o-mini"] <= limit
+
+
+def test_the_enqueued_token_limit_counts_per_model_and_refuses_a_batch_alone_over_it(
+    fake: FakeOpenAI, client: openai.OpenAI
+) -> None:
+    lines = chat_lines(2)
+    tokens = sum(prompt_tokens_of(line["body"], "gpt-4o-mini") for line in lines)
+    fake.enqueued_token_limit = tokens
+    other_model = [
+        {**line, "body": {**line["body"], "model": "gpt-4.1-mini"}} for line in chat_lines(2)
+    ]
+    running = submit(client, lines)
+    assert [client.batches.retrieve(running.id).status for _ in range(2)] == [
+        "validating",
+        "in_progress",
+    ]
+    assert poll(client, submit(client, other_model).id)[1].status == "completed"
+
+    too_big = poll(client, submit(client, chat_lines(3)).id)[1]
+    assert too_big.status == "failed"
+    assert poll(client, running.id)[1].status == "completed"
+    alone = poll(client, submit(client, chat_lines(3)).id)[1]
+    assert alone.status == "failed"
+    assert alone.errors is not None and alone.errors.data is not None
+    assert alone.errors.data[0].code == "token_limit_exceeded"
+    assert set(fake.peak_enqueued_tokens) == {"gpt-4o-mini", "gpt-4.1-mini"}
+    assert fake.peak_enqueued_tokens["gpt-4o-mini"] == tokens
 
 
 def test_cancel_keeps_the_first_half_and_cancelled_lines_are_errors(

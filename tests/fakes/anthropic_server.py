@@ -71,6 +71,12 @@ class FakeAnthropic(FaultInjectingServer):
     * `shuffle_results`: results out of request order, deterministically per batch.
     * `responder(params)`: the assistant text; `default_responder` when None.
     * `max_requests`, `max_body_bytes`: the API's limits, lowerable so tests stay small.
+    * `max_processing_batches`: batches allowed to be processing (`in_progress` or
+      `canceling`) at once. A valid create while that many are is a 429 `rate_limit_error`
+      "Number of Message Batches being processed has exceeded your limit of <n>. Please wait
+      for a batch to end before creating another." and creates nothing. None (the default):
+      no limit.
+    * `quota_retry_after`: the `retry-after` seconds of that 429; None sends no header.
 
     Results are decided once, when the batch ends, and stored; knobs changed later do not
     rewrite them.
@@ -98,6 +104,8 @@ class FakeAnthropic(FaultInjectingServer):
         self.responder: Responder | None = None
         self.max_requests: int = MAX_REQUESTS
         self.max_body_bytes: int | None = MAX_BODY_BYTES
+        self.max_processing_batches: int | None = None
+        self.quota_retry_after: float | None = 1.0
         self._lock = threading.RLock()
 
     @property
@@ -166,6 +174,7 @@ class FakeAnthropic(FaultInjectingServer):
         requests = validate_create(body, self.max_requests)
         now = datetime.now(UTC)
         with self._lock:
+            self._check_processing_quota()
             batch_id = f"msgbatch_{secrets.token_hex(12)}"
             batch_dir = self._batch_dir(batch_id)
             batch_dir.mkdir()
@@ -185,6 +194,22 @@ class FakeAnthropic(FaultInjectingServer):
             }
             self._save_meta(meta)
         return self._batch_json(meta), [request["custom_id"] for request in requests]
+
+    def _check_processing_quota(self) -> None:
+        limit = self.max_processing_batches
+        if limit is None:
+            return
+        processing = sum(1 for m in self._all_metas() if m["processing_status"] != "ended")
+        if processing >= limit:
+            headers = {}
+            if self.quota_retry_after is not None:
+                headers["retry-after"] = format_seconds(self.quota_retry_after)
+            raise ApiError(
+                429,
+                f"Number of Message Batches being processed has exceeded your limit of {limit}. "
+                "Please wait for a batch to end before creating another.",
+                headers,
+            )
 
     def _retrieve(self, batch_id: str) -> dict[str, Any]:
         with self._lock:

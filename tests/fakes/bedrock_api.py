@@ -32,6 +32,8 @@ STATUSES = (
 )
 TERMINAL = frozenset({"Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired"})
 STOPPABLE = frozenset({"Submitted", "Validating", "Scheduled", "InProgress"})
+# The statuses that count against the quota of batch inference jobs in progress per model.
+IN_PROGRESS = STOPPABLE | {"Stopping"}
 OUTCOMES = frozenset({"Completed", "PartiallyCompleted", "Failed", "Expired", "Stopped"})
 RECORD_ERRORS = {
     "error": (400, "Malformed input request, please reformat your input and try again."),
@@ -108,6 +110,15 @@ class AwsError(Exception):
         self.code = code
         self.message = message
         self.status = status
+
+
+def quota_exceeded(model_id: str, limit: int) -> AwsError:
+    """CreateModelInvocationJob over the quota of jobs in progress for one model."""
+    return AwsError(
+        "ServiceQuotaExceededException",
+        "You have exceeded the number of batch inference jobs that can be submitted or in "
+        f"progress at once for model {model_id} (quota: {limit}). Please try again later.",
+    )
 
 
 def iso(moment: datetime) -> str:

@@ -69,6 +69,7 @@ from tests.fakes.bedrock_api import (
     CUSTOM_ID_HEADER,
     DEFAULT_TIMEOUT_HOURS,
     IDENTIFIER_RE,
+    IN_PROGRESS,
     MAX_RECORDS,
     MIN_RECORDS,
     STOPPABLE,
@@ -77,6 +78,7 @@ from tests.fakes.bedrock_api import (
     error_reply,
     injected_error,
     job_id_of,
+    quota_exceeded,
     runtime_target,
     validate_create,
 )
@@ -139,6 +141,13 @@ class FakeBedrock(JobLifecycle, RuntimeCalls, FaultInjectingServer):
     * `runtime_models`: the model ids the runtime knows (as in the path, unquoted); another is
       a 404 ResourceNotFoundException "Could not resolve the foundation model from the
       provided model identifier.". None (the default): every model id.
+    * `max_active_jobs`: Bedrock's quota of batch inference jobs in progress per model
+      (Submitted, Validating, Scheduled, InProgress and Stopping jobs of the same `modelId`
+      count). A CreateModelInvocationJob that would go over it is a 400
+      ServiceQuotaExceededException "You have exceeded the number of batch inference jobs
+      that can be submitted or in progress at once for model <modelId> (quota: <n>). Please
+      try again later." and creates nothing; an idempotent replay (a `clientRequestToken` of an
+      existing job) answers that job and is never refused. None (the default): no quota.
     * `shuffle_output`: output lines not in input order (deterministic per job).
     * `clock()`: the current time (UTC datetime), replaceable so tests can place jobs in time.
 
@@ -187,6 +196,7 @@ class FakeBedrock(JobLifecycle, RuntimeCalls, FaultInjectingServer):
         self.shuffle_output: bool = True
         self.runtime_rpm: int | None = None
         self.runtime_models: Collection[str] | None = None
+        self.max_active_jobs: int | None = None
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)
         self._runtime_window: deque[float] = deque()
         self._jobs: dict[str, JSON] = {}
@@ -254,6 +264,9 @@ class FakeBedrock(JobLifecycle, RuntimeCalls, FaultInjectingServer):
                 return {"jobArn": earlier["arn"]}
             if any(job["name"] == body["jobName"] for job in self._jobs.values()):
                 raise AwsError("ValidationException", "The provided job name is currently in use.")
+            limit = self.max_active_jobs
+            if limit is not None and self._in_progress(body["modelId"]) >= limit:
+                raise quota_exceeded(body["modelId"], limit)
             job_id = self._new_job_id()
             now = self.clock()
             timeout = body.get("timeoutDurationInHours") or DEFAULT_TIMEOUT_HOURS
@@ -283,6 +296,14 @@ class FakeBedrock(JobLifecycle, RuntimeCalls, FaultInjectingServer):
                 self._tokens[token] = job_id
             log["job_id"] = job_id
             return {"jobArn": job["arn"]}
+
+    def _in_progress(self, model_id: str) -> int:
+        """Jobs of `model_id` that count against the in-progress quota."""
+        return sum(
+            1
+            for job in self._jobs.values()
+            if job["body"]["modelId"] == model_id and job["status"] in IN_PROGRESS
+        )
 
     def _new_job_id(self) -> str:
         alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"

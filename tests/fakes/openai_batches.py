@@ -13,7 +13,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal
 
-from tests.fakes.openai_model import Responder, error_body, model_answer, new_id, usage
+from tests.fakes.openai_model import (
+    Responder,
+    error_body,
+    input_tokens_of,
+    model_answer,
+    new_id,
+    usage,
+)
 from tests.fakes.openai_store import Store, public_batch
 
 JSON = dict[str, Any]
@@ -183,14 +190,36 @@ def failed_line(custom_id: str, body: JSON, fault: str) -> JSON:
     }
 
 
-def _token_limit_error(model: str) -> JSON:
-    return {
-        "code": "token_limit_exceeded",
-        "message": f"Enqueued token limit reached for {model} in organization org-fake. Please "
-        "try again once some in_progress batches have been completed.",
-        "param": None,
-        "line": None,
-    }
+def _token_limit_error(model: str, limit: int | None = None) -> JSON:
+    """The `errors.data` entry of a batch failed on the enqueued-token limit; with `limit`, the
+    message names it (thousands separated, as OpenAI writes it)."""
+    if limit is None:
+        message = (
+            f"Enqueued token limit reached for {model} in organization org-fake. Please try "
+            "again once some in_progress batches have been completed."
+        )
+    else:
+        message = (
+            f"Enqueued token limit reached for {model} in organization org-fake. Limit: "
+            f"{limit:,} enqueued tokens. Please try submitting your batch again later."
+        )
+    return {"code": "token_limit_exceeded", "message": message, "param": None, "line": None}
+
+
+def _in_flight(batch: JSON) -> bool:
+    """Admitted (left `validating` to run) and not yet ended: its prompt tokens are enqueued."""
+    status = batch["status"]
+    return status in ("in_progress", "finalizing") or (status == "cancelling" and batch["_ran"])
+
+
+def prompt_tokens(endpoint: str, data: bytes) -> int:
+    """Prompt tokens of a valid input file: its lines' input tokens, counted as usage counts
+    them (what OpenAI's enqueued-token limit weighs)."""
+    return sum(
+        input_tokens_of(endpoint, json.loads(raw)["body"])
+        for raw in data.split(b"\n")
+        if raw.strip()
+    )
 
 
 class BatchLifecycle:
@@ -207,6 +236,8 @@ class BatchLifecycle:
     responder: Responder | None
     edit_line: Callable[[JSON], JSON] | None
     cached_tokens: int
+    enqueued_token_limit: int | None
+    peak_enqueued_tokens: dict[str, int]
     billed: Counter[str]
     dropped: Counter[str]
 
@@ -248,11 +279,38 @@ class BatchLifecycle:
             raise ValueError(f"batch_outcome returned {outcome!r}; expected one of {OUTCOMES}")
         batch["_outcome"] = outcome
         batch["request_counts"] = {"total": lines, "completed": 0, "failed": 0}
-        if outcome == "failed":
-            error = _token_limit_error(batch.get("model") or "the model")
+        model = batch.get("model") or "the model"
+        limit = self.enqueued_token_limit
+        if outcome == "failed" or (limit is not None and not self._admit(batch, data, limit)):
+            error = _token_limit_error(model, None if outcome == "failed" else limit)
             batch.update(status="failed", failed_at=now, errors={"object": "list", "data": [error]})
             return
         batch.update(status="in_progress", in_progress_at=now, _ran=True)
+
+    def _admit(self, batch: JSON, data: bytes, limit: int) -> bool:
+        """Whether a batch's prompt tokens fit under `limit` beside those of the same model's
+        batches in flight; if they do, they count as enqueued and the model's peak is kept."""
+        model = batch.get("model") or ""
+        tokens = prompt_tokens(batch["endpoint"], data)
+        enqueued = sum(
+            self._enqueued_tokens(other)
+            for other in self.store.all_batches()
+            if other["id"] != batch["id"] and other.get("model") == model and _in_flight(other)
+        )
+        if enqueued + tokens > limit:
+            return False
+        batch["_enqueued_tokens"] = tokens
+        peak = self.peak_enqueued_tokens.get(model, 0)
+        self.peak_enqueued_tokens[model] = max(peak, enqueued + tokens)
+        return True
+
+    def _enqueued_tokens(self, batch: JSON) -> int:
+        found = batch.get("_enqueued_tokens")
+        if found is None:  # admitted while no limit was set
+            found = prompt_tokens(
+                batch["endpoint"], self.store.input_path(batch["id"]).read_bytes()
+            )
+        return int(found)
 
     def _finish(self, batch: JSON, status: str) -> None:
         """Run the lines, write output and error files, and settle counts and usage."""

@@ -328,13 +328,28 @@ def model_answer(
     return _chat_completion(body, model, content, prompt_tokens, cached)
 
 
-def _embeddings(body: JSON) -> tuple[JSON, int, int]:
-    model = str(body.get("model"))
+def _embedding_inputs(body: JSON) -> list[str]:
     given = body.get("input")
     if isinstance(given, list) and given and all(isinstance(g, str) for g in given):
-        inputs = [str(g) for g in given]
-    else:
-        inputs = [given if isinstance(given, str) else json.dumps(given)]
+        return [str(g) for g in given]
+    return [given if isinstance(given, str) else json.dumps(given)]
+
+
+def _embedding_tokens(inputs: list[str], model: str) -> int:
+    return sum(max(1, count_tokens(t, model)) for t in inputs)
+
+
+def input_tokens_of(endpoint: str, body: JSON) -> int:
+    """The prompt tokens of one request to `endpoint`: what `model_answer` reports as input."""
+    model = str(body.get("model"))
+    if endpoint == "/v1/embeddings":
+        return _embedding_tokens(_embedding_inputs(body), model)
+    return prompt_tokens_of(body, model)
+
+
+def _embeddings(body: JSON) -> tuple[JSON, int, int]:
+    model = str(body.get("model"))
+    inputs = _embedding_inputs(body)
     default_dims = 3072 if model.endswith("-large") else 1536
     dims = body.get("dimensions") if isinstance(body.get("dimensions"), int) else None
     data = []
@@ -344,7 +359,7 @@ def _embeddings(body: JSON) -> tuple[JSON, int, int]:
         if body.get("encoding_format") == "base64":
             embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
         data.append({"object": "embedding", "index": index, "embedding": embedding})
-    tokens = sum(max(1, count_tokens(t, model)) for t in inputs)
+    tokens = _embedding_tokens(inputs, model)
     result = {
         "object": "list",
         "data": data,

@@ -83,6 +83,14 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         odd answers of a real provider (overlong codes, NUL characters).
     cached_tokens: prompt tokens reported as read from the prompt cache (at most the prompt).
         Token counts are OpenAI's: the model's BPE plus the chat framing.
+    enqueued_token_limit: OpenAI's per-model limit of enqueued prompt tokens (None: no limit).
+        A batch leaving `validating` whose prompt tokens (the input tokens its usage would
+        report, summed over its lines), added to those of the same model's batches in flight
+        (in_progress, finalizing, or cancelling after they started), exceed it ends `failed`
+        with a `token_limit_exceeded` error naming the limit; its lines never run and nothing is
+        billed. An admitted batch counts until it ends.
+    peak_enqueued_tokens: model -> the most prompt tokens in flight at once, counting each
+        admission while `enqueued_token_limit` is set.
     billed: custom_id -> how many times a batch ran its request to an answer (what OpenAI
         bills); dropped: how many of those answers the fake then left out of the output
         ("missing").
@@ -114,6 +122,8 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         self.responder: Responder | None = None
         self.edit_line: Callable[[JSON], JSON] | None = None
         self.cached_tokens: int = 0
+        self.enqueued_token_limit: int | None = None
+        self.peak_enqueued_tokens: dict[str, int] = {}
         self.billed: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
         self._lock = threading.RLock()
