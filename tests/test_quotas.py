@@ -1,0 +1,150 @@
+"""Provider quotas met by a day: refusals are waited out, never spent as attempts or turned
+into dead letters, and the spec's quota section keeps submission under a known quota."""
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from llm_assets.resources.ledger import TERMINAL
+from llm_assets.resources.providers.base import WAITING_FOR_QUOTA
+from llm_assets.resources.providers.bedrock import BedrockBatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from tests.conftest import MotoS3
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.bedrock_server import FakeBedrock
+from tests.fakes.openai_server import FakeOpenAI
+from tests.harness import Harness, open_harness, provider_for, review_spec, truthful
+
+pytestmark = pytest.mark.one_database
+
+REVIEWS = 200
+"""Twenty shards of ten."""
+LIMIT = 1200
+"""Prompt tokens in flight at once: three of the day's shards (about 381 tokens each)."""
+
+
+def assert_done_in_one_attempt(harness: Harness) -> dict[str, dict[str, Any]]:
+    rows = harness.rows()
+    assert len(rows) == REVIEWS
+    assert {r["status"] for r in rows.values()} == {"succeeded"}
+    assert {r["attempts"] for r in rows.values()} == {1}
+    assert harness.labels() == harness.truth
+    return rows
+
+
+@pytest.fixture
+def openai_day(tmp_path: Path, database_url: str) -> Iterator[tuple[FakeOpenAI, Path, str]]:
+    with FakeOpenAI(tmp_path / "fake") as fake:
+        fake.responder = truthful
+        fake.enqueued_token_limit = LIMIT
+        yield fake, tmp_path, database_url
+
+
+@pytest.mark.parametrize("kept_by_spec", [True, False], ids=["spec-limit", "refused"])
+def test_an_enqueued_token_limit_is_waited_out_without_spending_attempts(
+    openai_day: tuple[FakeOpenAI, Path, str], kept_by_spec: bool
+) -> None:
+    fake, tmp_path, database_url = openai_day
+    quota = {"quota": {"max_enqueued_tokens": LIMIT}} if kept_by_spec else {}
+    spec = review_spec("openai", "gpt-4o-mini", **quota)
+    with open_harness(tmp_path, database_url, spec, provider_for(fake), reviews=REVIEWS) as h:
+        outcome = h.run_day()
+
+        assert outcome.done and outcome.succeeded == REVIEWS
+        assert_done_in_one_attempt(h)
+        shards = h.ledger.shards(h.job_id())
+        refused = [s for s in shards if s.raw_status == "failed"]
+        assert all("token_limit_exceeded" in (s.message or "") for s in refused)
+        if kept_by_spec:
+            # Submission kept under the limit: the provider never had to refuse a batch.
+            assert refused == []
+            assert fake.peak_enqueued_tokens["gpt-4o-mini"] <= LIMIT
+            assert len(shards) == REVIEWS // 10
+        else:
+            # Refused batches ran nothing; their items went again in later rounds.
+            assert refused
+            assert sum(s.item_count for s in shards if s.kind == "retry") >= sum(
+                s.item_count for s in refused
+            )
+        assert set(fake.billed.values()) == {1}
+
+
+def test_an_anthropic_429_on_create_is_waited_out(tmp_path: Path, database_url: str) -> None:
+    with FakeAnthropic(tmp_path / "fake") as fake:
+        fake.max_processing_batches = 2
+        fake.quota_retry_after = 0
+        spec = review_spec("anthropic", "claude-haiku-4-5")
+        with open_harness(tmp_path, database_url, spec, provider_for(fake), reviews=60) as h:
+            outcome = h.run_day()
+
+            assert outcome.done and outcome.succeeded == 60
+            assert {r["attempts"] for r in h.rows().values()} == {1}
+            refusals = [
+                c for c in fake.calls.entries() if c["method"] == "POST" and c["status"] == 429
+            ]
+            assert refusals, "the quota was met"
+            assert len(fake.batch_ids()) == len(h.ledger.shards(h.job_id()))
+
+
+def test_the_quota_wait_shows_in_the_ledger_and_the_step_metadata(
+    tmp_path: Path, database_url: str
+) -> None:
+    with FakeAnthropic(tmp_path / "fake") as fake:
+        fake.max_processing_batches = 1
+        fake.quota_retry_after = 30
+        fake.polls_per_state = 1000  # the first batch stays in progress
+        spec = review_spec("anthropic", "claude-haiku-4-5")
+        with open_harness(tmp_path, database_url, spec, provider_for(fake), reviews=30) as h:
+            result = h.materialize("input_snapshot", "request_shards", "provider_batches")
+
+            assert result.success
+            node = "reviews_anthropic__provider_batches"
+            [materialization] = result.asset_materializations_for_node(node)
+            metadata = {k: v.value for k, v in materialization.metadata.items()}
+            assert metadata["submitted_shards"] == 1
+            assert metadata["shards_waiting_for_quota"] == 2
+            assert "rate_limit_error" in metadata["quota"] or "exceeded" in metadata["quota"]
+            waiting = [s for s in h.ledger.shards(h.job_id()) if s.provider_batch_id is None]
+            assert {s.raw_status for s in waiting} == {WAITING_FOR_QUOTA}
+            assert all(s.not_before is not None for s in waiting)
+            assert {r["attempts"] for r in h.rows().values()} == {0, 1}
+
+
+@pytest.mark.fake_server("bedrock", min_records=30, max_active_jobs=1)
+def test_a_bedrock_active_job_quota_is_waited_out(
+    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
+) -> None:
+    from tests.test_bedrock_provider import ROLE, bedrock_spec
+    from tests.test_bedrock_provider import truthful as bedrock_truthful
+
+    fake.responder = bedrock_truthful
+    provider = BedrockBatchProvider(
+        role_arn=ROLE,
+        endpoint_url=fake.endpoint_url,
+        retry_base_seconds=0.01,
+        quota_wait_seconds=0.05,
+    )
+    spec = bedrock_spec() | {"bedrock": {"min_records_per_job": 30}}
+    spec["sharding"] = {"max_requests_per_shard": 30}
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        h = Harness(tmp_path, database_url, instance, spec, provider, reviews=90)
+        h.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
+
+        outcome = h.run_day()
+
+        assert outcome.done and outcome.succeeded == 90
+        rows = h.rows()
+        assert {r["attempts"] for r in rows.values()} == {1}
+        assert all(r["status"] in TERMINAL for r in rows.values())
+        refused = [
+            c
+            for c in fake.calls.entries()
+            if c.get("operation") == "CreateModelInvocationJob" and c.get("status") == 400
+        ]
+        assert refused, "the quota was met"
+        assert len(fake.jobs()) == len(h.ledger.shards(h.job_id())) == 3
