@@ -38,11 +38,8 @@ from llm_assets.resources.providers.base import (
     ShardState,
     ShardSubmission,
 )
-from llm_assets.resources.providers.openai_batch import (
-    OpenAIBatchProvider,
-    normalize_line,
-    read_line,
-)
+from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
+from llm_assets.resources.providers.openai_lines import normalize_line, read_line
 from llm_assets.resources.storage import line_blocks
 from llm_assets.result_rows import Answered, block_lines
 

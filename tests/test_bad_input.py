@@ -888,7 +888,7 @@ def test_an_import_worker_needs_none_of_the_heavy_packages(tmp_path: Path) -> No
     import sys
 
     from llm_assets.resources.pricing import load_price_table
-    from llm_assets.resources.providers.openai_batch import normalize_line
+    from llm_assets.resources.providers.openai_lines import normalize_line
     from llm_assets.result_rows import ResultStager, RowMaker, staged_results
 
     price = load_price_table().get("openai", "gpt-4o-mini")

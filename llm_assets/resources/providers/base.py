@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from llm_assets import column_sizes
 from llm_assets.items import TemplateEncoder
-from llm_assets.result_rows import Answered, ItemResult, ledger_text
+from llm_assets.result_rows import Answered, ItemResult, block_lines, ledger_text
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -226,7 +226,16 @@ class BatchProvider(dg.ConfigurableResource):
         return self.poll(provider_batch_id)
 
     def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
-        raise NotImplementedError
+        """The batch's results, one per line, read with the parser of `result_blocks`;
+        providers whose results are not lines override this."""
+        blocks = self.result_blocks(provider_batch_id)
+        if blocks is None:
+            raise NotImplementedError
+        raw, parse = blocks
+        for line in block_lines(raw):
+            read = parse(line)
+            if read is not None:
+                yield read.result() if isinstance(read, Answered) else read
 
     def result_blocks(
         self, provider_batch_id: str

@@ -27,7 +27,7 @@ from llm_assets.resources.providers.base import (
     ShardState,
     ShardSubmission,
 )
-from llm_assets.resources.providers.gemini_lines import normalize_line, read_line
+from llm_assets.resources.providers.gemini_lines import read_line
 from llm_assets.resources.providers.gemini_requests import (
     gemini_spec_problems,
     is_embedding,
@@ -36,7 +36,7 @@ from llm_assets.resources.providers.gemini_requests import (
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.providers.retrying import is_transient
 from llm_assets.resources.storage import line_blocks
-from llm_assets.result_rows import Answered, block_lines
+from llm_assets.result_rows import Answered
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -200,12 +200,6 @@ class GeminiBatchProvider(RemoteBatchProvider):
         return self.call("get", lambda: self.batches_api().get(name=provider_batch_id))
 
     # Results
-
-    def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
-        for raw in block_lines(self._result_blocks(provider_batch_id)):
-            result = normalize_line(raw)
-            if result is not None:
-                yield result
 
     def result_blocks(
         self, provider_batch_id: str

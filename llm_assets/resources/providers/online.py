@@ -19,7 +19,8 @@ from llm_assets.resources.providers.base import (
     RequestItem,
     resolve_secret,
 )
-from llm_assets.resources.providers.openai_batch import chat_body, normalize_line
+from llm_assets.resources.providers.openai_batch import chat_body
+from llm_assets.resources.providers.openai_lines import normalize_line
 from llm_assets.resources.providers.realtime import (
     OnlineSettings,
     OnlineStats,

@@ -19,11 +19,11 @@ from llm_assets.resources.providers.base import (
     ShardState,
     ShardSubmission,
 )
-from llm_assets.resources.providers.openai_lines import normalize_line, read_line
+from llm_assets.resources.providers.openai_lines import read_line
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.providers.retrying import is_transient
 from llm_assets.resources.storage import line_blocks
-from llm_assets.result_rows import Answered, block_lines
+from llm_assets.result_rows import Answered
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -229,12 +229,6 @@ class OpenAIBatchProvider(RemoteBatchProvider):
             except Exception as exc:
                 if not is_transient(exc) or attempt == self.max_attempts - 1:
                     raise
-
-    def results(self, provider_batch_id: str) -> Iterator[ItemResult]:
-        for raw in block_lines(self._result_blocks(provider_batch_id)):
-            result = normalize_line(raw)
-            if result is not None:
-                yield result
 
     def result_blocks(
         self, provider_batch_id: str
