@@ -402,7 +402,7 @@ def dead_letter(pipeline: str, date_: str, as_json: bool, as_csv: bool) -> None:
     "--class",
     "classes",
     multiple=True,
-    type=click.Choice(["input", "deterministic", "transient", "expired", "quality"]),
+    type=click.Choice(["input", "deterministic", "transient", "expired", "quality", "cancelled"]),
     help="Requeue dead letters of this class (repeatable).",
 )
 @click.option("--ids", default=None, help="Comma-separated source ids or custom_ids.")
@@ -456,6 +456,10 @@ def demo(days: int, per_day: int) -> None:
         err.print(f"[red]failed[/red]: {exc}", highlight=False)
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
 
+
+from llm_assets.cli_cancel import cancel  # noqa: E402  (it uses the helpers above)
+
+main.add_command(cancel)
 
 if __name__ == "__main__":
     main()
