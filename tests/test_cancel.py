@@ -2,9 +2,11 @@
 cancelled batches answered is kept and billed once, the rest become `cancelled` dead letters
 that a requeue sends again, and nothing submits a cancelled day until then."""
 
+import datetime as dt
+import json
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +207,95 @@ def test_the_cli_cancels_one_shard_and_the_rest_of_the_day_goes_on(
     assert outcome.done
     assert outcome.dead_letters_by_class == {"cancelled": len(mine) - len(mine) // 2}
     assert outcome.succeeded == REVIEWS - outcome.dead_letters
+
+
+CAP = 0.0004
+"""A day of short answers costs about $0.00026; five times longer ones, about $0.001."""
+
+
+def test_the_spend_breaker_cancels_a_day_whose_answers_cost_five_times_the_estimate(
+    tmp_path: Path, database_url: str
+) -> None:
+    from llm_assets.runner import SUBMIT_STEPS, PartitionRunner
+    from tests.fakes.openai_model import user_text
+    from tests.harness import write_reviews
+
+    earlier = DAY - dt.timedelta(days=1)
+
+    def answer(words: int) -> Callable[[dict[str, Any]], str]:
+        def respond(body: dict[str, Any]) -> str:
+            label = json.loads(truthful(body))["label"]
+            summary = " ".join(["word"] * words) if words else user_text(body)[:40]
+            return json.dumps({"label": label, "summary": summary})
+
+        return respond
+
+    with FakeOpenAI(tmp_path / "fake") as fake:
+        spec = review_spec(
+            "openai",
+            MODELS["openai"],
+            model={"max_output_tokens": 400},
+            output={
+                "schema": {
+                    "label": {"type": "str", "isin": ["positive", "negative"]},
+                    "summary": {"type": "str", "min_length": 1},
+                }
+            },
+            budget={"max_usd_per_partition": CAP, "history_window": 3},
+        )
+        with open_harness(tmp_path, database_url, spec, provider_for(fake), REVIEWS) as harness:
+            write_reviews(harness.home, earlier, REVIEWS)
+            runner = PartitionRunner(
+                harness.settings,
+                harness.spec,
+                harness.instance,
+                resources=harness.resources,
+                poll_interval=0.0,
+                approve_budget=True,
+            )
+            # The day before answers in a few words: the estimate learns that.
+            fake.responder = answer(0)
+            assert runner.run_day(earlier, wait=True).done
+            # This day's answers are five times longer than that.
+            fake.responder = answer(100)
+            fake.polls_per_state = 1000
+            runner.materialize(DAY, SUBMIT_STEPS)
+            first, *rest = harness.ledger.shards(harness.job_id())
+            estimate = sum(s.estimated_cost_usd for s in [first, *rest])
+            assert estimate < CAP  # the day was expected to fit
+            fake.polls_per_state = 1
+            while harness.provider.poll(first.provider_batch_id).state != "completed":
+                pass
+            fake.polls_per_state = 1000
+            steps.poll_shards(harness.ledger, harness.provider, [first])
+
+            imported = harness.materialize("batch_results")
+
+            assert imported.success
+            [materialization] = imported.asset_materializations_for_node(
+                f"{harness.spec.name}__batch_results"
+            )
+            reason = materialization.metadata["spend_breaker"].value
+            assert isinstance(reason, str) and "max_usd_per_partition" in reason
+            job = harness.ledger.get_job(harness.job_id())
+            assert job is not None and job.cancelled_at is not None
+            assert job.cancel_reason == reason
+            cancelled = {s.shard_id: s for s in harness.ledger.shards(harness.job_id())}
+            assert all(cancelled[s.shard_id].cancelled_at is not None for s in rest)
+            assert all(cancelled[s.shard_id].provider_batch_id for s in rest)
+            [alert] = harness.ledger.sent_notifications(harness.spec.name, DAY)
+            assert alert["text"].startswith(f"ALERT {harness.spec.name} {DAY}")
+            assert "spend breaker" in alert["text"]
+            # The rest of the day is cancelled at the provider: nothing more is billed for it.
+            settle_and_import(harness)
+            rows = harness.rows()
+            for row in rows.values():
+                if row["shard_id"] == first.shard_id:
+                    assert row["status"] == "succeeded"
+                else:
+                    assert (row["status"], row["error_class"]) in (
+                        ("succeeded", None),
+                        ("dead_letter", "cancelled"),
+                    )
+            assert not [s for s in harness.ledger.shards(harness.job_id()) if s.kind == "retry"]
+            assert all(r["status"] in TERMINAL for r in rows.values())

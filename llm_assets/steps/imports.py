@@ -36,6 +36,7 @@ from llm_assets.resources.providers.base import (
 )
 from llm_assets.result_rows import ResultStager, RowMaker, StagedResults, staged_results
 from llm_assets.spec import PipelineSpec
+from llm_assets.steps.breaker import trip_if_over
 from llm_assets.steps.cancel import cancelled_item
 from llm_assets.steps.context import StepContext
 from llm_assets.steps.line_ids import request_lines
@@ -94,6 +95,8 @@ class ImportResult(BaseModel):
     retry_shards: list[str]
     gave_up: int
     counts: JobCounts
+    breaker: str | None = None
+    """Why the spend breaker cancelled the day after this import, if it did."""
 
 
 def _about_lines(block: bytes) -> int:
@@ -192,7 +195,13 @@ def import_results(ctx: StepContext) -> ImportResult:
     Holds the day, so two imports never plan the same items into two retry shards.
     """
     with ctx.day_lock():
-        return _import_results(ctx)
+        result = _import_results(ctx)
+    tripped = trip_if_over(ctx, result.counts)
+    if tripped is None:
+        return result
+    return result.model_copy(
+        update={"breaker": tripped, "counts": ctx.ledger.refresh_job(result.job_id)}
+    )
 
 
 def _import_results(ctx: StepContext) -> ImportResult:
