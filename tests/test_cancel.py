@@ -299,3 +299,74 @@ def test_the_spend_breaker_cancels_a_day_whose_answers_cost_five_times_the_estim
                     )
             assert not [s for s in harness.ledger.shards(harness.job_id()) if s.kind == "retry"]
             assert all(r["status"] in TERMINAL for r in rows.values())
+
+
+@pytest.mark.fake_server("bedrock", min_records=10)
+def test_a_bedrock_day_is_cancelled_with_stop_model_invocation_job(
+    tmp_path: Path, database_url: str, moto_s3: Any, fake: Any
+) -> None:
+    import uuid
+
+    import dagster as dg
+
+    from llm_assets.resources.providers.bedrock import BedrockBatchProvider
+    from llm_assets.resources.storage import ArtifactStorage
+    from tests.test_bedrock_provider import ROLE, bedrock_spec
+    from tests.test_bedrock_provider import truthful as bedrock_truthful
+
+    fake.responder = bedrock_truthful
+    provider = BedrockBatchProvider(
+        role_arn=ROLE, endpoint_url=fake.endpoint_url, retry_base_seconds=0.01
+    )
+    spec = bedrock_spec() | {"bedrock": {"min_records_per_job": 10}}
+    spec["sharding"] = {"max_requests_per_shard": 10}
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        harness = Harness(tmp_path, database_url, instance, spec, provider, reviews=REVIEWS)
+        harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
+        assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+        fake.polls_per_state = 1
+        shards = harness.ledger.shards(harness.job_id())
+        for shard in shards:
+            while harness.provider.poll(shard.provider_batch_id).raw_status != "InProgress":
+                pass
+        fake.polls_per_state = 1000
+
+        result = steps.cancel_day(context(harness), reason="stop")
+
+        assert len(result.cancelled_batches) == 3
+        stops = [c for c in fake.calls.entries() if c.get("operation") == "StopModelInvocationJob"]
+        assert len(stops) == 3
+        fake.polls_per_state = 1
+        settle_and_import(harness)
+        rows = harness.rows()
+        kept = [r for r in rows.values() if r["status"] == "succeeded"]
+        cancelled = [r for r in rows.values() if r["error_class"] == "cancelled"]
+        assert kept and cancelled and len(kept) + len(cancelled) == REVIEWS
+        assert {r["attempts"] for r in rows.values()} == {1}
+
+
+def test_a_local_provider_day_is_cancelled(tmp_path: Path, database_url: str) -> None:
+    from llm_assets.resources.providers.local import LocalProvider
+
+    provider = LocalProvider(
+        state_dir=str(tmp_path / "local_provider"), work_budget_seconds=0.0, chunk_size=4
+    )
+    spec = review_spec("local", "all-MiniLM-L6-v2", sharding={"max_requests_per_shard": 30})
+    spec["output"] = {
+        "format": "json",
+        "schema": {"label": {"type": "str", "isin": ["positive", "negative"]}},
+    }
+    with open_harness(tmp_path, database_url, spec, provider, REVIEWS) as harness:
+        assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+        [shard] = harness.ledger.shards(harness.job_id())
+        harness.provider.poll(shard.provider_batch_id)  # one chunk of four runs
+
+        result = steps.cancel_day(context(harness), reason="stop")
+
+        assert result.cancelled_batches == [shard.provider_batch_id]
+        settle_and_import(harness)
+        rows = harness.rows()
+        kept = [r for r in rows.values() if r["status"] == "succeeded"]
+        cancelled = [r for r in rows.values() if r["error_class"] == "cancelled"]
+        assert len(kept) == 4 and len(cancelled) == REVIEWS - 4
