@@ -370,3 +370,40 @@ def test_a_local_provider_day_is_cancelled(tmp_path: Path, database_url: str) ->
         kept = [r for r in rows.values() if r["status"] == "succeeded"]
         cancelled = [r for r in rows.values() if r["error_class"] == "cancelled"]
         assert len(kept) == 4 and len(cancelled) == REVIEWS - 4
+
+
+@pytest.mark.fake_server("online")
+def test_the_online_worker_stops_when_its_shard_is_cancelled(
+    tmp_path: Path, database_url: str, fake: Any
+) -> None:
+    import threading
+
+    from llm_assets.resources.providers.online import OnlineProvider
+    from tests.test_online_provider import online_spec
+
+    fake.latency_seconds = 0.05
+    provider = OnlineProvider(base_url=fake.base_url, backoff_base_seconds=0.01)
+    spec = online_spec(concurrency=1, checkpoint_every=2) | {
+        "sharding": {"max_requests_per_shard": 100}
+    }
+    with open_harness(tmp_path, database_url, spec, provider, reviews=60) as harness:
+        assert harness.materialize("input_snapshot", "request_shards").success
+        worker = threading.Thread(target=lambda: harness.materialize("provider_batches"))
+        worker.start()
+        # Cancel once the worker has checkpointed some answers.
+        while harness.ledger.counts(harness.job_id()).succeeded < 4:
+            assert worker.is_alive(), "the worker ended before it was cancelled"
+        steps.cancel_day(context(harness), reason="stop sending")
+        worker.join(timeout=120)
+        assert not worker.is_alive()
+
+        [shard] = harness.ledger.shards(harness.job_id())
+        assert (shard.status, shard.raw_status) == ("cancelled", "cancelled")
+        sent = len(fake.calls())
+        assert sent < 60, "the worker stopped sending"
+        assert harness.materialize("batch_results").success
+        rows = harness.rows()
+        kept = [r for r in rows.values() if r["status"] == "succeeded"]
+        cancelled = [r for r in rows.values() if r["error_class"] == "cancelled"]
+        assert len(kept) >= 4 and len(kept) + len(cancelled) == 60
+        assert len(fake.calls()) == sent  # nothing more was sent after it stopped

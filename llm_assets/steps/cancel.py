@@ -137,9 +137,19 @@ def _cancel_shard(ctx: StepContext, shard: ShardRecord, reason: str, result: Can
     if shard.status in ENDED_STATES:
         result.settling.append(shard.shard_id)  # ended already: its import makes the rest cancelled
         return
-    if shard.status in IN_FLIGHT_STATES and not shard.provider_batch_id.startswith(
-        ONLINE_BATCH_PREFIX
-    ):
+    if shard.status in IN_FLIGHT_STATES and shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX):
+        # Sent request by request: its worker stops at its next send. A shard no worker holds
+        # (its run died) ends now; its import makes the unanswered items cancelled.
+        with ledger.submission_lock(shard.shard_id) as free:
+            if free:
+                ledger.update_shard(
+                    shard.shard_id,
+                    expect_status=IN_FLIGHT_STATES,
+                    status=ShardState.CANCELLED.value,
+                    raw_status=CANCELLED,
+                    ended_at=now,
+                )
+    elif shard.status in IN_FLIGHT_STATES:
         status = ctx.batch_provider.cancel(shard.provider_batch_id)
         values = {
             "status": status.state.value,
