@@ -237,7 +237,20 @@ def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") 
         "prompt_version": job.prompt_version,
         "provider": job.provider,
         "model": job.model_name,
-        "status": "completed" if counts.total and counts.open == 0 else job.status,
+        "status": "cancelled"
+        if job.cancelled_at is not None
+        else "completed"
+        if counts.total and counts.open == 0
+        else job.status,
+        "cancelled": (
+            {
+                "at": job.cancelled_at.isoformat(),
+                "by": job.cancelled_by,
+                "reason": job.cancel_reason,
+            }
+            if job.cancelled_at is not None
+            else None
+        ),
         "current": job.prompt_version == spec.prompt.version and job.model_name == spec.model.name,
         "items": counts.total,
         "by_status": counts.by_status,
@@ -251,6 +264,7 @@ def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") 
                 "status": s.status,
                 "provider_status": s.raw_status,
                 "provider_batch_id": s.provider_batch_id,
+                "cancelled": s.cancelled_at is not None,
                 "requests": s.item_count,
                 "completed_requests": s.completed_requests,
                 "failed_requests": s.failed_requests,

@@ -200,6 +200,16 @@ def test_the_cli_cancels_one_shard_and_the_rest_of_the_day_goes_on(
     assert {s.status for s in others} == {"running"}  # not cancelled, still at the provider
     job = harness.ledger.get_job(harness.job_id())
     assert job is not None and job.cancelled_at is None
+    status = subprocess.run(
+        [CLI, "status", harness.spec.name, "--date", DAY.isoformat(), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    [listed] = json.loads(status.stdout)["jobs"]
+    assert {s["shard_id"] for s in listed["shards"] if s["cancelled"]} == {target.shard_id}
+    assert listed["cancelled"] is None
 
     fake.polls_per_state = 1
     outcome = harness.run_day()
