@@ -176,6 +176,7 @@ def import_metadata(spec: PipelineSpec, result: ImportResult) -> dict[str, Any]:
         "input_tokens": counts.input_tokens,
         "output_tokens": counts.output_tokens,
         "cost_usd": counts.cost_usd,
+        **({"spend_breaker": result.breaker} if result.breaker else {}),
     }
 
 

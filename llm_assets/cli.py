@@ -237,7 +237,20 @@ def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") 
         "prompt_version": job.prompt_version,
         "provider": job.provider,
         "model": job.model_name,
-        "status": "completed" if counts.total and counts.open == 0 else job.status,
+        "status": "cancelled"
+        if job.cancelled_at is not None
+        else "completed"
+        if counts.total and counts.open == 0
+        else job.status,
+        "cancelled": (
+            {
+                "at": job.cancelled_at.isoformat(),
+                "by": job.cancelled_by,
+                "reason": job.cancel_reason,
+            }
+            if job.cancelled_at is not None
+            else None
+        ),
         "current": job.prompt_version == spec.prompt.version and job.model_name == spec.model.name,
         "items": counts.total,
         "by_status": counts.by_status,
@@ -251,6 +264,7 @@ def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") 
                 "status": s.status,
                 "provider_status": s.raw_status,
                 "provider_batch_id": s.provider_batch_id,
+                "cancelled": s.cancelled_at is not None,
                 "requests": s.item_count,
                 "completed_requests": s.completed_requests,
                 "failed_requests": s.failed_requests,
@@ -402,7 +416,7 @@ def dead_letter(pipeline: str, date_: str, as_json: bool, as_csv: bool) -> None:
     "--class",
     "classes",
     multiple=True,
-    type=click.Choice(["input", "deterministic", "transient", "expired", "quality"]),
+    type=click.Choice(["input", "deterministic", "transient", "expired", "quality", "cancelled"]),
     help="Requeue dead letters of this class (repeatable).",
 )
 @click.option("--ids", default=None, help="Comma-separated source ids or custom_ids.")
@@ -456,6 +470,10 @@ def demo(days: int, per_day: int) -> None:
         err.print(f"[red]failed[/red]: {exc}", highlight=False)
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
 
+
+from llm_assets.cli_cancel import cancel  # noqa: E402  (it uses the helpers above)
+
+main.add_command(cancel)
 
 if __name__ == "__main__":
     main()

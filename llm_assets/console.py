@@ -281,7 +281,7 @@ def print_status(
         rows = [
             [
                 escape(forms[s["shard_id"]]),
-                s["status"],
+                s["status"] + (" (cancel)" if s.get("cancelled") else ""),
                 escape(s["provider_status"] or "-"),
                 escape(s["provider_batch_id"] or "-"),
                 f"{s['completed_requests'] + s['failed_requests']:,} of {s['requests']:,}",
@@ -291,6 +291,15 @@ def print_status(
         columns = ("shard", "status", "provider status", "provider batch", "done")
         _heading(title)
         console.print(_table(columns, rows, numbers=("done",)))
+        if job.get("cancelled"):
+            cancelled = job["cancelled"]
+            console.print(
+                f"cancelled by {cancelled['by'] or 'an operator'} at {cancelled['at'][:16]}Z: "
+                f"{cancelled['reason']}; `llm-assets requeue {pipeline} --date {day} --class "
+                "cancelled` takes it up again",
+                highlight=False,
+                markup=False,
+            )
         # providers.base.WAITING_FOR_QUOTA (not imported: the console stays light).
         waiting = [s for s in shards if s["provider_status"] == "waiting_for_quota"]
         if waiting:

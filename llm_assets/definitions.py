@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from llm_assets.cancel_job import build_cancel_job
 from llm_assets.factory import build_pipeline_assets
 from llm_assets.new_data_sensor import build_new_data_sensor
 from llm_assets.resources import build_resources
@@ -30,7 +31,7 @@ def build_definitions(
     schedules = [s for spec in specs if (s := build_schedule(spec, jobs[spec.name])) is not None]
     return dg.Definitions(
         assets=assets,
-        jobs=list(jobs.values()),
+        jobs=[*jobs.values(), *(build_cancel_job(spec) for spec in specs)],
         sensors=sensors,
         schedules=schedules,
         resources=build_resources(settings),

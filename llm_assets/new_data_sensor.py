@@ -80,14 +80,16 @@ def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDe
 
 def _planned_versions(
     spec: PipelineSpec, ledger: LedgerResource, storage: ArtifactStorage
-) -> Callable[[dt.date], dict[str, str]]:
+) -> Callable[[dt.date], dict[str, str] | None]:
     """Per day, the source file versions its ledger job was planned from: those its snapshot
-    recorded, none when the day has no job or its job no snapshot. Each day is looked up once
-    a tick."""
+    recorded, none when the day has no job or its job no snapshot, None when an operator
+    cancelled the day. Each day is looked up once a tick."""
 
     @functools.cache
-    def planned(day: dt.date) -> dict[str, str]:
+    def planned(day: dt.date) -> dict[str, str] | None:
         job = ledger.get_job(steps.job_id_of(spec, day))
+        if job is not None and job.cancelled_at is not None:
+            return None  # an operator cancelled the day: left alone until a requeue
         if job is None or job.snapshot_uri is None:
             return {}
         return steps.snapshot_sources(storage, job.snapshot_uri)
@@ -102,7 +104,7 @@ def _file_requests(
     version: str,
     found: FileDays,
     known: set[str],
-    planned: Callable[[dt.date], dict[str, str]],
+    planned: Callable[[dt.date], dict[str, str] | None],
 ) -> list[dg.RunRequest]:
     """The runs of a new file version: one per day it has rows for, within the partitions,
     that the ledger has not planned from this version yet; rows outside the partitions, or of
@@ -117,7 +119,14 @@ def _file_requests(
     if found.undated:
         context.log.error(f"{uri}: {found.undated_reason(spec)}")
     inside = [d for d in days if d.isoformat() in known]
-    due = [d for d in inside if planned(d).get(uri) != version]
+    cancelled = [d for d in inside if planned(d) is None]
+    if cancelled:
+        context.log.info(
+            f"{uri}: {len(cancelled)} cancelled day(s) are left alone until requeued "
+            f"({', '.join(d.isoformat() for d in cancelled[:5])})"
+        )
+        inside = [d for d in inside if d not in cancelled]
+    due = [d for d in inside if (planned(d) or {}).get(uri) != version]
     if len(due) < len(inside):
         context.log.info(
             f"{uri}: {len(inside) - len(due)} day(s) already planned from this version in the "

@@ -39,7 +39,7 @@ RESULT_COLUMNS = (
 )
 """What an import writes over an item, in the order of a result row after its custom_id."""
 
-ErrorClass = Literal["input", "deterministic", "transient", "expired", "quality"]
+ErrorClass = Literal["input", "deterministic", "transient", "expired", "quality", "cancelled"]
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)

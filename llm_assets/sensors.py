@@ -253,6 +253,8 @@ def _finish_requests(
     """
     requests = []
     for job, shard_count, last in ledger.finished_jobs(pipeline, utcnow() - FINISH_LOOKBACK):
+        if job.cancelled_at is not None:
+            continue  # an operator cancelled the day: the cancel reports it
         day = job.partition_date.isoformat()
         key = f"{job.job_id}:{shard_count}:{last.isoformat()}"
         validated = _latest(instance, keys.validated, day)

@@ -236,6 +236,12 @@ class BudgetSpec(_Strict):
         description="WARN when tokens or cost per item move more than this factor from the "
         "trailing median.",
     )
+    breaker_factor: float = Field(
+        default=1.2,
+        gt=1.0,
+        description="Cancel the day when its billed cost plus the expected cost of what is "
+        "still open passes max_usd_per_partition (or the month's cap) times this.",
+    )
 
 
 class OnlineSpec(_Strict):

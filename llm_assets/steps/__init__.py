@@ -11,12 +11,14 @@ and converges on the same ledger state. One module per stage:
 - submit: provider_batches and its budget gates
 - online: the online worker that provider_batches runs for shards sent one by one
 - imports: batch_results (poll, import, retry planning) and the requeue of dead letters
+- cancel: an operator's cancel of a day or of some of its shards
 - line_ids: request lines read back from shard files by custom_id
 - validate: validated_outputs
 - gate: the publication gate's record (what the latest validation blocked)
 - reports: dead_letter, cost_report, published_outputs, qa_sample
 """
 
+from llm_assets.steps.cancel import CancelResult, cancel_day
 from llm_assets.steps.context import (
     GateBlocked,
     MissingPrerequisite,
@@ -80,6 +82,7 @@ from llm_assets.steps.validate import ValidateResult, validate_outputs
 
 __all__ = [
     "BudgetGate",
+    "CancelResult",
     "CostReport",
     "DeadLetterResult",
     "Drift",
@@ -101,6 +104,7 @@ __all__ = [
     "ValidateResult",
     "budget_gate",
     "build_shards",
+    "cancel_day",
     "cost_drift",
     "cost_report",
     "current_snapshot_uri",

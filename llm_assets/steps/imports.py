@@ -36,6 +36,8 @@ from llm_assets.resources.providers.base import (
 )
 from llm_assets.result_rows import ResultStager, RowMaker, StagedResults, staged_results
 from llm_assets.spec import PipelineSpec
+from llm_assets.steps.breaker import trip_if_over
+from llm_assets.steps.cancel import cancelled_item
 from llm_assets.steps.context import StepContext
 from llm_assets.steps.line_ids import request_lines
 from llm_assets.steps.shards import Estimator, ShardRound, line_offsets, shards_for, write_shard
@@ -93,6 +95,8 @@ class ImportResult(BaseModel):
     retry_shards: list[str]
     gave_up: int
     counts: JobCounts
+    breaker: str | None = None
+    """Why the spend breaker cancelled the day after this import, if it did."""
 
 
 def _about_lines(block: bytes) -> int:
@@ -115,6 +119,8 @@ def _unanswered(shard: ShardRecord, for_quota: bool) -> dict[str, Any]:
     why = shard.raw_status or shard.status
     if shard.message:
         why = f"{why}: {shard.message}"
+    if shard.cancelled_at is not None:
+        return cancelled_item(f"provider batch {shard.provider_batch_id} was cancelled")
     if for_quota:
         return {
             "status": RETRY,
@@ -189,7 +195,13 @@ def import_results(ctx: StepContext) -> ImportResult:
     Holds the day, so two imports never plan the same items into two retry shards.
     """
     with ctx.day_lock():
-        return _import_results(ctx)
+        result = _import_results(ctx)
+    tripped = trip_if_over(ctx, result.counts)
+    if tripped is None:
+        return result
+    return result.model_copy(
+        update={"breaker": tripped, "counts": ctx.ledger.refresh_job(result.job_id)}
+    )
 
 
 def _import_results(ctx: StepContext) -> ImportResult:
@@ -237,6 +249,8 @@ def _sort_retries(
     item's estimated input tokens."""
     retry_by_shard: dict[str, dict[str, int | None]] = defaultdict(dict)
     exhausted: list[dict[str, Any]] = []
+    cancelled: list[dict[str, Any]] = []
+    stopped = _cancelled_shards(ctx, job)
     for item in ctx.ledger.iter_items(
         job.job_id,
         [RETRY],
@@ -251,7 +265,11 @@ def _sort_retries(
         few=RETRY_READ_AT_ONCE,
     ):
         tokens[item["custom_id"]] = item["estimated_input_tokens"]
-        if item["attempts"] >= ctx.spec.retry.max_attempts:
+        if job.cancelled_at is not None or item["shard_id"] in stopped:
+            # An operator cancelled it: what its batch answered as retryable stops here.
+            why = "the day was cancelled" if job.cancelled_at else "its shard was cancelled"
+            cancelled.append({"custom_id": item["custom_id"], **cancelled_item(why)})
+        elif item["attempts"] >= ctx.spec.retry.max_attempts:
             exhausted.append(
                 {
                     "custom_id": item["custom_id"],
@@ -263,7 +281,13 @@ def _sort_retries(
         else:
             retry_by_shard[item["shard_id"]][item["custom_id"]] = item["request_offset"]
     gave_up = ctx.ledger.set_item_errors(job.job_id, exhausted, from_status=[RETRY])
+    ctx.ledger.set_item_errors(job.job_id, cancelled, from_status=[RETRY])
     return retry_by_shard, gave_up
+
+
+def _cancelled_shards(ctx: StepContext, job: JobRecord) -> set[str]:
+    """The day's shards an operator cancelled."""
+    return {s.shard_id for s in ctx.ledger.shards(job.job_id) if s.cancelled_at is not None}
 
 
 def plan_retries(ctx: StepContext, job: JobRecord) -> tuple[list[str], int]:
@@ -329,6 +353,10 @@ def _requeue_dead_letters(
 ) -> RequeueResult:
     spec, ledger = ctx.spec, ctx.ledger
     job = ctx.job()
+    if job.cancelled_at is not None:
+        # Sending items again is the operator taking the day back up: the cancel is lifted.
+        ledger.update_job(job.job_id, cancelled_at=None, cancelled_by=None, cancel_reason=None)
+        job = ctx.job()
     chosen = {
         row["custom_id"]
         for row in ledger.iter_dead_letters(job.job_id)

@@ -6,12 +6,19 @@ import contextlib
 import json
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from llm_assets.failpoints import failpoint
 from llm_assets.progress import report as report_progress
-from llm_assets.resources.ledger import RESULT_COLUMNS, SUBMITTED, ShardRecord, utcnow
+from llm_assets.resources.ledger import (
+    RESULT_COLUMNS,
+    SUBMITTED,
+    LedgerResource,
+    ShardRecord,
+    utcnow,
+)
 from llm_assets.resources.pricing import ModelPrice
 from llm_assets.resources.providers.base import ONLINE_BATCH_PREFIX, ItemResult, ShardState
 from llm_assets.resources.providers.realtime import OnlineWork
@@ -124,6 +131,24 @@ class _Reporter:
         report_progress("online", done, self.total)
 
 
+class CancelWatch:
+    """Whether an operator cancelled the shard, read from the ledger at most once a second
+    (the worker asks before every send)."""
+
+    def __init__(self, ledger: LedgerResource, shard_id: str, every: float = 1.0) -> None:
+        self.ledger, self.shard_id, self.every = ledger, shard_id, every
+        self.seen = False
+        self._next = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self.seen and now >= self._next:
+            self._next = now + self.every
+            current = self.ledger.get_shard(self.shard_id)
+            self.seen = current is not None and current.cancelled_at is not None
+        return self.seen
+
+
 def run_online_shard(
     ctx: StepContext,
     shard: ShardRecord,
@@ -150,14 +175,29 @@ def run_online_shard(
         ledger.upsert_results(ctx.job_id, rows, shard_id=shard.shard_id)
         failpoint("online.after_checkpoint")
 
+    cancelled = CancelWatch(ledger, shard.shard_id)
+    stop_event = stopping or threading.Event()
     work = OnlineWork(
         requests=_requests(ctx, shard, open_items),
         deliver=deliver,
         checkpoint_every=spec.online.checkpoint_every,
-        stop=(stopping or threading.Event()).is_set,
+        stop=lambda: stop_event.is_set() or cancelled(),
         progress=_Reporter(shard.shard_id, len(open_items), progress),
     )
     stats = ctx.batch_provider.run(spec, work)
+    if stats.interrupted and cancelled.seen:
+        # An operator cancelled the shard: what was answered is in; the import makes the
+        # rest cancelled dead letters.
+        ledger.update_shard(
+            shard.shard_id,
+            status=ShardState.CANCELLED.value,
+            raw_status="cancelled",
+            ended_at=utcnow(),
+            completed_requests=stats.succeeded,
+            failed_requests=stats.failed,
+            message=f"cancelled after {stats.succeeded + stats.failed} of {len(open_items)} items",
+        )
+        return batch_id
     if stats.interrupted:
         raise OnlineInterrupted(
             f"{shard.shard_id}: stopped by SIGTERM after {stats.succeeded + stats.failed} of "

@@ -357,6 +357,14 @@ def submit_shards(
     ledger = ctx.ledger
     job = ctx.job()
     to_submit = ledger.shards(job.job_id, list(_WAITING))
+    if job.cancelled_at is not None and to_submit:
+        raise GateBlocked(
+            "cancelled",
+            f"{ctx.spec.name} {ctx.day} was cancelled by {job.cancelled_by or 'an operator'} at "
+            f"{job.cancelled_at:%Y-%m-%d %H:%M} UTC ({job.cancel_reason}); nothing was "
+            f"submitted. `llm-assets requeue {ctx.spec.name} --date {ctx.day} --class "
+            "cancelled` sends its cancelled items again",
+        )
     if to_submit:
         gate = budget_gate(ctx, approve=approve_budget, approved_by=approved_by)
         if not gate.passed:

@@ -55,7 +55,9 @@ def update_job(engine: Engine, job_id: str, **values: Any) -> None:
 def refresh_job(engine: Engine, job_id: str) -> JobCounts:
     """Recompute a job's totals and status from its items."""
     counts = items.counts(engine, job_id)
-    if counts.total and counts.open == 0:
+    if _cancelled(engine, job_id):
+        status = "cancelled"
+    elif counts.total and counts.open == 0:
         status = "completed"
     elif _any_submitted(engine, job_id):
         status = "running"
@@ -74,6 +76,13 @@ def refresh_job(engine: Engine, job_id: str) -> JobCounts:
         cost_usd=counts.cost_usd,
     )
     return counts
+
+
+def _cancelled(engine: Engine, job_id: str) -> bool:
+    """Whether an operator's cancel of the whole day stands."""
+    query = sa.select(job_table.c.cancelled_at).where(job_table.c.job_id == job_id)
+    with engine.connect() as conn:
+        return conn.execute(query).scalar() is not None
 
 
 def _any_submitted(engine: Engine, job_id: str) -> bool:

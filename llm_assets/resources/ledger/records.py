@@ -45,6 +45,10 @@ class JobRecord(BaseModel):
     budget_approved_usd: float | None = None
     budget_approved_by: str | None = None
     budget_approved_at: UtcDatetime | None = None
+    cancelled_at: UtcDatetime | None = None
+    """Set while an operator's cancel of the whole day stands (a requeue lifts it)."""
+    cancelled_by: str | None = None
+    cancel_reason: str | None = None
     created_by: str
     created_at: UtcDatetime
     updated_at: UtcDatetime
@@ -82,6 +86,8 @@ class ShardRecord(BaseModel):
     failed_requests: int
     not_before: UtcDatetime | None
     submit_intent_at: UtcDatetime | None
+    cancelled_at: UtcDatetime | None = None
+    """When an operator cancelled the shard: what it did not answer is a cancelled dead letter."""
     submitted_at: UtcDatetime | None
     ended_at: UtcDatetime | None
     imported_at: UtcDatetime | None

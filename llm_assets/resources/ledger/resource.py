@@ -280,6 +280,12 @@ class LedgerResource(dg.ConfigurableResource):
 
     reserve_budget = _on_engine(budget.reserve_budget)
 
+    def spent_since(self, pipeline: str, since: dt.date) -> float:
+        """A pipeline's spend since a date: settled costs, and the reserved bounds of shards
+        not settled yet."""
+        with self.engine.connect() as conn:
+            return budget.spent_since(conn, pipeline, since)
+
     def committed_cost(self, job_id: str) -> float:
         return budget.committed_cost(self.engine, job_id)
 

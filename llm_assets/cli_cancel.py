@@ -1,0 +1,125 @@
+"""`llm-assets cancel`: an operator's cancel of a day, or of some of its shards.
+
+It cancels the provider batches in flight and closes the shards not sent yet, then (unless
+`--no-wait`) waits for the cancelled batches to settle, imports what they answered, and
+reports the day: every item ends succeeded or a dead letter, the unanswered ones `cancelled`,
+which `llm-assets requeue --class cancelled` sends again.
+"""
+
+import datetime as dt
+import getpass
+import time
+from typing import TYPE_CHECKING
+
+import click
+from rich.markup import escape
+
+from llm_assets.console import console, count_words, err, plural
+
+if TYPE_CHECKING:
+    from llm_assets.resources.ledger import LedgerResource, ShardRecord
+
+
+@click.command()
+@click.argument("pipeline")
+@click.option("--date", "date_", required=True)
+@click.option(
+    "--shard",
+    "shards",
+    multiple=True,
+    help="A shard to cancel (its id or the short form `status` prints; repeatable). "
+    "Without it the whole day is cancelled, and its later submissions stop until a requeue.",
+)
+@click.option("--reason", default=None, help="Why; kept on the day and in each dead letter.")
+@click.option("--no-wait", is_flag=True, help="Cancel and return; the sensor imports later.")
+@click.option("--timeout", default=900.0, show_default=True, help="Seconds to wait to settle.")
+@click.option("--poll-interval", default=5.0, show_default=True)
+def cancel(
+    pipeline: str,
+    date_: str,
+    shards: tuple[str, ...],
+    reason: str | None,
+    no_wait: bool,
+    timeout: float,
+    poll_interval: float,
+) -> None:
+    """Cancel a day (or shards of it): batches in flight are cancelled and imported."""
+    from llm_assets import steps
+    from llm_assets.cli import _current_job, _date, _settings, _spec
+    from llm_assets.resources.providers import provider_resource_key
+    from llm_assets.runner import IMPORT_STEPS, REPORT_STEPS, PartitionRunner, persistent_instance
+
+    settings = _settings()
+    spec = _spec(settings, pipeline)
+    day = _date(date_)
+    assert day is not None
+    resources, job = _current_job(settings, spec, day)
+    user = getpass.getuser()
+    ctx = steps.StepContext(
+        spec,
+        day,
+        resources["ledger"],
+        resources["storage"],
+        resources[provider_resource_key(spec.model.provider)],
+        created_by=f"cli:{user}",
+        log=lambda message: err.print(escape(message), highlight=False),
+    )
+    try:
+        result = steps.cancel_day(
+            ctx, shard_ids=list(shards) or None, reason=reason or f"cancelled by {user}"
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if no_wait or not result.settling:
+        _report(spec.name, day, resources["ledger"], job.job_id, waited=False)
+        return
+    ledger, provider = resources["ledger"], ctx.batch_provider
+    deadline = time.monotonic() + timeout
+    settling = set(result.settling)
+    while True:
+        shards_now = [s for s in ledger.shards(job.job_id) if s.shard_id in settling]
+        open_ = [s for s in steps.poll_shards(ledger, provider, shards_now) if not _settled(s)]
+        if not open_:
+            break
+        if time.monotonic() > deadline:
+            err.print(
+                f"{len(open_)} cancelled batch(es) still winding down after {timeout:.0f}s; "
+                "the batch-status sensor imports them when they end",
+                highlight=False,
+            )
+            _report(spec.name, day, ledger, job.job_id, waited=False)
+            return
+        time.sleep(poll_interval)
+    runner = PartitionRunner(
+        settings, spec, persistent_instance(settings), resources=resources, poll_interval=0.0
+    )
+    runner.materialize(day, IMPORT_STEPS)
+    if result.whole_day:
+        runner.materialize(day, REPORT_STEPS)
+    _report(spec.name, day, ledger, job.job_id, waited=True)
+
+
+def _settled(shard: "ShardRecord") -> bool:
+    from llm_assets.resources.providers.base import IN_FLIGHT_STATES
+
+    return shard.status not in IN_FLIGHT_STATES
+
+
+def _report(
+    pipeline: str, day: dt.date, ledger: "LedgerResource", job_id: str, *, waited: bool
+) -> None:
+    counts = ledger.refresh_job(job_id)
+    console.print(
+        f"{pipeline} {day}: {plural(counts.total, 'item')}: "
+        f"{count_words(counts.by_status, counts.dead_letters_by_class)}"
+        + ("" if waited else "; cancelled batches are imported as they end"),
+        highlight=False,
+        markup=False,
+    )
+    if counts.dead_letters_by_class.get("cancelled"):
+        console.print(
+            f"`llm-assets requeue {pipeline} --date {day} --class cancelled` sends the "
+            "cancelled items again",
+            highlight=False,
+            markup=False,
+        )

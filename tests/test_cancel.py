@@ -1,0 +1,419 @@
+"""An operator's cancel of a day, or of a shard, on each batch provider's fake: what the
+cancelled batches answered is kept and billed once, the rest become `cancelled` dead letters
+that a requeue sends again, and nothing submits a cancelled day until then."""
+
+import datetime as dt
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from llm_assets import steps
+from llm_assets.cancel_job import build_cancel_job
+from llm_assets.resources.ledger import TERMINAL
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.gemini_server import FakeGemini
+from tests.fakes.openai_server import FakeOpenAI
+from tests.harness import CLI, DAY, Harness, open_harness, provider_for, review_spec, truthful
+from tests.test_gemini_provider import truthful as gemini_truthful
+
+pytestmark = pytest.mark.one_database
+
+MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
+REVIEWS = 30
+"""Three shards of ten."""
+
+
+@pytest.fixture(params=sorted(MODELS))
+def provider(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def day(tmp_path: Path, database_url: str, provider: str) -> Iterator[tuple[Harness, Any]]:
+    fakes = {"openai": FakeOpenAI, "anthropic": FakeAnthropic, "gemini": FakeGemini}
+    with fakes[provider](tmp_path / "fake") as fake:
+        fake.responder = gemini_truthful if provider == "gemini" else truthful
+        fake.polls_per_state = 1000  # batches stay in progress until cancelled
+        spec = review_spec(provider, MODELS[provider])
+        with open_harness(tmp_path, database_url, spec, provider_for(fake), REVIEWS) as harness:
+            yield harness, fake
+
+
+def context(harness: Harness) -> steps.StepContext:
+    return steps.StepContext(
+        harness.spec, DAY, harness.ledger, harness.storage, harness.provider, created_by="test"
+    )
+
+
+def settle_and_import(harness: Harness) -> None:
+    """Poll the cancelled batches until they end, then import, as the sensor would."""
+    for _ in range(20):
+        shards = harness.ledger.shards(harness.job_id(), ["submitted", "running"])
+        if not shards:
+            break
+        steps.poll_shards(harness.ledger, harness.provider, shards)
+    assert harness.materialize("batch_results").success
+
+
+def test_cancel_mid_day_keeps_what_ran_and_requeue_finishes_the_day(
+    day: tuple[Harness, Any], provider: str
+) -> None:
+    harness, fake = day
+    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+    shards = harness.ledger.shards(harness.job_id())
+    assert len(shards) == 3 and all(s.provider_batch_id for s in shards)
+    # A batch answers part of its lines only once it runs (OpenAI's and Gemini's start
+    # validating or pending): let each get there, then hold it.
+    fake.polls_per_state = 1
+    for shard in shards:
+        while harness.provider.poll(shard.provider_batch_id).state != "running":
+            pass
+    fake.polls_per_state = 1000
+
+    result = steps.cancel_day(context(harness), reason="wrong prompt")
+
+    assert result.whole_day and len(result.cancelled_batches) == 3
+    settle_and_import(harness)
+    rows = harness.rows()
+    assert all(r["status"] in TERMINAL for r in rows.values())
+    kept = {cid for cid, r in rows.items() if r["status"] == "succeeded"}
+    cancelled = {cid for cid, r in rows.items() if r["error_class"] == "cancelled"}
+    assert kept and cancelled and kept | cancelled == set(rows)
+    assert {rows[c]["status"] for c in cancelled} == {"dead_letter"}
+    assert all(rows[c]["error_message"].startswith("cancelled: ") for c in cancelled)
+    assert all(rows[c]["cost_usd"] > 0 for c in kept)
+    job = harness.ledger.get_job(harness.job_id())
+    assert job is not None and job.status == "cancelled" and job.cancel_reason == "wrong prompt"
+
+    # A cancelled day is not submitted again, whoever asks.
+    blocked = harness.materialize("provider_batches")
+    assert not blocked.success or not harness.ledger.shards(harness.job_id(), ["created"])
+
+    requeued = steps.requeue_dead_letters(context(harness), classes={"cancelled"})
+    assert requeued.requeued == len(cancelled)
+    fake.polls_per_state = 1
+    outcome = harness.run_day()
+
+    assert outcome.done and outcome.succeeded == REVIEWS
+    rows = harness.rows()
+    assert {cid for cid, r in rows.items() if r["attempts"] == 2} == cancelled
+    assert harness.labels() == harness.truth
+    billed = getattr(fake, "billed", None)
+    if billed is not None:  # each request ran to an answer once
+        assert set(billed.values()) == {1}
+
+
+@pytest.mark.parametrize("provider", ["openai"])
+def test_a_cancel_from_a_dagster_run_closes_unsent_shards_and_sensors_leave_the_day(
+    day: tuple[Harness, Any],
+) -> None:
+    from tests.test_automation_units import tick as new_data_tick
+    from tests.test_sensors import tick as status_tick
+
+    harness, fake = day
+    assert harness.materialize("input_snapshot", "request_shards").success
+    job = build_cancel_job(harness.spec)
+    config = {"date": DAY.isoformat(), "reason": "source file is wrong"}
+
+    ran = job.execute_in_process(
+        run_config={"ops": {f"{harness.spec.name}__cancel_day": {"config": config}}},
+        resources=harness.resources,
+        instance=harness.instance,
+    )
+
+    assert ran.success
+    rows = harness.rows()
+    assert {(r["status"], r["error_class"]) for r in rows.values()} == {
+        ("dead_letter", "cancelled")
+    }
+    assert {r["attempts"] for r in rows.values()} == {0}
+    shards = harness.ledger.shards(harness.job_id())
+    assert {(s.status, s.raw_status) for s in shards} == {("imported", "cancelled")}
+    assert not [c for c in fake.calls.entries() if c["method"] == "POST"], "nothing was sent"
+    # The sensors leave the day alone: a changed source file requests no run for it, and
+    # the finished-looking day is neither validated nor reported.
+    source = next((harness.home / "reviews").glob("*.jsonl"))
+    source.write_text(source.read_text() + source.read_text().splitlines()[0] + "\n")
+    requests = new_data_tick(harness.spec, harness.settings, harness.instance, None).run_requests
+    assert DAY.isoformat() not in {r.partition_key for r in requests}
+    assert status_tick(harness).run_requests == []
+
+    requeued = steps.requeue_dead_letters(context(harness), classes={"cancelled"})
+    assert requeued.requeued == REVIEWS
+    fake.polls_per_state = 1
+    outcome = harness.run_day()
+    assert outcome.done and outcome.succeeded == REVIEWS
+
+
+@pytest.mark.parametrize("provider", ["openai"])
+def test_the_cli_cancels_one_shard_and_the_rest_of_the_day_goes_on(
+    day: tuple[Harness, Any], tmp_path: Path, database_url: str
+) -> None:
+    harness, fake = day
+    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+    fake.polls_per_state = 1
+    shards = harness.ledger.shards(harness.job_id())
+    for shard in shards:
+        while harness.provider.poll(shard.provider_batch_id).state != "running":
+            pass
+    fake.polls_per_state = 1000
+    target = shards[1]
+    short = target.shard_id[len(target.job_id) + 1 :]
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "reviews.yaml").write_text(
+        yaml.safe_dump(review_spec("openai", MODELS["openai"]))
+    )
+    env = {
+        **os.environ,
+        "LLM_ASSETS_HOME": str(harness.home),
+        "LLM_ASSETS_DATABASE_URL": database_url,
+        "LLM_ASSETS_PIPELINES": str(tmp_path / "specs"),
+        "DAGSTER_HOME": str(tmp_path / "dagster-cli"),
+        "OPENAI_BASE_URL": fake.base_url,
+        "OPENAI_API_KEY": "test-key",
+    }
+    args = [CLI, "cancel", harness.spec.name, "--date", DAY.isoformat(), "--shard", short]
+
+    done = subprocess.run(
+        [*args, "--poll-interval", "0.05", "--reason", "bad shard"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "--class cancelled" in done.stdout
+    rows = harness.rows()
+    mine = {cid: r for cid, r in rows.items() if r["shard_id"] == target.shard_id}
+    assert {r["status"] for r in mine.values()} == {"succeeded", "dead_letter"}
+    assert {r["error_class"] for r in mine.values() if r["status"] == "dead_letter"} == {
+        "cancelled"
+    }
+    others = [s for s in harness.ledger.shards(harness.job_id()) if s.shard_id != target.shard_id]
+    assert {s.status for s in others} == {"running"}  # not cancelled, still at the provider
+    job = harness.ledger.get_job(harness.job_id())
+    assert job is not None and job.cancelled_at is None
+    status = subprocess.run(
+        [CLI, "status", harness.spec.name, "--date", DAY.isoformat(), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    [listed] = json.loads(status.stdout)["jobs"]
+    assert {s["shard_id"] for s in listed["shards"] if s["cancelled"]} == {target.shard_id}
+    assert listed["cancelled"] is None
+
+    fake.polls_per_state = 1
+    outcome = harness.run_day()
+    # The other shards finish; the cancelled items stay cancelled until requeued.
+    assert outcome.done
+    assert outcome.dead_letters_by_class == {"cancelled": len(mine) - len(mine) // 2}
+    assert outcome.succeeded == REVIEWS - outcome.dead_letters
+
+
+CAP = 0.0004
+"""A day of short answers costs about $0.00026; five times longer ones, about $0.001."""
+
+
+def test_the_spend_breaker_cancels_a_day_whose_answers_cost_five_times_the_estimate(
+    tmp_path: Path, database_url: str
+) -> None:
+    from llm_assets.runner import SUBMIT_STEPS, PartitionRunner
+    from tests.fakes.openai_model import user_text
+    from tests.harness import write_reviews
+
+    earlier = DAY - dt.timedelta(days=1)
+
+    def answer(words: int) -> Callable[[dict[str, Any]], str]:
+        def respond(body: dict[str, Any]) -> str:
+            label = json.loads(truthful(body))["label"]
+            summary = " ".join(["word"] * words) if words else user_text(body)[:40]
+            return json.dumps({"label": label, "summary": summary})
+
+        return respond
+
+    with FakeOpenAI(tmp_path / "fake") as fake:
+        spec = review_spec(
+            "openai",
+            MODELS["openai"],
+            model={"max_output_tokens": 400},
+            output={
+                "schema": {
+                    "label": {"type": "str", "isin": ["positive", "negative"]},
+                    "summary": {"type": "str", "min_length": 1},
+                }
+            },
+            budget={"max_usd_per_partition": CAP, "history_window": 3},
+        )
+        with open_harness(tmp_path, database_url, spec, provider_for(fake), REVIEWS) as harness:
+            write_reviews(harness.home, earlier, REVIEWS)
+            runner = PartitionRunner(
+                harness.settings,
+                harness.spec,
+                harness.instance,
+                resources=harness.resources,
+                poll_interval=0.0,
+                approve_budget=True,
+            )
+            # The day before answers in a few words: the estimate learns that.
+            fake.responder = answer(0)
+            assert runner.run_day(earlier, wait=True).done
+            # This day's answers are five times longer than that.
+            fake.responder = answer(100)
+            fake.polls_per_state = 1000
+            runner.materialize(DAY, SUBMIT_STEPS)
+            first, *rest = harness.ledger.shards(harness.job_id())
+            estimate = sum(s.estimated_cost_usd for s in [first, *rest])
+            assert estimate < CAP  # the day was expected to fit
+            fake.polls_per_state = 1
+            while harness.provider.poll(first.provider_batch_id).state != "completed":
+                pass
+            fake.polls_per_state = 1000
+            steps.poll_shards(harness.ledger, harness.provider, [first])
+
+            imported = harness.materialize("batch_results")
+
+            assert imported.success
+            [materialization] = imported.asset_materializations_for_node(
+                f"{harness.spec.name}__batch_results"
+            )
+            reason = materialization.metadata["spend_breaker"].value
+            assert isinstance(reason, str) and "max_usd_per_partition" in reason
+            job = harness.ledger.get_job(harness.job_id())
+            assert job is not None and job.cancelled_at is not None
+            assert job.cancel_reason == reason
+            cancelled = {s.shard_id: s for s in harness.ledger.shards(harness.job_id())}
+            assert all(cancelled[s.shard_id].cancelled_at is not None for s in rest)
+            assert all(cancelled[s.shard_id].provider_batch_id for s in rest)
+            [alert] = harness.ledger.sent_notifications(harness.spec.name, DAY)
+            assert alert["text"].startswith(f"ALERT {harness.spec.name} {DAY}")
+            assert "spend breaker" in alert["text"]
+            # The rest of the day is cancelled at the provider: nothing more is billed for it.
+            settle_and_import(harness)
+            rows = harness.rows()
+            for row in rows.values():
+                if row["shard_id"] == first.shard_id:
+                    assert row["status"] == "succeeded"
+                else:
+                    assert (row["status"], row["error_class"]) in (
+                        ("succeeded", None),
+                        ("dead_letter", "cancelled"),
+                    )
+            assert not [s for s in harness.ledger.shards(harness.job_id()) if s.kind == "retry"]
+            assert all(r["status"] in TERMINAL for r in rows.values())
+
+
+@pytest.mark.fake_server("bedrock", min_records=10)
+def test_a_bedrock_day_is_cancelled_with_stop_model_invocation_job(
+    tmp_path: Path, database_url: str, moto_s3: Any, fake: Any
+) -> None:
+    import uuid
+
+    import dagster as dg
+
+    from llm_assets.resources.providers.bedrock import BedrockBatchProvider
+    from llm_assets.resources.storage import ArtifactStorage
+    from tests.test_bedrock_provider import ROLE, bedrock_spec
+    from tests.test_bedrock_provider import truthful as bedrock_truthful
+
+    fake.responder = bedrock_truthful
+    provider = BedrockBatchProvider(
+        role_arn=ROLE, endpoint_url=fake.endpoint_url, retry_base_seconds=0.01
+    )
+    spec = bedrock_spec() | {"bedrock": {"min_records_per_job": 10}}
+    spec["sharding"] = {"max_requests_per_shard": 10}
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        harness = Harness(tmp_path, database_url, instance, spec, provider, reviews=REVIEWS)
+        harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
+        assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+        fake.polls_per_state = 1
+        shards = harness.ledger.shards(harness.job_id())
+        for shard in shards:
+            while harness.provider.poll(shard.provider_batch_id).raw_status != "InProgress":
+                pass
+        fake.polls_per_state = 1000
+
+        result = steps.cancel_day(context(harness), reason="stop")
+
+        assert len(result.cancelled_batches) == 3
+        stops = [c for c in fake.calls.entries() if c.get("operation") == "StopModelInvocationJob"]
+        assert len(stops) == 3
+        fake.polls_per_state = 1
+        settle_and_import(harness)
+        rows = harness.rows()
+        kept = [r for r in rows.values() if r["status"] == "succeeded"]
+        cancelled = [r for r in rows.values() if r["error_class"] == "cancelled"]
+        assert kept and cancelled and len(kept) + len(cancelled) == REVIEWS
+        assert {r["attempts"] for r in rows.values()} == {1}
+
+
+def test_a_local_provider_day_is_cancelled(tmp_path: Path, database_url: str) -> None:
+    from llm_assets.resources.providers.local import LocalProvider
+
+    provider = LocalProvider(
+        state_dir=str(tmp_path / "local_provider"), work_budget_seconds=0.0, chunk_size=4
+    )
+    spec = review_spec("local", "all-MiniLM-L6-v2", sharding={"max_requests_per_shard": 30})
+    spec["output"] = {
+        "format": "json",
+        "schema": {"label": {"type": "str", "isin": ["positive", "negative"]}},
+    }
+    with open_harness(tmp_path, database_url, spec, provider, REVIEWS) as harness:
+        assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+        [shard] = harness.ledger.shards(harness.job_id())
+        harness.provider.poll(shard.provider_batch_id)  # one chunk of four runs
+
+        result = steps.cancel_day(context(harness), reason="stop")
+
+        assert result.cancelled_batches == [shard.provider_batch_id]
+        settle_and_import(harness)
+        rows = harness.rows()
+        kept = [r for r in rows.values() if r["status"] == "succeeded"]
+        cancelled = [r for r in rows.values() if r["error_class"] == "cancelled"]
+        assert len(kept) == 4 and len(cancelled) == REVIEWS - 4
+
+
+@pytest.mark.fake_server("online")
+def test_the_online_worker_stops_when_its_shard_is_cancelled(
+    tmp_path: Path, database_url: str, fake: Any
+) -> None:
+    import threading
+
+    from llm_assets.resources.providers.online import OnlineProvider
+    from tests.test_online_provider import online_spec
+
+    fake.latency_seconds = 0.05
+    provider = OnlineProvider(base_url=fake.base_url, backoff_base_seconds=0.01)
+    spec = online_spec(concurrency=1, checkpoint_every=2) | {
+        "sharding": {"max_requests_per_shard": 100}
+    }
+    with open_harness(tmp_path, database_url, spec, provider, reviews=60) as harness:
+        assert harness.materialize("input_snapshot", "request_shards").success
+        worker = threading.Thread(target=lambda: harness.materialize("provider_batches"))
+        worker.start()
+        # Cancel once the worker has checkpointed some answers.
+        while harness.ledger.counts(harness.job_id()).succeeded < 4:
+            assert worker.is_alive(), "the worker ended before it was cancelled"
+        steps.cancel_day(context(harness), reason="stop sending")
+        worker.join(timeout=120)
+        assert not worker.is_alive()
+
+        [shard] = harness.ledger.shards(harness.job_id())
+        assert (shard.status, shard.raw_status) == ("cancelled", "cancelled")
+        sent = len(fake.calls())
+        assert sent < 60, "the worker stopped sending"
+        assert harness.materialize("batch_results").success
+        rows = harness.rows()
+        kept = [r for r in rows.values() if r["status"] == "succeeded"]
+        cancelled = [r for r in rows.values() if r["error_class"] == "cancelled"]
+        assert len(kept) >= 4 and len(kept) + len(cancelled) == 60
+        assert len(fake.calls()) == sent  # nothing more was sent after it stopped
