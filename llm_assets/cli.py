@@ -24,6 +24,7 @@ from llm_assets.console import (
     print_dead_letters,
     print_error,
     print_outcomes,
+    print_pause_change,
     print_status,
     progress_bar,
 )
@@ -31,7 +32,7 @@ from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec, SpecError, check_specs, load_specs
 
 if TYPE_CHECKING:
-    from llm_assets.resources.ledger import JobRecord, LedgerResource
+    from llm_assets.resources.ledger import JobRecord, LedgerResource, PipelinePause
 
 EXIT_OK, EXIT_ERROR, EXIT_GATE = 0, 1, 2
 
@@ -216,17 +217,32 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
     no_data = steps.no_source_rows_reason(day) if empty else None
     # The gate that holds the day's publication, as a sentence; None when none does.
     blocked = steps.publication_block(spec, day, resources["storage"])
+    pause = ledger.pipeline_pause(spec.name)
     if as_json:
         report = {
             "pipeline": spec.name,
             "date": day.isoformat(),
+            "paused": None if pause is None else _pause_json(pause),
             "no_data": no_data,
             "blocked": blocked,
             "jobs": jobs,
         }
         click.echo(json.dumps(report, indent=2))
         return
-    print_status(spec.name, day, jobs, no_data, blocked=blocked, home=settings.home)
+    paused = steps.paused_text(pause) if pause is not None else None
+    print_status(spec.name, day, jobs, no_data, blocked=blocked, paused=paused, home=settings.home)
+
+
+def _pause_json(pause: "PipelinePause") -> dict[str, Any]:
+    """The pipeline's pause in `status --json`: who, when, why and the sentence `run` prints."""
+    from llm_assets import steps
+
+    return {
+        "paused_by": pause.paused_by,
+        "paused_at": pause.paused_at.astimezone(dt.UTC).isoformat(),
+        "reason": pause.reason,
+        "text": steps.paused_text(pause),
+    }
 
 
 def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") -> dict[str, Any]:
@@ -454,6 +470,37 @@ def requeue(pipeline: str, date_: str, classes: tuple[str, ...], ids: str | None
         f"`llm-assets run {spec.name} --date {day} --wait` sends them",
         highlight=False,
     )
+
+
+@main.command()
+@click.argument("pipeline")
+@click.option("--reason", default="", help="Why; shown wherever the pause holds work back.")
+def pause(pipeline: str, reason: str) -> None:
+    """Submit nothing new for a pipeline until it is resumed; in-flight batches still finish."""
+    from llm_assets import steps
+    from llm_assets.resources import build_resources
+
+    settings = _settings()
+    spec = _spec(settings, pipeline)
+    ledger = build_resources(settings)["ledger"]
+    paused, made = ledger.pause_pipeline(
+        spec.name, paused_by=f"cli:{getpass.getuser()}", reason=reason
+    )
+    print_pause_change(steps.pause_words(paused, made))
+
+
+@main.command()
+@click.argument("pipeline")
+def resume(pipeline: str) -> None:
+    """Let a paused pipeline submit again; the sensors send what waited."""
+    from llm_assets import steps
+    from llm_assets.resources import build_resources
+
+    settings = _settings()
+    spec = _spec(settings, pipeline)
+    ledger = build_resources(settings)["ledger"]
+    ended = ledger.resume_pipeline(spec.name, resumed_by=f"cli:{getpass.getuser()}")
+    print_pause_change(steps.resume_words(spec.name, ended))
 
 
 @main.command()

@@ -256,11 +256,14 @@ def print_status(
     no_data: str | None = None,
     *,
     blocked: str | None = None,
+    paused: str | None = None,
     home: Path | None = None,
 ) -> None:
-    """`llm-assets status`: the gate that blocks the day (`blocked`) first, then a shard table
-    and an item summary per job of the day; `no_data` says why a day with no source rows has
-    no job."""
+    """`llm-assets status`: the pipeline's pause (`paused`, steps.paused_text) and the gate that
+    blocks the day (`blocked`) first, then a shard table and an item summary per job of the
+    day; `no_data` says why a day with no source rows has no job."""
+    if paused:
+        console.print(Text(f"{pipeline} is {paused}", style="bold yellow"))
     if blocked:
         console.print(
             Text(f"{pipeline} {day}: {home_relative(blocked, home)}", style="bold red"),
@@ -317,6 +320,12 @@ def print_status(
             highlight=False,
             markup=False,
         )
+
+
+def print_pause_change(words: str) -> None:
+    """`llm-assets pause` and `resume`: what changed, in the words of steps.pause_words and
+    resume_words."""
+    console.print(words, highlight=False, markup=False)
 
 
 def print_costs(

@@ -5,6 +5,7 @@ import dagster as dg
 from llm_assets.cancel_job import build_cancel_job
 from llm_assets.factory import build_pipeline_assets
 from llm_assets.new_data_sensor import build_new_data_sensor
+from llm_assets.pause_jobs import build_pause_jobs
 from llm_assets.resources import build_resources
 
 # Importing the registry registers the provider checks with spec validation.
@@ -18,8 +19,8 @@ from llm_assets.spec import PipelineSpec, load_specs
 def build_definitions(
     settings: Settings, specs: list[PipelineSpec] | None = None
 ) -> dg.Definitions:
-    """Every pipeline spec under LLM_ASSETS_PIPELINES becomes an asset group with its submit
-    job, sensors and (optionally) a schedule."""
+    """Every pipeline spec under LLM_ASSETS_PIPELINES becomes an asset group with its submit,
+    pause and resume jobs, sensors and (optionally) a schedule."""
     specs = load_specs(settings.pipelines_dir) if specs is None else specs
     assets = [asset for spec in specs for asset in build_pipeline_assets(spec, settings)]
     jobs = {spec.name: build_submit_job(spec) for spec in specs}
@@ -31,7 +32,11 @@ def build_definitions(
     schedules = [s for spec in specs if (s := build_schedule(spec, jobs[spec.name])) is not None]
     return dg.Definitions(
         assets=assets,
-        jobs=[*jobs.values(), *(build_cancel_job(spec) for spec in specs)],
+        jobs=[
+            *jobs.values(),
+            *(build_cancel_job(spec) for spec in specs),
+            *(job for spec in specs for job in build_pause_jobs(spec)),
+        ],
         sensors=sensors,
         schedules=schedules,
         resources=build_resources(settings),

@@ -45,11 +45,15 @@ class BudgetApproval(dg.Config):
     approve_budget: bool = False
 
 
+def started_by(context: dg.AssetExecutionContext | dg.OpExecutionContext) -> str:
+    """Who started the run, for the ledger: its created_by tag, else the run itself."""
+    return context.run.tags.get(CREATED_BY_TAG) or f"dagster run {context.run_id}"
+
+
 def approval_of(context: dg.AssetExecutionContext, config: BudgetApproval) -> tuple[bool, str]:
     """Approved by the run config or the run tag, and by whom (for the ledger)."""
     tagged = context.run.tags.get(APPROVE_BUDGET_TAG, "").lower() in ("1", "true", "yes")
-    who = context.run.tags.get(CREATED_BY_TAG) or f"dagster run {context.run_id}"
-    return config.approve_budget or tagged, who
+    return config.approve_budget or tagged, started_by(context)
 
 
 def asset_key(spec: PipelineSpec, step: str) -> dg.AssetKey:
@@ -282,7 +286,7 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
         after=["request_shards"],
         provider=True,
         description="Submits shards to the provider (never twice, never over budget); returns "
-        "without waiting.",
+        "without waiting. Skipped, with who paused it and why, while the pipeline is paused.",
         kinds={pipe.spec.model.provider},
         pool=f"llm_provider_{pipe.spec.model.provider}",
         output_required=False,
@@ -294,11 +298,17 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
         if _empty_day(context, ctx):
             return
         approve, who = approval_of(context, config)
-        result: steps.SubmitResult = _run_step(
-            lambda: steps.submit_shards(
-                ctx, approve_budget=approve, approved_by=who, progress=context.log.info
+        try:
+            result: steps.SubmitResult = _run_step(
+                lambda: steps.submit_shards(
+                    ctx, approve_budget=approve, approved_by=who, progress=context.log.info
+                )
             )
-        )
+        except steps.PipelinePaused as paused:
+            # An operator's choice, not an error: the day is not submitted (nor are the later
+            # steps of this run); what is in flight is still imported by the sensor.
+            yield _skipped(context, pipe.key("provider_batches"), str(paused))
+            return
         yield dg.MaterializeResult(metadata=asset_metadata.submit_metadata(pipe.spec, result))
 
     return provider_batches

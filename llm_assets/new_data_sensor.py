@@ -31,7 +31,8 @@ def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDe
     planned from a snapshot that recorded this very file version (steps.snapshot_sources of
     the job's snapshot_uri): that day already holds the file's rows, so the version only
     enters the cursor. A day without a job, or whose job's snapshot has an older version of
-    the file or none, is requested as before.
+    the file or none, is requested as before. While the pipeline is paused a tick is skipped
+    and keeps its cursor, so the files that came meanwhile are requested after the resume.
     """
     source = settings.resolve_source_uri(spec.source.uri)
     submit_keys = [asset_key(spec, step) for step in SUBMIT_STEPS]
@@ -47,6 +48,12 @@ def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDe
         asset_selection=submit_keys,
     )
     def new_data(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        paused = steps.pause_reason(context.resources.ledger, spec.name)
+        if paused:
+            # The cursor stays: files that arrive meanwhile are submitted once it is resumed.
+            return dg.SensorResult(
+                skip_reason=f"{spec.name} is {paused}; new files wait for the resume"
+            )
         storage: ArtifactStorage = context.resources.storage
         planned = _planned_versions(spec, context.resources.ledger, storage)
         seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}

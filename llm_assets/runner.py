@@ -231,6 +231,12 @@ class PartitionRunner:
             done=counts.open == 0,
         )
 
+    def refuse_if_paused(self) -> None:
+        """A paused pipeline is not driven: blocked (exit 2), saying who paused it and why."""
+        paused = steps.pause_reason(self.ledger, self.spec.name)
+        if paused:
+            raise StepFailed(paused, gate="paused")
+
     def run_day(
         self,
         day: dt.date,
@@ -239,8 +245,11 @@ class PartitionRunner:
         progress: ProgressFn | None = None,
         max_rounds: int = 50,
     ) -> DayOutcome:
-        """Submit the day; with `wait`, import, retry and finish until every item is terminal."""
+        """Submit the day; with `wait`, import, retry and finish until every item is terminal.
+        A paused pipeline (also one paused while this runs) is blocked."""
+        self.refuse_if_paused()
         run_ids = [self.materialize(day, SUBMIT_STEPS, progress)]
+        self.refuse_if_paused()
         if steps.no_source_rows(self.spec, day, self.storage):
             # request_shards made no job: there is nothing to wait for, import or report.
             return DayOutcome(
@@ -266,6 +275,7 @@ class PartitionRunner:
             if planned:
                 self.wait_for_backoff(planned, progress)
                 run_ids.append(self.materialize(day, ("provider_batches",), progress))
+                self.refuse_if_paused()
         # Validation gates publication (a blocked day is skipped, not failed); dead letters
         # and costs are reported either way, then a blocked day exits as blocked.
         run_ids.append(self.materialize(day, GATED_STEPS))

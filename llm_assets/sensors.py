@@ -5,8 +5,9 @@
   (new_data_sensor.py).
 - `<pipeline>__batch_status` polls in-flight provider batches with cheap status calls (in
   parallel, each one try with a short timeout, under a deadline well inside Dagster's sensor
-  time limit that bounds the calls still running too), imports ended ones,
-  submits due retry shards, and finishes days whose items are all terminal: first the gated
+  time limit that bounds the calls still running too), imports ended ones, submits due
+  retry shards (not while the pipeline is paused; after a resume, also the first-round
+  shards a pause held back), and finishes days whose items are all terminal: first the gated
   run (validation, publication), then the report run (dead letters, cost report), so the
   report is written also when the quality gate stops publication.
 - `llm_assets__partition_finished` / `llm_assets__partition_failed` announce a day's outcome
@@ -122,10 +123,14 @@ def build_batch_status_sensor(
         provider: BatchProvider = getattr(context.resources, provider_key)
         in_flight = ledger.pipeline_shards(spec.name, IN_FLIGHT_STATES)
         polled = _poll_until_deadline(context, ledger, provider, in_flight)
+        paused = steps.pause_reason(ledger, spec.name)
+        if paused:
+            context.log.info(f"{spec.name} is {paused}; shards due for submission wait for it")
 
         run_requests = [
             *_import_requests(ledger, spec.name, keys),
-            *_retry_requests(ledger, spec.name, keys),
+            *([] if paused else _retry_requests(ledger, spec.name, keys)),
+            *([] if paused else _held_requests(ledger, spec.name, keys)),
             *_finish_requests(context.instance, ledger, spec.name, keys),
         ]
         observations = [_observation(keys.submit, shard, day) for shard, day in polled]
@@ -225,6 +230,23 @@ def _retry_requests(
             keys_by_day.setdefault(day, []).append(f"quota:{shard.shard_id}:{when}")
         elif shard.round > 0:  # the first round is submitted by the run that planned it
             keys_by_day.setdefault(day, []).append(f"submit:{shard.shard_id}")
+    return [
+        dg.RunRequest(
+            run_key=_run_key(run_keys), partition_key=day.isoformat(), asset_selection=[keys.submit]
+        )
+        for day, run_keys in sorted(keys_by_day.items())
+    ]
+
+
+def _held_requests(ledger: LedgerResource, pipeline: str, keys: _StatusKeys) -> list[dg.RunRequest]:
+    """First-round shards a pause held back (a submit run met it) are submitted once the
+    pipeline is resumed: one run per day, once per hold (its message names the pause). Later
+    rounds are requested as retries are."""
+    keys_by_day: dict[dt.date, list[str]] = {}
+    for shard, day in ledger.pipeline_shards(pipeline, ["created", "uploaded"]):
+        if shard.raw_status == steps.PAUSED and shard.round == 0:
+            hold = hashlib.sha256((shard.message or "").encode()).hexdigest()[:12]
+            keys_by_day.setdefault(day, []).append(f"held:{shard.shard_id}:{hold}")
     return [
         dg.RunRequest(
             run_key=_run_key(run_keys), partition_key=day.isoformat(), asset_selection=[keys.submit]

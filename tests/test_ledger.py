@@ -1313,6 +1313,7 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
     with engine.begin() as conn:
         conn.execute(sa.text("ALTER TABLE llm_batch_result DROP COLUMN request_offset"))
         conn.execute(sa.text("DROP TABLE llm_batch_notification"))  # version 6 adds it
+        conn.execute(sa.text("DROP TABLE llm_batch_pipeline_state"))  # version 7 adds it
         if postgres:  # items and outputs had a foreign key to their job
             for table in ("llm_batch_result", "llm_batch_output"):
                 conn.execute(
@@ -1334,11 +1335,13 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 6
+    assert schema_version(upgraded) == SCHEMA_VERSION == 7
     inspector = sa.inspect(upgraded.engine)
     columns = {c["name"] for c in inspector.get_columns("llm_batch_result")}
     assert "request_offset" in columns
-    assert "llm_batch_notification" in inspector.get_table_names()
+    assert {"llm_batch_notification", "llm_batch_pipeline_state"} <= set(
+        inspector.get_table_names()
+    )
     names = {i["name"] for i in inspector.get_indexes("llm_batch_result")}
     assert "ix_result_job_status" not in names and "ix_result_shard" in names
     if postgres:
@@ -1349,6 +1352,26 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
                 sa.text("SELECT reloptions FROM pg_class WHERE oid = 'llm_batch_result'::regclass")
             ).scalar()
         assert f"fillfactor={tables.RESULT_FILLFACTOR}" in (options or [])
+
+
+def test_a_version_6_ledger_gains_the_pipeline_state_table(database_url: str) -> None:
+    """Version 7 adds the pipeline pauses; a version 6 ledger keeps its rows and can pause."""
+    first = LedgerResource(database_url=database_url)
+    make_job(first)
+    with engine_of(database_url).begin() as conn:
+        conn.execute(sa.text("DROP TABLE llm_batch_pipeline_state"))
+        conn.execute(sa.delete(tables.schema_version))
+        conn.execute(sa.insert(tables.schema_version).values(version=6, applied_at=L.utcnow()))
+    schema.ensure_schema.cache_clear()
+
+    upgraded = LedgerResource(database_url=database_url)
+
+    assert schema_version(upgraded) == SCHEMA_VERSION == 7
+    assert "llm_batch_pipeline_state" in sa.inspect(upgraded.engine).get_table_names()
+    assert upgraded.get_job(JOB) is not None
+    assert upgraded.pipeline_pause("reviews") is None
+    upgraded.pause_pipeline("reviews", paused_by="ops", reason="after the upgrade")
+    assert upgraded.pipeline_pause("reviews") is not None
 
 
 def test_each_connection_opens_with_the_ledger_session_settings(ledger: LedgerResource) -> None:
@@ -1556,3 +1579,39 @@ def test_one_claimer_sends_a_day_summary(ledger: LedgerResource) -> None:
     assert sent[0]["delivery_error"] == "webhook answered HTTP 500"
     assert sent[0]["delivered_at"] is not None and sent[1]["delivered_at"] is None
     assert sent[0]["run_id"] == f"run-{won.index(True)}"
+
+
+# ------------------------------------------------------------------------------------- pauses
+
+
+def test_pause_and_resume_are_idempotent_and_per_pipeline(ledger: LedgerResource) -> None:
+    """The first pause is kept (who, when, why) however often it is repeated, also by many at
+    once; a resume ends it once; other pipelines are never paused by it."""
+    assert ledger.pipeline_pause("reviews") is None
+    assert ledger.resume_pipeline("reviews", resumed_by="ops") is None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+        answers = list(
+            pool.map(
+                lambda n: ledger.pause_pipeline("reviews", paused_by=f"op-{n}", reason=f"r{n}"),
+                range(6),
+            )
+        )
+    made = [pause for pause, first in answers if first]
+    assert len(made) == 1
+    [first] = made
+    assert {pause for pause, _ in answers} == {first}
+    assert ledger.pipeline_pause("reviews") == first
+    assert first.reason == f"r{first.paused_by.removeprefix('op-')}"
+    assert ledger.pipeline_pause("tickets") is None
+
+    again, made_again = ledger.pause_pipeline("reviews", paused_by="someone", reason="other")
+    assert (again, made_again) == (first, False)
+
+    assert ledger.resume_pipeline("reviews", resumed_by="ops") == first
+    assert ledger.pipeline_pause("reviews") is None
+    assert ledger.resume_pipeline("reviews", resumed_by="ops") is None
+
+    later, made_later = ledger.pause_pipeline("reviews", paused_by="ana", reason="")
+    assert made_later and later.paused_by == "ana" and later.reason == ""
+    assert later.paused_at >= first.paused_at

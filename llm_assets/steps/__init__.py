@@ -9,6 +9,7 @@ and converges on the same ledger state. One module per stage:
 - snapshot: input_snapshot
 - shards: request_shards, the estimator and shard writing
 - submit: provider_batches and its budget gates
+- pause: a paused pipeline, which provider_batches refuses to submit for
 - online: the online worker that provider_batches runs for shards sent one by one
 - imports: batch_results (poll, import, retry planning) and the requeue of dead letters
 - cancel: an operator's cancel of a day or of some of its shards
@@ -47,6 +48,17 @@ from llm_assets.steps.imports import (
 )
 from llm_assets.steps.line_ids import line_custom_id, lines_with_ids, request_lines
 from llm_assets.steps.online import OnlineInterrupted, ledger_row, run_online_shard
+from llm_assets.steps.pause import (
+    PAUSED,
+    PipelinePaused,
+    pause_job_name,
+    pause_reason,
+    pause_words,
+    paused_text,
+    refuse_if_paused,
+    resume_job_name,
+    resume_words,
+)
 from llm_assets.steps.reports import (
     CostReport,
     DeadLetterResult,
@@ -81,6 +93,7 @@ from llm_assets.steps.submit import BudgetGate, SubmitResult, budget_gate, submi
 from llm_assets.steps.validate import ValidateResult, validate_outputs
 
 __all__ = [
+    "PAUSED",
     "BudgetGate",
     "CancelResult",
     "CostReport",
@@ -93,6 +106,7 @@ __all__ = [
     "ImportResult",
     "MissingPrerequisite",
     "OnlineInterrupted",
+    "PipelinePaused",
     "PublishResult",
     "RequeueResult",
     "SampleResult",
@@ -114,6 +128,13 @@ __all__ = [
     "job_for",
     "job_id_of",
     "ledger_row",
+    "pause_job_name",
+    "pause_reason",
+    "pause_words",
+    "paused_text",
+    "refuse_if_paused",
+    "resume_job_name",
+    "resume_words",
     "line_custom_id",
     "line_offsets",
     "lines_with_ids",

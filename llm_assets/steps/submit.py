@@ -1,5 +1,5 @@
-"""provider_batches: the budget gates, then every shard not yet sent submitted once (or, for
-shards the step works itself, sent by the online worker)."""
+"""provider_batches: the pause and the budget gates, then every shard not yet sent submitted
+once (or, for shards the step works itself, sent by the online worker)."""
 
 import dataclasses
 import datetime as dt
@@ -27,6 +27,7 @@ from llm_assets.resources.providers.retrying import QuotaRefused
 from llm_assets.steps.context import GateBlocked, StepContext
 from llm_assets.steps.line_ids import request_lines
 from llm_assets.steps.online import OnlineInterrupted, run_online_shard, stop_on_sigterm
+from llm_assets.steps.pause import refuse_if_paused
 from llm_assets.steps.shards import ShardRound, line_offsets
 
 _WAITING = (ShardState.CREATED, ShardState.UPLOADED)
@@ -350,7 +351,8 @@ def submit_shards(
 ) -> SubmitResult:
     """Submit every shard not yet submitted; a shard never gets a second live batch.
 
-    Two budget gates come first: the day's upper bound against the partition budget, then
+    A paused pipeline submits nothing (PipelinePaused, asked again before each shard). Two
+    budget gates come first: the day's upper bound against the partition budget, then
     the shards' upper bounds reserved, all or none, against the pipeline's daily and monthly
     caps.
     """
@@ -366,6 +368,7 @@ def submit_shards(
             "cancelled` sends its cancelled items again",
         )
     if to_submit:
+        refuse_if_paused(ctx, to_submit)
         gate = budget_gate(ctx, approve=approve_budget, approved_by=approved_by)
         if not gate.passed:
             raise GateBlocked("budget", gate.reason)
@@ -377,12 +380,13 @@ def submit_shards(
     # Online shards: this step is the worker. Shards a dead worker left running resume here.
     to_submit += [s for s in ledger.shards(job.job_id, IN_FLIGHT_STATES) if run.runs_in_step(s)]
     with stop_on_sigterm(run.stopping, any(run.runs_in_step(s) for s in to_submit)):
-        for shard in to_submit:
+        for n, shard in enumerate(to_submit):
             if run.stopping.is_set():
                 raise OnlineInterrupted(
                     f"stopped by SIGTERM before {shard.shard_id}; its items are sent when "
                     "provider_batches runs again"
                 )
+            refuse_if_paused(ctx, to_submit[n:], len(run.submitted))
             run.submit_or_run(shard)
     ledger.refresh_job(job.job_id)
     still_waiting = ledger.shards(job.job_id, list(_WAITING))

@@ -6,8 +6,9 @@ terminal row, so re-running any step adds nothing twice and loses nothing.
 
 Modules by job: `tables` and `schema` (tables, engines, upgrades), `bulk` (COPY, staging, the
 writer thread), `jobs`, `shards`, `locks` (a shard's submission, a day's writes), `items`,
-`results` (imports), `budget`, `reporting`, `outputs` and `notifications` (the day summaries
-sent); `LedgerResource` is the one Dagster resource over them.
+`results` (imports), `budget`, `reporting`, `outputs`, `notifications` (the day summaries
+sent) and `pauses` (pipelines an operator paused); `LedgerResource` is the one Dagster resource
+over them.
 """
 
 from llm_assets.resources.ledger.bulk import BackgroundWriter
@@ -16,6 +17,7 @@ from llm_assets.resources.ledger.locks import DayBusy
 from llm_assets.resources.ledger.records import (
     JobCounts,
     JobRecord,
+    PipelinePause,
     ShardRecord,
     UpsertStats,
     as_utc,
@@ -38,6 +40,7 @@ from llm_assets.resources.ledger.tables import (
     metadata,
     notification_table,
     output_table,
+    pipeline_state_table,
     reservation_table,
     result_table,
     shard_table,
@@ -72,6 +75,7 @@ __all__ = [
     "JobRecord",
     "LedgerResource",
     "LedgerUnavailable",
+    "PipelinePause",
     "ShardMismatch",
     "ShardRecord",
     "StagedResults",
@@ -84,6 +88,7 @@ __all__ = [
     "metadata",
     "notification_table",
     "output_table",
+    "pipeline_state_table",
     "reservation_table",
     "result_table",
     "shard_table",

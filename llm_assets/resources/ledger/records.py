@@ -1,4 +1,5 @@
-"""The typed rows the ledger hands out: jobs, shards, item counts and import statistics."""
+"""The typed rows the ledger hands out: jobs, shards, item counts, import statistics and
+pipeline pauses."""
 
 import datetime as dt
 from typing import Annotated
@@ -91,6 +92,17 @@ class ShardRecord(BaseModel):
     submitted_at: UtcDatetime | None
     ended_at: UtcDatetime | None
     imported_at: UtcDatetime | None
+
+
+class PipelinePause(BaseModel):
+    """An operator's pause of a pipeline: nothing new is submitted for it until it is resumed."""
+
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+    pipeline: str
+    paused_at: UtcDatetime
+    paused_by: str
+    reason: str = ""
 
 
 class JobCounts(BaseModel):

@@ -17,6 +17,7 @@ from llm_assets.resources.ledger import (
     locks,
     notifications,
     outputs,
+    pauses,
     reporting,
     results,
     schema,
@@ -332,6 +333,12 @@ class LedgerResource(dg.ConfigurableResource):
     claim_notification = _on_engine(notifications.claim_notification)
     record_delivery = _on_engine(notifications.record_delivery)
     sent_notifications = _on_engine(notifications.sent_notifications)
+
+    # Pauses
+
+    pipeline_pause = _on_engine(pauses.pipeline_pause)
+    pause_pipeline = _on_engine(pauses.pause_pipeline)
+    resume_pipeline = _on_engine(pauses.resume_pipeline)
 
     # Outputs
 

@@ -1,5 +1,5 @@
 """The ledger's tables: jobs, shards, one row per item, validated outputs, budget
-reservations and the day summaries sent."""
+reservations, the day summaries sent and the pipelines an operator paused."""
 
 import sqlalchemy as sa
 
@@ -202,4 +202,16 @@ notification_table = sa.Table(
     sa.UniqueConstraint(
         "pipeline", "partition_date", "fingerprint", name="uq_notification_day_fingerprint"
     ),
+)
+
+pipeline_state_table = sa.Table(
+    "llm_batch_pipeline_state",
+    metadata,
+    sa.Column("pipeline", sa.String(128), primary_key=True),
+    # Set while the pipeline is paused (nothing new is submitted for it); null once resumed.
+    sa.Column("paused_at", Timestamp, nullable=True),
+    sa.Column("paused_by", sa.String(128), nullable=True),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("resumed_at", Timestamp, nullable=True),
+    sa.Column("resumed_by", sa.String(128), nullable=True),
 )
