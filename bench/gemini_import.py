@@ -43,8 +43,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.pipeline_scale import (  # noqa: E402
     DAY,
-    PG_ADMIN_URL,
     TreeSampler,
+    database_url,
     reset_peak,
     rss_mb,
     spec_dict,
@@ -197,19 +197,6 @@ def import_day(args: argparse.Namespace) -> dict[str, Any]:
 # The driver
 
 
-def fresh_database(db: str, home: Path) -> str:
-    if db == "sqlite":
-        return f"sqlite:///{home / 'ledger.db'}"
-    import sqlalchemy as sa
-
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {PG_DATABASE} WITH (FORCE)"))
-        conn.execute(sa.text(f"CREATE DATABASE {PG_DATABASE}"))
-    admin.dispose()
-    return sa.engine.make_url(PG_ADMIN_URL).set(database=PG_DATABASE).render_as_string(False)
-
-
 def result_files(fake: Any) -> dict[str, int]:
     """The result files a fake holds: name → bytes."""
     from tests.fakes.gemini_server import FakeGemini
@@ -234,7 +221,7 @@ def run_config(
 ) -> dict[str, Any]:
     home = root / f"{items}-{provider}"
     home.mkdir()
-    db_url = fresh_database(db, home)
+    db_url = database_url(db, home, PG_DATABASE)
     before = result_files(fake)
     common = [
         "--provider",

@@ -376,17 +376,19 @@ class Meter:
 # One configuration (runs in its own process)
 
 
-def database_url(db: str, home: Path) -> str:
+def database_url(db: str, home: Path, name: str = PG_DATABASE) -> str:
+    """A ledger for one configuration: SQLite under `home`, or PostgreSQL database `name`
+    dropped and created anew."""
     if db == "sqlite":
         return f"sqlite:///{home / 'ledger.db'}"
     import sqlalchemy as sa
 
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {PG_DATABASE} WITH (FORCE)"))
-        conn.execute(sa.text(f"CREATE DATABASE {PG_DATABASE}"))
+        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
     admin.dispose()
-    return sa.engine.make_url(PG_ADMIN_URL).set(database=PG_DATABASE).render_as_string(False)
+    return sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(False)
 
 
 def token_cost_us(spec: Any, source: Path, sample: int = 5000) -> dict[str, float]:

@@ -31,6 +31,7 @@ from tests.harness import (
     truthful,
     write_reviews,
 )
+from tests.test_sensors import tick
 
 # One database (PostgreSQL in CI): the ledger tests compare SQLite and PostgreSQL pauses.
 pytestmark = [pytest.mark.one_database, pytest.mark.fake_server("openai", responder=truthful)]
@@ -50,25 +51,6 @@ def pause(harness: Harness) -> None:
 
 def resume(harness: Harness) -> None:
     assert harness.ledger.resume_pipeline(harness.spec.name, resumed_by="ops") is not None
-
-
-def tick(harness: Harness, sensor: dg.SensorDefinition) -> dg.SensorResult:
-    """One evaluation of the sensor, with no cursor (as on its first tick)."""
-    defs = dg.Definitions(
-        assets=build_pipeline_assets(harness.spec, harness.settings),
-        sensors=[sensor],
-        resources=harness.resources,
-    )
-    context = dg.build_sensor_context(
-        instance=harness.instance,
-        resources=harness.resources,
-        definitions=defs,
-        sensor_name=sensor.name,
-    )
-    data = sensor.evaluate_tick(context)
-    return dg.SensorResult(
-        run_requests=data.run_requests, skip_reason=data.skip_message, cursor=data.cursor
-    )
 
 
 def execute(harness: Harness, request: dg.RunRequest) -> dg.ExecuteInProcessResult:

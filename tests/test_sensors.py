@@ -19,8 +19,10 @@ pytestmark = pytest.mark.fake_server("anthropic")
 harness = anthropic_tests.harness
 
 
-def tick(harness: Harness) -> dg.SensorResult:
-    sensor = build_batch_status_sensor(harness.spec)
+def tick(harness: Harness, sensor: dg.SensorDefinition | None = None) -> dg.SensorResult:
+    """One evaluation of a sensor of the harness's pipeline (its batch-status sensor unless
+    another is given), with no cursor, as on a first tick."""
+    sensor = sensor or build_batch_status_sensor(harness.spec)
     defs = dg.Definitions(
         assets=build_pipeline_assets(harness.spec, harness.settings),
         sensors=[sensor],
@@ -33,7 +35,12 @@ def tick(harness: Harness) -> dg.SensorResult:
         sensor_name=sensor.name,
     )
     data = sensor.evaluate_tick(context)
-    return dg.SensorResult(run_requests=data.run_requests, asset_events=data.asset_events)
+    return dg.SensorResult(
+        run_requests=data.run_requests,
+        asset_events=data.asset_events,
+        skip_reason=data.skip_message,
+        cursor=data.cursor,
+    )
 
 
 def test_sensor_records_progress_then_requests_the_import_of_ended_batches(

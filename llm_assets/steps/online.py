@@ -185,33 +185,24 @@ def run_online_shard(
         progress=_Reporter(shard.shard_id, len(open_items), progress),
     )
     stats = ctx.batch_provider.run(spec, work)
-    if stats.interrupted and cancelled.seen:
-        # An operator cancelled the shard: what was answered is in; the import makes the
-        # rest cancelled dead letters.
-        ledger.update_shard(
-            shard.shard_id,
-            status=ShardState.CANCELLED.value,
-            raw_status="cancelled",
-            ended_at=utcnow(),
-            completed_requests=stats.succeeded,
-            failed_requests=stats.failed,
-            message=f"cancelled after {stats.succeeded + stats.failed} of {len(open_items)} items",
-        )
-        return batch_id
-    if stats.interrupted:
+    if stats.interrupted and not cancelled.seen:
         raise OnlineInterrupted(
             f"{shard.shard_id}: stopped by SIGTERM after {stats.succeeded + stats.failed} of "
             f"{len(open_items)} items; their results are in the ledger, the rest are sent when "
             "provider_batches runs again"
         )
+    # Ended: all sent, or cancelled by an operator (what was answered is in; the import makes
+    # the rest cancelled dead letters).
+    state = ShardState.CANCELLED if stats.interrupted else ShardState.COMPLETED
+    cut = f"; cancelled after {stats.succeeded + stats.failed} items" if stats.interrupted else ""
     ledger.update_shard(
         shard.shard_id,
-        status=ShardState.COMPLETED.value,
-        raw_status="completed",
+        status=state.value,
+        raw_status=state.value,
         ended_at=utcnow(),
         completed_requests=stats.succeeded,
         failed_requests=stats.failed,
         message=f"{stats.sent} sends, {stats.rate_limited} rate-limited, "
-        f"{stats.paused_seconds:.1f}s paused, {stats.elapsed_seconds:.1f}s",
+        f"{stats.paused_seconds:.1f}s paused, {stats.elapsed_seconds:.1f}s{cut}",
     )
     return batch_id
