@@ -24,7 +24,6 @@ from llm_assets.console import (
     print_dead_letters,
     print_error,
     print_outcomes,
-    print_pause_change,
     print_status,
     progress_bar,
 )
@@ -473,37 +472,6 @@ def requeue(pipeline: str, date_: str, classes: tuple[str, ...], ids: str | None
 
 
 @main.command()
-@click.argument("pipeline")
-@click.option("--reason", default="", help="Why; shown wherever the pause holds work back.")
-def pause(pipeline: str, reason: str) -> None:
-    """Submit nothing new for a pipeline until it is resumed; in-flight batches still finish."""
-    from llm_assets import steps
-    from llm_assets.resources import build_resources
-
-    settings = _settings()
-    spec = _spec(settings, pipeline)
-    ledger = build_resources(settings)["ledger"]
-    paused, made = ledger.pause_pipeline(
-        spec.name, paused_by=f"cli:{getpass.getuser()}", reason=reason
-    )
-    print_pause_change(steps.pause_words(paused, made))
-
-
-@main.command()
-@click.argument("pipeline")
-def resume(pipeline: str) -> None:
-    """Let a paused pipeline submit again; the sensors send what waited."""
-    from llm_assets import steps
-    from llm_assets.resources import build_resources
-
-    settings = _settings()
-    spec = _spec(settings, pipeline)
-    ledger = build_resources(settings)["ledger"]
-    ended = ledger.resume_pipeline(spec.name, resumed_by=f"cli:{getpass.getuser()}")
-    print_pause_change(steps.resume_words(spec.name, ended))
-
-
-@main.command()
 @click.option("--days", default=3, show_default=True, help="How many days of tickets.")
 @click.option("--per-day", default=120, show_default=True, help="Tickets per day.")
 def demo(days: int, per_day: int) -> None:
@@ -518,9 +486,11 @@ def demo(days: int, per_day: int) -> None:
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
 
 
-from llm_assets.cli_cancel import cancel  # noqa: E402  (it uses the helpers above)
+# The operator's commands use the helpers above.
+from llm_assets.cli_operator import cancel, pause, resume  # noqa: E402
 
-main.add_command(cancel)
+for _command in (cancel, pause, resume):
+    main.add_command(_command)
 
 if __name__ == "__main__":
     main()

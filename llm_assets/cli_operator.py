@@ -1,6 +1,7 @@
-"""`llm-assets cancel`: an operator's cancel of a day, or of some of its shards.
+"""The operator's commands: `cancel` a day or some of its shards, `pause` and `resume` a
+pipeline.
 
-It cancels the provider batches in flight and closes the shards not sent yet, then (unless
+`cancel` cancels the provider batches in flight and closes the shards not sent yet, then (unless
 `--no-wait`) waits for the cancelled batches to settle, imports what they answered, and
 reports the day: every item ends succeeded or a dead letter, the unanswered ones `cancelled`,
 which `llm-assets requeue --class cancelled` sends again.
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.markup import escape
 
-from llm_assets.console import console, count_words, err, plural
+from llm_assets.console import console, count_words, err, plural, print_pause_change
 
 if TYPE_CHECKING:
     from llm_assets.resources.ledger import LedgerResource, ShardRecord
@@ -123,3 +124,36 @@ def _report(
             highlight=False,
             markup=False,
         )
+
+
+@click.command()
+@click.argument("pipeline")
+@click.option("--reason", default="", help="Why; shown wherever the pause holds work back.")
+def pause(pipeline: str, reason: str) -> None:
+    """Submit nothing new for a pipeline until it is resumed; in-flight batches still finish."""
+    from llm_assets import steps
+    from llm_assets.cli import _settings, _spec
+    from llm_assets.resources import build_resources
+
+    settings = _settings()
+    spec = _spec(settings, pipeline)
+    ledger = build_resources(settings)["ledger"]
+    paused, made = ledger.pause_pipeline(
+        spec.name, paused_by=f"cli:{getpass.getuser()}", reason=reason
+    )
+    print_pause_change(steps.pause_words(paused, made))
+
+
+@click.command()
+@click.argument("pipeline")
+def resume(pipeline: str) -> None:
+    """Let a paused pipeline submit again; the sensors send what waited."""
+    from llm_assets import steps
+    from llm_assets.cli import _settings, _spec
+    from llm_assets.resources import build_resources
+
+    settings = _settings()
+    spec = _spec(settings, pipeline)
+    ledger = build_resources(settings)["ledger"]
+    ended = ledger.resume_pipeline(spec.name, resumed_by=f"cli:{getpass.getuser()}")
+    print_pause_change(steps.resume_words(spec.name, ended))
