@@ -15,6 +15,16 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.markup import escape
 
+from llm_assets.cli_args import (
+    EXIT_ERROR,
+    EXIT_GATE,
+    current_job,
+    load_settings,
+    parse_date,
+    pipeline_spec,
+    register_provider_checks,
+)
+from llm_assets.cli_operator import cancel, pause, resume
 from llm_assets.console import (
     console,
     err,
@@ -27,46 +37,10 @@ from llm_assets.console import (
     print_status,
     progress_bar,
 )
-from llm_assets.settings import Settings
-from llm_assets.spec import PipelineSpec, SpecError, check_specs, load_specs
+from llm_assets.spec import PipelineSpec, SpecError, check_specs
 
 if TYPE_CHECKING:
     from llm_assets.resources.ledger import JobRecord, LedgerResource, PipelinePause
-
-EXIT_OK, EXIT_ERROR, EXIT_GATE = 0, 1, 2
-
-
-def _settings() -> Settings:
-    return Settings.from_env()
-
-
-def _register_provider_checks() -> None:
-    """Spec validation runs the provider checks once the provider registry is imported."""
-    import llm_assets.resources.providers.registry  # noqa: F401
-
-
-def _spec(settings: Settings, name: str) -> PipelineSpec:
-    _register_provider_checks()
-    try:
-        specs = {s.name: s for s in load_specs(settings.pipelines_dir)}
-    except SpecError as exc:
-        for problem in exc.problems:
-            print_error(str(problem))
-        sys.exit(EXIT_ERROR)
-    if name not in specs:
-        raise click.UsageError(
-            f"no pipeline {name!r} in {settings.pipelines_dir}; known: {', '.join(sorted(specs))}"
-        )
-    return specs[name]
-
-
-def _date(value: str | None) -> dt.date | None:
-    if value is None:
-        return None
-    try:
-        return dt.date.fromisoformat(value)
-    except ValueError as exc:
-        raise click.BadParameter(f"{value!r} is not a date like 2026-11-01") from exc
 
 
 class _Cli(click.Group):
@@ -104,8 +78,8 @@ def main() -> None:
 @click.argument("path", required=False, type=click.Path(path_type=Path))
 def validate_spec(path: Path | None) -> None:
     """Check pipeline specs (a file or folder; default LLM_ASSETS_PIPELINES)."""
-    target = path or _settings().pipelines_dir
-    _register_provider_checks()
+    target = path or load_settings().pipelines_dir
+    register_provider_checks()
     try:
         specs, problems = check_specs(target)
     except SpecError as exc:
@@ -147,8 +121,8 @@ def run(
     """Materialize a pipeline for a day or a range of days through Dagster."""
     from llm_assets.runner import StepFailed, run_days
 
-    settings = _settings()
-    spec = _spec(settings, pipeline)
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
     days = _partition_days(spec, date_, to_)
     try:
         outcomes = run_days(
@@ -179,10 +153,10 @@ def _partition_days(spec: PipelineSpec, date_: str, to_: str | None) -> list[dt.
     from llm_assets.factory import partitions_for
     from llm_assets.runner import date_range
 
-    start = _date(date_)
+    start = parse_date(date_)
     assert start is not None
     try:
-        days = date_range(start, _date(to_))
+        days = date_range(start, parse_date(to_))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     partitions = partitions_for(spec)
@@ -203,9 +177,9 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
     """Jobs, shards and item counts of one partition, from the ledger."""
     from llm_assets.resources import build_resources
 
-    settings = _settings()
-    spec = _spec(settings, pipeline)
-    day = _date(date_)
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
+    day = parse_date(date_)
     assert day is not None
     from llm_assets import steps
 
@@ -304,9 +278,9 @@ def costs(pipeline: str, from_: str | None, to_: str | None, as_json: bool) -> N
     """Tokens and cost per day and model, with retry overhead and the estimate."""
     from llm_assets.resources import build_resources
 
-    settings = _settings()
-    spec = _spec(settings, pipeline)
-    start, end = _date(from_), _date(to_)
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
+    start, end = parse_date(from_), parse_date(to_)
     if start and end and end < start:
         raise click.BadParameter(f"--to {end} is before --from {start}")
     resources = build_resources(settings)
@@ -388,18 +362,6 @@ def _no_data_days(
     ]
 
 
-def _current_job(settings: Settings, spec: PipelineSpec, day: dt.date) -> tuple[Any, Any]:
-    from llm_assets import steps
-    from llm_assets.resources import build_resources
-
-    resources = build_resources(settings)
-    try:
-        job = steps.existing_job(spec, day, resources["ledger"])
-    except steps.MissingPrerequisite as exc:
-        raise click.UsageError(str(exc)) from exc
-    return resources, job
-
-
 @main.command("dead-letter")
 @click.argument("pipeline")
 @click.option("--date", "date_", required=True)
@@ -407,11 +369,11 @@ def _current_job(settings: Settings, spec: PipelineSpec, day: dt.date) -> tuple[
 @click.option("--csv", "as_csv", is_flag=True, help="CSV with a header row.")
 def dead_letter(pipeline: str, date_: str, as_json: bool, as_csv: bool) -> None:
     """Items of a partition that will not succeed, with class, code, reason and attempts."""
-    settings = _settings()
-    spec = _spec(settings, pipeline)
-    day = _date(date_)
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
+    day = parse_date(date_)
     assert day is not None
-    resources, job = _current_job(settings, spec, day)
+    resources, job = current_job(settings, spec, day)
     rows = list(resources["ledger"].iter_dead_letters(job.job_id))
     if as_json:
         click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
@@ -442,11 +404,11 @@ def requeue(pipeline: str, date_: str, classes: tuple[str, ...], ids: str | None
 
     if not classes and not ids:
         raise click.UsageError("choose what to requeue with --class and/or --ids")
-    settings = _settings()
-    spec = _spec(settings, pipeline)
-    day = _date(date_)
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
+    day = parse_date(date_)
     assert day is not None
-    resources, _ = _current_job(settings, spec, day)
+    resources, _ = current_job(settings, spec, day)
     chosen = {i.strip() for i in ids.split(",") if i.strip()} if ids else None
     result = steps.requeue_dead_letters(
         steps.StepContext(
@@ -480,14 +442,11 @@ def demo(days: int, per_day: int) -> None:
     from llm_assets.runner import StepFailed
 
     try:
-        run_demo(_settings(), days=days, per_day=per_day, console=console)
+        run_demo(load_settings(), days=days, per_day=per_day, console=console)
     except StepFailed as exc:
         err.print(f"[red]failed[/red]: {exc}", highlight=False)
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
 
-
-# The operator's commands use the helpers above.
-from llm_assets.cli_operator import cancel, pause, resume  # noqa: E402
 
 for _command in (cancel, pause, resume):
     main.add_command(_command)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.markup import escape
 
+from llm_assets.cli_args import current_job, load_settings, parse_date, pipeline_spec
 from llm_assets.console import console, count_words, err, plural, print_pause_change
 
 if TYPE_CHECKING:
@@ -46,15 +47,14 @@ def cancel(
 ) -> None:
     """Cancel a day (or shards of it): batches in flight are cancelled and imported."""
     from llm_assets import steps
-    from llm_assets.cli import _current_job, _date, _settings, _spec
     from llm_assets.resources.providers import provider_resource_key
     from llm_assets.runner import IMPORT_STEPS, REPORT_STEPS, PartitionRunner, persistent_instance
 
-    settings = _settings()
-    spec = _spec(settings, pipeline)
-    day = _date(date_)
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
+    day = parse_date(date_)
     assert day is not None
-    resources, job = _current_job(settings, spec, day)
+    resources, job = current_job(settings, spec, day)
     user = getpass.getuser()
     ctx = steps.StepContext(
         spec,
@@ -132,11 +132,10 @@ def _report(
 def pause(pipeline: str, reason: str) -> None:
     """Submit nothing new for a pipeline until it is resumed; in-flight batches still finish."""
     from llm_assets import steps
-    from llm_assets.cli import _settings, _spec
     from llm_assets.resources import build_resources
 
-    settings = _settings()
-    spec = _spec(settings, pipeline)
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
     ledger = build_resources(settings)["ledger"]
     paused, made = ledger.pause_pipeline(
         spec.name, paused_by=f"cli:{getpass.getuser()}", reason=reason
@@ -149,11 +148,10 @@ def pause(pipeline: str, reason: str) -> None:
 def resume(pipeline: str) -> None:
     """Let a paused pipeline submit again; the sensors send what waited."""
     from llm_assets import steps
-    from llm_assets.cli import _settings, _spec
     from llm_assets.resources import build_resources
 
-    settings = _settings()
-    spec = _spec(settings, pipeline)
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
     ledger = build_resources(settings)["ledger"]
     ended = ledger.resume_pipeline(spec.name, resumed_by=f"cli:{getpass.getuser()}")
     print_pause_change(steps.resume_words(spec.name, ended))

@@ -1,0 +1,61 @@
+"""What the CLI's commands share: the settings, a pipeline by name, a date argument, the
+day's job, and the exit codes (0 done, 1 error, 2 blocked by a gate)."""
+
+import datetime as dt
+import sys
+from typing import Any
+
+import click
+
+from llm_assets.console import print_error
+from llm_assets.settings import Settings
+from llm_assets.spec import PipelineSpec, SpecError, load_specs
+
+EXIT_OK, EXIT_ERROR, EXIT_GATE = 0, 1, 2
+
+
+def load_settings() -> Settings:
+    return Settings.from_env()
+
+
+def register_provider_checks() -> None:
+    """Spec validation runs the provider checks once the provider registry is imported."""
+    import llm_assets.resources.providers.registry  # noqa: F401
+
+
+def pipeline_spec(settings: Settings, name: str) -> PipelineSpec:
+    """The pipeline of that name, its spec validated (problems printed, exit 1)."""
+    register_provider_checks()
+    try:
+        specs = {s.name: s for s in load_specs(settings.pipelines_dir)}
+    except SpecError as exc:
+        for problem in exc.problems:
+            print_error(str(problem))
+        sys.exit(EXIT_ERROR)
+    if name not in specs:
+        raise click.UsageError(
+            f"no pipeline {name!r} in {settings.pipelines_dir}; known: {', '.join(sorted(specs))}"
+        )
+    return specs[name]
+
+
+def parse_date(value: str | None) -> dt.date | None:
+    if value is None:
+        return None
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is not a date like 2026-11-01") from exc
+
+
+def current_job(settings: Settings, spec: PipelineSpec, day: dt.date) -> tuple[Any, Any]:
+    """The resources and the day's job, or a usage error when the day has none."""
+    from llm_assets import steps
+    from llm_assets.resources import build_resources
+
+    resources = build_resources(settings)
+    try:
+        job = steps.existing_job(spec, day, resources["ledger"])
+    except steps.MissingPrerequisite as exc:
+        raise click.UsageError(str(exc)) from exc
+    return resources, job
