@@ -228,13 +228,15 @@ def truthful(body: dict[str, Any]) -> str:
     return json.dumps({"label": label, "summary": text.split(".")[0][:200]})
 
 
-def first_time(faults: dict[int, str]) -> Callable[[str, dict[str, Any]], str | None]:
+def first_time(
+    faults: dict[int, str], text_of: Callable[[dict[str, Any]], str] = user_text
+) -> Callable[[str, dict[str, Any]], str | None]:
     """A line or item fault for review n (`faults[n]`) on its first submission only: a fake's
-    `line_fault` (OpenAI) or `item_fault` (Anthropic)."""
+    `line_fault` (OpenAI, Gemini with text_of=request_text) or `item_fault` (Anthropic)."""
     seen: set[str] = set()
 
     def fault(custom_id: str, body: dict[str, Any]) -> str | None:
-        text = user_text(body)
+        text = text_of(body)
         for n, kind in faults.items():
             if f"Order {1000 + n} " in text and custom_id not in seen:
                 seen.add(custom_id)

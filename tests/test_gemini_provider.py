@@ -19,6 +19,7 @@ from tests.fakes.common import ControlFault
 from tests.fakes.gemini_model import request_text
 from tests.fakes.gemini_server import FakeGemini, LostResponseFault
 from tests.harness import POSITIVE, Harness, open_harness, provider_for, review_spec
+from tests.harness import first_time as harness_first_time
 
 pytestmark = [pytest.mark.one_database, pytest.mark.fake_server("gemini")]
 
@@ -32,17 +33,7 @@ def truthful(request: dict[str, Any]) -> str:
 
 def first_time(faults: dict[int, str]) -> Callable[[str, dict[str, Any]], str | None]:
     """The fake's line_fault for review n (`faults[n]`) on its first submission only."""
-    seen: set[str] = set()
-
-    def fault(key: str, request: dict[str, Any]) -> str | None:
-        text = request_text(request)
-        for n, kind in faults.items():
-            if f"Order {1000 + n} " in text and key not in seen:
-                seen.add(key)
-                return kind
-        return None
-
-    return fault
+    return harness_first_time(faults, request_text)
 
 
 @pytest.fixture

@@ -59,6 +59,9 @@ def breaker_reason(ctx: StepContext, job: JobRecord, counts: JobCounts) -> str |
 
 def trip_if_over(ctx: StepContext, counts: JobCounts) -> str | None:
     """Cancel the day and announce an ALERT when its spend trips the breaker; returns why."""
+    budget = ctx.spec.budget
+    if budget.max_usd_per_partition is None and budget.max_usd_per_month is None:
+        return None  # no cap: nothing to read
     job = ctx.job()
     reason = breaker_reason(ctx, job, counts)
     if reason is None:

@@ -157,7 +157,6 @@ class _Submitter:
     busy: int = 0
     quota: QuotaRefused | None = None
     """The provider's quota refusal this run met; later shards wait without trying."""
-    waiting_for_quota: list[str] = dataclasses.field(default_factory=list)
 
     def runs_in_step(self, shard: ShardRecord) -> bool:
         """Whether this step sends the shard's items itself rather than as a batch."""
@@ -242,7 +241,6 @@ class _Submitter:
             message=f"{self.ctx.spec.model.provider} quota: {refused}"[:2000],
             not_before=utcnow() + dt.timedelta(seconds=wait),
         )
-        self.waiting_for_quota.append(shard.shard_id)
 
     def submit_one(self, shard: ShardRecord) -> str:
         """Submit one shard under its submission lock; returns the provider batch id."""
