@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from llm_assets import column_sizes
+from llm_assets.compliance.spec import DEFAULT_PII, ComplianceSpec, RetentionSpec
 from llm_assets.secrecy import holds_a_secret
 from llm_assets.spec_checks import SpecCheck as SpecCheck
 from llm_assets.spec_checks import load_pandera_model as load_pandera_model
@@ -374,6 +375,8 @@ class PipelineSpec(_Strict):
     online: OnlineSpec = OnlineSpec()
     bedrock: BedrockSpec = BedrockSpec()
     automation: AutomationSpec = AutomationSpec()
+    compliance: ComplianceSpec = ComplianceSpec()
+    retention: RetentionSpec = RetentionSpec()
     partitions: PartitionSpec
     tags: dict[str, str] = Field(default_factory=dict)
 
@@ -388,6 +391,8 @@ class PipelineSpec(_Strict):
             "output": self.output.model_dump(by_alias=True),
             "fields": self.source.fields,
         }
+        if self.compliance.pii != DEFAULT_PII:
+            payload["pii"] = self.compliance.pii
         digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
         return f"{self.prompt.version}-{digest[:12]}"
 
