@@ -96,6 +96,8 @@ shard_table = sa.Table(
     sa.Column("not_before", Timestamp, nullable=True),
     sa.Column("submit_intent_at", Timestamp, nullable=True),
     sa.Column("cancelled_at", Timestamp, nullable=True),
+    # When the shard's files at the provider were deleted after its import (retention).
+    sa.Column("provider_files_deleted_at", Timestamp, nullable=True),
     sa.Column("submitted_at", Timestamp, nullable=True),
     sa.Column("ended_at", Timestamp, nullable=True),
     sa.Column("imported_at", Timestamp, nullable=True),
@@ -214,4 +216,15 @@ pipeline_state_table = sa.Table(
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("resumed_at", Timestamp, nullable=True),
     sa.Column("resumed_by", sa.String(128), nullable=True),
+)
+
+pseudonym_table = sa.Table(
+    "llm_batch_pseudonym",
+    metadata,
+    # An item's placeholders and the values they stand for (compliance `pseudonymize`): sent
+    # to no provider, read back when the item's validated output is written.
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("custom_id", sa.String(64), primary_key=True),
+    sa.Column("mapping_json", sa.Text, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
 )
