@@ -244,6 +244,7 @@ def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") 
         "items": counts.total,
         "by_status": counts.by_status,
         "dead_letters_by_class": counts.dead_letters_by_class,
+        "personal_data": job.personal_data,
         "input_tokens": counts.input_tokens,
         "output_tokens": counts.output_tokens,
         "cost_usd": round(counts.cost_usd, 6),

@@ -312,6 +312,12 @@ def print_status(
                 highlight=False,
                 markup=False,
             )
+        if job["personal_data"]:
+            console.print(
+                f"personal data in prompts: {personal_data_words(job['personal_data'])}",
+                highlight=False,
+                markup=False,
+            )
         console.print(
             f"{plural(job['items'], 'item')}: "
             f"{count_words(job['by_status'], job['dead_letters_by_class'])}\n"
@@ -320,6 +326,16 @@ def print_status(
             highlight=False,
             markup=False,
         )
+
+
+def personal_data_words(found: dict[str, int]) -> str:
+    """{"email:redact": 3, "card:block": 1} → "card 1 blocked, email 3 redacted"."""
+    done = {"redact": "redacted", "pseudonymize": "pseudonymized", "block": "blocked"}
+    words = []
+    for key, count in sorted(found.items()):
+        entity, _, action = key.partition(":")
+        words.append(f"{entity} {count} {done.get(action, 'allowed')}")
+    return ", ".join(words)
 
 
 def print_pause_change(words: str) -> None:

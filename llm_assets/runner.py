@@ -53,6 +53,8 @@ class DayOutcome(BaseModel):
     succeeded: int = 0
     dead_letters: int = 0
     dead_letters_by_class: dict[str, int] = {}
+    personal_data: dict[str, int] = {}
+    """What the personal-data policy found in the day's prompts, by "entity:action"."""
     open_items: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -224,6 +226,7 @@ class PartitionRunner:
             succeeded=counts.succeeded,
             dead_letters=counts.dead_letters,
             dead_letters_by_class=counts.dead_letters_by_class,
+            personal_data=job.personal_data,
             open_items=counts.open,
             input_tokens=counts.input_tokens,
             output_tokens=counts.output_tokens,

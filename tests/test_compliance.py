@@ -224,6 +224,12 @@ def test_a_day_sends_no_blocked_or_redacted_value_and_restores_pseudonyms(
     assert "card" in rows["R-PII-CARD"]["error_message"]
     assert "credential" in rows["R-PII-KEY"]["error_message"]
     assert outcome.dead_letters_by_class == {"compliance": 2}
+    assert outcome.personal_data == {
+        "card:block": 1,
+        "credential:block": 1,
+        "email:pseudonymize": 1,
+        "phone:redact": 1,
+    }
 
     # What the provider received: placeholders, never a blocked or redacted value.
     everything_sent = "\n".join(sent)

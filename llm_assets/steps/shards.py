@@ -3,6 +3,7 @@ dead letters. Also the shard writing and the estimator the retry and requeue rou
 
 import dataclasses
 import datetime as dt
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
@@ -339,7 +340,14 @@ def _build_shards(ctx: StepContext) -> ShardsResult:
     ledger.add_items(intake.dead_rows)
     if created:
         ledger.analyze()
-    ledger.update_job(job.job_id, snapshot_uri=snapshot_uri)
+    found = dict(job.personal_data)
+    for key, count in intake.personal_data.items():
+        found[key] = found.get(key, 0) + count
+    ledger.update_job(
+        job.job_id,
+        snapshot_uri=snapshot_uri,
+        personal_data_json=json.dumps(dict(sorted(found.items()))) if found else None,
+    )
     ledger.refresh_job(job.job_id)
     return ShardsResult(
         job_id=job.job_id,

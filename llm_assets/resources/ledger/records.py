@@ -2,6 +2,7 @@
 pipeline pauses."""
 
 import datetime as dt
+import json
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
@@ -50,9 +51,16 @@ class JobRecord(BaseModel):
     """Set while an operator's cancel of the whole day stands (a requeue lifts it)."""
     cancelled_by: str | None = None
     cancel_reason: str | None = None
+    personal_data_json: str | None = None
+    """Values the personal-data policy found in the day's prompts, as JSON counts by
+    "entity:action" (see `personal_data`)."""
     created_by: str
     created_at: UtcDatetime
     updated_at: UtcDatetime
+
+    @property
+    def personal_data(self) -> dict[str, int]:
+        return json.loads(self.personal_data_json) if self.personal_data_json else {}
 
 
 class ShardRecord(BaseModel):

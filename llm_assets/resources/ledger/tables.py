@@ -55,6 +55,8 @@ job_table = sa.Table(
     sa.Column("cancelled_at", Timestamp, nullable=True),
     sa.Column("cancelled_by", sa.String(128), nullable=True),
     sa.Column("cancel_reason", sa.Text, nullable=True),
+    # What the personal-data policy found in the day's prompts: {"email:redact": 3, ...}.
+    sa.Column("personal_data_json", sa.Text, nullable=True),
     sa.Column("created_by", sa.String(128), nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),
