@@ -394,7 +394,9 @@ def dead_letter(pipeline: str, date_: str, as_json: bool, as_csv: bool) -> None:
     "--class",
     "classes",
     multiple=True,
-    type=click.Choice(["input", "deterministic", "transient", "expired", "quality", "cancelled"]),
+    type=click.Choice(
+        ["input", "deterministic", "transient", "expired", "quality", "cancelled", "compliance"]
+    ),
     help="Requeue dead letters of this class (repeatable).",
 )
 @click.option("--ids", default=None, help="Comma-separated source ids or custom_ids.")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from llm_assets import steps
 from llm_assets.compliance.detect import scan
 from llm_assets.compliance.policy import restore, screen
 from llm_assets.compliance.spec import DEFAULT_PII, ENTITIES, ComplianceSpec
@@ -296,3 +297,35 @@ def test_too_many_blocked_items_hold_the_day_and_nothing_is_sent(
         (check,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "compliance"]
         assert not check.passed
         assert check.metadata["blocked_items"].value == 2
+
+
+@pytest.mark.one_database
+def test_a_policy_change_and_a_requeue_send_a_blocked_item_pseudonymized(
+    harness: Harness, sent: list[str]
+) -> None:
+    harness.run_day()
+    rows = {r["source_id"]: r for r in harness.rows().values()}
+    card_item = rows["R-PII-CARD"]["custom_id"]
+
+    policy = {"pii": {"email": "pseudonymize", "card": "pseudonymize"}, "max_blocked_rate": 0.2}
+    harness.spec = harness.spec.model_copy(
+        update={"compliance": ComplianceSpec.model_validate(policy)}
+    )
+    context = steps.StepContext(
+        harness.spec, DAY, harness.ledger, harness.storage, harness.provider, created_by="test"
+    )
+    requeued = steps.requeue_dead_letters(context, classes={"compliance"})
+    # The card is now sent as a placeholder; the key is still blocked.
+    assert requeued.requeued == 1
+    assert list(requeued.still_invalid) == [rows["R-PII-KEY"]["custom_id"]]
+    sent.clear()
+    outcome = harness.run_day()
+
+    assert outcome.open_items == 0
+    (card_text,) = [text for text in sent if "<CARD_1>" in text]
+    assert CARD not in card_text and card_text.startswith("I love it but you charged my card")
+    row = harness.rows()[card_item]
+    assert (row["status"], row["attempts"]) == ("succeeded", 1)
+    assert harness.ledger.pseudonyms_of(harness.job_id(), [card_item]) == {
+        card_item: {"<CARD_1>": CARD}
+    }

@@ -366,6 +366,7 @@ def _requeue_dead_letters(
     still_invalid: dict[str, str] = {}
     estimator = Estimator(ctx)
     tokens: dict[str, int] = {}
+    pseudonyms: dict[str, dict[str, str]] = {}
 
     def lines() -> Iterator[tuple[str, bytes]]:
         encoder = ctx.batch_provider.line_encoder(spec)
@@ -377,6 +378,8 @@ def _requeue_dead_letters(
                 still_invalid[item.custom_id] = item.error_message or item.error_code or "input"
                 continue
             tokens[item.custom_id] = item.input_tokens
+            if item.pseudonyms:
+                pseudonyms[item.custom_id] = dict(item.pseudonyms)
             yield item.custom_id, item.line
 
     round_ = ShardRound(ctx, job, ledger.next_round(job.job_id))
@@ -385,6 +388,9 @@ def _requeue_dead_letters(
     for index, shard_lines in enumerate(shards_for(ctx, lines())):
         written = round_.write_file(index, shard_lines)
         estimate = estimator.shard(sum(tokens[cid] for cid, _ in shard_lines), len(shard_lines))
+        ledger.add_pseudonyms(
+            job.job_id, {cid: pseudonyms[cid] for cid, _ in shard_lines if cid in pseudonyms}
+        )
         requeued += ledger.requeue_into_shard(
             job.job_id,
             round_.shard_row(index, written, len(shard_lines), estimate),
