@@ -4,10 +4,12 @@
   social security numbers, IP addresses, and credentials it knows (API keys of several
   vendors, bearer tokens, JWTs, credential URIs, private keys).
 - python-stdnum: IBANs of every country, by their mod-97 checksum and national format.
-- detect-secrets: the key patterns of its plugins for AWS access keys, private key blocks,
-  Slack and legacy OpenAI keys, which datafog-core does not know.
-- Two patterns of our own for keys neither library knows yet (current OpenAI and Anthropic
-  keys, Google API keys) and `password: ...` assignments.
+- detect-secrets 1.5: the key patterns of its plugins for AWS access key ids, private key
+  blocks, Slack tokens and webhooks and legacy OpenAI keys, which datafog-core does not know.
+  They are copied here (Apache-2.0): importing detect-secrets takes half a second and
+  `requests` into every worker process of the shards step.
+- Patterns of our own for keys neither library knows yet (current OpenAI and Anthropic keys,
+  Google API keys) and `password: ...` assignments.
 
 Texts are scanned a chunk at a time, joined into one string: one call into the scanner per
 chunk instead of one per item is what keeps a million prompts within a few seconds
@@ -20,11 +22,6 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import datafog_core
-from detect_secrets.plugins.aws import AWSKeyDetector
-from detect_secrets.plugins.openai import OpenAIDetector
-from detect_secrets.plugins.private_key import PrivateKeyDetector
-from detect_secrets.plugins.slack import SlackDetector
-from stdnum import iban
 
 from llm_assets.compliance.spec import Entity
 
@@ -71,25 +68,48 @@ _IBAN_CANDIDATE = re.compile(r"[A-Z][A-Z]\d\d(?: ?[A-Z0-9]){11,30}")
 """No \\b in front: a pattern that starts with a character class is searched for quickly; the
 word boundary is checked on the (few) matches."""
 
+# detect-secrets 1.5.0, plugins/aws.py, openai.py, slack.py and private_key.py.
+_AWS_ACCESS_KEY_ID = re.compile(r"(?:A3T[A-Z0-9]|ABIA|ACCA|AKIA|ASIA)[0-9A-Z]{16}")
+_OPENAI_LEGACY_KEY = re.compile(r"sk-[A-Za-z0-9-_]*[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}")
+_SLACK_TOKEN = re.compile(r"xox(?:a|b|p|o|s|r)-(?:\d+-)+[a-z0-9]+", flags=re.IGNORECASE)
+_SLACK_WEBHOOK = re.compile(
+    r"https://hooks\.slack\.com/services/T[a-zA-Z0-9_]+/B[a-zA-Z0-9_]+/[a-zA-Z0-9_]+",
+    flags=re.IGNORECASE,
+)
+_PRIVATE_KEY = re.compile(
+    "|".join(
+        (
+            r"BEGIN DSA PRIVATE KEY",
+            r"BEGIN EC PRIVATE KEY",
+            r"BEGIN OPENSSH PRIVATE KEY",
+            r"BEGIN PGP PRIVATE KEY BLOCK",
+            r"BEGIN PRIVATE KEY",
+            r"BEGIN RSA PRIVATE KEY",
+            r"BEGIN SSH2 ENCRYPTED PRIVATE KEY",
+            r"PuTTY-User-Key-File-2",
+        )
+    )
+)
+
 _DIRECT: tuple[re.Pattern[str], ...] = (
-    AWSKeyDetector.denylist[0],
-    OpenAIDetector.denylist[0],
+    _AWS_ACCESS_KEY_ID,
+    _OPENAI_LEGACY_KEY,
     re.compile(r"sk-(?:proj|svcacct|admin|ant-[a-z]+\d*)-[A-Za-z0-9_\-]{20,}"),
     re.compile(r"AIza[0-9A-Za-z_\-]{35}"),
 )
 """Credential patterns that start with a literal, which is searched for quickly."""
 
-_PRIVATE_KEY = re.compile("|".join(p.pattern for p in PrivateKeyDetector.denylist))
 _NEEDLED: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("xox", SlackDetector.denylist[0]),
-    ("hooks.slack.com", SlackDetector.denylist[1]),
+    ("xox", _SLACK_TOKEN),
+    ("hooks.slack.com", _SLACK_WEBHOOK),
     ("pass", re.compile(r"(?i:\b(?:password|passwd|passcode)\s*[:=]\s*)\S{4,}")),
     ("pwd", re.compile(r"(?i:\bpwd\s*[:=]\s*)\S{4,}")),
     ("private key", _PRIVATE_KEY),
+    ("putty-user-key", _PRIVATE_KEY),
 )
 """Credential patterns that ignore case or start with an alternative, which cost a
 microsecond or more per prompt: searched only in a chunk that holds their needle
-(lower-cased), as few do. The detect-secrets patterns are its plugins' own."""
+(lower-cased), as few do."""
 
 _PRIVATE_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----")
 
@@ -103,13 +123,21 @@ def _whole_private_key(text: str, match: re.Match[str]) -> tuple[int, int]:
     return start, end.end() if end else len(text)
 
 
+def _valid_iban(candidate: str) -> bool:
+    # Imported on the first candidate: python-stdnum takes a quarter of a second to import,
+    # and most chunks of prompts hold no IBAN-like string at all.
+    from stdnum import iban
+
+    return bool(iban.is_valid(candidate))
+
+
 def _raw_findings(joined: str) -> Iterator[tuple[Entity, int, int]]:
     for found in datafog_core.scan(joined, config=_SCAN_CONFIG):
         span = found.codepoint_range
         yield _DATAFOG[found.entity_type], span.start, span.end
     for match in _IBAN_CANDIDATE.finditer(joined):
         start = match.start()
-        if (start == 0 or not joined[start - 1].isalnum()) and iban.is_valid(match.group()):
+        if (start == 0 or not joined[start - 1].isalnum()) and _valid_iban(match.group()):
             yield "iban", start, match.end()
     for pattern in _DIRECT:
         for match in pattern.finditer(joined):
