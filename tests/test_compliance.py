@@ -92,6 +92,11 @@ def test_each_action_does_what_it_says(entity: str, value: str) -> None:
     assert blocked.found == ((f"{entity}:block", 1),)
 
 
+def test_an_iban_followed_by_a_word_in_capitals_is_still_found() -> None:
+    (found,) = scan(["Pay to DE89 3704 0044 0532 0130 00 ASAP please"])
+    assert [(f.entity, f.value) for f in found] == [("iban", "DE89 3704 0044 0532 0130 00")]
+
+
 def test_a_value_twice_is_one_placeholder_and_two_values_are_two() -> None:
     text = "Write to a@example.com or b@example.org; a@example.com is the main one."
     (screened,) = screen([text], _policy(email="pseudonymize"))
