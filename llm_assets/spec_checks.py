@@ -79,6 +79,9 @@ def semantic_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
         if name not in fields:
             problems.append(("source.required_fields", f"{name!r} is not in source.fields"))
     problems.extend(webhook_problems(spec))
+    from llm_assets.compliance.policy import fixed_text_problems
+
+    problems.extend(fixed_text_problems(spec))
     for check in _registered_checks:
         problems.extend(check(spec))
     if spec.output.pandera_model:

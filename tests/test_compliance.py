@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import yaml
 
 from llm_assets import steps
 from llm_assets.compliance.detect import scan
@@ -17,8 +18,9 @@ from llm_assets.compliance.spec import DEFAULT_PII, ENTITIES, ComplianceSpec
 from llm_assets.factory import asset_key
 from llm_assets.resources.ledger import metadata, output_table
 from llm_assets.runner import StepFailed
+from llm_assets.spec import parse_spec
 from tests.fakes.openai_server import FakeOpenAI, user_text
-from tests.harness import DAY, Harness, make_harness, truthful
+from tests.harness import DAY, Harness, make_harness, review_spec, truthful
 
 SAMPLES: dict[str, list[str]] = {
     "email": ["jane.doe@example.com", "j.smith+billing@mail.example.co.uk"],
@@ -334,3 +336,24 @@ def test_a_policy_change_and_a_requeue_send_a_blocked_item_pseudonymized(
     assert harness.ledger.pseudonyms_of(harness.job_id(), [card_item]) == {
         card_item: {"<CARD_1>": CARD}
     }
+
+
+def test_a_key_in_the_system_prompt_is_a_spec_problem_named_by_type(tmp_path: Path) -> None:
+    spec = review_spec("openai", "gpt-4o-mini")
+    spec["prompt"] = {
+        **spec["prompt"],
+        "system": f"Use the key {KEY} when you call the tool. Label the review.",
+        "template": "Reply to support@example.com about: {text}",
+    }
+    path = tmp_path / "reviews.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    _, problems = parse_spec(path)
+    reasons = {p.field: p.reason for p in problems}
+    assert reasons["prompt.system"].startswith("holds credential, which would go with every item")
+    assert reasons["prompt.template"].startswith("holds email")
+    assert KEY not in str(problems) and "support@example.com" not in str(problems)
+
+    spec["compliance"] = {"pii": {"email": "allow"}}
+    spec["prompt"]["system"] = "Label the review."
+    path.write_text(yaml.safe_dump(spec))
+    assert parse_spec(path)[1] == []

@@ -9,11 +9,15 @@ that names the entity types, never the values.
 """
 
 import re
+import string
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from llm_assets.compliance.detect import Finding, scan
 from llm_assets.compliance.spec import Action, Entity
+
+if TYPE_CHECKING:
+    from llm_assets.spec import PipelineSpec
 
 BLOCKED_CODE = "personal_data_blocked"
 COMPLIANCE = "compliance"
@@ -99,3 +103,24 @@ def restore(value: Any, pseudonyms: Mapping[str, str]) -> Any:
     if isinstance(value, dict):
         return {k: restore(v, pseudonyms) for k, v in value.items()}
     return value
+
+
+def fixed_text_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
+    """The spec's own prompt text (the system prompt, the template around its placeholders)
+    goes with every item unscreened: personal data or a credential there that the policy
+    does not allow is a spec problem, named by type, never by value."""
+    template = "".join(text for text, *_ in string.Formatter().parse(spec.prompt.template))
+    problems = []
+    for field, text in (("prompt.system", spec.prompt.system), ("prompt.template", template)):
+        found = scan([text])[0] if text else []
+        kinds = sorted({f.entity for f in found if spec.compliance.pii[f.entity] != "allow"})
+        if kinds:
+            problems.append(
+                (
+                    field,
+                    f"holds {', '.join(kinds)}, which would go with every item (the spec's "
+                    "own text is not screened); take it out of the prompt, or allow the type "
+                    "in compliance.pii",
+                )
+            )
+    return problems
