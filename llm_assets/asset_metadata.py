@@ -140,6 +140,8 @@ def shards_metadata(spec: PipelineSpec, result: ShardsResult, gate: BudgetGate) 
         "already_in_ledger": result.already_known,
         "input_dead_letters": sum(result.input_dead_letters.values()),
         "input_dead_letters_by_reason": result.input_dead_letters,
+        "compliance_dead_letters": result.compliance_dead_letters,
+        "personal_data_found": result.personal_data,
         "shards_created": len(result.shards_created),
         "shard_uris": result.shard_uris[:20],
         "estimated_input_tokens": estimate.input_tokens,

@@ -323,8 +323,9 @@ def _label_shift_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
 
 
 BUDGET = "budget"
+COMPLIANCE = "compliance"
 COST_DRIFT = "cost_drift"
-CHECK_GATES = {BUDGET: "budget"}
+CHECK_GATES = {BUDGET: "budget", COMPLIANCE: "compliance"}
 """Blocking checks that are not quality checks, by the gate the CLI names (exit code 2)."""
 
 
@@ -359,6 +360,40 @@ def budget_check(gate: Any) -> dg.AssetCheckResult:
 def empty_day_budget_check(reason: str) -> dg.AssetCheckResult:
     """The budget check of a day with no source rows: nothing is requested, nothing spent."""
     return _result(BUDGET, True, dg.AssetCheckSeverity.ERROR, {"reason": reason})
+
+
+def compliance_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        COMPLIANCE,
+        asset=key,
+        blocking=True,
+        description="Items blocked by the personal-data policy (compliance.pii) are within "
+        "compliance.max_blocked_rate; nothing is submitted otherwise.",
+    )
+
+
+def compliance_check(gate: Any, personal_data: dict[str, int]) -> dg.AssetCheckResult:
+    """steps.compliance_gate as a blocking check, with what this run found by entity type
+    and action (counts only, never values)."""
+    return _result(
+        COMPLIANCE,
+        gate.passed,
+        dg.AssetCheckSeverity.ERROR,
+        {
+            "blocked_items": gate.blocked,
+            "items": gate.items,
+            "blocked_rate": gate.rate,
+            "max_blocked_rate": gate.max_blocked_rate,
+            "personal_data_found": personal_data,
+            "reason": gate.reason,
+        },
+        gate.reason,
+    )
+
+
+def empty_day_compliance_check(reason: str) -> dg.AssetCheckResult:
+    """The compliance check of a day with no source rows: nothing was read, nothing blocked."""
+    return _result(COMPLIANCE, True, dg.AssetCheckSeverity.ERROR, {"reason": reason})
 
 
 def cost_drift_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:

@@ -251,7 +251,12 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
         "job and is not materialized, so its later steps skip.",
         kinds={"jsonl", pipe.spec.model.provider},
         code_version=pipe.spec.prompt_code_version,
-        check_specs=pipe.partitioned([checks.budget_check_spec(pipe.key("request_shards"))]),
+        check_specs=pipe.partitioned(
+            [
+                checks.budget_check_spec(pipe.key("request_shards")),
+                checks.compliance_check_spec(pipe.key("request_shards")),
+            ]
+        ),
         output_required=False,
     )
     def request_shards(
@@ -261,19 +266,24 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
         ctx = pipe.context(context, provider=True, created_by=created_by)
         if _empty_day(context, ctx):
             yield checks.empty_day_budget_check(steps.no_source_rows_reason(ctx.day))
+            yield checks.empty_day_compliance_check(steps.no_source_rows_reason(ctx.day))
             return
         approve, who = approval_of(context, config)
         result: steps.ShardsResult = _run_step(lambda: steps.build_shards(ctx))
         gate = steps.budget_gate(ctx, approve=approve, approved_by=who)
+        screened = steps.compliance_gate(ctx)
         estimate = result.estimate
         context.log.info(
             f"{result.job_id}: {result.new_items} new items, {len(result.shards_created)} "
             f"shards, {sum(result.input_dead_letters.values())} input dead letters; estimate "
             f"${estimate.cost_usd:.4f}, upper bound ${estimate.cost_upper_usd:.4f}; budget: "
-            f"{gate.reason}"
+            f"{gate.reason}; personal data: {screened.reason}"
         )
         yield dg.MaterializeResult(
-            check_results=[checks.budget_check(gate)],
+            check_results=[
+                checks.budget_check(gate),
+                checks.compliance_check(screened, result.personal_data),
+            ],
             metadata=asset_metadata.shards_metadata(pipe.spec, result, gate),
         )
 

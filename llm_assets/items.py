@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from llm_assets import parallel
+from llm_assets.compliance.policy import BLOCKED_CODE, COMPLIANCE, Screened, blocked_message, screen
 from llm_assets.fastjson import json_string
 from llm_assets.ids import custom_id
 from llm_assets.source import SourceRow, parse_date
@@ -27,6 +28,11 @@ class PreparedItem(NamedTuple):
     input_tokens: int = 0
     error_code: str | None = None
     error_message: str | None = None
+    error_class: str = "input"
+    found: tuple[tuple[str, int], ...] | None = None
+    """Personal data found in the prompt, as ("entity:action", count) pairs; None: none."""
+    pseudonyms: tuple[tuple[str, str], ...] | None = None
+    """(placeholder, value) of the pseudonymized values; None: none."""
 
 
 LineEncoder = Callable[[str, str], bytes]
@@ -77,6 +83,7 @@ class Preparer:
         self._counter: TokenCounter | None = None
         self._framing = 0
         self._tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
+        self.policy = spec.compliance.pii
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_counter": None}
@@ -90,17 +97,25 @@ class Preparer:
         return self._counter, self._framing
 
     def dead(
-        self, key: str, source_id: str | None, code: str, message: str, kind: str = "id"
+        self,
+        key: str,
+        source_id: str | None,
+        code: str,
+        message: str,
+        kind: str = "id",
+        **more: Any,
     ) -> PreparedItem:
         return PreparedItem(
             custom_id=custom_id(self.spec.name, self.partition_date, key, kind),
             source_id=source_id,
             error_code=code,
             error_message=message,
+            **more,
         )
 
-    def assess(self, row: SourceRow) -> tuple[str | None, str, PreparedItem]:
-        """(the source id to check for duplicates or None, where the row is, its outcome)."""
+    def check(self, row: SourceRow) -> tuple[str | None, str, PreparedItem | str]:
+        """(the source id to check for duplicates or None, where the row is, its outcome or,
+        for a row fit to send, its rendered prompt: `finish` makes that the request)."""
         spec = self.spec
         where = f"{row.file}:{row.line}"
         if row.record is None:
@@ -131,18 +146,33 @@ class Preparer:
         if blank:
             message = f"{where}: empty field(s) {blank}"
             return source_id, where, self.dead(source_id, source_id, "empty_field", message)
-        user, tokens, over = self._fit(render(spec, record))
+        return source_id, where, render(spec, record)
+
+    def finish(self, source_id: str, where: str, screened: Screened) -> PreparedItem:
+        """A rendered prompt after the personal-data policy: its request line, or a dead
+        letter when the policy blocks it or it is over the context window."""
+        spec = self.spec
+        found = screened.found or None
+        if screened.text is None:
+            message = f"{where}: {blocked_message(screened.blocked)}"
+            return self.dead(
+                source_id, source_id, BLOCKED_CODE, message, error_class=COMPLIANCE, found=found
+            )
+        user, tokens, over = self._fit(screened.text)
         if over:
             message = (
                 f"{where}: {over} input tokens; the model's context window is "
                 f"{self.context_window} with {spec.model.max_output_tokens} kept for output"
             )
-            return source_id, where, self.dead(source_id, source_id, "context_exceeded", message)
+            return self.dead(source_id, source_id, "context_exceeded", message, found=found)
         cid = custom_id(spec.name, self.partition_date, source_id)
-        return (
+        return PreparedItem(
+            cid,
             source_id,
-            where,
-            PreparedItem(cid, source_id, self.encode(cid, user), tokens),
+            self.encode(cid, user),
+            tokens,
+            found=found,
+            pseudonyms=screened.pseudonyms or None,
         )
 
     def _fit(self, user: str) -> tuple[str, int, str]:
@@ -168,8 +198,16 @@ def assess_lines(preparer: Preparer, lines: list[bytes]) -> list[tuple[Any, ...]
     """Snapshot lines → assessed rows: the unit of work of a worker process. Each is one
     flat tuple, (source id, where, *PreparedItem): named tuples inside tuples cost several
     times as much to pickle and unpickle as the flat ones."""
-    rows = (preparer.assess(SourceRow.from_json(line)) for line in lines)
-    return [(source_id, where, *item) for source_id, where, item in rows]
+    checked = [preparer.check(SourceRow.from_json(line)) for line in lines]
+    # The prompts of a chunk are screened for personal data together: one scan, not one each.
+    screened = iter(screen([c for _, _, c in checked if isinstance(c, str)], preparer.policy))
+    assessed = []
+    for source_id, where, outcome in checked:
+        if isinstance(outcome, str):
+            assert source_id is not None
+            outcome = preparer.finish(source_id, where, next(screened))
+        assessed.append((source_id, where, *outcome))
+    return assessed
 
 
 def prepare_items(preparer: Preparer, lines: Iterable[bytes]) -> Iterator[PreparedItem]:

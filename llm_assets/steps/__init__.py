@@ -9,6 +9,7 @@ and converges on the same ledger state. One module per stage:
 - snapshot: input_snapshot
 - shards: request_shards, the estimator and shard writing
 - submit: provider_batches and its budget gates
+- compliance: the day's share of items the personal-data policy blocked, as a gate
 - pause: a paused pipeline, which provider_batches refuses to submit for
 - online: the online worker that provider_batches runs for shards sent one by one
 - imports: batch_results (poll, import, retry planning) and the requeue of dead letters
@@ -20,6 +21,7 @@ and converges on the same ledger state. One module per stage:
 """
 
 from llm_assets.steps.cancel import CancelResult, cancel_day
+from llm_assets.steps.compliance import ComplianceGate, compliance_gate
 from llm_assets.steps.context import (
     GateBlocked,
     MissingPrerequisite,
@@ -95,6 +97,7 @@ from llm_assets.steps.validate import ValidateResult, validate_outputs
 __all__ = [
     "PAUSED",
     "BudgetGate",
+    "ComplianceGate",
     "CancelResult",
     "CostReport",
     "DeadLetterResult",
@@ -117,6 +120,7 @@ __all__ = [
     "SubmitResult",
     "ValidateResult",
     "budget_gate",
+    "compliance_gate",
     "build_shards",
     "cancel_day",
     "cost_drift",

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from llm_assets import ids
+from llm_assets.compliance.policy import COMPLIANCE
 from llm_assets.failpoints import failpoint
 from llm_assets.items import PreparedItem, Preparer, prepare_items
 from llm_assets.memory import collector_paused, release_free_memory
@@ -101,6 +102,9 @@ class ShardsResult(BaseModel):
     new_items: int
     already_known: int
     input_dead_letters: dict[str, int]
+    personal_data: dict[str, int] = {}
+    """Values found in this run's new prompts, by "entity:action" (e.g. "email:redact")."""
+    compliance_dead_letters: int = 0
     shards_created: list[str]
     shard_uris: list[str]
     estimate: Estimate
@@ -183,16 +187,20 @@ def write_shard(
     lines: list[tuple[str, bytes]],
     items: list[dict[str, Any]] | None,
     estimate: ShardEstimate,
+    pseudonyms: dict[str, dict[str, str]] | None = None,
 ) -> str:
     """Write a shard's file, then record it: with its new `items`, or (None) taking over the
     items of `lines` from their earlier shards. On the round's writer thread when it has one:
-    the file is always there before the ledger names it."""
+    the file is always there before the ledger names it, and the items' pseudonyms before
+    the items."""
     ledger = round_.ctx.ledger
     written = round_.write_file(index, lines)
     failpoint("retry.after_file" if items is None else "shards.after_file")
     shard = round_.shard_row(index, written, len(lines), estimate)
 
     def record() -> None:
+        if pseudonyms:
+            ledger.add_pseudonyms(round_.job.job_id, pseudonyms)
         if items is not None:
             ledger.add_shard_with_items(shard, items)
         else:
@@ -219,16 +227,21 @@ class _Intake:
     dead_letters: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
     dead_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     fresh: dict[str, PreparedItem] = dataclasses.field(default_factory=dict)
+    personal_data: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+    blocked: int = 0
 
     def dead(self, item: PreparedItem, code: str, message: str) -> None:
-        self.dead_letters[code] += 1
+        if item.error_class == COMPLIANCE:
+            self.blocked += 1
+        else:
+            self.dead_letters[code] += 1
         self.dead_rows.append(
             {
                 "job_id": self.job.job_id,
                 "custom_id": item.custom_id,
                 "source_id": item.source_id,
                 "status": DEAD_LETTER,
-                "error_class": "input",
+                "error_class": item.error_class,
                 "error_code": code,
                 "error_message": message,
                 "model_name": self.ctx.spec.model.name,
@@ -244,6 +257,8 @@ class _Intake:
             if item.custom_id in self.known:
                 self.already += 1
                 continue
+            for found, count in item.found or ():
+                self.personal_data[found] += count
             encoded = item.line
             if encoded is None:
                 self.dead(item, item.error_code or "input", item.error_message or "")
@@ -261,11 +276,15 @@ class _Intake:
 
     def pending_rows(
         self, shard_id: str, lines: Sequence[tuple[str, bytes]]
-    ) -> list[dict[str, Any]]:
-        """The ledger rows of a new shard's items, each with where its line starts."""
+    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+        """The ledger rows of a new shard's items, each with where its line starts, and the
+        pseudonyms of those that have some."""
         rows = []
+        pseudonyms = {}
         for cid, offset in line_offsets(lines):
             item = self.fresh.pop(cid)
+            if item.pseudonyms:
+                pseudonyms[cid] = dict(item.pseudonyms)
             rows.append(
                 {
                     "job_id": self.job.job_id,
@@ -278,7 +297,7 @@ class _Intake:
                     "request_offset": offset,
                 }
             )
-        return rows
+        return rows, pseudonyms
 
 
 def build_shards(ctx: StepContext) -> ShardsResult:
@@ -309,12 +328,12 @@ def _build_shards(ctx: StepContext) -> ShardsResult:
         round_ = ShardRound(ctx, job, round_no, writer=writer)
         for index, shard_lines in enumerate(shards_for(ctx, requests)):
             shard_id = round_.shard_id(index)
-            items = intake.pending_rows(shard_id, shard_lines)
+            items, pseudonyms = intake.pending_rows(shard_id, shard_lines)
             shard_estimate = estimator.shard(
                 sum(i["estimated_input_tokens"] for i in items), len(items)
             )
             estimate.add(shard_estimate, len(items))
-            uris.append(write_shard(round_, index, shard_lines, items, shard_estimate))
+            uris.append(write_shard(round_, index, shard_lines, items, shard_estimate, pseudonyms))
             created.append(shard_id)
             release_free_memory()
     ledger.add_items(intake.dead_rows)
@@ -325,9 +344,11 @@ def _build_shards(ctx: StepContext) -> ShardsResult:
     return ShardsResult(
         job_id=job.job_id,
         snapshot_rows=intake.snapshot_rows,
-        new_items=estimate.requests + sum(intake.dead_letters.values()),
+        new_items=estimate.requests + sum(intake.dead_letters.values()) + intake.blocked,
         already_known=intake.already,
         input_dead_letters=dict(intake.dead_letters),
+        personal_data=dict(sorted(intake.personal_data.items())),
+        compliance_dead_letters=intake.blocked,
         shards_created=created,
         shard_uris=uris,
         estimate=estimate,

@@ -24,6 +24,7 @@ from llm_assets.resources.providers.base import (
     ShardSubmission,
 )
 from llm_assets.resources.providers.retrying import QuotaRefused
+from llm_assets.steps.compliance import compliance_gate
 from llm_assets.steps.context import GateBlocked, StepContext
 from llm_assets.steps.line_ids import request_lines
 from llm_assets.steps.online import OnlineInterrupted, run_online_shard, stop_on_sigterm
@@ -370,6 +371,9 @@ def submit_shards(
         gate = budget_gate(ctx, approve=approve_budget, approved_by=approved_by)
         if not gate.passed:
             raise GateBlocked("budget", gate.reason)
+        screened = compliance_gate(ctx)
+        if not screened.passed:
+            raise GateBlocked("compliance", screened.reason)
     now = utcnow()
     waiting = [s for s in to_submit if s.not_before is not None and s.not_before > now]
     to_submit = [s for s in to_submit if s not in waiting]

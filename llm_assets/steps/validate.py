@@ -12,6 +12,7 @@ import orjson
 from pydantic import BaseModel
 
 from llm_assets import column_sizes, quality
+from llm_assets.compliance.policy import restore
 from llm_assets.failpoints import failpoint
 from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, JobCounts, JobRecord
 from llm_assets.result_rows import ledger_text
@@ -87,6 +88,9 @@ class _Gate:
         self.value_names = [k for k in self.names if k not in quality.LINEAGE]
         self.label_name = quality.label_field(ctx.spec)
         self.confidence_name = quality.confidence_field(ctx.spec)
+        self.pseudonyms = ctx.ledger.pseudonyms_of(job.job_id)
+        """The values of pseudonymized items' placeholders, put back where the model echoes
+        them before the output is checked."""
         self.failures: dict[str, int] = defaultdict(int)
         self.failed_rows: list[dict[str, Any]] = []
         self.preview: list[dict[str, Any]] = []
@@ -118,6 +122,9 @@ class _Gate:
             if not parsed.ok:
                 self.fail(item["custom_id"], parsed.rule or "unknown", parsed.message or "")
                 continue
+            value = parsed.value or {}
+            if item["custom_id"] in self.pseudonyms:
+                value = restore(value, self.pseudonyms[item["custom_id"]])
             batch.append(
                 {
                     "job_id": self.job.job_id,
@@ -125,7 +132,7 @@ class _Gate:
                     "source_id": item["source_id"],
                     "prompt_version": self.job.prompt_version,
                     "model": self.job.model_name,
-                    **(parsed.value or {}),
+                    **value,
                 }
             )
             if len(batch) >= FRAME_ROWS:

@@ -18,6 +18,7 @@ from llm_assets.resources.ledger import (
     notifications,
     outputs,
     pauses,
+    pseudonyms,
     reporting,
     results,
     schema,
@@ -339,6 +340,12 @@ class LedgerResource(dg.ConfigurableResource):
     pipeline_pause = _on_engine(pauses.pipeline_pause)
     pause_pipeline = _on_engine(pauses.pause_pipeline)
     resume_pipeline = _on_engine(pauses.resume_pipeline)
+
+    # Compliance
+
+    add_pseudonyms = _on_engine(pseudonyms.add_pseudonyms)
+    pseudonyms_of = _on_engine(pseudonyms.pseudonyms)
+    compliance_counts = _on_engine(pseudonyms.compliance_counts)
 
     # Outputs
 

@@ -1,0 +1,101 @@
+"""A spec's personal-data policy applied to rendered prompts: what is sent in their place, what
+is blocked, and the placeholders to put back into a validated output.
+
+A value under `redact` or `pseudonymize` becomes a typed placeholder, numbered per prompt
+(`<EMAIL_1>`, `<EMAIL_2>`; the same value twice is the same placeholder). Under `pseudonymize`
+the placeholders and their values are kept, in the ledger only, and put back where the model
+echoes a placeholder. A value under `block` makes the whole item a `compliance` dead letter
+that names the entity types, never the values.
+"""
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from llm_assets.compliance.detect import Finding, scan
+from llm_assets.compliance.spec import Action, Entity
+
+BLOCKED_CODE = "personal_data_blocked"
+COMPLIANCE = "compliance"
+"""The dead-letter class of a blocked item."""
+
+
+class Screened(NamedTuple):
+    """A prompt after the policy: the text to send (None when blocked), the entity types that
+    blocked it, what was found as "entity:action" counts, and the pseudonyms to restore."""
+
+    text: str | None
+    blocked: tuple[str, ...] = ()
+    found: tuple[tuple[str, int], ...] = ()
+    pseudonyms: tuple[tuple[str, str], ...] = ()
+
+
+def placeholder(entity: Entity, number: int) -> str:
+    return f"<{entity.upper()}_{number}>"
+
+
+def _apply(text: str, findings: Sequence[Finding], policy: Mapping[Entity, Action]) -> Screened:
+    counts: dict[str, int] = {}
+    for finding in findings:
+        key = f"{finding.entity}:{policy[finding.entity]}"
+        counts[key] = counts.get(key, 0) + 1
+    found = tuple(sorted(counts.items()))
+    blocked = tuple(sorted({f.entity for f in findings if policy[f.entity] == "block"}))
+    if blocked:
+        return Screened(None, blocked, found)
+    parts: list[str] = []
+    numbers: dict[tuple[str, str], str] = {}
+    per_type: dict[str, int] = {}
+    kept: dict[str, str] = {}
+    at = 0
+    for finding in findings:
+        action = policy[finding.entity]
+        if action == "allow":
+            continue
+        name = numbers.get((finding.entity, finding.value))
+        if name is None:
+            per_type[finding.entity] = per_type.get(finding.entity, 0) + 1
+            name = placeholder(finding.entity, per_type[finding.entity])
+            numbers[(finding.entity, finding.value)] = name
+        if action == "pseudonymize":
+            kept[name] = finding.value
+        parts += (text[at : finding.start], name)
+        at = finding.end
+    if not parts:
+        return Screened(text, (), found)
+    parts.append(text[at:])
+    return Screened("".join(parts), (), found, tuple(kept.items()))
+
+
+def screen(texts: Sequence[str], policy: Mapping[Entity, Action]) -> list[Screened]:
+    """Each prompt under the policy; a policy that allows everything scans nothing."""
+    if all(action == "allow" for action in policy.values()):
+        return [Screened(text) for text in texts]
+    return [
+        _apply(text, findings, policy) if findings else Screened(text)
+        for text, findings in zip(texts, scan(texts), strict=True)
+    ]
+
+
+def blocked_message(blocked: Sequence[str]) -> str:
+    return (
+        f"not sent: the prompt holds {', '.join(blocked)}, which compliance.pii blocks "
+        "(the values are not recorded)"
+    )
+
+
+_PLACEHOLDER = re.compile(r"<[A-Z_]+_\d+>")
+
+
+def restore(value: Any, pseudonyms: Mapping[str, str]) -> Any:
+    """A model's output with each pseudonymized placeholder it echoes replaced by its value,
+    in strings at any depth of lists and objects."""
+    if isinstance(value, str):
+        if "<" not in value:
+            return value
+        return _PLACEHOLDER.sub(lambda m: pseudonyms.get(m.group(), m.group()), value)
+    if isinstance(value, list):
+        return [restore(v, pseudonyms) for v in value]
+    if isinstance(value, dict):
+        return {k: restore(v, pseudonyms) for k, v in value.items()}
+    return value
