@@ -200,7 +200,8 @@ def assess_lines(preparer: Preparer, lines: list[bytes]) -> list[tuple[Any, ...]
     times as much to pickle and unpickle as the flat ones."""
     checked = [preparer.check(SourceRow.from_json(line)) for line in lines]
     # The prompts of a chunk are screened for personal data together: one scan, not one each.
-    screened = iter(screen([c for _, _, c in checked if isinstance(c, str)], preparer.policy))
+    prompts = [c for _, _, c in checked if isinstance(c, str)]
+    screened = iter(screen(prompts, preparer.policy, preparer.spec.compliance.phone_regions))
     assessed = []
     for source_id, where, outcome in checked:
         if isinstance(outcome, str):

@@ -1,15 +1,13 @@
 """Personal data and credentials in rendered prompts, found by maintained libraries.
 
-- datafog-core (Rust): e-mail addresses, phone numbers, payment cards (Luhn-checked), US
-  social security numbers, IP addresses, and credentials it knows (API keys of several
-  vendors, bearer tokens, JWTs, credential URIs, private keys).
+- datafog-core (Rust): e-mail addresses, North American and +country phone numbers, payment
+  cards (Luhn-checked), US social security numbers, IP addresses, and credentials it knows
+  (API keys of several vendors, bearer tokens, credential URIs).
 - python-stdnum: IBANs of every country, by their mod-97 checksum and national format.
-- detect-secrets 1.5: the key patterns of its plugins for AWS access key ids, private key
-  blocks, Slack tokens and webhooks and legacy OpenAI keys, which datafog-core does not know.
-  They are copied here (Apache-2.0): importing detect-secrets takes half a second and
-  `requests` into every worker process of the shards step.
-- Patterns of our own for keys neither library knows yet (current OpenAI and Anthropic keys,
-  Google API keys) and `password: ...` assignments.
+- `numbers`: national phone formats validated by phonenumbers for the spec's regions, JCB
+  and Diners cards, SSNs written with spaces.
+- `secrets`: the key patterns of detect-secrets' plugins, and ours for keys no library knows
+  yet and for passwords written out.
 
 Texts are scanned a chunk at a time, joined into one string: one call into the scanner per
 chunk instead of one per item is what keeps a million prompts within a few seconds
@@ -23,7 +21,9 @@ from typing import NamedTuple
 
 import datafog_core
 
-from llm_assets.compliance.spec import Entity
+from llm_assets.compliance.numbers import is_order_number, numbers
+from llm_assets.compliance.secrets import credentials
+from llm_assets.compliance.spec import PHONE_REGIONS, Entity
 
 
 class Finding(NamedTuple):
@@ -68,60 +68,6 @@ _IBAN_CANDIDATE = re.compile(r"[A-Z][A-Z]\d\d(?: ?[A-Z0-9]){11,30}")
 """No \\b in front: a pattern that starts with a character class is searched for quickly; the
 word boundary is checked on the (few) matches."""
 
-# detect-secrets 1.5.0, plugins/aws.py, openai.py, slack.py and private_key.py.
-_AWS_ACCESS_KEY_ID = re.compile(r"(?:A3T[A-Z0-9]|ABIA|ACCA|AKIA|ASIA)[0-9A-Z]{16}")
-_OPENAI_LEGACY_KEY = re.compile(r"sk-[A-Za-z0-9-_]*[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}")
-_SLACK_TOKEN = re.compile(r"xox(?:a|b|p|o|s|r)-(?:\d+-)+[a-z0-9]+", flags=re.IGNORECASE)
-_SLACK_WEBHOOK = re.compile(
-    r"https://hooks\.slack\.com/services/T[a-zA-Z0-9_]+/B[a-zA-Z0-9_]+/[a-zA-Z0-9_]+",
-    flags=re.IGNORECASE,
-)
-_PRIVATE_KEY = re.compile(
-    "|".join(
-        (
-            r"BEGIN DSA PRIVATE KEY",
-            r"BEGIN EC PRIVATE KEY",
-            r"BEGIN OPENSSH PRIVATE KEY",
-            r"BEGIN PGP PRIVATE KEY BLOCK",
-            r"BEGIN PRIVATE KEY",
-            r"BEGIN RSA PRIVATE KEY",
-            r"BEGIN SSH2 ENCRYPTED PRIVATE KEY",
-            r"PuTTY-User-Key-File-2",
-        )
-    )
-)
-
-_DIRECT: tuple[re.Pattern[str], ...] = (
-    _AWS_ACCESS_KEY_ID,
-    _OPENAI_LEGACY_KEY,
-    re.compile(r"sk-(?:proj|svcacct|admin|ant-[a-z]+\d*)-[A-Za-z0-9_\-]{20,}"),
-    re.compile(r"AIza[0-9A-Za-z_\-]{35}"),
-)
-"""Credential patterns that start with a literal, which is searched for quickly."""
-
-_NEEDLED: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("xox", _SLACK_TOKEN),
-    ("hooks.slack.com", _SLACK_WEBHOOK),
-    ("pass", re.compile(r"(?i:\b(?:password|passwd|passcode)\s*[:=]\s*)\S{4,}")),
-    ("pwd", re.compile(r"(?i:\bpwd\s*[:=]\s*)\S{4,}")),
-    ("private key", _PRIVATE_KEY),
-    ("putty-user-key", _PRIVATE_KEY),
-)
-"""Credential patterns that ignore case or start with an alternative, which cost a
-microsecond or more per prompt: searched only in a chunk that holds their needle
-(lower-cased), as few do."""
-
-_PRIVATE_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----")
-
-
-def _whole_private_key(text: str, match: re.Match[str]) -> tuple[int, int]:
-    """A private key header found: the block from its dashes to its END line (or the end of
-    the text), so a redaction takes the key, not just its header."""
-    start = text.rfind("-----", max(0, match.start() - 8), match.start())
-    start = start if start >= 0 else match.start()
-    end = _PRIVATE_KEY_END.search(text, match.end())
-    return start, end.end() if end else len(text)
-
 
 def _iban_length(candidate: str) -> int:
     """The length of the valid IBAN the candidate starts with (0: none): the candidate may
@@ -139,32 +85,40 @@ def _iban_length(candidate: str) -> int:
         candidate = candidate[:cut]
 
 
-def _raw_findings(joined: str) -> Iterator[tuple[Entity, int, int]]:
+def _raw_findings(joined: str, phone_regions: Sequence[str]) -> Iterator[tuple[Entity, int, int]]:
     for found in datafog_core.scan(joined, config=_SCAN_CONFIG):
         span = found.codepoint_range
-        yield _DATAFOG[found.entity_type], span.start, span.end
+        entity = _DATAFOG[found.entity_type]
+        if entity == "phone" and joined[span.start] != "+" and is_order_number(joined, span.start):
+            continue
+        yield entity, span.start, span.end
     for match in _IBAN_CANDIDATE.finditer(joined):
         start = match.start()
         if start == 0 or not joined[start - 1].isalnum():
             length = _iban_length(match.group())
             if length:
                 yield "iban", start, start + length
-    for pattern in _DIRECT:
-        for match in pattern.finditer(joined):
-            yield "credential", match.start(), match.end()
     lowered = joined.lower()
-    for needle, pattern in _NEEDLED:
-        if needle not in lowered:
-            continue
-        for match in pattern.finditer(joined):
-            if pattern is _PRIVATE_KEY:
-                yield "credential", *_whole_private_key(joined, match)
-            else:
-                yield "credential", match.start(), match.end()
+    yield from numbers(joined, lowered, phone_regions)
+    for start, end in credentials(joined, lowered):
+        yield "credential", start, end
 
 
-def _resolved(found: list[tuple[Entity, int, int]]) -> list[tuple[Entity, int, int]]:
-    """Overlapping findings merged into one span of the most sensitive type among them."""
+def _resolved(text: str, found: list[tuple[Entity, int, int]]) -> list[tuple[Entity, int, int]]:
+    """Overlapping findings merged into one span of the most sensitive type among them, except
+    that a card inside a valid IBAN or a number written with +country is not a card (a
+    13-digit run passes the Luhn check one time in ten)."""
+    stronger = [
+        (start, end)
+        for entity, start, end in found
+        if entity == "iban" or (entity == "phone" and text[start] == "+")
+    ]
+    if stronger:
+        found = [
+            f
+            for f in found
+            if f[0] != "card" or not any(s < f[2] and f[1] < e for s, e in stronger)
+        ]
     merged: list[tuple[Entity, int, int]] = []
     for entity, start, end in sorted(found, key=lambda f: (f[1], -f[2])):
         if merged and start < merged[-1][2]:
@@ -177,8 +131,9 @@ def _resolved(found: list[tuple[Entity, int, int]]) -> list[tuple[Entity, int, i
     return merged
 
 
-def scan(texts: Sequence[str]) -> list[list[Finding]]:
-    """Each text's findings, in order of position, overlapping ones merged."""
+def scan(texts: Sequence[str], phone_regions: Sequence[str] = PHONE_REGIONS) -> list[list[Finding]]:
+    """Each text's findings, in order of position, overlapping ones merged; phone numbers in
+    national format are those valid in one of `phone_regions`."""
     if not texts:
         return []
     starts = []
@@ -188,7 +143,7 @@ def scan(texts: Sequence[str]) -> list[list[Finding]]:
         at += len(text) + len(_SEPARATOR)
     joined = _SEPARATOR.join(texts)
     per_text: list[list[tuple[Entity, int, int]]] = [[] for _ in texts]
-    for entity, start, end in _raw_findings(joined):
+    for entity, start, end in _raw_findings(joined, phone_regions):
         index = bisect.bisect_right(starts, start) - 1
         offset = starts[index]
         limit = len(texts[index])
@@ -196,6 +151,6 @@ def scan(texts: Sequence[str]) -> list[list[Finding]]:
             continue  # in a separator
         per_text[index].append((entity, start - offset, min(end - offset, limit)))
     return [
-        [Finding(e, s, end, text[s:end]) for e, s, end in _resolved(found)] if found else []
+        [Finding(e, s, end, text[s:end]) for e, s, end in _resolved(text, found)] if found else []
         for text, found in zip(texts, per_text, strict=True)
     ]

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from llm_assets.compliance.detect import Finding, scan
-from llm_assets.compliance.spec import Action, Entity
+from llm_assets.compliance.spec import PHONE_REGIONS, Action, Entity
 
 if TYPE_CHECKING:
     from llm_assets.spec import PipelineSpec
@@ -71,13 +71,17 @@ def _apply(text: str, findings: Sequence[Finding], policy: Mapping[Entity, Actio
     return Screened("".join(parts), (), found, tuple(kept.items()))
 
 
-def screen(texts: Sequence[str], policy: Mapping[Entity, Action]) -> list[Screened]:
+def screen(
+    texts: Sequence[str],
+    policy: Mapping[Entity, Action],
+    phone_regions: Sequence[str] = PHONE_REGIONS,
+) -> list[Screened]:
     """Each prompt under the policy; a policy that allows everything scans nothing."""
     if all(action == "allow" for action in policy.values()):
         return [Screened(text) for text in texts]
     return [
         _apply(text, findings, policy) if findings else Screened(text)
-        for text, findings in zip(texts, scan(texts), strict=True)
+        for text, findings in zip(texts, scan(texts, phone_regions), strict=True)
     ]
 
 
@@ -112,7 +116,7 @@ def fixed_text_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     template = "".join(text for text, *_ in string.Formatter().parse(spec.prompt.template))
     problems = []
     for field, text in (("prompt.system", spec.prompt.system), ("prompt.template", template)):
-        found = scan([text])[0] if text else []
+        found = scan([text], spec.compliance.phone_regions)[0] if text else []
         kinds = sorted({f.entity for f in found if spec.compliance.pii[f.entity] != "allow"})
         if kinds:
             problems.append(

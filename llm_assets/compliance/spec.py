@@ -28,6 +28,10 @@ DEFAULT_PII: dict[Entity, Action] = {
 """Contact data and identifiers are replaced by placeholders; cards and credentials never
 leave. A spec's `compliance.pii` overrides these per entity type."""
 
+PHONE_REGIONS = ("GB", "DE", "FR", "ES", "IT", "NL", "AU", "JP")
+"""Where a phone number written in national format (0...) is looked up by default; North
+American and +country numbers are found whatever the regions."""
+
 ArtifactKind = Literal[
     "snapshots", "shards", "qa", "gate", "outputs", "published", "dead_letters", "reports"
 ]
@@ -44,6 +48,11 @@ class ComplianceSpec(_Strict):
         "(typed placeholder such as <EMAIL_1>), pseudonymize (placeholder sent, the value "
         "restored in the validated output) or block (a `compliance` dead letter). Types not "
         "named keep the default policy.",
+    )
+    phone_regions: list[str] = Field(
+        default_factory=lambda: list(PHONE_REGIONS),
+        description="Regions (ISO 3166 codes) whose national phone formats (020 7946 0958) "
+        "are looked for; [] for +country and North American numbers only.",
     )
     max_blocked_rate: float = Field(
         default=0.05,
