@@ -9,6 +9,7 @@ and converges on the same ledger state. One module per stage:
 - snapshot: input_snapshot
 - shards: request_shards, the estimator and shard writing
 - submit: provider_batches and its budget gates
+- residency: the residency gate (compliance.allowed_regions) of the steps that write or send
 - pause: a paused pipeline, which provider_batches refuses to submit for
 - online: the online worker that provider_batches runs for shards sent one by one
 - imports: batch_results (poll, import, retry planning) and the requeue of dead letters
@@ -73,6 +74,7 @@ from llm_assets.steps.reports import (
     qa_sample,
     validated_uri,
 )
+from llm_assets.steps.residency import RESIDENCY, refuse_outside_regions, residency_places
 from llm_assets.steps.shards import (
     Estimate,
     Estimator,
@@ -94,6 +96,7 @@ from llm_assets.steps.validate import ValidateResult, validate_outputs
 
 __all__ = [
     "PAUSED",
+    "RESIDENCY",
     "BudgetGate",
     "CancelResult",
     "CostReport",
@@ -133,6 +136,8 @@ __all__ = [
     "pause_words",
     "paused_text",
     "refuse_if_paused",
+    "refuse_outside_regions",
+    "residency_places",
     "resume_job_name",
     "resume_words",
     "line_custom_id",
