@@ -1,7 +1,7 @@
 """The checks a pipeline spec must pass once it parses: what one field alone cannot say
 (prompt placeholders against the source fields, a loadable pandera model, a cron schedule, a
-known timezone, the URL in the webhook variable when it is set) and the checks that consumers
-of specs register (`register_check`).
+known timezone, the URL in the webhook variable when it is set, the residency a spec decides
+alone) and the checks that consumers of specs register (`register_check`).
 
 spec.py runs them on every parsed spec (`semantic_problems`); this module needs the spec
 model only for its type hints, so spec.py can import it.
@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from llm_assets.compliance.residency import residency_problems
 from llm_assets.secrecy import webhook_url_problem
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ def semantic_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     from llm_assets.compliance.policy import fixed_text_problems
 
     problems.extend(fixed_text_problems(spec))
+    problems.extend(residency_problems(spec))
     for check in _registered_checks:
         problems.extend(check(spec))
     if spec.output.pandera_model:

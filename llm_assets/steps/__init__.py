@@ -10,6 +10,7 @@ and converges on the same ledger state. One module per stage:
 - shards: request_shards, the estimator and shard writing
 - submit: provider_batches and its budget gates
 - compliance: the day's share of items the personal-data policy blocked, as a gate
+- residency: the residency gate (compliance.allowed_regions) of the steps that write or send
 - pause: a paused pipeline, which provider_batches refuses to submit for
 - online: the online worker that provider_batches runs for shards sent one by one
 - imports: batch_results (poll, import, retry planning) and the requeue of dead letters
@@ -75,6 +76,7 @@ from llm_assets.steps.reports import (
     qa_sample,
     validated_uri,
 )
+from llm_assets.steps.residency import RESIDENCY, refuse_outside_regions, residency_places
 from llm_assets.steps.shards import (
     Estimate,
     Estimator,
@@ -96,6 +98,7 @@ from llm_assets.steps.validate import ValidateResult, validate_outputs
 
 __all__ = [
     "PAUSED",
+    "RESIDENCY",
     "BudgetGate",
     "ComplianceGate",
     "CancelResult",
@@ -137,6 +140,8 @@ __all__ = [
     "pause_words",
     "paused_text",
     "refuse_if_paused",
+    "refuse_outside_regions",
+    "residency_places",
     "resume_job_name",
     "resume_words",
     "line_custom_id",

@@ -20,6 +20,7 @@ from llm_assets.steps.context import (
     current_snapshot_uri,
     snapshot_dir,
 )
+from llm_assets.steps.residency import refuse_outside_regions
 
 SOURCES_SUFFIX = ".sources.json"
 """Next to each snapshot `<hash>.jsonl`, `<hash>.sources.json` maps the source files it holds
@@ -50,8 +51,9 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     rows reuses it; the CURRENT pointer names the snapshot the later steps read. The source
     files' versions are taken before their rows are read and written next to the snapshot
     (SOURCES_SUFFIX), so a file changed meanwhile shows as newer than the snapshot, never
-    older.
+    older. Nothing is written where `compliance.allowed_regions` does not allow it.
     """
+    refuse_outside_regions(ctx)
     spec, day, storage = ctx.spec, ctx.day, ctx.storage
     versions = {uri: storage.version(uri) for uri in list_source_files(source_uri, storage)}
     keep = {spec.source.id_field, spec.source.date_field, *spec.source.fields}

@@ -1,5 +1,5 @@
-"""provider_batches: the pause and the budget gates, then every shard not yet sent submitted
-once (or, for shards the step works itself, sent by the online worker)."""
+"""provider_batches: the residency, pause and budget gates, then every shard not yet sent
+submitted once (or, for shards the step works itself, sent by the online worker)."""
 
 import dataclasses
 import datetime as dt
@@ -29,6 +29,7 @@ from llm_assets.steps.context import GateBlocked, StepContext
 from llm_assets.steps.line_ids import request_lines
 from llm_assets.steps.online import OnlineInterrupted, run_online_shard, stop_on_sigterm
 from llm_assets.steps.pause import refuse_if_paused
+from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.steps.shards import ShardRound, line_offsets
 
 _WAITING = (ShardState.CREATED, ShardState.UPLOADED)
@@ -353,10 +354,12 @@ def submit_shards(
     A paused pipeline submits nothing (PipelinePaused, asked again before each shard). Two
     budget gates come first: the day's upper bound against the partition budget, then
     the shards' upper bounds reserved, all or none, against the pipeline's daily and monthly
-    caps.
+    caps. Before any of them, the residency gate: nothing is sent to, or staged in, a place
+    outside the spec's `compliance.allowed_regions`.
     """
     ledger = ctx.ledger
     job = ctx.job()
+    refuse_outside_regions(ctx)
     to_submit = ledger.shards(job.job_id, list(_WAITING))
     if job.cancelled_at is not None and to_submit:
         raise GateBlocked(

@@ -1,0 +1,504 @@
+"""Residency: a spec with `compliance.allowed_regions` sends nothing to, and writes nothing in,
+a place outside them. Spec-alone cases fail `validate-spec`; the rest block the day at the
+step that would write or send (Dagster failure with gate `residency`, CLI exit 2), with the
+fakes and the moto server seeing no upload and no create."""
+
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import llm_assets.resources.providers.registry  # noqa: F401  (registers the provider checks)
+from llm_assets import steps
+from llm_assets.cli import main
+from llm_assets.compliance import residency
+from llm_assets.compliance.residency import (
+    Place,
+    bucket_region,
+    endpoint_place,
+    forget_bucket_regions,
+    jurisdiction_of,
+    provider_places,
+    refusal,
+    region_allowed,
+    residency_problems,
+)
+from llm_assets.resources.providers.bedrock import BedrockBatchProvider
+from llm_assets.resources.providers.local import LocalProvider
+from llm_assets.resources.providers.online import OnlineProvider
+from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.runner import StepFailed
+from llm_assets.spec import PipelineSpec
+from tests.conftest import MotoS3
+from tests.fakes.bedrock_server import FakeBedrock
+from tests.fakes.openai_server import FakeOpenAI
+from tests.harness import (
+    CLI,
+    DAY,
+    POSITIVE,
+    open_harness,
+    provider_for,
+    review_spec,
+    truthful,
+    write_reviews,
+)
+
+pytestmark = pytest.mark.one_database
+
+EU = {"allowed_regions": ["eu"]}
+BEDROCK_MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
+ROLE = "arn:aws:iam::123456789012:role/BedrockBatchInference"
+
+
+def spec_of(provider: str, model: str, **overrides: Any) -> PipelineSpec:
+    return PipelineSpec.model_validate(review_spec(provider, model, **overrides))
+
+
+def bucket_in(moto_s3: MotoS3, region: str) -> str:
+    """A new bucket of the moto server in `region`."""
+    name = f"residency-{region}-{uuid.uuid4().hex[:8]}"
+    client = boto3.client("s3", endpoint_url=moto_s3.endpoint_url, region_name=region)
+    if region == "us-east-1":
+        client.create_bucket(Bucket=name)
+    else:
+        client.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": region})
+    return name
+
+
+def objects_in(moto_s3: MotoS3, bucket: str) -> list[str]:
+    listing = moto_s3.client().list_objects_v2(Bucket=bucket)
+    return [o["Key"] for o in listing.get("Contents", [])]
+
+
+def bedrock_truthful(model_input: dict[str, Any]) -> str:
+    text = json.dumps(model_input["messages"])
+    label = "positive" if any(word in text.lower() for word in POSITIVE) else "negative"
+    return json.dumps({"label": label, "summary": "A customer review."})
+
+
+# The mapping of regions to jurisdictions, and of endpoints to regions
+
+
+@pytest.mark.parametrize(
+    ("region", "allowed", "passes"),
+    [
+        ("eu-central-1", ["eu"], True),
+        ("eu-west-1", ["eu"], True),
+        ("europe-west4", ["eu"], True),
+        ("us-east-1", ["eu"], False),
+        ("us-gov-west-1", ["us"], True),
+        ("northamerica-northeast1", ["ca"], True),
+        ("eu-central-1", ["eu-central-1"], True),
+        ("eu-west-1", ["eu-central-1"], False),
+        # Known only as "somewhere in the eu": an exact region cannot vouch for it.
+        ("eu", ["eu-central-1"], False),
+        ("eu", ["eu"], True),
+        ("ap-southeast-2", ["us", "eu"], False),
+    ],
+)
+def test_a_jurisdiction_allows_its_regions_and_a_region_only_itself(
+    region: str, allowed: list[str], passes: bool
+) -> None:
+    assert region_allowed(region, allowed) is passes
+
+
+def test_regions_and_jurisdictions_that_mean_nothing_are_spec_problems() -> None:
+    assert jurisdiction_of("europe") is None
+    spec = spec_of(
+        "local",
+        "all-MiniLM-L6-v2",
+        compliance={"allowed_regions": ["Europe"], "endpoint_regions": {"vllm.internal": "mars"}},
+    )
+
+    problems = residency_problems(spec)
+
+    assert [field for field, _ in problems] == [
+        "compliance.allowed_regions",
+        "compliance.endpoint_regions.vllm.internal",
+    ]
+    assert "'europe' is neither a jurisdiction" in problems[0][1]
+    assert "'mars'" in problems[1][1]
+
+
+def test_openai_hosts_and_mapped_hosts_have_their_regions() -> None:
+    assert endpoint_place("OpenAI", "https://api.openai.com/v1", {}).describe() == (
+        "OpenAI endpoint https://api.openai.com/v1 (us)"
+    )
+    eu = endpoint_place("OpenAI", "https://eu.api.openai.com/v1", {})
+    assert (eu.region, eu.allowed_by(["eu"])) == ("eu", True)
+    proxy = endpoint_place(
+        "OpenAI",
+        "https://user:secret@llm-proxy.example.com/v1?key=k",
+        {"LLM-Proxy.example.com": "EU-Central-1"},
+    )
+    assert proxy.describe() == (
+        "OpenAI endpoint https://llm-proxy.example.com/v1 in eu-central-1 (eu)"
+    )
+    assert proxy.allowed_by(["eu-central-1"])
+    # A host nobody named is of unknown region, also on loopback (a proxy forwards anywhere).
+    local = endpoint_place("online", "http://localhost:8000/v1", {})
+    assert local.status == "unknown" and not local.allowed_by(["eu"])
+    assert "compliance.endpoint_regions (localhost: <region>)" in local.describe()
+
+
+def test_the_openai_endpoint_comes_from_the_resource_else_openai_base_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = spec_of("openai", "gpt-4o-mini", compliance=EU)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    assert refusal(spec, provider_places(spec, OpenAIBatchProvider())) == (
+        "compliance.allowed_regions [eu] refuses: OpenAI endpoint https://api.openai.com/v1 (us)"
+    )
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://eu.api.openai.com/v1")
+    assert refusal(spec, provider_places(spec, OpenAIBatchProvider())) is None
+    pinned = OpenAIBatchProvider(base_url="https://api.openai.com/v1")
+    assert refusal(spec, provider_places(spec, pinned)) is not None
+
+
+def test_the_online_endpoint_of_the_spec_wins_over_the_resource() -> None:
+    spec = spec_of(
+        "online",
+        "gpt-4o-mini",
+        compliance={**EU, "endpoint_regions": {"vllm.eu.internal": "eu-west-1"}},
+        online={"base_url": "http://vllm.eu.internal:8000/v1"},
+    )
+    resource = OnlineProvider(base_url="https://api.openai.com/v1")
+
+    [place] = provider_places(spec, resource)
+
+    assert place.what == "online endpoint http://vllm.eu.internal:8000/v1 in eu-west-1"
+    assert refusal(spec, [place]) is None
+
+
+def test_the_bedrock_region_is_the_resource_s_else_boto3_s_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = spec_of("bedrock", BEDROCK_MODEL, compliance=EU)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+
+    assert [p.describe() for p in provider_places(spec, BedrockBatchProvider())] == [
+        "Bedrock region us-east-1 (us)"
+    ]
+    assert (
+        refusal(spec, provider_places(spec, BedrockBatchProvider(region_name="eu-central-1")))
+        is None
+    )
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    [unknown] = provider_places(spec, BedrockBatchProvider())
+    assert unknown.status == "unknown" and "AWS_DEFAULT_REGION" in unknown.hint
+
+
+# validate-spec: what the spec decides alone
+
+
+@pytest.mark.parametrize(
+    ("provider", "model", "refused"),
+    [
+        ("anthropic", "claude-haiku-4-5", "Anthropic Message Batches API (no regional guarantee)"),
+        ("gemini", "gemini-2.5-flash", "Gemini Developer API batch mode (no regional guarantee)"),
+    ],
+)
+def test_a_provider_with_no_regional_guarantee_is_refused_under_restricted_regions(
+    provider: str, model: str, refused: str
+) -> None:
+    assert residency_problems(spec_of(provider, model, compliance=EU)) == [
+        ("model.provider", f"compliance.allowed_regions [eu] refuses: {refused}")
+    ]
+    assert residency_problems(spec_of(provider, model)) == []
+
+
+def test_bedrock_inference_profiles_are_decided_by_the_model_id() -> None:
+    def problems(model: str, allowed: list[str]) -> list[tuple[str, str]]:
+        return residency_problems(
+            spec_of("bedrock", model, compliance={"allowed_regions": allowed})
+        )
+
+    assert problems("eu.anthropic.claude-3-5-haiku-20241022-v1:0", ["eu"]) == []
+    assert problems("us.anthropic.claude-3-5-haiku-20241022-v1:0", ["eu"]) == [
+        (
+            "model.name",
+            "compliance.allowed_regions [eu] refuses: Bedrock cross-region inference profile "
+            "us.anthropic.claude-3-5-haiku-20241022-v1:0 (us)",
+        )
+    ]
+    # An eu profile may route to any eu region, so one region alone does not allow it.
+    assert problems("eu.anthropic.claude-3-5-haiku-20241022-v1:0", ["eu-central-1"])
+    [(_, reason)] = problems("global.anthropic.claude-3-5-haiku-20241022-v1:0", ["eu"])
+    assert reason.endswith("(no regional guarantee)")
+    assert problems(BEDROCK_MODEL, ["eu"]) == []  # its region is known at job start
+
+
+def test_validate_spec_reports_a_refused_provider(tmp_path: Path) -> None:
+    spec = review_spec("anthropic", "claude-haiku-4-5", compliance=EU)
+    path = tmp_path / "reviews.yaml"
+    path.write_text(yaml.safe_dump(spec))
+
+    result = CliRunner().invoke(main, ["validate-spec", str(path)], env={"COLUMNS": "300"})
+
+    assert result.exit_code == 1
+    assert (
+        f"{path}: model.provider: compliance.allowed_regions [eu] refuses: Anthropic Message "
+        "Batches API (no regional guarantee)"
+    ) in " ".join(result.stderr.split())
+
+
+# Job start: the provider and the storage as configured
+
+
+def test_a_non_eu_openai_endpoint_is_refused_before_anything_is_sent(
+    tmp_path: Path, database_url: str
+) -> None:
+    with FakeOpenAI(tmp_path / "fake") as fake:
+        fake.responder = truthful
+        spec = review_spec(
+            "openai",
+            "gpt-4o-mini",
+            compliance={**EU, "endpoint_regions": {"127.0.0.1": "us-east-1"}},
+        )
+        with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
+            with pytest.raises(StepFailed) as refused:
+                harness.runner().run_day(DAY, wait=True)
+
+            assert refused.value.gate == steps.RESIDENCY
+            assert (
+                "request_shards: residency gate: reviews_openai 2026-11-02: "
+                "compliance.allowed_regions [eu] refuses: OpenAI endpoint "
+                f"{fake.base_url.rstrip('/')} in us-east-1 (us); this step wrote and sent nothing"
+            ) in str(refused.value)
+            with pytest.raises(steps.MissingPrerequisite):
+                harness.job_id()  # request_shards made no job and wrote no shard
+            assert not (harness.home / "artifacts" / "shards").exists()
+        assert fake.calls.entries() == []
+
+
+def test_an_eu_endpoint_named_in_endpoint_regions_passes(tmp_path: Path, database_url: str) -> None:
+    with FakeOpenAI(tmp_path / "fake") as fake:
+        fake.responder = truthful
+        spec = review_spec(
+            "openai",
+            "gpt-4o-mini",
+            compliance={**EU, "endpoint_regions": {"127.0.0.1": "eu"}},
+        )
+        with open_harness(tmp_path, database_url, spec, provider_for(fake), reviews=12) as harness:
+            outcome = harness.run_day()
+
+        assert outcome.done and outcome.succeeded == 12
+        assert len(fake.submitted_custom_ids()) == 12
+
+
+def test_provider_batches_refuses_an_endpoint_moved_out_of_the_regions(
+    tmp_path: Path, database_url: str
+) -> None:
+    """The submission step asks again: shards made while the endpoint was allowed are not
+    sent once it is not."""
+    with FakeOpenAI(tmp_path / "fake") as fake:
+        allowed = review_spec(
+            "openai", "gpt-4o-mini", compliance={**EU, "endpoint_regions": {"127.0.0.1": "eu"}}
+        )
+        with open_harness(tmp_path, database_url, allowed, provider_for(fake)) as harness:
+            assert harness.materialize("input_snapshot", "request_shards").success
+            harness.spec = spec_of(
+                "openai",
+                "gpt-4o-mini",
+                compliance={**EU, "endpoint_regions": {"127.0.0.1": "us-west-2"}},
+            )
+
+            result = harness.materialize("provider_batches")
+
+            assert not result.success
+            [failure] = [e for e in result.all_events if e.is_step_failure]
+            data = failure.step_failure_data.user_failure_data
+            assert data is not None and data.metadata["gate"].value == "residency"
+            assert "in us-west-2 (us)" in (data.description or "")
+            shards = harness.ledger.shards(harness.job_id())
+            assert shards and {s.status for s in shards} == {"created"}
+        assert fake.calls.entries() == []
+
+
+@pytest.mark.fake_server("bedrock", min_records=50, responder=bedrock_truthful)
+def test_a_us_bedrock_region_and_staging_bucket_are_refused_and_nothing_is_created(
+    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
+) -> None:
+    staging = bucket_in(moto_s3, "us-east-1")
+    provider = BedrockBatchProvider(
+        role_arn=ROLE,
+        endpoint_url=fake.endpoint_url,
+        region_name="us-east-1",
+        staging_uri=f"s3://{staging}/bedrock",
+        retry_base_seconds=0.01,
+    )
+    spec = review_spec(
+        "bedrock",
+        BEDROCK_MODEL,
+        bedrock={"min_records_per_job": 50},
+        sharding={"max_requests_per_shard": 100},
+        compliance=EU,
+    )
+    with (
+        open_harness(tmp_path, database_url, spec, provider, reviews=60) as harness,
+        pytest.raises(StepFailed) as refused,
+    ):
+        harness.run_day()
+
+    assert refused.value.gate == "residency"
+    assert (
+        "compliance.allowed_regions [eu] refuses: Bedrock region us-east-1 (us); Bedrock "
+        f"staging bucket {staging} in us-east-1 (us);"
+    ) in str(refused.value)
+    assert fake.jobs() == []
+    assert objects_in(moto_s3, staging) == []
+
+
+@pytest.mark.fake_server("bedrock", min_records=50, responder=bedrock_truthful)
+def test_an_eu_bedrock_region_with_an_eu_bucket_passes(
+    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
+) -> None:
+    bucket = bucket_in(moto_s3, "eu-west-1")
+    provider = BedrockBatchProvider(
+        role_arn=ROLE,
+        endpoint_url=fake.endpoint_url,
+        region_name="eu-central-1",
+        retry_base_seconds=0.01,
+    )
+    spec = review_spec(
+        "bedrock",
+        BEDROCK_MODEL,
+        bedrock={"min_records_per_job": 50},
+        sharding={"max_requests_per_shard": 100},
+        compliance=EU,
+    )
+    with open_harness(tmp_path, database_url, spec, provider, reviews=60) as harness:
+        harness.storage = ArtifactStorage(base_url=f"s3://{bucket}/artifacts")
+
+        result = harness.materialize("input_snapshot", "request_shards", "provider_batches")
+
+        assert result.success
+        [job] = fake.jobs()
+        assert job["jobArn"].startswith("arn:aws:bedrock:eu-central-1:")
+        assert any(key.startswith("artifacts/shards/") for key in objects_in(moto_s3, bucket))
+
+
+def local_provider(tmp_path: Path) -> LocalProvider:
+    return LocalProvider(state_dir=str(tmp_path / "local_provider"), work_budget_seconds=600.0)
+
+
+def local_spec(**overrides: Any) -> dict[str, Any]:
+    spec = review_spec("local", "all-MiniLM-L6-v2", **overrides)
+    spec["output"] = {
+        "format": "json",
+        "schema": {"label": {"type": "str", "isin": ["positive", "negative"]}},
+    }
+    return spec
+
+
+def test_an_artifact_bucket_in_the_us_is_refused_before_the_snapshot_is_written(
+    tmp_path: Path, database_url: str, moto_s3: MotoS3
+) -> None:
+    bucket = bucket_in(moto_s3, "us-east-1")
+    with open_harness(
+        tmp_path, database_url, local_spec(compliance=EU), local_provider(tmp_path), reviews=6
+    ) as harness:
+        harness.storage = ArtifactStorage(base_url=f"s3://{bucket}/artifacts")
+
+        result = harness.materialize("input_snapshot")
+
+        assert not result.success
+        [failure] = [e for e in result.all_events if e.is_step_failure]
+        data = failure.step_failure_data.user_failure_data
+        assert data is not None
+        assert (
+            f"compliance.allowed_regions [eu] refuses: artifact bucket {bucket} in us-east-1 (us);"
+        ) in (data.description or "")
+    assert objects_in(moto_s3, bucket) == []
+
+
+def test_an_artifact_bucket_in_the_eu_is_accepted(
+    tmp_path: Path, database_url: str, moto_s3: MotoS3
+) -> None:
+    bucket = bucket_in(moto_s3, "eu-west-1")
+    with open_harness(
+        tmp_path, database_url, local_spec(compliance=EU), local_provider(tmp_path), reviews=6
+    ) as harness:
+        harness.storage = ArtifactStorage(base_url=f"s3://{bucket}/artifacts")
+
+        outcome = harness.run_day()
+
+    assert outcome.done and outcome.succeeded == 6
+    assert any(key.startswith("artifacts/outputs/") for key in objects_in(moto_s3, bucket))
+
+
+def test_an_unrestricted_spec_asks_for_no_region(
+    tmp_path: Path, database_url: str, moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = bucket_in(moto_s3, "us-east-1")
+    asked: list[str] = []
+    monkeypatch.setattr(residency, "bucket_region", asked.append)
+    with open_harness(
+        tmp_path, database_url, local_spec(), local_provider(tmp_path), reviews=6
+    ) as harness:
+        harness.storage = ArtifactStorage(base_url=f"s3://{bucket}/artifacts")
+
+        outcome = harness.run_day()
+
+    assert outcome.done and outcome.succeeded == 6
+    assert asked == []
+
+
+def test_a_bucket_s_region_is_asked_once_per_process(moto_s3: MotoS3) -> None:
+    bucket = bucket_in(moto_s3, "eu-west-1")
+    assert bucket_region(bucket) == "eu-west-1"
+    moto_s3.client().delete_bucket(Bucket=bucket)
+
+    assert bucket_region(bucket) == "eu-west-1"  # from the cache, no second call
+    forget_bucket_regions()
+    place = residency.bucket_place("artifact bucket", f"s3://{bucket}/x")
+    assert place == Place(what=f"artifact bucket {bucket}", status="unknown", hint=place.hint)
+    assert "NoSuchBucket" in place.hint
+
+
+def test_cli_run_exits_2_naming_the_refused_endpoint(tmp_path: Path, database_url: str) -> None:
+    spec = review_spec(
+        "openai", "gpt-4o-mini", compliance={**EU, "endpoint_regions": {"127.0.0.1": "us"}}
+    )
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
+    home = tmp_path / "home"
+    write_reviews(home, DAY, 6)
+    with FakeOpenAI(tmp_path / "fake") as fake:
+        done = subprocess.run(
+            [CLI, "run", spec["name"], "--date", DAY.isoformat()],
+            env={
+                **os.environ,
+                "LLM_ASSETS_HOME": str(home),
+                "LLM_ASSETS_DATABASE_URL": database_url,
+                "LLM_ASSETS_PIPELINES": str(specs),
+                "DAGSTER_HOME": str(tmp_path / "dagster"),
+                "OPENAI_BASE_URL": fake.base_url,
+                "OPENAI_API_KEY": "test-key",
+                "NO_COLOR": "1",
+                "COLUMNS": "300",
+            },
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        calls = fake.calls.entries()
+
+    assert done.returncode == 2, done.stderr
+    stderr = " ".join(done.stderr.split())
+    assert "blocked: reviews_openai__request_shards: residency gate:" in stderr
+    assert (
+        f"compliance.allowed_regions [eu] refuses: OpenAI endpoint {fake.base_url.rstrip('/')} (us)"
+    ) in stderr
+    assert calls == []
