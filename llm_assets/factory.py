@@ -269,7 +269,6 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
             yield checks.empty_day_compliance_check(steps.no_source_rows_reason(ctx.day))
             return
         approve, who = approval_of(context, config)
-        _run_step(lambda: steps.refuse_outside_regions(ctx))
         result: steps.ShardsResult = _run_step(lambda: steps.build_shards(ctx))
         gate = steps.budget_gate(ctx, approve=approve, approved_by=who)
         screened = steps.compliance_gate(ctx)

@@ -20,6 +20,7 @@ from llm_assets.resources.ledger import DEAD_LETTER, PENDING, BackgroundWriter, 
 from llm_assets.resources.storage import WrittenArtifact
 from llm_assets.sharding import split_shards
 from llm_assets.steps.context import StepContext, artifact_key
+from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.tokens import counter_for
 
 
@@ -305,7 +306,10 @@ def build_shards(ctx: StepContext) -> ShardsResult:
     """Turn snapshot rows the ledger has not seen into request shards and input dead letters.
 
     Holds the day: a second run waits, then finds the snapshot rows known and adds nothing.
+    Nothing is written while a place the day would go or rest is outside
+    compliance.allowed_regions (the residency gate).
     """
+    refuse_outside_regions(ctx)
     with ctx.day_lock():
         return _build_shards(ctx)
 
