@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llm_assets import steps
+from llm_assets.compliance.policy import COMPLIANCE
 from llm_assets.console import progress_bar
 from llm_assets.demo_data import generate_demo_data
 from llm_assets.resources import build_resources
@@ -86,14 +87,39 @@ def _demo_spec(settings: Settings) -> PipelineSpec:
     return specs[DEMO_PIPELINE]
 
 
+def _personal_data_cell(outcomes: list[DayOutcome]) -> str:
+    """What the personal-data policy did over these days: "redacted 7, blocked 1" counts the
+    values replaced by placeholders and the items never sent."""
+    done = {"redact": 0, "pseudonymize": 0, "allow": 0}
+    for outcome in outcomes:
+        for key, count in outcome.personal_data.items():
+            action = key.partition(":")[2]
+            if action in done:
+                done[action] += count
+    blocked = sum(o.dead_letters_by_class.get(COMPLIANCE, 0) for o in outcomes)
+    words = [
+        f"{word} {count}"
+        for word, count in (
+            ("redacted", done["redact"]),
+            ("pseudonymized", done["pseudonymize"]),
+            ("allowed", done["allow"]),
+            ("blocked", blocked),
+        )
+        if count
+    ]
+    return ", ".join(words) or "-"
+
+
 def _summary_table(spec: PipelineSpec, scored: list[tuple[DayOutcome, int, int]]) -> Table:
-    """A row per day and a row for all days: items, dead letters, tokens, cost and accuracy."""
+    """A row per day and a row for all days: items, dead letters, personal data, tokens, cost
+    and accuracy."""
     table = Table(title=f"llm-assets demo: {spec.name} on {spec.model.provider}/{spec.model.name}")
     for column in (
         "date",
         "items",
         "succeeded",
         "dead letters by class",
+        "personal data",
         "tokens in/out",
         "cost USD",
         "accuracy",
@@ -106,6 +132,7 @@ def _summary_table(spec: PipelineSpec, scored: list[tuple[DayOutcome, int, int]]
             str(outcome.total),
             str(outcome.succeeded),
             classes or "-",
+            _personal_data_cell([outcome]),
             f"{outcome.input_tokens}/{outcome.output_tokens}",
             f"{outcome.cost_usd:.4f}",
             f"{correct / judged:.1%}" if judged else "-",
@@ -118,6 +145,7 @@ def _summary_table(spec: PipelineSpec, scored: list[tuple[DayOutcome, int, int]]
         str(sum(o.total for o in outcomes)),
         str(sum(o.succeeded for o in outcomes)),
         "",
+        _personal_data_cell(outcomes),
         f"{sum(o.input_tokens for o in outcomes)}/{sum(o.output_tokens for o in outcomes)}",
         f"{sum(o.cost_usd for o in outcomes):.4f}",
         f"{correct / judged:.1%}" if judged else "-",

@@ -29,6 +29,8 @@ CATEGORIES: tuple[str, ...] = (
     "product_feedback",
 )
 TONES: tuple[str, ...] = ("polite", "neutral", "frustrated")
+PERSONAL_KINDS: tuple[str, ...] = ("email", "phone", "iban", "ip_address", "card", "credential")
+"""The kinds of personal data tickets carry, named as the compliance detector names them."""
 
 # Strict strings: a value YAML reads as a number or a boolean is refused, not converted.
 Pool = tuple[StrictStr, ...]
@@ -41,6 +43,39 @@ class Problem(BaseModel):
 
     text: StrictStr
     subjects: Pool
+
+
+class PersonalData(BaseModel):
+    """How customers write personal data: value formats and the sentences that carry them.
+
+    E-mail addresses are made from the customer's name, so they have sentences but no format.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    formats: dict[str, Pool]
+    sentences: dict[str, Pool]
+
+    @model_validator(mode="after")
+    def _every_kind(self) -> Self:
+        kinds = set(PERSONAL_KINDS)
+        if set(self.formats) != kinds - {"email"} or not all(self.formats.values()):
+            raise ValueError(
+                f"personal_data.formats needs a non-empty list for each of "
+                f"{', '.join(sorted(kinds - {'email'}))}"
+            )
+        if set(self.sentences) != kinds or not all(self.sentences.values()):
+            raise ValueError(
+                f"personal_data.sentences needs a non-empty list for each of "
+                f"{', '.join(sorted(kinds))}"
+            )
+        for kind, pool in self.sentences.items():
+            for sentence in pool:
+                if sentence.count("{value}") != 1:
+                    raise ValueError(
+                        f"personal_data.sentences.{kind}: {sentence!r} needs {{value}} once"
+                    )
+        return self
 
 
 class DemoCorpus(BaseModel):
@@ -75,6 +110,7 @@ class DemoCorpus(BaseModel):
     log_levels: Pool
     log_sources: Pool
     log_messages: Pool
+    personal_data: PersonalData
 
     @model_validator(mode="after")
     def _every_category_and_tone(self) -> Self:
@@ -198,10 +234,15 @@ class Slots(dict[str, str]):
         return f"{_MONTHS[past.month - 1]} {past.day}"
 
     def _email(self) -> str:
-        user = _ascii(f"{self['first']}.{self._last}").lower().replace("'", "")
-        if self._rng.random() < 0.4:
-            user = f"{user}{self._rng.randint(1, 99)}"
-        return f"{user}@{self._rng.choice(corpus().email_domains)}"
+        return email_address(self["first"], self._last, self._rng)
+
+
+def email_address(first: str, last: str, rng: random.Random) -> str:
+    """first.last, sometimes with a number, at one of the corpus's example domains."""
+    user = _ascii(f"{first}.{last}").lower().replace("'", "")
+    if rng.random() < 0.4:
+        user = f"{user}{rng.randint(1, 99)}"
+    return f"{user}@{rng.choice(corpus().email_domains)}"
 
 
 def _ascii(text: str) -> str:

@@ -8,6 +8,14 @@ so accuracy can be measured without leaking the label into the input.
 The first day's file also carries one of each deliberately bad row (see `BAD_ROW_REASONS`) so
 validation, duplicate handling and context-window limits are exercised by a single partition.
 
+Some tickets carry personal data the way customers write it ("you can reach me on ...", "my
+card ... was charged twice"), so the personal-data policy has something to redact and to block:
+`CONTACT_PERCENT` of a day's tickets give a phone number, an IBAN, an IP address or an e-mail
+address, and one ticket in `BLOCKED_EVERY` a card number or, once in the whole run, an API key.
+A few problem templates mention the customer's e-mail address too. The truth file and
+`GeneratedDemo.personal_data` record which ticket carries which values. These tickets are
+picked with a random stream of their own, so every other ticket reads as it would without them.
+
 This module decides how tickets are put together; their words come from the corpus
 (demo_corpus.py), so the same seed gives the same bytes only with the same corpus.
 """
@@ -24,10 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+from stdnum import iban
 
-from llm_assets.demo_corpus import CATEGORIES, TONES, Slots, corpus
+from llm_assets.demo_corpus import CATEGORIES, TONES, Slots, corpus, email_address
 
-__all__ = ["BAD_ROW_REASONS", "CATEGORIES", "CHANNELS", "GeneratedDemo", "generate_demo_data"]
+__all__ = [
+    "BAD_ROW_REASONS",
+    "BLOCKED_EVERY",
+    "CATEGORIES",
+    "CHANNELS",
+    "CONTACT_PERCENT",
+    "GeneratedDemo",
+    "generate_demo_data",
+]
 
 CHANNELS: tuple[str, ...] = ("email", "chat", "web", "phone")
 BAD_ROW_REASONS: tuple[str, ...] = (
@@ -57,6 +74,29 @@ _TONE_WEIGHTS: dict[str, tuple[float, ...]] = {
     "product_feedback": (0.60, 0.35, 0.05),
 }
 _WORD = re.compile(r"\b[a-z]{3,}\b")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+CONTACT_PERCENT = 3
+"""Whole percent of a day's tickets that give contact details, in turn over the run: a phone
+number, an IBAN for a refund, an IP address, an e-mail address. None on a day of fewer than
+34 tickets. With the problem templates that mention the customer's e-mail address, about one
+ticket in eight carries contact data."""
+BLOCKED_EVERY = 100
+"""A day holds one ticket with a card number or a credential per this many tickets: the run's
+first such ticket pastes the one API key, the others a card number. So a day blocks under 1%
+of its items, far within the default compliance.max_blocked_rate, and none below 100 tickets."""
+_CONTACT_TURN: tuple[str, ...] = ("phone", "iban", "ip_address", "email")
+_HOST_CATEGORIES: dict[str, tuple[str, ...]] = {
+    "iban": ("billing",),
+    "card": ("billing",),
+    "ip_address": ("technical_issue",),
+    "credential": ("technical_issue",),
+}
+"""Where a kind's sentences make sense (a refund to an IBAN is a billing matter); other kinds
+go into tickets of any category."""
+_KEY_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+_MAX_SENTENCES = 6
+_MAX_HOST_BODY = 800
 
 
 class GeneratedDemo(BaseModel):
@@ -70,6 +110,8 @@ class GeneratedDemo(BaseModel):
     days: list[dt.date]
     rows_written: int
     bad_rows: dict[str, list[str]]
+    personal_data: dict[str, dict[str, list[str]]]
+    """ticket_id → kind (as the compliance detector names it) → the values in its body."""
 
 
 def _quotas(total: int) -> list[str]:
@@ -189,13 +231,83 @@ def _good_ticket(
         if body in seen_bodies:
             continue
         seen_bodies.add(body)
-        return {
+        row = {
             "customer": f"{first} {last}",
             "channel": channel,
             "subject": _subject(category, tone, subjects, slots, rng),
             "body": body,
         }
+        # dict.get: asking a Slots for a missing key would draw a new value.
+        email = dict.get(slots, "email")
+        if email is not None and email in body:
+            row["personal_data"] = {"email": [email]}
+        return row
     raise RuntimeError("could not draw a unique ticket body; the template pools are too small")
+
+
+def _personal_value(kind: str, customer: str, rng: random.Random) -> str:
+    if kind == "email":
+        first, _, last = customer.partition(" ")
+        return email_address(first, last, rng)
+    value = "".join(
+        str(rng.randrange(10)) if c == "#" else rng.choice(_KEY_CHARS) if c == "%" else c
+        for c in rng.choice(corpus().personal_data.formats[kind])
+    )
+    if kind != "iban":
+        return value
+    country, _, account = value.partition(" ")
+    number = country + iban.calc_check_digits(f"{country}00{account}") + account
+    return iban.format(number) if rng.random() < 0.7 else number
+
+
+def _with_sentence(body: str, sentence: str) -> str:
+    """`sentence` before the body's last sentence (often a sign-off), or after a body of two."""
+    cuts = [m.start() for m in _SENTENCE_END.finditer(body)]
+    cut = cuts[-1] if len(cuts) >= 2 else len(body)
+    return f"{body[:cut]} {sentence}{body[cut:]}"
+
+
+@dataclasses.dataclass
+class _Planting:
+    """The run's own random stream for personal data, and how far its turns have got."""
+
+    rng: random.Random
+    contacts: int = 0
+    key_pasted: bool = False
+
+
+def _plant_personal_data(entries: list["_Entry"], tickets_per_day: int, plan: _Planting) -> None:
+    """Personal data into a day's good tickets: CONTACT_PERCENT contact details, and one card
+    number or the run's API key per BLOCKED_EVERY tickets; one kind per ticket at most."""
+    wanted = [
+        _CONTACT_TURN[(plan.contacts + i) % len(_CONTACT_TURN)]
+        for i in range(tickets_per_day * CONTACT_PERCENT // 100)
+    ]
+    wanted += ["card"] * (tickets_per_day // BLOCKED_EVERY)
+    words = corpus().personal_data
+    for kind in wanted:
+        if kind == "card" and not plan.key_pasted:
+            kind = "credential"
+        hosts = [
+            e
+            for e in entries
+            if e.kind == "good"
+            and "personal_data" not in e.row
+            and e.category in _HOST_CATEGORIES.get(kind, CATEGORIES)
+            and len(e.row["body"]) <= _MAX_HOST_BODY
+            and len(_SENTENCE_END.split(e.row["body"])) < _MAX_SENTENCES
+        ]
+        if not hosts:
+            continue
+        host = plan.rng.choice(hosts)
+        value = _personal_value(kind, host.row["customer"], plan.rng)
+        sentence = plan.rng.choice(words.sentences[kind]).format(value=value)
+        host.row["body"] = _with_sentence(host.row["body"], sentence)
+        host.row["personal_data"] = {kind: [value]}
+        if kind in _CONTACT_TURN:
+            plan.contacts += 1
+        elif kind == "credential":
+            plan.key_pasted = True
 
 
 def _log_paste(day: dt.date, rng: random.Random) -> str:
@@ -260,11 +372,18 @@ class _Entry:
 
 
 def _day_entries(
-    day: dt.date, tickets_per_day: int, rng: random.Random, seen_bodies: set[str], *, bad: bool
+    day: dt.date,
+    tickets_per_day: int,
+    rng: random.Random,
+    seen_bodies: set[str],
+    plan: _Planting,
+    *,
+    bad: bool,
 ) -> list[_Entry]:
     categories = _quotas(tickets_per_day)
     rng.shuffle(categories)
     entries = [_Entry("good", _good_ticket(c, day, rng, seen_bodies), c) for c in categories]
+    _plant_personal_data(entries, tickets_per_day, plan)
     if bad:
         _insert_bad_rows(entries, day, rng, seen_bodies)
     return entries
@@ -309,12 +428,12 @@ def _insert_bad_rows(
 
 def _inbox_lines(
     day: dt.date, entries: list[_Entry], rng: random.Random
-) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[tuple[str, str]]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[str, str]]]:
     """The day's file rows with ids and timestamps in file order, its truth and its bad rows."""
     stamps = iter(_timestamps(day, len(entries), rng))
     seq = 0
     lines: list[dict[str, Any]] = []
-    truth: list[dict[str, str]] = []
+    truth: list[dict[str, Any]] = []
     bad: list[tuple[str, str]] = []
     for entry in entries:
         created_at = next(stamps)
@@ -336,6 +455,8 @@ def _inbox_lines(
         if entry.kind == "good":
             assert entry.category is not None and ticket_id is not None
             truth.append({"ticket_id": ticket_id, "category": entry.category})
+            if "personal_data" in entry.row:
+                truth[-1]["personal_data"] = entry.row["personal_data"]
         else:
             bad.append((entry.kind, ticket_id or MISSING_ID))
     return lines, truth, bad
@@ -351,7 +472,8 @@ def generate_demo_data(
     """Write `days` daily inbox files plus truth.jsonl under `out_dir`; same inputs, same bytes.
 
     Each day holds `tickets_per_day` good tickets; the first day also holds the five bad rows,
-    which are not in the truth file.
+    which are not in the truth file. A truth row is the ticket's id and category, and the
+    personal data in its body when it has any.
     """
     if days < 1:
         raise ValueError(f"days must be >= 1, got {days}")
@@ -359,16 +481,17 @@ def generate_demo_data(
         raise ValueError(f"tickets_per_day must be >= 1, got {tickets_per_day}")
 
     rng = random.Random(seed)
+    plan = _Planting(random.Random(f"personal data {seed}"))
     out_dir = Path(out_dir)
     inbox_dir = out_dir / "inbox"
     seen_bodies: set[str] = set()
-    truth: list[dict[str, str]] = []
+    truth: list[dict[str, Any]] = []
     files: list[Path] = []
     day_list = [start + dt.timedelta(days=i) for i in range(days)]
     bad_rows: dict[str, list[str]] = {}
     rows_written = 0
     for index, day in enumerate(day_list):
-        entries = _day_entries(day, tickets_per_day, rng, seen_bodies, bad=index == 0)
+        entries = _day_entries(day, tickets_per_day, rng, seen_bodies, plan, bad=index == 0)
         lines, day_truth, day_bad = _inbox_lines(day, entries, rng)
         truth += day_truth
         for kind, ticket_id in day_bad:
@@ -387,4 +510,7 @@ def generate_demo_data(
         days=day_list,
         rows_written=rows_written,
         bad_rows={reason: bad_rows[reason] for reason in BAD_ROW_REASONS},
+        personal_data={
+            row["ticket_id"]: row["personal_data"] for row in truth if "personal_data" in row
+        },
     )

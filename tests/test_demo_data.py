@@ -6,12 +6,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from stdnum import iban, luhn
 
 from llm_assets import demo_corpus
+from llm_assets.compliance.detect import scan
 from llm_assets.demo_data import (
     BAD_ROW_REASONS,
+    BLOCKED_EVERY,
     CATEGORIES,
     CHANNELS,
+    CONTACT_PERCENT,
     MISSING_ID,
     GeneratedDemo,
     generate_demo_data,
@@ -364,3 +368,106 @@ def test_corpus_refuses_a_missing_category_and_a_value_yaml_reads_as_a_number() 
     raw["error_codes"] = yaml.safe_load("[E-102, 0x8004]")
     with pytest.raises(ValidationError, match="error_codes"):
         demo_corpus.DemoCorpus.model_validate(raw)
+    raw = demo_corpus.corpus().model_dump()
+    raw["personal_data"]["sentences"]["phone"] = ["Call me back, please."]
+    with pytest.raises(ValidationError, match="needs {value} once"):
+        demo_corpus.DemoCorpus.model_validate(raw)
+    raw = demo_corpus.corpus().model_dump()
+    del raw["personal_data"]["formats"]["card"]
+    with pytest.raises(ValidationError, match="personal_data.formats needs"):
+        demo_corpus.DemoCorpus.model_validate(raw)
+
+
+CONTACT = ("email", "phone", "iban", "ip_address")
+BLOCKED = ("card", "credential")
+
+
+def _kinds(demo: GeneratedDemo, day: dt.date) -> Counter[str]:
+    prefix = f"T-{day:%Y%m%d}-"
+    return Counter(
+        kind
+        for ticket_id, found in demo.personal_data.items()
+        if ticket_id.startswith(prefix)
+        for kind in found
+    )
+
+
+def test_truth_records_the_personal_data_of_each_ticket(demo: GeneratedDemo) -> None:
+    recorded = {
+        row["ticket_id"]: row["personal_data"]
+        for row in _rows(demo.truth_path)
+        if "personal_data" in row
+    }
+    assert recorded == demo.personal_data
+    assert all(set(found) <= {*CONTACT, *BLOCKED} for found in recorded.values())
+
+
+def test_a_modest_share_of_tickets_carries_contact_data_and_a_few_are_blocked(
+    demo: GeneratedDemo,
+) -> None:
+    for index, day in enumerate(demo.days):
+        kinds = _kinds(demo, day)
+        assert sum(kinds[k] for k in BLOCKED) == PER_DAY // BLOCKED_EVERY == 1
+        assert kinds["credential"] == (1 if index == 0 else 0)
+        with_contact = sum(kinds[k] for k in CONTACT)
+        assert 0.05 * PER_DAY <= with_contact <= 0.15 * PER_DAY, (day, kinds)
+    everything = Counter(kind for found in demo.personal_data.values() for kind in found)
+    assert everything["credential"] == 1
+    assert everything["card"] == DAYS - 1
+    # CONTACT_PERCENT of each day, given out in turn: phone, iban, ip_address, email, phone, ...
+    assert DAYS * (PER_DAY * CONTACT_PERCENT // 100) == 9
+    assert (everything["phone"], everything["iban"], everything["ip_address"]) == (3, 2, 2)
+    assert everything["email"] > 2
+
+
+def test_the_values_are_well_formed_fictional_test_values(demo: GeneratedDemo) -> None:
+    values: dict[str, list[str]] = {kind: [] for kind in (*CONTACT, *BLOCKED)}
+    for found in demo.personal_data.values():
+        for kind, found_values in found.items():
+            values[kind] += found_values
+    assert all(luhn.is_valid(re.sub(r"\D", "", card)) for card in values["card"])
+    assert all(iban.is_valid(number) for number in values["iban"])
+    assert all(re.fullmatch(r"AKIA[A-Z2-7]{16}", key) for key in values["credential"])
+    documentation = ("192.0.2.", "198.51.100.", "203.0.113.")
+    assert all(ip.startswith(documentation) for ip in values["ip_address"])
+    assert all(re.fullmatch(r"[a-z0-9.]+@[a-z.]+", email) for email in values["email"])
+    assert all(
+        email.split("@")[1] in demo_corpus.corpus().email_domains for email in values["email"]
+    )
+
+
+def test_personal_data_sits_in_tickets_where_it_makes_sense(
+    demo: GeneratedDemo, truth: dict[str, str]
+) -> None:
+    homes = {"card": "billing", "iban": "billing", "credential": "technical_issue",
+             "ip_address": "technical_issue"}  # fmt: skip
+    for ticket_id, found in demo.personal_data.items():
+        for kind in found:
+            if kind in homes:
+                assert truth[ticket_id] == homes[kind], (ticket_id, kind)
+
+
+def test_the_detector_finds_exactly_the_recorded_values_in_each_prompt(
+    demo: GeneratedDemo, good: list[tuple[dt.date, dict[str, Any]]]
+) -> None:
+    """Every generated value is one the compliance policy acts on, and nothing else in the
+    tickets (orders, invoices, prices, tracking numbers, card endings) is taken for one."""
+    prompts = [f"Subject: {row['subject']}\n\n{row['body']}" for _, row in good]
+    for (_, row), findings in zip(good, scan(prompts), strict=True):
+        found: dict[str, set[str]] = {}
+        for finding in findings:
+            found.setdefault(finding.entity, set()).add(finding.value)
+        recorded = demo.personal_data.get(row["ticket_id"], {})
+        assert found == {kind: set(values) for kind, values in recorded.items()}, row["body"]
+
+
+def test_days_under_a_hundred_tickets_block_nothing_and_small_ones_carry_no_planted_data(
+    tmp_path: Path,
+) -> None:
+    result = generate_demo_data(tmp_path / "a", START, days=2, tickets_per_day=99, seed=7)
+    kinds = Counter(kind for found in result.personal_data.values() for kind in found)
+    assert not set(kinds) & set(BLOCKED)
+    assert kinds["phone"] and kinds["iban"]
+
+    small = generate_demo_data(tmp_path / "b", START, days=2, tickets_per_day=33, seed=7)
+    assert {kind for found in small.personal_data.values() for kind in found} <= {"email"}

@@ -1,0 +1,198 @@
+"""`llm-assets demo` under the default personal-data policy: the e-mail addresses, phone
+numbers, IBANs and IP addresses of the generated tickets (redacted) and their card number and
+API key (blocked) are in no request file, no artifact made from the prompts, no ledger row but
+the pseudonym table's, no line the CLI prints and no Dagster event of its runs; the demo table
+counts what was redacted and what was blocked.
+
+One day of PER_DAY tickets is the smallest demo day with a card number as well as the pasted
+API key (one of them per BLOCKED_EVERY tickets), and it gives contact details of every kind.
+The CLI runs as a subprocess, as `make demo` runs it, so all it logs is in its output. Only
+the input snapshots and the demo's own inbox and truth files hold the values: they are the
+source as it was read.
+"""
+
+import json
+import os
+import re
+import subprocess
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+import pytest
+import sqlalchemy as sa
+from dagster._core.instance.ref import InstanceRef
+
+from llm_assets.demo import DEMO_START
+from llm_assets.demo_data import BLOCKED_EVERY
+from llm_assets.resources.ledger import metadata
+from tests.harness import CLI
+
+PER_DAY = 2 * BLOCKED_EVERY
+REDACTED = ("email", "phone", "iban", "ip_address")
+BLOCKED = ("card", "credential")
+PLACEHOLDERS = ("<EMAIL_1>", "<PHONE_1>", "<IBAN_1>", "<IP_ADDRESS_1>")
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    home: Path
+    output: str
+    """The CLI's stdout and stderr: the demo table and every log line."""
+    truth: list[dict[str, Any]]
+
+    def values(self) -> dict[str, str]:
+        """Each personal value of the generated tickets (card numbers and IBANs also without
+        their spaces and dashes) → its kind."""
+        found: dict[str, str] = {}
+        for row in self.truth:
+            for kind, values in row.get("personal_data", {}).items():
+                for value in values:
+                    found[value] = kind
+                    if kind in ("card", "iban"):
+                        found[re.sub(r"[ -]", "", value)] = kind
+        return found
+
+    def table_row(self, first_cell: str) -> list[str]:
+        """The cells of the demo table's row that starts with `first_cell`."""
+        for line in self.output.splitlines():
+            cells = [cell.strip() for cell in re.split("[│┃]", line.strip("│┃ \n"))]
+            if cells[0] == first_cell:
+                return cells
+        raise AssertionError(f"no table row {first_cell!r} in:\n{self.output}")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    home = tmp_path_factory.mktemp("demo_privacy")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("LLM_ASSETS_") and k != "DAGSTER_HOME"
+    }
+    env.update({"LLM_ASSETS_HOME": str(home), "COLUMNS": "200"})
+    result = subprocess.run(
+        [CLI, "demo", "--days", "1", "--per-day", str(PER_DAY)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    truth = [json.loads(line) for line in (home / "demo" / "truth.jsonl").read_text().splitlines()]
+    return DemoRun(home, result.stdout + result.stderr, truth)
+
+
+def _leaks(text: str, values: dict[str, str]) -> list[str]:
+    return [f"{kind} {value!r}" for value, kind in values.items() if value in text]
+
+
+def _files_text(root: Path) -> str:
+    """Every file under root as text; parquet tables as JSON lines of their rows."""
+    chunks = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        if path.suffix == ".parquet":
+            chunks.append(pd.read_parquet(path).to_json(orient="records", lines=True))
+        else:
+            chunks.append(path.read_bytes().decode("utf-8", "replace"))
+    return "\n".join(chunks)
+
+
+def test_the_day_holds_every_kind_of_personal_data(demo: DemoRun) -> None:
+    kinds = Counter(demo.values().values())
+    assert set(kinds) == {*REDACTED, *BLOCKED}
+    blocked = [row for row in demo.truth if set(row.get("personal_data", {})) & set(BLOCKED)]
+    assert len(blocked) == PER_DAY // BLOCKED_EVERY == 2
+
+
+def test_no_request_file_holds_a_value_and_each_kind_went_as_a_placeholder(
+    demo: DemoRun,
+) -> None:
+    requests = "\n".join(
+        _files_text(root)
+        for root in (demo.home / "artifacts" / "shards", demo.home / "local_provider")
+        if root.exists()
+    )
+    assert requests.count('"custom_id"') >= PER_DAY
+    assert all(placeholder in requests for placeholder in PLACEHOLDERS)
+    assert _leaks(requests, demo.values()) == []
+
+
+def test_no_artifact_made_from_the_prompts_holds_a_value(demo: DemoRun) -> None:
+    artifacts = demo.home / "artifacts"
+    kinds = sorted(p.name for p in artifacts.iterdir() if p.name not in ("snapshots", "shards"))
+    assert kinds == ["dead_letters", "gate", "outputs", "published", "qa", "reports"]
+    text = "\n".join(_files_text(artifacts / kind) for kind in kinds)
+    assert _leaks(text, demo.values()) == []
+    # The snapshot is the source as read: the values are there, so the scan can find them.
+    assert _leaks(_files_text(artifacts / "snapshots"), demo.values())
+
+
+def test_no_ledger_row_holds_a_value_and_blocked_items_name_only_their_types(
+    demo: DemoRun,
+) -> None:
+    engine = sa.create_engine(f"sqlite:///{demo.home / 'ledger.db'}")
+    rows: list[str] = []
+    with engine.connect() as conn:
+        for table in metadata.sorted_tables:
+            if table.name != "llm_batch_pseudonym":
+                rows += [repr(tuple(row)) for row in conn.execute(sa.select(table))]
+        blocked = conn.execute(
+            sa.text(
+                "SELECT source_id, error_code, error_message FROM llm_batch_result "
+                "WHERE error_class = 'compliance' ORDER BY source_id"
+            )
+        ).all()
+    engine.dispose()
+    assert len(rows) > PER_DAY
+    assert _leaks("\n".join(rows), demo.values()) == []
+
+    carried = {
+        row["ticket_id"]: set(row["personal_data"]) & set(BLOCKED)
+        for row in demo.truth
+        if set(row.get("personal_data", {})) & set(BLOCKED)
+    }
+    assert {source_id for source_id, _, _ in blocked} == set(carried)
+    for source_id, code, message in blocked:
+        assert code == "personal_data_blocked"
+        assert all(kind in message for kind in carried[source_id]), message
+
+
+def test_no_line_the_cli_prints_holds_a_value(demo: DemoRun) -> None:
+    assert f"2 of {PER_DAY + 5} items" in demo.output
+    assert _leaks(demo.output, demo.values()) == []
+
+
+def test_no_dagster_event_of_the_demo_runs_holds_a_value(demo: DemoRun) -> None:
+    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(demo.home / "dagster")))
+    runs = instance.get_runs()
+    events = "\n".join(str(entry) for run in runs for entry in instance.all_logs(run.run_id))
+    assert len(runs) >= 4 and "personal_data_found" in events
+    assert _leaks(events, demo.values()) == []
+
+
+def test_the_demo_table_counts_redacted_values_and_blocked_tickets(demo: DemoRun) -> None:
+    prompts: dict[str, str] = {}
+    inbox = demo.home / "demo" / "inbox" / f"tickets-{DEMO_START.isoformat()}.jsonl"
+    for line in inbox.read_text().splitlines():
+        row = json.loads(line)
+        prompts.setdefault(row.get("ticket_id", ""), f"Subject: {row['subject']}\n\n{row['body']}")
+    redacted = sum(
+        prompts[row["ticket_id"]].count(value)
+        for row in demo.truth
+        for kind, values in row.get("personal_data", {}).items()
+        if kind in REDACTED
+        for value in values
+    )
+
+    header = demo.table_row("date")
+    assert "personal data" in header
+    column = header.index("personal data")
+    day = demo.table_row(DEMO_START.isoformat())
+    assert day[column] == f"redacted {redacted}, blocked 2"
+    assert demo.table_row("all")[column] == day[column]
+    assert day[header.index("dead letters by class")] == "compliance 2, input 5"
