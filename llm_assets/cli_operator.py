@@ -173,7 +173,7 @@ def retention(pipeline: str, dry_run: bool) -> None:
     resources = build_resources(settings)
 
     def say(message: str) -> None:
-        console.print(message, highlight=False, markup=False)
+        console.print(message, highlight=False, markup=False, soft_wrap=True)
 
     run = apply_retention(
         spec,
@@ -181,7 +181,7 @@ def retention(pipeline: str, dry_run: bool) -> None:
         resources["storage"],
         resources[provider_resource_key(spec.model.provider)],
         info=say,
-        warn=lambda message: err.print(escape(message), highlight=False),
+        warn=lambda message: err.print(escape(message), highlight=False, soft_wrap=True),
         dry_run=dry_run,
     )
     verb = "would delete" if dry_run else "deleted"

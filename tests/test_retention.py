@@ -13,6 +13,7 @@ from typing import Any
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+import yaml
 
 from llm_assets.definitions import build_definitions
 from llm_assets.factory import asset_key, build_pipeline_assets
@@ -390,8 +391,12 @@ def test_the_retention_job_deletes_old_days_snapshots_shards_and_qa_only(
     assert {"snapshots", "shards"} <= set(before[OPEN])
     caplog.set_level(logging.INFO, logger=RETENTION_LOGGER)
 
-    dry = apply_retention(spec, harness.ledger, storage, harness.provider, dry_run=True)
-    assert set(dry.artifacts.deleted) == {OLD}
+    dry = cli(harness, "retention", spec.name, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    would = [line for line in dry.output.splitlines() if line.startswith("would delete ")]
+    assert len(would) == sum(before[OLD][k] for k in DELETED_KINDS)
+    assert all(f"{spec.name} {OLD} finished" in line for line in would)
+    assert f"{spec.name} {OPEN}: kept (open work: 12 open item(s)" in dry.output
     assert {day: artifact_kinds(storage, spec, day) for day in before} == before
 
     result = build_retention_job(spec).execute_in_process(
@@ -403,6 +408,10 @@ def test_the_retention_job_deletes_old_days_snapshots_shards_and_qa_only(
     assert after[OLD] == {k: n for k, n in before[OLD].items() if k not in DELETED_KINDS}
     assert after[RECENT] == before[RECENT]
     assert after[OPEN] == before[OPEN]
+    if not storage.is_s3:  # no empty day folders are left behind
+        assert not Path(storage.uri(f"snapshots/{spec.name}/{OLD}")).exists()
+        assert not Path(storage.uri(f"shards/{spec.name}/{OLD}")).exists()
+        assert Path(storage.uri(f"shards/{spec.name}/{RECENT}")).is_dir()
     deleted = [r.getMessage() for r in caplog.records if r.getMessage().startswith("deleted ")]
     assert len(deleted) == sum(before[OLD][k] for k in DELETED_KINDS)
     assert all("retention.artifacts_days: 7" in m and str(OLD) in m for m in deleted)
@@ -411,6 +420,26 @@ def test_the_retention_job_deletes_old_days_snapshots_shards_and_qa_only(
     assert again.artifacts.deleted == {}
     assert "open work" in again.artifacts.kept[OPEN]
     assert "within 7 day(s)" in again.artifacts.kept[RECENT]
+
+
+def cli(harness: Harness, *args: str) -> Any:
+    """`llm-assets *args` in process, on the harness's ledger, storage and spec."""
+    from click.testing import CliRunner
+
+    from llm_assets.cli import main
+
+    folder = harness.settings.pipelines_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{harness.spec.name}.yaml").write_text(
+        yaml.safe_dump(harness.spec.model_dump(mode="json", by_alias=True, exclude_unset=True))
+    )
+    env = {
+        "LLM_ASSETS_HOME": str(harness.home),
+        "LLM_ASSETS_DATABASE_URL": harness.settings.database_url,
+        "LLM_ASSETS_PIPELINES": str(folder),
+        "LLM_ASSETS_STORAGE_URL": harness.storage.base_url,
+    }
+    return CliRunner().invoke(main, list(args), env=env)
 
 
 def test_the_retention_schedule_exists_only_when_artifacts_days_is_set(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.ledger.retention import DayState
@@ -171,7 +172,21 @@ def expire_artifacts(
                 storage.delete(uri)
             _say(info, f"{'would delete' if dry_run else 'deleted'} {uri} ({reason})")
         done.deleted[day] = uris
+    if not storage.is_s3 and not dry_run:
+        roots = {Path(storage.uri(f"{kind}/{spec.name}")) for kind in spec.retention.artifacts}
+        _remove_empty_folders([uri for uris in done.deleted.values() for uri in uris], roots)
     return done
+
+
+def _remove_empty_folders(uris: list[str], roots: set[Path]) -> None:
+    """On local storage, the day folders the deleted files leave empty (S3 has no folders)."""
+    for folder in sorted({Path(uri).parent for uri in uris}, key=lambda p: -len(p.parts)):
+        while folder not in roots and any(folder.is_relative_to(r) for r in roots):
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, or gone already
+                break
+            folder = folder.parent
 
 
 def _why_kept(state: DayState | None, cutoff: dt.datetime, days: int) -> str | None:
