@@ -461,8 +461,14 @@ def test_the_retention_schedule_exists_only_when_artifacts_days_is_set(tmp_path:
         storage_url=str(tmp_path / "artifacts"),
         dagster_home=tmp_path,
     )
-    defs = build_definitions(settings, [spec(retention={"artifacts_days": 14})])
-    assert defs.get_schedule_def("reviews_openai__retention_schedule").job_name == (
-        "reviews_openai__retention"
+    repository = build_definitions(
+        settings, [spec(retention={"artifacts_days": 14})]
+    ).get_repository_def()
+    scheduled = repository.get_schedule_def("reviews_openai__retention_schedule")
+    assert scheduled.job_name == "reviews_openai__retention"
+    assert repository.has_job("reviews_openai__retention")
+    assert (
+        not build_definitions(settings, [spec()])
+        .get_repository_def()
+        .has_job("reviews_openai__retention")
     )
-    assert defs.get_job_def("reviews_openai__retention") is not None
