@@ -171,6 +171,7 @@ def import_metadata(spec: PipelineSpec, result: ImportResult) -> dict[str, Any]:
         "missing_results": result.missing,
         "retry_shards_planned": len(result.retry_shards),
         "gave_up": result.gave_up,
+        "provider_files_deleted_shards": result.provider_files_deleted,
         "dagster/row_count": counts.total,
         "succeeded": counts.succeeded,
         "dead_letters": counts.dead_letters,

@@ -1,5 +1,5 @@
 """The operator's commands: `cancel` a day or some of its shards, `pause` and `resume` a
-pipeline.
+pipeline, apply its `retention` now.
 
 `cancel` cancels the provider batches in flight and closes the shards not sent yet, then (unless
 `--no-wait`) waits for the cancelled batches to settle, imports what they answered, and
@@ -9,13 +9,14 @@ which `llm-assets requeue --class cancelled` sends again.
 
 import datetime as dt
 import getpass
+import sys
 import time
 from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
 
-from llm_assets.cli_args import current_job, load_settings, parse_date, pipeline_spec
+from llm_assets.cli_args import EXIT_ERROR, current_job, load_settings, parse_date, pipeline_spec
 from llm_assets.console import console, count_words, err, plural, print_pause_change
 
 if TYPE_CHECKING:
@@ -155,3 +156,44 @@ def resume(pipeline: str) -> None:
     ledger = build_resources(settings)["ledger"]
     ended = ledger.resume_pipeline(spec.name, resumed_by=f"cli:{getpass.getuser()}")
     print_pause_change(steps.resume_words(spec.name, ended))
+
+
+@click.command()
+@click.argument("pipeline")
+@click.option("--dry-run", is_flag=True, help="Print what would be deleted; delete nothing.")
+def retention(pipeline: str, dry_run: bool) -> None:
+    """Apply a pipeline's retention section now: delete the artifacts of days finished more
+    than artifacts_days ago, and provider files left after import."""
+    from llm_assets.resources import build_resources
+    from llm_assets.resources.providers import provider_resource_key
+    from llm_assets.retention_jobs import apply_retention
+
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
+    resources = build_resources(settings)
+
+    def say(message: str) -> None:
+        console.print(message, highlight=False, markup=False, soft_wrap=True)
+
+    run = apply_retention(
+        spec,
+        resources["ledger"],
+        resources["storage"],
+        resources[provider_resource_key(spec.model.provider)],
+        info=say,
+        warn=lambda message: err.print(escape(message), highlight=False, soft_wrap=True),
+        dry_run=dry_run,
+    )
+    verb = "would delete" if dry_run else "deleted"
+    if spec.retention.artifacts_days is None:
+        say(f"{spec.name}: retention.artifacts_days is not set; artifacts are kept")
+    for day, why in sorted(run.artifacts.kept.items()):
+        say(f"{spec.name} {day}: kept ({why})")
+    say(
+        f"{spec.name}: {verb} {plural(run.artifacts.uris, 'artifact')} of "
+        f"{plural(len(run.artifacts.deleted), 'day')}; provider files of "
+        f"{plural(run.provider_files.shards, 'shard')}"
+        + (f", {len(run.provider_files.failed)} failed" if run.provider_files.failed else "")
+    )
+    if run.provider_files.failed:
+        sys.exit(EXIT_ERROR)

@@ -10,6 +10,7 @@ from llm_assets.resources import build_resources
 
 # Importing the registry registers the provider checks with spec validation.
 from llm_assets.resources.providers import registry  # noqa: F401
+from llm_assets.retention_jobs import build_retention_schedule
 from llm_assets.schedules import build_schedule, build_submit_job
 from llm_assets.sensors import build_batch_status_sensor, build_notification_sensors
 from llm_assets.settings import Settings
@@ -20,7 +21,7 @@ def build_definitions(
     settings: Settings, specs: list[PipelineSpec] | None = None
 ) -> dg.Definitions:
     """Every pipeline spec under LLM_ASSETS_PIPELINES becomes an asset group with its submit,
-    pause and resume jobs, sensors and (optionally) a schedule."""
+    pause and resume jobs, sensors and (optionally) a schedule and a retention schedule."""
     specs = load_specs(settings.pipelines_dir) if specs is None else specs
     assets = [asset for spec in specs for asset in build_pipeline_assets(spec, settings)]
     jobs = {spec.name: build_submit_job(spec) for spec in specs}
@@ -30,6 +31,7 @@ def build_definitions(
     ]
     sensors += build_notification_sensors(specs)
     schedules = [s for spec in specs if (s := build_schedule(spec, jobs[spec.name])) is not None]
+    schedules += [s for spec in specs if (s := build_retention_schedule(spec)) is not None]
     return dg.Definitions(
         assets=assets,
         jobs=[

@@ -336,6 +336,8 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
     def batch_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context, provider=True)
         result: steps.ImportResult = _run_step(lambda: steps.import_results(ctx))
+        for problem in result.provider_file_errors:
+            context.log.warning(problem)
         counts = result.counts
         missing = ctx.ledger.missing_results(result.job_id) if counts.open == 0 else []
         return dg.MaterializeResult(

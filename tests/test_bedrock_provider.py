@@ -65,7 +65,9 @@ def test_a_day_runs_end_to_end_with_artifacts_in_s3(
     )
     (tmp_path / "dagster").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        harness = Harness(tmp_path, database_url, instance, bedrock_spec(), provider, reviews=120)
+        # The job's outputs stay at the provider: the end of this test reads them again.
+        spec = {**bedrock_spec(), "retention": {"provider_files": "keep"}}
+        harness = Harness(tmp_path, database_url, instance, spec, provider, reviews=120)
         prefix = f"s3://{moto_s3.bucket}/run-{uuid.uuid4().hex[:8]}"
         harness.storage = ArtifactStorage(base_url=prefix)
 

@@ -388,21 +388,6 @@ def test_result_lines_are_read_one_by_one() -> None:
     assert (recitation.error_class, recitation.error_code) == ("deterministic", "finish_RECITATION")
 
 
-def test_a_shards_files_at_google_are_deleted_on_request(
-    harness: Harness, fake: FakeGemini
-) -> None:
-    assert harness.run_day().succeeded == len(harness.truth)
-    shard = harness.ledger.shards(harness.job_id())[0]
-    responses = harness.provider.responses_file(shard.provider_batch_id)
-    uploaded = [f["name"] for f in fake.files.values() if f.get("displayName") == shard.shard_id]
-    assert responses in fake.files and len(uploaded) == 1
-
-    deleted = harness.provider.delete_files(shard.shard_id, shard.provider_batch_id)
-
-    assert sorted(deleted) == sorted([responses, *uploaded])
-    assert not set(deleted) & set(fake.files)
-
-
 def test_the_readme_example_of_a_gemini_model_section_is_a_valid_spec() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     blocks = [b.split("```", 1)[0] for b in readme.split("```yaml\n")[1:]]

@@ -22,6 +22,7 @@ ORCHESTRATION = (
     "checks",
     "notify",
     "parallel",
+    "retention_jobs",
     "runner",
     "schedules",
     "sensors",

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from llm_assets import parallel
+from llm_assets.compliance.retention import delete_provider_files
 from llm_assets.failpoints import failpoint
 from llm_assets.items import Preparer, prepare_items
 from llm_assets.resources.ledger import (
@@ -97,6 +98,10 @@ class ImportResult(BaseModel):
     counts: JobCounts
     breaker: str | None = None
     """Why the spend breaker cancelled the day after this import, if it did."""
+    provider_files_deleted: int = 0
+    """Imported shards whose files at the provider this import deleted (retention)."""
+    provider_file_errors: list[str] = []
+    """Why deleting some imported shards' provider files failed; tried again later."""
 
 
 def _about_lines(block: bytes) -> int:
@@ -196,11 +201,34 @@ def import_results(ctx: StepContext) -> ImportResult:
     """
     with ctx.day_lock():
         result = _import_results(ctx)
+    result = _delete_imported_files(ctx, result)
     tripped = trip_if_over(ctx, result.counts)
     if tripped is None:
         return result
     return result.model_copy(
         update={"breaker": tripped, "counts": ctx.ledger.refresh_job(result.job_id)}
+    )
+
+
+def _delete_imported_files(ctx: StepContext, result: ImportResult) -> ImportResult:
+    """`retention.provider_files: delete_after_import`: the provider's files of the day's
+    imported shards, this import's and any an earlier deletion left, once they are recorded
+    imported. Outside the day's lock (an imported shard changes no more); a failure is a
+    warning, never the import's."""
+    if ctx.spec.retention.provider_files != "delete_after_import":
+        return result
+    done = delete_provider_files(
+        ctx.spec,
+        ctx.ledger,
+        ctx.batch_provider,
+        ctx.ledger.provider_files_to_delete(job_id=result.job_id),
+        info=ctx.log,
+    )
+    return result.model_copy(
+        update={
+            "provider_files_deleted": done.shards,
+            "provider_file_errors": list(done.failed.values()),
+        }
     )
 
 

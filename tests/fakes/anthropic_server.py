@@ -125,6 +125,12 @@ class FakeAnthropic(FaultInjectingServer):
         with self._lock:
             return [meta["id"] for meta in sorted(self._all_metas(), key=lambda m: m["seq"])]
 
+    def held_batch_ids(self) -> list[str]:
+        """Ids of the batches not deleted, in creation order: what the service still holds."""
+        with self._lock:
+            metas = sorted(self._all_metas(), key=lambda m: m["seq"])
+            return [meta["id"] for meta in metas if not meta.get("deleted")]
+
     def _batch_dir(self, batch_id: str) -> Path:
         return self.batches_dir / batch_id
 
@@ -246,6 +252,8 @@ class FakeAnthropic(FaultInjectingServer):
                 )
             meta["deleted"] = True
             self._save_meta(meta)
+            # The results go with the batch; its requests stay for submitted_custom_ids.
+            (self._batch_dir(batch_id) / "results.jsonl").unlink(missing_ok=True)
             return {"id": batch_id, "type": "message_batch_deleted"}
 
     def _results(self, batch_id: str) -> bytes:

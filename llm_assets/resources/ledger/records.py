@@ -97,6 +97,8 @@ class ShardRecord(BaseModel):
     submit_intent_at: UtcDatetime | None
     cancelled_at: UtcDatetime | None = None
     """When an operator cancelled the shard: what it did not answer is a cancelled dead letter."""
+    provider_files_deleted_at: UtcDatetime | None = None
+    """When the shard's files at the provider were deleted after its import (retention)."""
     submitted_at: UtcDatetime | None
     ended_at: UtcDatetime | None
     imported_at: UtcDatetime | None

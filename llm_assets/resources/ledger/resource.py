@@ -21,6 +21,7 @@ from llm_assets.resources.ledger import (
     pseudonyms,
     reporting,
     results,
+    retention,
     schema,
     shards,
 )
@@ -328,6 +329,12 @@ class LedgerResource(dg.ConfigurableResource):
 
     def iter_dead_letters(self, job_id: str) -> Iterator[dict[str, Any]]:
         return reporting.iter_dead_letters(self.engine, job_id)
+
+    # Retention
+
+    provider_files_to_delete = _on_engine(retention.provider_files_to_delete)
+    mark_provider_files_deleted = _on_engine(retention.mark_provider_files_deleted)
+    day_states = _on_engine(retention.day_states)
 
     # Notifications
 

@@ -18,10 +18,12 @@ from llm_assets.resources.providers.base import (
     BatchStatus,
     ItemResult,
     RequestItem,
+    ShardFiles,
     ShardState,
     ShardSubmission,
 )
 from llm_assets.resources.providers.remote import RemoteBatchProvider
+from llm_assets.resources.providers.retrying import status_of
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -182,6 +184,24 @@ class AnthropicBatchProvider(RemoteBatchProvider):
         stream = self.call("results", lambda: self.batches_api().results(provider_batch_id))
         for entry in stream:
             yield normalize_result(entry)
+
+    def delete_files(self, shard: ShardFiles) -> list[str]:
+        """The Message Batch with its requests and results. Anthropic deletes only ended
+        batches: one still processing (a cancel not settled yet) is left for a later round."""
+        batch_id = shard.provider_batch_id
+        try:
+            batch = self.call("retrieve", lambda: self.batches_api().retrieve(batch_id))
+        except Exception as exc:
+            if status_of(exc) == 404:
+                return []
+            raise
+        if batch.processing_status != "ended":
+            raise RuntimeError(
+                f"Anthropic batch {batch_id} is {batch.processing_status}, not ended; it is "
+                "deleted once it has ended"
+            )
+        deleted = self.delete_if_present("delete", lambda: self.batches_api().delete(batch_id))
+        return [batch_id] if deleted else []
 
 
 def _request_total(counts: Any) -> int:

@@ -79,6 +79,19 @@ class ShardSubmission(BaseModel):
     """The request lines' format where a provider has several (Bedrock: anthropic, converse)."""
 
 
+class ShardFiles(BaseModel):
+    """An imported shard's batch, for deleting what the provider holds of it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    shard_id: str
+    provider_batch_id: str
+    input_uri: str
+    """The shard file in the artifact storage. It is ours, not the provider's: retry rounds
+    read their request lines from it, so it is never deleted with the provider's files (even
+    where the provider reads it in place, as Bedrock does when artifacts are on S3)."""
+
+
 WAITING_FOR_QUOTA = "waiting_for_quota"
 """The raw_status of a shard not yet submitted because the provider's quota has no room."""
 
@@ -250,6 +263,14 @@ class BatchProvider(dg.ConfigurableResource):
 
     def cancel(self, provider_batch_id: str) -> BatchStatus:
         raise NotImplementedError
+
+    def delete_files(self, shard: ShardFiles) -> list[str]:
+        """Delete what the provider holds of an imported shard: its uploaded input, its output
+        and error files, the batch itself where the API deletes batches. Returns what was
+        deleted, named as the provider names it; what is gone already is skipped, so a
+        deletion cut short is simply asked for again. Providers that keep nothing (local,
+        online) delete nothing."""
+        return []
 
 
 _ID_MARK = "\ue000llm-assets:custom_id\ue000"

@@ -33,6 +33,7 @@ from llm_assets.resources.providers.base import (
     BatchStatus,
     ItemResult,
     RequestItem,
+    ShardFiles,
     ShardState,
     ShardSubmission,
 )
@@ -331,6 +332,32 @@ class BedrockBatchProvider(BatchProvider):
                     f"processed but the output files under s3://{bucket}/{prefix} hold {read}; "
                     "not importing until they are all there"
                 )
+
+    def delete_files(self, shard: ShardFiles) -> list[str]:
+        """The job's S3 objects: its input, when that is a copy under the staging prefix (the
+        shard file itself, read in place when artifacts are on S3, is ours and stays), and
+        everything under its output prefix (record outputs and manifest.json.out). The job's
+        record at Bedrock holds no data and cannot be deleted. A shard sent request by request
+        has nothing there."""
+        if shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX):
+            return []
+        job = self._describe(shard.provider_batch_id)
+        s3 = self._client("s3")
+        deleted: list[str] = []
+        input_uri = job["inputDataConfig"]["s3InputDataConfig"]["s3Uri"]
+        if input_uri != shard.input_uri:
+            bucket, _, key = input_uri[len("s3://") :].partition("/")
+            self.call("delete input", lambda: s3.delete_object(Bucket=bucket, Key=key))
+            deleted.append(input_uri)
+        output = job["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"].rstrip("/")
+        bucket, _, prefix = f"{output}/"[len("s3://") :].partition("/")
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for page in pages:
+            for item in page.get("Contents", []):
+                key = item["Key"]
+                self.call("delete output", lambda k=key: s3.delete_object(Bucket=bucket, Key=k))
+                deleted.append(f"s3://{bucket}/{key}")
+        return deleted
 
     # The on-demand path for shards below the minimum records per job.
 

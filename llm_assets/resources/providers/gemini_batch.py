@@ -24,6 +24,7 @@ from llm_assets.resources.providers.base import (
     BatchStatus,
     ItemResult,
     RequestItem,
+    ShardFiles,
     ShardState,
     ShardSubmission,
 )
@@ -248,24 +249,30 @@ class GeminiBatchProvider(RemoteBatchProvider):
 
     # Retention
 
-    def delete_files(self, shard_id: str, provider_batch_id: str | None) -> list[str]:
-        """Delete a shard's files at Google: its uploaded input (every upload named for the
-        shard) and its batch job's responses file. Returns the names deleted."""
+    def delete_files(self, shard: ShardFiles) -> list[str]:
+        """The shard's files at Google: its uploaded input (every upload named for the
+        shard, those of an upload retried after a lost answer included) and its batch job's
+        responses file. The batch job, which holds neither, stays. Google answers a file that
+        does not exist (deleted, or expired after its 48 hours) with 403 PERMISSION_DENIED, as
+        it does a file of another project: either way nothing of ours is left to delete."""
         names: list[str] = []
-        if provider_batch_id is not None:
-            responses = self.responses_file(provider_batch_id)
-            if responses is not None:
-                names.append(responses)
+        responses = self.responses_file(shard.provider_batch_id)
+        if responses is not None:
+            names.append(responses)
         token: str | None = None
         for _ in range(self.reconcile_page_limit):
             config: dict[str, Any] = {"page_size": 100}
             if token:
                 config["page_token"] = token
             pager = self.call("list files", lambda c=config: self.client.files.list(config=c))
-            names += [str(f.name) for f in pager.page if f.display_name == shard_id]
+            names += [str(f.name) for f in pager.page if f.display_name == shard.shard_id]
             token = pager.config.get("page_token")
             if not token:
                 break
-        for name in names:
-            self.call("delete file", lambda n=name: self.client.files.delete(name=n))
-        return names
+        return [
+            name
+            for name in names
+            if self.delete_if_present(
+                "delete file", lambda n=name: self.client.files.delete(name=n), absent=(403, 404)
+            )
+        ]

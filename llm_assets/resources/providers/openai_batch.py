@@ -16,6 +16,7 @@ from llm_assets.resources.providers.base import (
     BatchStatus,
     ItemResult,
     RequestItem,
+    ShardFiles,
     ShardState,
     ShardSubmission,
 )
@@ -246,3 +247,14 @@ class OpenAIBatchProvider(RemoteBatchProvider):
             raise RuntimeError(f"OpenAI batch {provider_batch_id} has not ended ({batch.status})")
         for file_id in (batch.output_file_id, batch.error_file_id):
             yield from self._file_blocks(file_id)
+
+    def delete_files(self, shard: ShardFiles) -> list[str]:
+        """The batch's input, output and error files (Files API delete); the batch object,
+        which holds no request or answer, stays (OpenAI deletes no batches)."""
+        batch = self.call("retrieve", lambda: self.batches_api().retrieve(shard.provider_batch_id))
+        return [
+            file_id
+            for file_id in (batch.input_file_id, batch.output_file_id, batch.error_file_id)
+            if file_id
+            and self.delete_if_present("delete file", lambda f=file_id: self.client.files.delete(f))
+        ]

@@ -24,6 +24,7 @@ from llm_assets.resources.providers.retrying import (
     MAX_RETRY_AFTER_SECONDS,
     call_with_retries,
     create_once,
+    status_of,
 )
 
 if TYPE_CHECKING:
@@ -99,6 +100,19 @@ class RemoteBatchProvider(BatchProvider):
             max_retry_after_seconds=self.max_retry_after_seconds,
             describe=f"{type(self).__name__} {describe}",
         )
+
+    def delete_if_present(
+        self, describe: str, fn: Callable[[], object], absent: tuple[int, ...] = (404,)
+    ) -> bool:
+        """A delete, retried as any control-plane call; False when the thing was gone already
+        (a status in `absent`), so a deletion cut short can be asked for again."""
+        try:
+            self.call(describe, fn)
+        except Exception as exc:
+            if status_of(exc) in absent:
+                return False
+            raise
+        return True
 
     def poll(self, provider_batch_id: str) -> BatchStatus:
         batch = self.call("retrieve", lambda: self.batches_api().retrieve(provider_batch_id))

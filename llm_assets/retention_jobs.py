@@ -1,0 +1,123 @@
+"""`<pipeline>__retention`: the job, and its daily schedule, that apply a spec's `retention`
+section: the artifacts of days finished more than `retention.artifacts_days` ago are deleted
+(of the kinds `retention.artifacts` names), and imported shards whose provider files are still
+at the provider (a deletion after import failed) are deleted there. Built for the pipelines
+that set `retention.artifacts_days`; `llm-assets retention PIPELINE` runs the same work."""
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable
+
+import dagster as dg
+import pydantic
+
+from llm_assets.compliance.retention import (
+    ArtifactDeletions,
+    ProviderFileDeletions,
+    delete_provider_files,
+    expire_artifacts,
+)
+from llm_assets.resources.ledger import LedgerResource
+from llm_assets.resources.providers import provider_resource_key
+from llm_assets.resources.providers.base import BatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.spec import PipelineSpec
+
+RETENTION_CRON = "17 3 * * *"
+"""Daily, at a quiet hour of the pipeline's time zone."""
+
+
+@dataclasses.dataclass
+class RetentionRun:
+    artifacts: ArtifactDeletions
+    provider_files: ProviderFileDeletions
+
+
+def apply_retention(
+    spec: PipelineSpec,
+    ledger: LedgerResource,
+    storage: ArtifactStorage,
+    provider: BatchProvider,
+    *,
+    now: dt.datetime | None = None,
+    info: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+    dry_run: bool = False,
+) -> RetentionRun:
+    """One retention round for a pipeline: pending provider-file deletions, then expired
+    artifacts."""
+    pending = (
+        ledger.provider_files_to_delete(pipeline=spec.name)
+        if spec.retention.provider_files == "delete_after_import"
+        else []
+    )
+    files = delete_provider_files(
+        spec, ledger, provider, pending, info=info, warn=warn, dry_run=dry_run
+    )
+    artifacts = expire_artifacts(spec, ledger, storage, now=now, info=info, dry_run=dry_run)
+    return RetentionRun(artifacts=artifacts, provider_files=files)
+
+
+def retention_job_name(spec: PipelineSpec) -> str:
+    return f"{spec.name}__retention"
+
+
+class RetentionConfig(dg.Config):
+    dry_run: bool = pydantic.Field(
+        default=False, description="Log what would be deleted, delete nothing."
+    )
+
+
+def build_retention_job(spec: PipelineSpec) -> dg.JobDefinition:
+    provider_key = provider_resource_key(spec.model.provider)
+
+    @dg.op(
+        name=f"{spec.name}__apply_retention",
+        required_resource_keys={"ledger", "storage", provider_key},
+    )
+    def apply(context: dg.OpExecutionContext, config: RetentionConfig) -> None:
+        run = apply_retention(
+            spec,
+            context.resources.ledger,
+            context.resources.storage,
+            getattr(context.resources, provider_key),
+            info=context.log.info,
+            warn=context.log.warning,
+            dry_run=config.dry_run,
+        )
+        context.add_output_metadata(
+            {
+                "dry_run": config.dry_run,
+                "days_expired": len(run.artifacts.deleted),
+                "artifacts_deleted": run.artifacts.uris,
+                "days_kept": len(run.artifacts.kept),
+                "provider_files_deleted_shards": run.provider_files.shards,
+                "provider_file_failures": len(run.provider_files.failed),
+            }
+        )
+
+    @dg.job(
+        name=retention_job_name(spec),
+        description=f"Delete {spec.name}'s {', '.join(spec.retention.artifacts)} of days "
+        f"finished more than {spec.retention.artifacts_days} day(s) ago (days with open work "
+        "are never touched), and provider files left after import.",
+        tags={"llm_assets/operator": "retention"},
+    )
+    def retention_job() -> None:
+        apply()
+
+    return retention_job
+
+
+def build_retention_schedule(spec: PipelineSpec) -> dg.ScheduleDefinition | None:
+    """The daily schedule of the retention job, when the spec sets artifacts_days."""
+    if spec.retention.artifacts_days is None:
+        return None
+    return dg.ScheduleDefinition(
+        name=f"{spec.name}__retention_schedule",
+        cron_schedule=RETENTION_CRON,
+        execution_timezone=spec.partitions.timezone,
+        job=build_retention_job(spec),
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=f"Applies {spec.name}'s retention section daily.",
+    )
