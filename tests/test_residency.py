@@ -324,27 +324,33 @@ def test_provider_batches_refuses_an_endpoint_moved_out_of_the_regions(
         assert fake.calls.entries() == []
 
 
+BEDROCK_EU_SPEC = review_spec(
+    "bedrock",
+    BEDROCK_MODEL,
+    bedrock={"min_records_per_job": 50},
+    sharding={"max_requests_per_shard": 100},
+    compliance=EU,
+)
+
+
+def bedrock_in(fake: FakeBedrock, region: str, **settings: Any) -> BedrockBatchProvider:
+    return BedrockBatchProvider(
+        role_arn=ROLE,
+        endpoint_url=fake.endpoint_url,
+        region_name=region,
+        retry_base_seconds=0.01,
+        **settings,
+    )
+
+
 @pytest.mark.fake_server("bedrock", min_records=50, responder=bedrock_truthful)
 def test_a_us_bedrock_region_and_staging_bucket_are_refused_and_nothing_is_created(
     tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
 ) -> None:
     staging = bucket_in(moto_s3, "us-east-1")
-    provider = BedrockBatchProvider(
-        role_arn=ROLE,
-        endpoint_url=fake.endpoint_url,
-        region_name="us-east-1",
-        staging_uri=f"s3://{staging}/bedrock",
-        retry_base_seconds=0.01,
-    )
-    spec = review_spec(
-        "bedrock",
-        BEDROCK_MODEL,
-        bedrock={"min_records_per_job": 50},
-        sharding={"max_requests_per_shard": 100},
-        compliance=EU,
-    )
+    provider = bedrock_in(fake, "us-east-1", staging_uri=f"s3://{staging}/bedrock")
     with (
-        open_harness(tmp_path, database_url, spec, provider, reviews=60) as harness,
+        open_harness(tmp_path, database_url, BEDROCK_EU_SPEC, provider, reviews=60) as harness,
         pytest.raises(StepFailed) as refused,
     ):
         harness.run_day()
@@ -363,20 +369,8 @@ def test_an_eu_bedrock_region_with_an_eu_bucket_passes(
     tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
 ) -> None:
     bucket = bucket_in(moto_s3, "eu-west-1")
-    provider = BedrockBatchProvider(
-        role_arn=ROLE,
-        endpoint_url=fake.endpoint_url,
-        region_name="eu-central-1",
-        retry_base_seconds=0.01,
-    )
-    spec = review_spec(
-        "bedrock",
-        BEDROCK_MODEL,
-        bedrock={"min_records_per_job": 50},
-        sharding={"max_requests_per_shard": 100},
-        compliance=EU,
-    )
-    with open_harness(tmp_path, database_url, spec, provider, reviews=60) as harness:
+    provider = bedrock_in(fake, "eu-central-1")
+    with open_harness(tmp_path, database_url, BEDROCK_EU_SPEC, provider, reviews=60) as harness:
         harness.storage = ArtifactStorage(base_url=f"s3://{bucket}/artifacts")
 
         result = harness.materialize("input_snapshot", "request_shards", "provider_batches")
