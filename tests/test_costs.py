@@ -469,7 +469,9 @@ def test_report_totals_equal_the_ledger_and_the_providers_bill(
     fake.line_fault = flaky
     fake.responder = responder
     fake.cached_tokens = 8
-    with harness_for(tmp_path, database_url, fake) as harness:
+    # The provider's bill is read from its output files after the day: they are kept.
+    keep = {"provider_files": "keep"}
+    with harness_for(tmp_path, database_url, fake, retention=keep) as harness:
         first = harness.run_day()
         assert (first.succeeded, first.dead_letters_by_class) == (23, {"quality": 1})
         ctx = steps.StepContext(

@@ -66,7 +66,7 @@ SCREENSHOTS_ENV = "LLM_ASSETS_SAVE_SCREENSHOTS"
 
 CHECKS_BY_STEP = {
     "input_snapshot": [checks.SOURCE_ROWS],
-    "request_shards": [checks.BUDGET],
+    "request_shards": [checks.BUDGET, checks.COMPLIANCE],
     "batch_results": [checks.NO_MISSING_RESULTS, checks.NO_DUPLICATE_RESULTS],
     "validated_outputs": [
         checks.OUTPUT_SCHEMA,
