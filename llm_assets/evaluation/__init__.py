@@ -1,0 +1,1 @@
+"""Evaluation replay: variants of a pipeline scored on a sample of its history."""
