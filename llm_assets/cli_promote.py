@@ -22,7 +22,8 @@ def _note(message: str) -> None:
 @click.argument("variant")
 @click.option("--write", is_flag=True, help="Write the change to the spec file (it validates).")
 def promote(pipeline: str, variant: str, write: bool) -> None:
-    """Print the spec change that makes VARIANT the pipeline's model and prompt."""
+    """Print the spec change that makes VARIANT the pipeline's model and prompt (the old ones
+    stay as the variant `previous`); --write applies it."""
     from llm_assets.evaluation.promote import PREVIOUS, ChangedSince, plan_promotion
 
     spec = pipeline_spec(load_settings(), pipeline)
