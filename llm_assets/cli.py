@@ -25,6 +25,7 @@ from llm_assets.cli_args import (
     register_provider_checks,
 )
 from llm_assets.cli_operator import cancel, pause, resume, retention
+from llm_assets.cli_promote import promote
 from llm_assets.console import (
     console,
     err,
@@ -451,7 +452,7 @@ def demo(days: int, per_day: int) -> None:
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
 
 
-for _command in (cancel, pause, resume, retention):
+for _command in (cancel, pause, resume, retention, promote):
     main.add_command(_command)
 
 if __name__ == "__main__":

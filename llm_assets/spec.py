@@ -29,6 +29,7 @@ from pydantic import (
 
 from llm_assets import column_sizes
 from llm_assets.compliance.spec import DEFAULT_PII, ComplianceSpec, RetentionSpec
+from llm_assets.evaluation.spec import EvalSpec, VariantName, VariantSpec
 from llm_assets.secrecy import holds_a_secret
 from llm_assets.spec_checks import SpecCheck as SpecCheck
 from llm_assets.spec_checks import load_pandera_model as load_pandera_model
@@ -377,6 +378,10 @@ class PipelineSpec(_Strict):
     automation: AutomationSpec = AutomationSpec()
     compliance: ComplianceSpec = ComplianceSpec()
     retention: RetentionSpec = RetentionSpec()
+    variants: dict[VariantName, VariantSpec] = Field(
+        default_factory=dict, description="Alternatives to model and prompt an eval replays."
+    )
+    eval: EvalSpec = EvalSpec()
     partitions: PartitionSpec
     tags: dict[str, str] = Field(default_factory=dict)
 
