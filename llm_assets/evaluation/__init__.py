@@ -1,0 +1,1 @@
+"""Evaluation: replaying a sample of a pipeline's past days through variants of its spec."""
