@@ -429,3 +429,14 @@ def test_a_sampled_custom_id_is_the_eval_pipelines_own(world: World) -> None:
     assert sample.custom_ids("reviews__b__12345678") == {
         DAYS[0]: [ids.custom_id("reviews__b__12345678", DAYS[0], "R-1")]
     }
+
+
+def test_a_paused_pipeline_is_not_evaluated(world: World) -> None:
+    world.ledger.pause_pipeline(world.spec.name, paused_by="ops", reason="provider incident")
+
+    with pytest.raises(steps.GateBlocked, match="provider incident") as blocked:
+        world.replay(variant_specs())
+
+    assert blocked.value.gate == "paused"
+    assert world.openai.submitted_custom_ids() == []
+    assert world.anthropic.submitted_custom_ids() == []
