@@ -440,3 +440,29 @@ def test_a_paused_pipeline_is_not_evaluated(world: World) -> None:
     assert blocked.value.gate == "paused"
     assert world.openai.submitted_custom_ids() == []
     assert world.anthropic.submitted_custom_ids() == []
+
+
+def test_only_rows_the_pipeline_would_send_are_sampled_and_a_duplicate_once(
+    world: World,
+) -> None:
+    day = DAYS[0]
+    stamp = f"{day.isoformat()}T08:00:00Z"
+    odd = [
+        {"review_id": "R-blank", "created_at": stamp, "text": "  "},
+        {"review_id": "", "created_at": stamp, "text": "no id"},
+        {"review_id": "R-undated", "created_at": "someday", "text": "no date"},
+        {"review_id": "R-zero", "created_at": stamp, "text": 0},
+        {"review_id": "R-twice", "created_at": stamp, "text": "first"},
+        {"review_id": "R-twice", "created_at": stamp, "text": "second"},
+    ]
+    lines = "\n".join(json.dumps(r) for r in odd) + "\nnot json\n"
+    (world.home / "reviews" / f"odd-{day.isoformat()}.jsonl").write_text(lines)
+    world.snapshot(day)
+
+    everything = draw_sample(world.spec, [day], world.storage, size=100, seed=7)
+
+    assert sorted(everything.source_ids[day]) == sorted(
+        [f"R-{day:%Y%m%d}-{n:04d}" for n in range(PER_DAY)] + ["R-twice", "R-zero"]
+    )
+    records = [json.loads(line) for line in world.storage.open_lines(everything.uri)]
+    assert [r["text"] for r in records if r["review_id"] == "R-twice"] == ["first"]

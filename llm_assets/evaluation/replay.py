@@ -182,15 +182,19 @@ def _sampleable(
         record = SourceRow.from_json(line).record
         if record is None:
             continue
-        raw_id = record.get(source.id_field)
-        source_id = "" if raw_id is None else str(raw_id)
+        source_id = _text(record.get(source.id_field))
         if not source_id.strip() or "\x00" in source_id:
             continue
         if parse_date(record.get(source.date_field), tz) != day:
             continue
-        if any(not str(record.get(f) or "").strip() for f in source.non_blank_fields):
+        if any(not _text(record.get(f)).strip() for f in source.non_blank_fields):
             continue
         yield source_id, record
+
+
+def _text(value: object) -> str:
+    """A record's value as the pipeline reads it into an id or a prompt (0 is not blank)."""
+    return "" if value is None else str(value)
 
 
 def draw_sample(
