@@ -24,6 +24,7 @@ from llm_assets.cli_args import (
     pipeline_spec,
     register_provider_checks,
 )
+from llm_assets.cli_eval import eval_
 from llm_assets.cli_operator import cancel, pause, resume, retention
 from llm_assets.cli_promote import promote
 from llm_assets.console import (
@@ -452,7 +453,7 @@ def demo(days: int, per_day: int) -> None:
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
 
 
-for _command in (cancel, pause, resume, retention, promote):
+for _command in (cancel, eval_, pause, resume, retention, promote):
     main.add_command(_command)
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from rich.table import Table
 from rich.text import Text
 
 from llm_assets.result_rows import DEAD_LETTER, PENDING, RETRY, SUBMITTED, SUCCEEDED
-from llm_assets.words import class_words, dead_letter_words, plural
+from llm_assets.words import class_words, dead_letter_words, duration_words, plural
 
 DEFAULT_WIDTH = 80
 """Columns of a console whose stream is not a terminal and COLUMNS is not set."""
@@ -450,3 +450,39 @@ def print_csv(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> None:
         cells = [spreadsheet_safe(row.get(column)) for column in columns]
         carriage_return = any(isinstance(cell, str) and "\r" in cell for cell in cells)
         (quoted if carriage_return else plain).writerow(cells)
+
+
+def print_eval(result: Any, home: Path | None = None) -> None:
+    """`llm-assets eval`: the sample, then one block per variant (evaluation.replay.Replay)."""
+    sample = result.sample
+    span = f"{sample.days[0]}..{sample.days[-1]}" if len(sample.days) > 1 else f"{sample.days[0]}"
+    _heading(f"llm-assets eval {sample.pipeline} {span}")
+    say = dict(highlight=False, markup=False, soft_wrap=True)
+    console.print(
+        f"sample: {plural(sample.items, 'item')}, seed {sample.seed} (eval {sample.eval_id}, "
+        f"{home_relative(sample.uri, home)})",
+        **say,
+    )
+    for run in result.variants.values():
+        console.print(
+            f"{run.variant}: {run.provider}/{run.model} prompt {run.prompt_version} "
+            f"(as {run.pipeline})",
+            style="bold",
+            **say,
+        )
+        dead = dead_letter_words(sum(run.dead_letters_by_class.values()), run.dead_letters_by_class)
+        still = f", {run.open_items:,} open" if run.open_items else ""
+        console.print(
+            f"  {plural(run.items, 'item')}: {run.succeeded:,} succeeded, {dead}{still}", **say
+        )
+        console.print(f"  quality failure rate {run.quality_failure_rate:.1%}", **say)
+        console.print(
+            f"  tokens {run.input_tokens:,} in, {run.output_tokens:,} out; cost "
+            f"{usd(run.cost_usd)}, {usd(run.cost_per_1000_items)} per 1,000 items",
+            **say,
+        )
+        console.print(
+            f"  last result {duration_words(run.seconds_to_last_result)} after the first "
+            "submission",
+            **say,
+        )

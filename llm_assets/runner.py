@@ -107,6 +107,16 @@ def step_failure_reason(event: dg.DagsterEvent) -> str:
     return event.message or "failed"
 
 
+def shards_being_submitted(ledger: LedgerResource, job_id: str) -> int:
+    """How many of the day's waiting shards another run is submitting right now (it holds
+    their submission locks): they will be in flight, so a run waits for them too."""
+    busy = 0
+    for shard in ledger.shards(job_id, ["created"]):
+        with ledger.submission_lock(shard.shard_id) as free:
+            busy += not free
+    return busy
+
+
 class PartitionRunner:
     def __init__(
         self,
@@ -195,13 +205,7 @@ class PartitionRunner:
                 time.sleep(interval)
 
     def being_submitted_elsewhere(self, job_id: str) -> int:
-        """How many of the day's waiting shards another run is submitting right now (it holds
-        their submission locks): they will be in flight, so this run waits for them too."""
-        busy = 0
-        for shard in self.ledger.shards(job_id, ["created"]):
-            with self.ledger.submission_lock(shard.shard_id) as free:
-                busy += not free
-        return busy
+        return shards_being_submitted(self.ledger, job_id)
 
     def wait_for_backoff(self, planned: list[ShardRecord], progress: ProgressFn | None) -> None:
         """Retry rounds wait out their backoff here, in the CLI, never inside an asset."""

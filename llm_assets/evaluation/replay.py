@@ -1,0 +1,562 @@
+"""Evaluation replay: a seeded sample of a pipeline's past days, run through each variant.
+
+The sample is drawn once from the days' current input snapshots of the pipeline and written
+as one JSONL file; every variant reads that same file, so every variant answers the same
+items. Each variant runs as its own eval pipeline (`eval_pipeline_spec`): its own jobs in the
+ledger, which keep every answer with its prompt and model version, through the normal steps
+(snapshot, shards, submission with its gates, import with retries, the quality gate). Nothing
+of an eval is published: the publishing, QA and notification steps are not run, and the eval
+pipeline is in no Dagster definitions, so no sensor or schedule picks it up.
+
+Running a replay again sends nothing: the eval pipelines' jobs already hold the items.
+"""
+
+import dataclasses
+import datetime as dt
+import hashlib
+import heapq
+import re
+import time
+import zoneinfo
+from collections import Counter
+from collections.abc import Iterator, Mapping
+
+import orjson
+from pydantic import BaseModel
+
+from llm_assets import ids, steps
+from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, LedgerResource, ShardRecord, utcnow
+from llm_assets.resources.providers import provider_resource_key
+from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.runner import ProgressFn, shards_being_submitted
+from llm_assets.source import SourceRow, parse_date
+from llm_assets.spec import PIPELINE_NAME, AutomationSpec, NotifySpec, PipelineSpec
+from llm_assets.steps.context import artifact_key
+
+EVAL_SEPARATOR = "__"
+"""Between the pipeline's name, the variant's and the configuration digest in an eval
+pipeline's name; real pipelines' Dagster jobs use it the same way (`<pipeline>__cancel`)."""
+
+
+class Sample(BaseModel):
+    """The items of an evaluation: the same for every variant."""
+
+    eval_id: str
+    pipeline: str
+    days: list[dt.date]
+    size: int
+    seed: int
+    uri: str
+    """The sample's rows as a JSONL source file, records as the snapshots hold them."""
+    source_ids: dict[dt.date, list[str]]
+    """The sampled source ids of each day (a day with none sampled maps to [])."""
+
+    @property
+    def items(self) -> int:
+        return sum(len(v) for v in self.source_ids.values())
+
+    def custom_ids(self, pipeline: str) -> dict[dt.date, list[str]]:
+        """The sampled items' custom_ids in `pipeline` (an eval pipeline), by day."""
+        return {
+            day: [ids.custom_id(pipeline, day, source_id) for source_id in source_ids]
+            for day, source_ids in self.source_ids.items()
+        }
+
+
+class DayRun(BaseModel):
+    """One day of one variant: the sample's items in the variant's job for that day."""
+
+    day: dt.date
+    job_id: str | None
+    items: int = 0
+    succeeded: int = 0
+    dead_letters_by_class: dict[str, int] = {}
+    open_items: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    first_submitted_at: dt.datetime | None = None
+    last_result_at: dt.datetime | None = None
+    custom_ids: list[str] = []
+
+    @property
+    def dead_letters(self) -> int:
+        return sum(self.dead_letters_by_class.values())
+
+
+class VariantRun(BaseModel):
+    """What one variant did with the sample, summed over the days."""
+
+    variant: str
+    pipeline: str
+    """The eval pipeline the variant ran as (its jobs' pipeline in the ledger)."""
+    provider: str
+    model: str
+    prompt_version: str
+    code_version: str
+    days: list[DayRun]
+
+    def _sum(self, field: str) -> int:
+        return sum(getattr(d, field) for d in self.days)
+
+    @property
+    def items(self) -> int:
+        return self._sum("items")
+
+    @property
+    def succeeded(self) -> int:
+        return self._sum("succeeded")
+
+    @property
+    def open_items(self) -> int:
+        return self._sum("open_items")
+
+    @property
+    def input_tokens(self) -> int:
+        return self._sum("input_tokens")
+
+    @property
+    def output_tokens(self) -> int:
+        return self._sum("output_tokens")
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(d.cost_usd for d in self.days)
+
+    @property
+    def dead_letters_by_class(self) -> dict[str, int]:
+        total: Counter[str] = Counter()
+        for day in self.days:
+            total.update(day.dead_letters_by_class)
+        return dict(sorted(total.items()))
+
+    @property
+    def quality_failure_rate(self) -> float:
+        """Quality dead letters among the items that got an answer to judge (the quality
+        gate's own measure: quality_failure_rate)."""
+        quality = self.dead_letters_by_class.get("quality", 0)
+        judged = self.succeeded + quality
+        return quality / judged if judged else 0.0
+
+    @property
+    def cost_per_1000_items(self) -> float:
+        return self.cost_usd / self.items * 1000 if self.items else 0.0
+
+    @property
+    def seconds_to_last_result(self) -> float | None:
+        """From the variant's first submission to its last result, over all days."""
+        starts = [d.first_submitted_at for d in self.days if d.first_submitted_at]
+        ends = [d.last_result_at for d in self.days if d.last_result_at]
+        if not starts or not ends:
+            return None
+        return (max(ends) - min(starts)).total_seconds()
+
+
+class Replay(BaseModel):
+    sample: Sample
+    variants: dict[str, VariantRun]
+
+
+def eval_id_of(pipeline: str, days: list[dt.date], size: int, seed: int) -> str:
+    """A short id naming the evaluation: the same pipeline, days, size and seed, the same id."""
+    parts = (pipeline, ",".join(d.isoformat() for d in days), str(size), str(seed))
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
+
+
+def _rank(seed: int, day: dt.date, source_id: str) -> int:
+    """Where an item stands in the seeded order: the sample takes the lowest ranks."""
+    key = f"{seed}\x1f{day.isoformat()}\x1f{source_id}".encode("utf-8", errors="surrogatepass")
+    return int.from_bytes(hashlib.sha256(key).digest()[:16])
+
+
+def _sampleable(
+    spec: PipelineSpec, day: dt.date, storage: ArtifactStorage
+) -> Iterator[tuple[str, dict[str, object]]]:
+    """(source id, record) of the day's snapshot rows that would be sent: readable, with an
+    id, their own date on that day and no blank required field. Duplicates of an id are
+    left to the caller (they rank the same)."""
+    tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
+    source = spec.source
+    for line in storage.open_lines(steps.current_snapshot_uri(spec, day, storage)):
+        record = SourceRow.from_json(line).record
+        if record is None:
+            continue
+        source_id = _text(record.get(source.id_field))
+        if not source_id.strip() or "\x00" in source_id:
+            continue
+        if parse_date(record.get(source.date_field), tz) != day:
+            continue
+        if any(not _text(record.get(f)).strip() for f in source.non_blank_fields):
+            continue
+        yield source_id, record
+
+
+def _text(value: object) -> str:
+    """A record's value as the pipeline reads it into an id or a prompt (0 is not blank)."""
+    return "" if value is None else str(value)
+
+
+def draw_sample(
+    spec: PipelineSpec, days: list[dt.date], storage: ArtifactStorage, *, size: int, seed: int
+) -> Sample:
+    """Pick `size` items across the days' current input snapshots, the same ones for the same
+    seed: every item ranks by a hash of (seed, day, source id), and the lowest ranks are
+    taken, so a larger sample holds every item of a smaller one. A day without a snapshot is
+    an error (MissingPrerequisite): the eval replays what the pipeline read, so the day's
+    input_snapshot is materialized first."""
+    if size < 1:
+        raise ValueError(f"the sample size must be at least 1, not {size}")
+    days = sorted(set(days))
+    missing = [d for d in days if not _has_snapshot(spec, d, storage)]
+    if missing:
+        raise steps.MissingPrerequisite(
+            f"no input snapshot for {spec.name} on {', '.join(map(str, missing))}; an eval "
+            "replays the days' snapshots: materialize input_snapshot for those days first"
+        )
+    # A bounded heap of the lowest ranks; the rank is negated to make heapq's min-heap a max-heap.
+    kept: list[tuple[int, str, str, bytes]] = []
+    chosen: set[tuple[str, str]] = set()
+    for day in days:
+        for source_id, record in _sampleable(spec, day, storage):
+            rank = _rank(seed, day, source_id)
+            if (day.isoformat(), source_id) in chosen:
+                continue  # a duplicate id: its first row is the one the pipeline sends
+            entry = (-rank, day.isoformat(), source_id, orjson.dumps(record))
+            if len(kept) < size:
+                heapq.heappush(kept, entry)
+            elif -kept[0][0] > rank:
+                _, old_day, old_id, _ = heapq.heapreplace(kept, entry)
+                chosen.discard((old_day, old_id))
+            else:
+                continue
+            chosen.add((day.isoformat(), source_id))
+    rows = sorted(kept, key=lambda e: (e[1], -e[0]))
+    eval_id = eval_id_of(spec.name, days, size, seed)
+    key = artifact_key("eval", spec.name, eval_id, "sample.jsonl")
+    uri = storage.write_bytes(key, b"".join(line + b"\n" for *_, line in rows)).uri
+    source_ids: dict[dt.date, list[str]] = {day: [] for day in days}
+    for _, day_text, source_id, _ in rows:
+        source_ids[dt.date.fromisoformat(day_text)].append(source_id)
+    return Sample(
+        eval_id=eval_id,
+        pipeline=spec.name,
+        days=days,
+        size=size,
+        seed=seed,
+        uri=uri,
+        source_ids=source_ids,
+    )
+
+
+def _has_snapshot(spec: PipelineSpec, day: dt.date, storage: ArtifactStorage) -> bool:
+    try:
+        steps.current_snapshot_uri(spec, day, storage)
+    except steps.MissingPrerequisite:
+        return False
+    return True
+
+
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_]+")
+
+
+def eval_pipeline_spec(
+    base_name: str, variant_name: str, variant_spec: PipelineSpec
+) -> PipelineSpec:
+    """The variant's spec as the eval pipeline it runs as.
+
+    Named `<pipeline>__<variant>__<digest>`, at most 63 characters, where the digest covers
+    the pipeline, the variant and the variant's prompt code version (prompt, model with its
+    options, output schema, fields): a variant whose configuration changes runs as a new
+    pipeline with new jobs, never reusing the answers of the old configuration (the ledger's
+    job key holds the prompt version and model, not the options). The eval reads its sample
+    as JSONL; nothing watches or schedules it and it notifies no one. Its budget, retries,
+    quotas and compliance are the variant's.
+    """
+    digest = hashlib.sha256(
+        "\x1f".join((base_name, variant_name, variant_spec.prompt_code_version)).encode()
+    ).hexdigest()[:8]
+    variant = _UNSAFE_NAME.sub("_", variant_name).strip("_")[:20] or "variant"
+    suffix = f"{EVAL_SEPARATOR}{variant}{EVAL_SEPARATOR}{digest}"
+    name = base_name[: 63 - len(suffix)] + suffix
+    assert PIPELINE_NAME.match(name), name
+    return variant_spec.model_copy(
+        update={
+            "name": name,
+            "description": f"{base_name} evaluation of variant {variant_name}",
+            "source": variant_spec.source.model_copy(update={"kind": "jsonl"}),
+            "automation": AutomationSpec(
+                new_data_sensor=False,
+                schedule=None,
+                notify=NotifySpec(max_dead_letter_rate=None, max_cost_usd=None),
+            ),
+            "path": None,
+        }
+    )
+
+
+@dataclasses.dataclass
+class _DayDrive:
+    """One day of one variant driven through the steps: submitted, then polled, imported and
+    resubmitted (retry rounds) until no item is open, then validated."""
+
+    ctx: steps.StepContext
+    custom_ids: list[str]
+    approve_budget: bool
+    imports: int = 0
+    done: bool = False
+    wait_until: dt.datetime | None = None
+
+    @property
+    def ledger(self) -> LedgerResource:
+        return self.ctx.ledger
+
+    def start(self, sample_uri: str) -> None:
+        snapshot = steps.take_snapshot(self.ctx, sample_uri)
+        if snapshot.empty:
+            self.done = True  # none of the day's items was sampled
+            return
+        steps.build_shards(self.ctx)
+        self.submit()
+
+    def submit(self) -> None:
+        result = steps.submit_shards(
+            self.ctx, approve_budget=self.approve_budget, approved_by=self.ctx.created_by
+        )
+        self.wait_until = result.next_submission_at
+
+    def in_flight(self) -> list[ShardRecord]:
+        """Polls the day's in-flight shards; the ones still in flight after the poll."""
+        job_id = self.ctx.job_id
+        shards = steps.poll_shards(
+            self.ledger, self.ctx.batch_provider, self.ledger.shards(job_id, IN_FLIGHT_STATES)
+        )
+        return [s for s in shards if s.status in IN_FLIGHT_STATES]
+
+    def advance(self, max_rounds: int) -> bool:
+        """Import what ended, then finish the day or submit its retries when they are due.
+        Returns whether a shard is in flight or waits for another run's submission."""
+        if self.wait_until is not None and self.wait_until > utcnow():
+            return False
+        if self.in_flight() or shards_being_submitted(self.ledger, self.ctx.job_id):
+            return True
+        result = steps.import_results(self.ctx)
+        self.imports += 1
+        if result.counts.open == 0:
+            steps.validate_outputs(self.ctx)
+            self.done = True
+            return False
+        if self.imports >= max_rounds:
+            raise RuntimeError(
+                f"{self.ctx.spec.name} {self.ctx.day}: {result.counts.open} items still open "
+                f"after {max_rounds} rounds of import; see `llm-assets status`"
+            )
+        self.submit()
+        return bool(self.ledger.shards(self.ctx.job_id, IN_FLIGHT_STATES))
+
+
+def _drive(
+    drives: list[_DayDrive],
+    *,
+    wait: bool,
+    poll_interval: float,
+    max_rounds: int,
+    progress: ProgressFn | None,
+) -> None:
+    """Advance every open day until all are done (without `wait`: once). Waiting happens
+    here, between status polls (longer as batches take longer, up to `poll_interval`) and
+    until retry rounds are due; no wait when every provider in flight works when polled
+    (the local provider)."""
+    interval = 0.0
+    while True:
+        open_ = [d for d in drives if not d.done]
+        if progress is not None:
+            progress("eval", len(drives) - len(open_), len(drives))
+        if not open_:
+            return
+        waiting_on = [d for d in open_ if d.advance(max_rounds)]
+        if not wait:
+            return
+        if all(d.done for d in drives):
+            continue
+        if any(not d.ctx.batch_provider.ends_when_polled for d in waiting_on):
+            interval = min(max(interval * 2, 1.0), poll_interval)
+            time.sleep(interval)
+        elif not waiting_on:
+            due = [d.wait_until for d in open_ if d.wait_until is not None]
+            if due:
+                time.sleep(max(0.0, (min(due) - utcnow()).total_seconds()))
+
+
+def _day_run(drive: _DayDrive) -> DayRun:
+    """The day's counts over the sample's items only: a job may hold items of other samples."""
+    ledger, job_id = drive.ledger, drive.ctx.job_id
+    if ledger.get_job(job_id) is None:
+        return DayRun(day=drive.ctx.day, job_id=None, custom_ids=drive.custom_ids)
+    wanted = set(drive.custom_ids)
+    statuses: Counter[str] = Counter()
+    classes: Counter[str] = Counter()
+    tokens_in = tokens_out = 0
+    cost = 0.0
+    columns = ["custom_id", "status", "error_class", "input_tokens", "output_tokens"]
+    columns += ["cost_usd", "prior_cost_usd"]
+    for item in ledger.iter_items(job_id, None, columns=columns):
+        if item["custom_id"] not in wanted:
+            continue
+        statuses[item["status"]] += 1
+        if item["status"] == DEAD_LETTER:
+            classes[item["error_class"] or "unknown"] += 1
+        tokens_in += item["input_tokens"] or 0
+        tokens_out += item["output_tokens"] or 0
+        cost += (item["cost_usd"] or 0.0) + (item["prior_cost_usd"] or 0.0)
+    shards = ledger.shards(job_id)
+    starts = [s.submitted_at for s in shards if s.submitted_at is not None]
+    ends = [s.ended_at for s in shards if s.ended_at is not None]
+    items = sum(statuses.values())
+    return DayRun(
+        day=drive.ctx.day,
+        job_id=job_id,
+        items=items,
+        succeeded=statuses[SUCCEEDED],
+        dead_letters_by_class=dict(sorted(classes.items())),
+        open_items=items - statuses[SUCCEEDED] - statuses[DEAD_LETTER],
+        input_tokens=tokens_in,
+        output_tokens=tokens_out,
+        cost_usd=cost,
+        first_submitted_at=min(starts, default=None),
+        last_result_at=max(ends, default=None),
+        custom_ids=drive.custom_ids,
+    )
+
+
+def _drives(
+    resources: Mapping[str, object],
+    eval_spec: PipelineSpec,
+    sample: Sample,
+    *,
+    created_by: str,
+    approve_budget: bool,
+) -> list[_DayDrive]:
+    ledger, storage = resources["ledger"], resources["storage"]
+    provider = resources[provider_resource_key(eval_spec.model.provider)]
+    assert isinstance(ledger, LedgerResource) and isinstance(storage, ArtifactStorage)
+    assert isinstance(provider, BatchProvider)
+    custom_ids = sample.custom_ids(eval_spec.name)
+    return [
+        _DayDrive(
+            steps.StepContext(eval_spec, day, ledger, storage, provider, created_by=created_by),
+            custom_ids[day],
+            approve_budget,
+        )
+        for day in sample.days
+    ]
+
+
+def _variant_run(variant: str, eval_spec: PipelineSpec, drives: list[_DayDrive]) -> VariantRun:
+    return VariantRun(
+        variant=variant,
+        pipeline=eval_spec.name,
+        provider=eval_spec.model.provider,
+        model=eval_spec.model.name,
+        prompt_version=eval_spec.prompt.version,
+        code_version=eval_spec.prompt_code_version,
+        days=[_day_run(d) for d in drives],
+    )
+
+
+def run_variants(
+    resources: Mapping[str, object],
+    eval_specs: Mapping[str, PipelineSpec],
+    sample: Sample,
+    *,
+    created_by: str,
+    approve_budget: bool = False,
+    wait: bool = True,
+    progress: ProgressFn | None = None,
+    poll_interval: float = 30.0,
+    max_rounds: int = 50,
+) -> dict[str, VariantRun]:
+    """Run the sample through each eval pipeline: every day of every variant is submitted
+    first, then all are waited on together, so the eval takes as long as its slowest batch
+    rather than the sum of them. Without `wait`, what has ended is imported once and the
+    rest is left open: running it again carries on, sending nothing twice."""
+    drives = {
+        variant: _drives(
+            resources, spec, sample, created_by=created_by, approve_budget=approve_budget
+        )
+        for variant, spec in eval_specs.items()
+    }
+    every = [d for day_drives in drives.values() for d in day_drives]
+    for drive in every:
+        drive.start(sample.uri)
+    _drive(every, wait=wait, poll_interval=poll_interval, max_rounds=max_rounds, progress=progress)
+    return {
+        variant: _variant_run(variant, eval_specs[variant], day_drives)
+        for variant, day_drives in drives.items()
+    }
+
+
+def run_variant(
+    resources: Mapping[str, object],
+    eval_spec: PipelineSpec,
+    sample: Sample,
+    *,
+    variant: str,
+    created_by: str,
+    approve_budget: bool = False,
+    progress: ProgressFn | None = None,
+    poll_interval: float = 30.0,
+    max_rounds: int = 50,
+) -> VariantRun:
+    """Run the sample through one eval pipeline (see `eval_pipeline_spec`), day by day through
+    the normal steps, until every sampled item has a terminal result and the quality gate
+    has judged the answers. Gates raise steps.GateBlocked as they do for a run."""
+    return run_variants(
+        resources,
+        {variant: eval_spec},
+        sample,
+        created_by=created_by,
+        approve_budget=approve_budget,
+        progress=progress,
+        poll_interval=poll_interval,
+        max_rounds=max_rounds,
+    )[variant]
+
+
+def replay(
+    resources: Mapping[str, object],
+    spec: PipelineSpec,
+    variants: Mapping[str, PipelineSpec],
+    days: list[dt.date],
+    *,
+    size: int,
+    seed: int,
+    created_by: str,
+    approve_budget: bool = False,
+    wait: bool = True,
+    progress: ProgressFn | None = None,
+    poll_interval: float = 30.0,
+) -> Replay:
+    """Draw the sample from the pipeline's snapshots once, then run it through every variant
+    (the baseline is the variant named "baseline"). A paused pipeline is not evaluated: its
+    evals spend on its behalf. Idempotent: running it again sends nothing."""
+    ledger, storage = resources["ledger"], resources["storage"]
+    assert isinstance(ledger, LedgerResource) and isinstance(storage, ArtifactStorage)
+    paused = steps.pause_reason(ledger, spec.name)
+    if paused:
+        raise steps.GateBlocked("paused", paused)
+    sample = draw_sample(spec, days, storage, size=size, seed=seed)
+    eval_specs = {
+        name: eval_pipeline_spec(spec.name, name, variant) for name, variant in variants.items()
+    }
+    runs = run_variants(
+        resources,
+        eval_specs,
+        sample,
+        created_by=created_by,
+        approve_budget=approve_budget,
+        wait=wait,
+        progress=progress,
+        poll_interval=poll_interval,
+    )
+    return Replay(sample=sample, variants=runs)

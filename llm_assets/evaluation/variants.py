@@ -1,0 +1,30 @@
+"""The variant specs an evaluation runs, by name: the one place that turns names into specs.
+
+"baseline" is the pipeline's own spec and is always run first: the other variants are judged
+against it. A name the pipeline does not define is an error that lists the names it does.
+"""
+
+from llm_assets.spec import PipelineSpec
+
+BASELINE = "baseline"
+
+DEFAULT_SAMPLE = 200
+"""Items an evaluation samples when its size is not given."""
+
+
+class UnknownVariant(ValueError):
+    """An evaluation named a variant the pipeline does not define."""
+
+
+def resolve_variants(spec: PipelineSpec, names: list[str] | None) -> dict[str, PipelineSpec]:
+    """The baseline, then the full spec of each named variant in the order named. Every name
+    must be one the pipeline defines."""
+    known = {BASELINE: spec}
+    wanted = list(dict.fromkeys([BASELINE, *(n.strip() for n in names or [] if n.strip())]))
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise UnknownVariant(
+            f"{spec.name} has no variant {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    return {name: known[name] for name in wanted}

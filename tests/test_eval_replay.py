@@ -1,0 +1,468 @@
+"""Evaluation replay: a seeded sample of three days of reviews run through a baseline on the
+fake OpenAI server and variants on the fake OpenAI and Anthropic servers."""
+
+import datetime as dt
+import json
+import os
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from llm_assets import ids, steps
+from llm_assets.eval_jobs import build_eval_job
+from llm_assets.evaluation.replay import (
+    Replay,
+    Sample,
+    draw_sample,
+    eval_pipeline_spec,
+    replay,
+)
+from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
+from llm_assets.resources import build_resources
+from llm_assets.resources.ledger import LedgerResource, result_table
+from llm_assets.resources.providers import provider_resource_key
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.settings import Settings
+from llm_assets.spec import PIPELINE_NAME, PipelineSpec
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.openai_server import FakeOpenAI, user_text
+from tests.harness import CLI, provider_for, review_spec, truthful, write_reviews
+
+# One database (PostgreSQL in CI): the replay drives the steps the pipeline tests cover on
+# both databases.
+pytestmark = pytest.mark.one_database
+
+DAYS = [dt.date(2026, 11, 2), dt.date(2026, 11, 3), dt.date(2026, 11, 4)]
+PER_DAY = 12
+SAMPLE = 20
+TERSE = "Answer tersely."
+"""In a variant's system prompt: the fake OpenAI model then answers `mixed`, a label outside
+the schema's set, for every third review."""
+
+
+def sloppy_or_truthful(body: dict[str, Any]) -> str:
+    system = next((m["content"] for m in body["messages"] if m.get("role") == "system"), "")
+    if TERSE in str(system) and review_number(user_text(body)) % 3 == 0:
+        return json.dumps({"label": "mixed", "summary": "hard to say"})
+    return truthful(body)
+
+
+def review_number(text: str) -> int:
+    """n of the review "... Order {1000 + n} arrived." (tests.harness.write_reviews)."""
+    return int(text.split("Order ")[1].split(" ")[0]) - 1000
+
+
+def base_spec() -> PipelineSpec:
+    return PipelineSpec.model_validate(review_spec("openai", "gpt-4o-mini", name="reviews"))
+
+
+def variant_specs() -> dict[str, PipelineSpec]:
+    """The baseline; the same reviews on Claude with prompt v2; and prompt v3 on the same
+    OpenAI model, whose answers fail the quality gate for every third review."""
+    haiku = review_spec("anthropic", "claude-haiku-4-5", name="reviews", prompt={"version": "v2"})
+    terse = review_spec(
+        "openai",
+        "gpt-4o-mini",
+        name="reviews",
+        prompt={"version": "v3", "system": f"Label the review. {TERSE} Return JSON."},
+    )
+    return {
+        "baseline": base_spec(),
+        "haiku": PipelineSpec.model_validate(haiku),
+        "terse": PipelineSpec.model_validate(terse),
+    }
+
+
+@dataclass
+class World:
+    home: Path
+    settings: Settings
+    ledger: LedgerResource
+    storage: ArtifactStorage
+    openai: FakeOpenAI
+    anthropic: FakeAnthropic
+    spec: PipelineSpec
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        return {
+            "ledger": self.ledger,
+            "storage": self.storage,
+            provider_resource_key("openai"): provider_for(self.openai),
+            provider_resource_key("anthropic"): provider_for(self.anthropic),
+        }
+
+    def snapshot(self, day: dt.date) -> steps.SnapshotResult:
+        """The baseline pipeline's input_snapshot of the day."""
+        ctx = steps.StepContext(self.spec, day, self.ledger, self.storage)
+        return steps.take_snapshot(ctx, self.settings.resolve_source_uri(self.spec.source.uri))
+
+    def replay(self, variants: dict[str, PipelineSpec], **kwargs: Any) -> Replay:
+        return replay(
+            self.resources,
+            self.spec,
+            variants,
+            DAYS,
+            size=kwargs.pop("size", SAMPLE),
+            seed=kwargs.pop("seed", 7),
+            created_by="test eval",
+            poll_interval=0.0,
+            **kwargs,
+        )
+
+    def rows(self, job_id: str) -> list[dict[str, Any]]:
+        with self.ledger.engine.connect() as conn:
+            query = sa.select(result_table).where(result_table.c.job_id == job_id)
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+
+@pytest.fixture
+def world(tmp_path: Path, database_url: str) -> Iterator[World]:
+    home = tmp_path / "home"
+    settings = Settings(
+        home=home,
+        database_url=database_url,
+        pipelines_dir=tmp_path / "specs",
+        storage_url=str(home / "artifacts"),
+        dagster_home=tmp_path / "dagster",
+    )
+    for day in DAYS:
+        write_reviews(home, day, PER_DAY)
+    with (
+        FakeOpenAI(tmp_path / "fake_openai") as openai,
+        FakeAnthropic(tmp_path / "fake_anthropic") as anthropic,
+    ):
+        openai.responder = sloppy_or_truthful
+        world = World(
+            home=home,
+            settings=settings,
+            ledger=LedgerResource(database_url=database_url),
+            storage=ArtifactStorage(base_url=settings.storage_url),
+            openai=openai,
+            anthropic=anthropic,
+            spec=base_spec(),
+        )
+        for day in DAYS:
+            world.snapshot(day)
+        yield world
+        assert openai.server_errors == [] and anthropic.server_errors == []
+
+
+def test_the_sample_is_seeded_spread_over_the_days_and_grows_as_a_superset(
+    world: World,
+) -> None:
+    sample = draw_sample(world.spec, DAYS, world.storage, size=SAMPLE, seed=7)
+    again = draw_sample(world.spec, list(reversed(DAYS)), world.storage, size=SAMPLE, seed=7)
+    larger = draw_sample(world.spec, DAYS, world.storage, size=SAMPLE + 5, seed=7)
+    other = draw_sample(world.spec, DAYS, world.storage, size=SAMPLE, seed=8)
+
+    assert sample.items == SAMPLE
+    assert again.source_ids == sample.source_ids
+    assert again.eval_id == sample.eval_id
+    assert sorted(sample.source_ids) == DAYS
+    # Twenty of 36 items by a hash: every day is drawn from, none wholly.
+    assert all(0 < len(ids_) < PER_DAY for ids_ in sample.source_ids.values())
+    for day, source_ids in sample.source_ids.items():
+        assert all(s.startswith(f"R-{day:%Y%m%d}-") for s in source_ids)
+        assert set(source_ids) <= set(larger.source_ids[day])
+    assert larger.items == SAMPLE + 5
+    assert other.source_ids != sample.source_ids
+    # The sample file holds exactly the sampled records, as the snapshot has them.
+    written = [json.loads(line) for line in world.storage.open_lines(sample.uri)]
+    assert sorted(r["review_id"] for r in written) == sorted(
+        s for ids_ in sample.source_ids.values() for s in ids_
+    )
+    assert {"review_id", "created_at", "text"} == set(written[0])
+
+
+def test_a_day_without_a_snapshot_is_named(world: World) -> None:
+    later = dt.date(2026, 11, 5)
+    write_reviews(world.home, later, PER_DAY)
+
+    with pytest.raises(steps.MissingPrerequisite, match="2026-11-05.*input_snapshot"):
+        draw_sample(world.spec, [*DAYS, later], world.storage, size=SAMPLE, seed=7)
+
+
+def test_eval_pipeline_names_fit_the_pattern_and_change_with_the_configuration() -> None:
+    spec = base_spec()
+    long_name = spec.model_copy(update={"name": "r" * 63})
+    named = eval_pipeline_spec(long_name.name, "a-very-long-variant-name-indeed", long_name)
+    optioned = spec.model_copy(
+        update={"model": spec.model.model_copy(update={"options": {"seed": 1}})}
+    )
+
+    assert PIPELINE_NAME.match(named.name) and len(named.name) <= 63
+    baseline = eval_pipeline_spec("reviews", "baseline", spec)
+    assert baseline.name.startswith("reviews__baseline__")
+    assert eval_pipeline_spec("reviews", "baseline", spec).name == baseline.name
+    # Options are not in the ledger's job key: a changed option is a new eval pipeline.
+    assert eval_pipeline_spec("reviews", "baseline", optioned).name != baseline.name
+    assert not baseline.automation.new_data_sensor and baseline.automation.schedule is None
+    assert baseline.automation.notify.max_dead_letter_rate is None
+    assert (baseline.prompt, baseline.model, baseline.budget) == (
+        spec.prompt,
+        spec.model,
+        spec.budget,
+    )
+
+
+def test_variants_answer_the_same_sample_once_each_and_a_rerun_sends_nothing(
+    world: World,
+) -> None:
+    variants = variant_specs()
+
+    result = world.replay(variants)
+
+    sample = result.sample
+    assert list(result.variants) == ["baseline", "haiku", "terse"]
+    for name, run in result.variants.items():
+        expected = sample.custom_ids(run.pipeline)
+        assert [d.day for d in run.days] == DAYS
+        for day_run in run.days:
+            assert day_run.custom_ids == expected[day_run.day]
+            assert day_run.open_items == 0
+            # The variant's job holds exactly the sample's items of the day.
+            sources = sorted(r["source_id"] for r in world.rows(day_run.job_id or ""))
+            assert sources == sorted(sample.source_ids[day_run.day]), name
+        assert run.items == SAMPLE
+    sent_openai = Counter(world.openai.submitted_custom_ids())
+    sent_anthropic = Counter(world.anthropic.submitted_custom_ids())
+
+    def custom_ids(variant: str) -> set[str]:
+        run = result.variants[variant]
+        return {c for d in run.days for c in d.custom_ids}
+
+    assert set(sent_openai) == custom_ids("baseline") | custom_ids("terse")
+    assert set(sent_anthropic) == custom_ids("haiku")
+    assert set(sent_openai.values()) == {1} and set(sent_anthropic.values()) == {1}
+    baseline, haiku = result.variants["baseline"], result.variants["haiku"]
+    assert (baseline.succeeded, haiku.succeeded) == (SAMPLE, SAMPLE)
+    assert baseline.quality_failure_rate == 0.0
+    assert baseline.cost_usd > 0 and haiku.cost_usd > 0
+    assert baseline.input_tokens > 0 and haiku.output_tokens > 0
+    assert baseline.cost_per_1000_items == pytest.approx(baseline.cost_usd / SAMPLE * 1000)
+    assert baseline.seconds_to_last_result is not None
+
+    # The same eval again: nothing is sent, and the ledger says the same.
+    again = world.replay(variants)
+
+    assert Counter(world.openai.submitted_custom_ids()) == sent_openai
+    assert Counter(world.anthropic.submitted_custom_ids()) == sent_anthropic
+    assert again.sample == result.sample
+    for name, run in again.variants.items():
+        first = result.variants[name]
+        assert (run.items, run.succeeded, run.dead_letters_by_class, run.cost_usd) == (
+            first.items,
+            first.succeeded,
+            first.dead_letters_by_class,
+            first.cost_usd,
+        )
+
+
+def test_a_variant_failing_the_quality_gate_shows_its_dead_letters_and_rate(
+    world: World,
+) -> None:
+    result = world.replay(variant_specs())
+
+    terse = result.variants["terse"]
+    sampled = [s for ids_ in result.sample.source_ids.values() for s in ids_]
+    failing = {s for s in sampled if int(s.rsplit("-", 1)[1]) % 3 == 0}
+    assert failing, "the sample holds reviews the terse variant mislabels"
+    assert terse.dead_letters_by_class == {"quality": len(failing)}
+    assert terse.succeeded == SAMPLE - len(failing)
+    assert terse.quality_failure_rate == pytest.approx(len(failing) / SAMPLE)
+    dead = {
+        r["source_id"]: r
+        for d in terse.days
+        for r in world.rows(d.job_id or "")
+        if r["status"] == "dead_letter"
+    }
+    assert set(dead) == failing
+    assert all(
+        r["error_class"] == "quality" and "mixed" in r["error_message"] for r in dead.values()
+    )
+    assert result.variants["haiku"].dead_letters_by_class == {}
+
+
+def test_an_eval_leaves_the_pipeline_itself_untouched(world: World) -> None:
+    pointers = {day: steps.current_snapshot_uri(world.spec, day, world.storage) for day in DAYS}
+
+    result = world.replay(variant_specs())
+
+    for day in DAYS:
+        # No job of the pipeline's own, its snapshots as they were, nothing validated or
+        # published under its name.
+        assert world.ledger.jobs_for_partition(world.spec.name, day) == []
+        assert steps.current_snapshot_uri(world.spec, day, world.storage) == pointers[day]
+        assert steps.gate_record(world.spec, day, world.storage) is None
+    root = Path(world.settings.storage_url)
+    written = {p.relative_to(root).parts[:2] for p in root.rglob("*") if p.is_file()}
+    # Under the pipeline's own name: its snapshots (taken before the eval) and the eval's
+    # sample; no outputs, reports, gate record or published file.
+    assert {folder for folder, name in written if name == world.spec.name} == {
+        "snapshots",
+        "eval",
+    }
+    eval_pipelines = {run.pipeline for run in result.variants.values()}
+    jobs = {
+        job.pipeline
+        for name in eval_pipelines
+        for day in DAYS
+        for job in world.ledger.jobs_for_partition(name, day)
+    }
+    assert jobs == eval_pipelines
+
+
+def test_unknown_variants_are_named_with_the_known_ones() -> None:
+    with pytest.raises(UnknownVariant, match="'cheap'.*known: baseline"):
+        resolve_variants(base_spec(), ["cheap"])
+    assert list(resolve_variants(base_spec(), [])) == ["baseline"]
+
+
+def test_the_eval_job_runs_the_replay_from_run_config(world: World, tmp_path: Path) -> None:
+    resources = {**build_resources(world.settings), **world.resources}
+    job = build_eval_job(world.spec)
+    (tmp_path / "dagster").mkdir()
+
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        run = job.execute_in_process(
+            run_config={
+                "ops": {
+                    f"{world.spec.name}__eval_replay": {
+                        "config": {
+                            "from": DAYS[0].isoformat(),
+                            "to": DAYS[-1].isoformat(),
+                            "sample": 9,
+                            "seed": 3,
+                            "poll_interval": 0.0,
+                        }
+                    }
+                }
+            },
+            instance=instance,
+            resources=resources,
+        )
+
+    assert run.success
+    [materialization] = [
+        e.step_output_data.metadata for e in run.all_events if e.is_successful_output
+    ]
+    sample = draw_sample(world.spec, DAYS, world.storage, size=9, seed=3)
+    assert materialization["eval_id"].value == sample.eval_id
+    assert materialization["sampled_items"].value == 9
+    assert materialization["open_items"].value == 0
+    assert "| baseline | openai/gpt-4o-mini (v1) | 9 | 9 |" in materialization["variants"].value
+    assert len(world.openai.submitted_custom_ids()) == 9
+
+
+def test_cli_eval_prints_each_variant_and_exits_2_when_a_budget_blocks(
+    world: World, tmp_path: Path, database_url: str
+) -> None:
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    spec = review_spec("openai", "gpt-4o-mini", name="reviews")
+    (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
+    env = {
+        **os.environ,
+        "LLM_ASSETS_HOME": str(world.home),
+        "LLM_ASSETS_DATABASE_URL": database_url,
+        "LLM_ASSETS_PIPELINES": str(specs),
+        "LLM_ASSETS_STORAGE_URL": world.settings.storage_url,
+        "DAGSTER_HOME": str(tmp_path / "dagster"),
+        "OPENAI_BASE_URL": world.openai.base_url,
+        "OPENAI_API_KEY": "test-key",
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [CLI, "eval", "reviews", "--from", str(DAYS[0]), "--to", str(DAYS[-1]), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+
+    done = cli("--sample", "6", "--poll-interval", "0.05")
+    as_json = cli("--sample", "6", "--json")
+    unknown = cli("--variants", "cheap")
+
+    assert done.returncode == 0, done.stderr
+    assert "sample: 6 items, seed 0" in done.stdout
+    assert "baseline: openai/gpt-4o-mini prompt v1" in done.stdout
+    assert "6 items: 6 succeeded, 0 dead letters" in done.stdout
+    assert "quality failure rate 0.0%" in done.stdout
+    assert "per 1,000 items" in done.stdout
+    assert as_json.returncode == 0, as_json.stderr
+    report = json.loads(as_json.stdout)
+    assert report["variants"]["baseline"]["succeeded"] == 6
+    assert len(world.openai.submitted_custom_ids()) == 6  # the second run sent nothing
+    assert unknown.returncode == 1 and "no variant 'cheap'" in unknown.stderr
+
+    budget = {**spec, "budget": {"max_usd_per_partition": 0.0000001}}
+    (specs / "reviews.yaml").write_text(yaml.safe_dump(budget))
+    blocked = cli("--sample", "9", "--seed", "1")
+
+    assert blocked.returncode == 2, blocked.stderr
+    assert "budget" in blocked.stderr
+
+
+def test_a_sampled_custom_id_is_the_eval_pipelines_own(world: World) -> None:
+    sample = Sample(
+        eval_id="x",
+        pipeline="reviews",
+        days=[DAYS[0]],
+        size=1,
+        seed=0,
+        uri="/nowhere",
+        source_ids={DAYS[0]: ["R-1"]},
+    )
+
+    assert sample.custom_ids("reviews__b__12345678") == {
+        DAYS[0]: [ids.custom_id("reviews__b__12345678", DAYS[0], "R-1")]
+    }
+
+
+def test_a_paused_pipeline_is_not_evaluated(world: World) -> None:
+    world.ledger.pause_pipeline(world.spec.name, paused_by="ops", reason="provider incident")
+
+    with pytest.raises(steps.GateBlocked, match="provider incident") as blocked:
+        world.replay(variant_specs())
+
+    assert blocked.value.gate == "paused"
+    assert world.openai.submitted_custom_ids() == []
+    assert world.anthropic.submitted_custom_ids() == []
+
+
+def test_only_rows_the_pipeline_would_send_are_sampled_and_a_duplicate_once(
+    world: World,
+) -> None:
+    day = DAYS[0]
+    stamp = f"{day.isoformat()}T08:00:00Z"
+    odd = [
+        {"review_id": "R-blank", "created_at": stamp, "text": "  "},
+        {"review_id": "", "created_at": stamp, "text": "no id"},
+        {"review_id": "R-undated", "created_at": "someday", "text": "no date"},
+        {"review_id": "R-zero", "created_at": stamp, "text": 0},
+        {"review_id": "R-twice", "created_at": stamp, "text": "first"},
+        {"review_id": "R-twice", "created_at": stamp, "text": "second"},
+    ]
+    lines = "\n".join(json.dumps(r) for r in odd) + "\nnot json\n"
+    (world.home / "reviews" / f"odd-{day.isoformat()}.jsonl").write_text(lines)
+    world.snapshot(day)
+
+    everything = draw_sample(world.spec, [day], world.storage, size=100, seed=7)
+
+    assert sorted(everything.source_ids[day]) == sorted(
+        [f"R-{day:%Y%m%d}-{n:04d}" for n in range(PER_DAY)] + ["R-twice", "R-zero"]
+    )
+    records = [json.loads(line) for line in world.storage.open_lines(everything.uri)]
+    assert [r["text"] for r in records if r["review_id"] == "R-twice"] == ["first"]
