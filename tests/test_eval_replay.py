@@ -466,3 +466,25 @@ def test_only_rows_the_pipeline_would_send_are_sampled_and_a_duplicate_once(
     )
     records = [json.loads(line) for line in world.storage.open_lines(everything.uri)]
     assert [r["text"] for r in records if r["review_id"] == "R-twice"] == ["first"]
+
+
+def test_the_spec_s_variants_are_resolved_to_their_merged_specs() -> None:
+    spec = PipelineSpec.model_validate(
+        {
+            **review_spec("openai", "gpt-4o-mini"),
+            "variants": {
+                "haiku": {"model": {"provider": "anthropic", "name": "claude-haiku-4-5"}},
+                "terse": {"prompt": {"version": "v2", "system": "One word: positive or negative."}},
+            },
+        }
+    )
+    every = resolve_variants(spec, [])
+    assert list(every) == ["baseline", "haiku", "terse"]
+    assert (every["haiku"].model.provider, every["haiku"].model.name) == (
+        "anthropic",
+        "claude-haiku-4-5",
+    )
+    assert every["terse"].prompt.version == "v2" and every["terse"].model == spec.model
+    assert list(resolve_variants(spec, ["terse"])) == ["baseline", "terse"]
+    with pytest.raises(UnknownVariant, match="known: baseline, haiku, terse"):
+        resolve_variants(spec, ["cheap"])
