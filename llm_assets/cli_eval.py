@@ -15,7 +15,6 @@ from rich.markup import escape
 
 from llm_assets.cli_args import EXIT_ERROR, EXIT_GATE, load_settings, pipeline_spec
 from llm_assets.console import err, home_relative, print_error, print_eval, progress_bar
-from llm_assets.evaluation.variants import DEFAULT_SAMPLE
 
 
 @click.command("eval")
@@ -25,12 +24,17 @@ from llm_assets.evaluation.variants import DEFAULT_SAMPLE
 @click.option(
     "--sample",
     "size",
-    default=DEFAULT_SAMPLE,
-    show_default=True,
+    default=None,
     type=click.IntRange(min=1),
-    help="Items sampled across the days; the same for every variant.",
+    help="Items sampled across the days, the same for every variant [default: the spec's "
+    "eval.sample].",
 )
-@click.option("--seed", default=0, show_default=True, help="The same seed samples the same items.")
+@click.option(
+    "--seed",
+    default=None,
+    type=int,
+    help="The same seed samples the same items [default: the spec's eval.seed].",
+)
 @click.option("--variants", default="", help="Variants to run besides the baseline, e.g. a,b.")
 @click.option("--approve-budget", is_flag=True, help="Submit even above a budget gate.")
 @click.option(
@@ -45,8 +49,8 @@ def eval_(
     pipeline: str,
     from_: str,
     to_: str,
-    size: int,
-    seed: int,
+    size: int | None,
+    seed: int | None,
     variants: str,
     approve_budget: bool,
     poll_interval: float,
@@ -84,8 +88,8 @@ def eval_(
                 spec,
                 specs,
                 days,
-                size=size,
-                seed=seed,
+                size=spec.eval.sample if size is None else size,
+                seed=spec.eval.seed if seed is None else seed,
                 created_by=f"cli:{getpass.getuser()} eval",
                 approve_budget=approve_budget,
                 progress=report,

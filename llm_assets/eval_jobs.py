@@ -10,7 +10,7 @@ import pydantic
 
 from llm_assets import steps
 from llm_assets.evaluation.replay import Replay, replay
-from llm_assets.evaluation.variants import DEFAULT_SAMPLE, UnknownVariant, resolve_variants
+from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
 from llm_assets.factory import APPROVE_BUDGET_TAG, started_by
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.registry import ADAPTERS
@@ -23,8 +23,12 @@ class EvalConfig(dg.Config):
 
     from_: str = pydantic.Field(alias="from", description="First day, YYYY-MM-DD.")
     to: str = pydantic.Field(description="Last day (inclusive), YYYY-MM-DD.")
-    sample: int = pydantic.Field(default=DEFAULT_SAMPLE, ge=1, description="Items sampled.")
-    seed: int = pydantic.Field(default=0, description="The same seed samples the same items.")
+    sample: int | None = pydantic.Field(
+        default=None, ge=1, description="Items sampled; default the spec's eval.sample."
+    )
+    seed: int | None = pydantic.Field(
+        default=None, description="The same seed samples the same items; default eval.seed."
+    )
     variants: list[str] = pydantic.Field(
         default_factory=list, description="Variants to run besides the baseline."
     )
@@ -102,8 +106,8 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
                 spec,
                 variants,
                 days,
-                size=config.sample,
-                seed=config.seed,
+                size=spec.eval.sample if config.sample is None else config.sample,
+                seed=spec.eval.seed if config.seed is None else config.seed,
                 created_by=started_by(context),
                 approve_budget=config.approve_budget or tagged,
                 wait=config.wait,

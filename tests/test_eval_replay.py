@@ -369,6 +369,7 @@ def test_cli_eval_prints_each_variant_and_exits_2_when_a_budget_blocks(
     specs = tmp_path / "specs"
     specs.mkdir()
     spec = review_spec("openai", "gpt-4o-mini", name="reviews")
+    spec["eval"] = {"sample": 6, "seed": 0}
     (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
     env = {
         **os.environ,
@@ -392,7 +393,7 @@ def test_cli_eval_prints_each_variant_and_exits_2_when_a_budget_blocks(
         )
 
     done = cli("--sample", "6", "--poll-interval", "0.05")
-    as_json = cli("--sample", "6", "--json")
+    as_json = cli("--json")  # the sample size and seed of the spec's eval section
     unknown = cli("--variants", "cheap")
 
     assert done.returncode == 0, done.stderr

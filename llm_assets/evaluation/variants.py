@@ -9,9 +9,6 @@ from llm_assets.spec import PipelineSpec
 
 BASELINE = "baseline"
 
-DEFAULT_SAMPLE = 200
-"""Items an evaluation samples when its size is not given."""
-
 
 class UnknownVariant(ValueError):
     """An evaluation named a variant the pipeline does not define."""
