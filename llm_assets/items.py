@@ -55,14 +55,15 @@ class TemplateEncoder:
         )
 
 
-def _as_text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A record's value as the pipeline reads it into an id or a prompt (0 is not blank)."""
     if value is None:
         return ""
     return value if isinstance(value, str) else str(value)
 
 
 def render(spec: PipelineSpec, record: dict[str, Any]) -> str:
-    return spec.prompt.template.format_map({f: _as_text(record.get(f)) for f in spec.source.fields})
+    return spec.prompt.template.format_map({f: as_text(record.get(f)) for f in spec.source.fields})
 
 
 class Preparer:
@@ -125,7 +126,7 @@ class Preparer:
                 self.dead(where, None, "invalid_row", f"{where}: {row.error}", "row"),
             )
         record = row.record
-        source_id = _as_text(record.get(spec.source.id_field))
+        source_id = as_text(record.get(spec.source.id_field))
         if not source_id.strip():
             message = f"{where}: no value in id field {spec.source.id_field!r}"
             return None, where, self.dead(where, None, "missing_id", message, "row")
@@ -139,10 +140,10 @@ class Preparer:
         if parse_date(record.get(spec.source.date_field), self._tz) is None:
             message = (
                 f"{where}: no valid date in {spec.source.date_field!r} "
-                f"(got {_as_text(record.get(spec.source.date_field))[:40]!r})"
+                f"(got {as_text(record.get(spec.source.date_field))[:40]!r})"
             )
             return source_id, where, self.dead(source_id, source_id, "missing_date", message)
-        blank = [f for f in spec.source.non_blank_fields if not _as_text(record.get(f)).strip()]
+        blank = [f for f in spec.source.non_blank_fields if not as_text(record.get(f)).strip()]
         if blank:
             message = f"{where}: empty field(s) {blank}"
             return source_id, where, self.dead(source_id, source_id, "empty_field", message)

@@ -18,13 +18,8 @@ import yaml
 
 from llm_assets import ids, steps
 from llm_assets.eval_jobs import build_eval_job
-from llm_assets.evaluation.replay import (
-    Replay,
-    Sample,
-    draw_sample,
-    eval_pipeline_spec,
-    replay,
-)
+from llm_assets.evaluation.replay import Replay, eval_pipeline_spec, replay
+from llm_assets.evaluation.sample import Sample, draw_sample
 from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource, result_table
