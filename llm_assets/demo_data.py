@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from stdnum import iban
 
-from llm_assets.demo_corpus import CATEGORIES, TONES, Slots, corpus, email_address
+from llm_assets.demo_corpus import CATEGORIES, TONES, Slots, corpus
+from llm_assets.demo_personal import BLOCKED_EVERY, CONTACT_PERCENT, Planting, plant_personal_data
 
 __all__ = [
     "BAD_ROW_REASONS",
@@ -74,29 +74,6 @@ _TONE_WEIGHTS: dict[str, tuple[float, ...]] = {
     "product_feedback": (0.60, 0.35, 0.05),
 }
 _WORD = re.compile(r"\b[a-z]{3,}\b")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-CONTACT_PERCENT = 3
-"""Whole percent of a day's tickets that give contact details, in turn over the run: a phone
-number, an IBAN for a refund, an IP address, an e-mail address. None on a day of fewer than
-34 tickets. With the problem templates that mention the customer's e-mail address, about one
-ticket in eight carries contact data."""
-BLOCKED_EVERY = 100
-"""A day holds one ticket with a card number or a credential per this many tickets: the run's
-first such ticket pastes the one API key, the others a card number. So a day blocks under 1%
-of its items, far within the default compliance.max_blocked_rate, and none below 100 tickets."""
-_CONTACT_TURN: tuple[str, ...] = ("phone", "iban", "ip_address", "email")
-_HOST_CATEGORIES: dict[str, tuple[str, ...]] = {
-    "iban": ("billing",),
-    "card": ("billing",),
-    "ip_address": ("technical_issue",),
-    "credential": ("technical_issue",),
-}
-"""Where a kind's sentences make sense (a refund to an IBAN is a billing matter); other kinds
-go into tickets of any category."""
-_KEY_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
-_MAX_SENTENCES = 6
-_MAX_HOST_BODY = 800
 
 
 class GeneratedDemo(BaseModel):
@@ -245,71 +222,6 @@ def _good_ticket(
     raise RuntimeError("could not draw a unique ticket body; the template pools are too small")
 
 
-def _personal_value(kind: str, customer: str, rng: random.Random) -> str:
-    if kind == "email":
-        first, _, last = customer.partition(" ")
-        return email_address(first, last, rng)
-    value = "".join(
-        str(rng.randrange(10)) if c == "#" else rng.choice(_KEY_CHARS) if c == "%" else c
-        for c in rng.choice(corpus().personal_data.formats[kind])
-    )
-    if kind != "iban":
-        return value
-    country, _, account = value.partition(" ")
-    number = country + iban.calc_check_digits(f"{country}00{account}") + account
-    return iban.format(number) if rng.random() < 0.7 else number
-
-
-def _with_sentence(body: str, sentence: str) -> str:
-    """`sentence` before the body's last sentence (often a sign-off), or after a body of two."""
-    cuts = [m.start() for m in _SENTENCE_END.finditer(body)]
-    cut = cuts[-1] if len(cuts) >= 2 else len(body)
-    return f"{body[:cut]} {sentence}{body[cut:]}"
-
-
-@dataclasses.dataclass
-class _Planting:
-    """The run's own random stream for personal data, and how far its turns have got."""
-
-    rng: random.Random
-    contacts: int = 0
-    key_pasted: bool = False
-
-
-def _plant_personal_data(entries: list["_Entry"], tickets_per_day: int, plan: _Planting) -> None:
-    """Personal data into a day's good tickets: CONTACT_PERCENT contact details, and one card
-    number or the run's API key per BLOCKED_EVERY tickets; one kind per ticket at most."""
-    wanted = [
-        _CONTACT_TURN[(plan.contacts + i) % len(_CONTACT_TURN)]
-        for i in range(tickets_per_day * CONTACT_PERCENT // 100)
-    ]
-    wanted += ["card"] * (tickets_per_day // BLOCKED_EVERY)
-    words = corpus().personal_data
-    for kind in wanted:
-        if kind == "card" and not plan.key_pasted:
-            kind = "credential"
-        hosts = [
-            e
-            for e in entries
-            if e.kind == "good"
-            and "personal_data" not in e.row
-            and e.category in _HOST_CATEGORIES.get(kind, CATEGORIES)
-            and len(e.row["body"]) <= _MAX_HOST_BODY
-            and len(_SENTENCE_END.split(e.row["body"])) < _MAX_SENTENCES
-        ]
-        if not hosts:
-            continue
-        host = plan.rng.choice(hosts)
-        value = _personal_value(kind, host.row["customer"], plan.rng)
-        sentence = plan.rng.choice(words.sentences[kind]).format(value=value)
-        host.row["body"] = _with_sentence(host.row["body"], sentence)
-        host.row["personal_data"] = {kind: [value]}
-        if kind in _CONTACT_TURN:
-            plan.contacts += 1
-        elif kind == "credential":
-            plan.key_pasted = True
-
-
 def _log_paste(day: dt.date, rng: random.Random) -> str:
     """A pasted app log: realistic, token-dense, and far beyond an 8k-token context window."""
     words = corpus()
@@ -376,14 +288,14 @@ def _day_entries(
     tickets_per_day: int,
     rng: random.Random,
     seen_bodies: set[str],
-    plan: _Planting,
+    plan: Planting,
     *,
     bad: bool,
 ) -> list[_Entry]:
     categories = _quotas(tickets_per_day)
     rng.shuffle(categories)
     entries = [_Entry("good", _good_ticket(c, day, rng, seen_bodies), c) for c in categories]
-    _plant_personal_data(entries, tickets_per_day, plan)
+    plant_personal_data(entries, tickets_per_day, plan)
     if bad:
         _insert_bad_rows(entries, day, rng, seen_bodies)
     return entries
@@ -481,7 +393,7 @@ def generate_demo_data(
         raise ValueError(f"tickets_per_day must be >= 1, got {tickets_per_day}")
 
     rng = random.Random(seed)
-    plan = _Planting(random.Random(f"personal data {seed}"))
+    plan = Planting(random.Random(f"personal data {seed}"))
     out_dir = Path(out_dir)
     inbox_dir = out_dir / "inbox"
     seen_bodies: set[str] = set()
