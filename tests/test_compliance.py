@@ -19,6 +19,7 @@ from llm_assets.factory import asset_key
 from llm_assets.resources.ledger import metadata, output_table
 from llm_assets.runner import StepFailed
 from llm_assets.spec import parse_spec
+from llm_assets.tokens import counter_for
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, Harness, make_harness, review_spec, truthful
 
@@ -271,6 +272,13 @@ def test_a_day_sends_no_blocked_or_redacted_value_and_restores_pseudonyms(
     assert outputs[email_item]["summary"] == f"The blender is great, write to {EMAIL}"
     phone_item = rows["R-PII-PHONE"]["custom_id"]
     assert outputs[phone_item]["summary"] == "The kettle is awful, call me on <PHONE_1>"
+
+    # The estimate counts the prompt as sent, placeholder and all.
+    sent_phone = "The kettle is awful, call me on <PHONE_1>. Order 1901 arrived."
+    counter = counter_for(harness.spec)
+    assert rows["R-PII-PHONE"]["estimated_input_tokens"] == counter.request(
+        harness.spec.prompt.system, sent_phone
+    )
 
     # The counts, never the values, are request_shards' metadata and its compliance check.
     materialization = harness.instance.get_latest_materialization_event(
