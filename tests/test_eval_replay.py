@@ -18,7 +18,9 @@ import yaml
 
 from llm_assets import ids, steps
 from llm_assets.eval_jobs import build_eval_job
+from llm_assets.evaluation.metrics import wilson_interval
 from llm_assets.evaluation.replay import Replay, eval_pipeline_spec, replay
+from llm_assets.evaluation.report import build_report
 from llm_assets.evaluation.sample import Sample, draw_sample
 from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
 from llm_assets.resources import build_resources
@@ -55,13 +57,37 @@ def review_number(text: str) -> int:
     return int(text.split("Order ")[1].split(" ")[0]) - 1000
 
 
+HUMAN_LABEL = "human_label"
+"""The reference column: the review's true label, except that the human who labelled every
+sixth review (n % 6 == 5) disagreed with its words, so no variant scores 100%."""
+MIN_SCORE = 0.7
+
+
+def human_label(n: int, truth: str) -> str:
+    flipped = {"positive": "negative", "negative": "positive"}
+    return flipped[truth] if n % 6 == 5 else truth
+
+
+def add_human_labels(home: Path, day: dt.date) -> None:
+    """The day's reviews with HUMAN_LABEL, a column the prompt never reads."""
+    truth = write_reviews(home, day, PER_DAY)
+    path = home / "reviews" / f"reviews-{day.isoformat()}.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for n, row in enumerate(rows):
+        row[HUMAN_LABEL] = human_label(n, truth[row["review_id"]])
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
 def base_spec() -> PipelineSpec:
-    return PipelineSpec.model_validate(review_spec("openai", "gpt-4o-mini", name="reviews"))
+    spec = review_spec("openai", "gpt-4o-mini", name="reviews")
+    spec["eval"] = {"reference_field": HUMAN_LABEL, "min_score": MIN_SCORE}
+    return PipelineSpec.model_validate(spec)
 
 
 def variant_specs() -> dict[str, PipelineSpec]:
     """The baseline; the same reviews on Claude with prompt v2; and prompt v3 on the same
     OpenAI model, whose answers fail the quality gate for every third review."""
+    evaluation = base_spec().eval.model_dump()
     haiku = review_spec("anthropic", "claude-haiku-4-5", name="reviews", prompt={"version": "v2"})
     terse = review_spec(
         "openai",
@@ -71,8 +97,8 @@ def variant_specs() -> dict[str, PipelineSpec]:
     )
     return {
         "baseline": base_spec(),
-        "haiku": PipelineSpec.model_validate(haiku),
-        "terse": PipelineSpec.model_validate(terse),
+        "haiku": PipelineSpec.model_validate({**haiku, "eval": evaluation}),
+        "terse": PipelineSpec.model_validate({**terse, "eval": evaluation}),
     }
 
 
@@ -130,7 +156,7 @@ def world(tmp_path: Path, database_url: str) -> Iterator[World]:
         dagster_home=tmp_path / "dagster",
     )
     for day in DAYS:
-        write_reviews(home, day, PER_DAY)
+        add_human_labels(home, day)
     with (
         FakeOpenAI(tmp_path / "fake_openai") as openai,
         FakeAnthropic(tmp_path / "fake_anthropic") as anthropic,
@@ -175,7 +201,8 @@ def test_the_sample_is_seeded_spread_over_the_days_and_grows_as_a_superset(
     assert sorted(r["review_id"] for r in written) == sorted(
         s for ids_ in sample.source_ids.values() for s in ids_
     )
-    assert {"review_id", "created_at", "text"} == set(written[0])
+    # The snapshot keeps the reference column for scoring, besides the fields sent.
+    assert {"review_id", "created_at", "text", HUMAN_LABEL} == set(written[0])
 
 
 def test_a_day_without_a_snapshot_is_named(world: World) -> None:
@@ -285,6 +312,91 @@ def test_a_variant_failing_the_quality_gate_shows_its_dead_letters_and_rate(
         r["error_class"] == "quality" and "mixed" in r["error_message"] for r in dead.values()
     )
     assert result.variants["haiku"].dead_letters_by_class == {}
+
+
+def review_n(source_id: str) -> int:
+    return int(source_id.rsplit("-", 1)[1])
+
+
+def test_the_report_scores_every_variant_against_the_human_labels_and_recommends(
+    world: World, tmp_path: Path
+) -> None:
+    result = world.replay(variant_specs())
+
+    report = build_report(world.spec, result, world.ledger, world.storage)
+
+    sampled = [review_n(s) for day in DAYS for s in result.sample.source_ids[day]]
+    disagreed = [n for n in sampled if n % 6 == 5]  # the human label is not the words' label
+    refused = [n for n in sampled if n % 3 == 0]  # terse answers `mixed`: quality dead letters
+    assert disagreed and refused
+    assert report.scoring.model_dump() == {
+        "field": "label",
+        "kind": "label",
+        "against": HUMAN_LABEL,
+        "metric": "accuracy",
+        "span": None,
+    }
+    baseline, haiku, terse = (report.variant(n) for n in ("baseline", "haiku", "terse"))
+    assert baseline.n == terse.n == SAMPLE
+    correct = SAMPLE - len(disagreed)
+    assert baseline.score == pytest.approx(correct / SAMPLE)
+    assert baseline.interval == wilson_interval(correct, SAMPLE)
+    assert haiku.score == baseline.score  # the same answers on another provider
+    assert terse.score == pytest.approx((SAMPLE - len(disagreed) - len(refused)) / SAMPLE)
+    assert terse.failure_rate == pytest.approx(len(refused) / SAMPLE)
+    assert terse.categorical is not None and terse.categorical.missing == len(refused)
+    # The confusion matrix: rows are the human labels, columns the answers.
+    assert baseline.categorical is not None
+    confusion = baseline.categorical.confusion
+    assert sum(confusion[g][p] for g in confusion for p in confusion[g] if g != p) == len(disagreed)
+    assert confusion["positive"][None] == confusion["negative"][None] == 0
+    # Costs as billed (batch prices) and what the same tokens cost realtime.
+    assert haiku.cost_per_1k_items_usd > baseline.cost_per_1k_items_usd > 0
+    assert baseline.realtime_cost_per_1k_items_usd == pytest.approx(
+        2 * baseline.cost_per_1k_items_usd, rel=0.01
+    )
+    assert baseline.seconds_to_last_result is not None
+
+    recommendation = report.recommendation
+    assert recommendation is not None and recommendation.chosen is not None
+    assert recommendation.chosen.name == "baseline"
+    verdicts = {v.name: v.verdict for v in recommendation.verdicts}
+    assert verdicts == {
+        "baseline": "passes",
+        "haiku": "passes",
+        "terse": "fails score and failure rate",
+    }
+    assert recommendation.indistinguishable_from == ("haiku",)
+    markdown = report.markdown()
+    assert "| baseline | openai/gpt-4o-mini (v1) |" in markdown
+    assert "passes **recommended** |" in markdown
+    assert "Not distinguishable at this sample size from: haiku" in markdown
+    assert "### Confusion matrices" in markdown
+    # The reference column reached no provider.
+    received = [p for p in tmp_path.glob("fake_*/**/*") if p.is_file()]
+    assert received and not any(HUMAN_LABEL.encode() in p.read_bytes() for p in received)
+
+
+def test_without_a_reference_labels_score_their_agreement_with_the_baseline(
+    world: World,
+) -> None:
+    spec = base_spec().model_copy(
+        update={
+            "eval": base_spec().eval.model_copy(update={"reference_field": None, "min_score": 0.5})
+        }
+    )
+    result = world.replay(variant_specs())
+
+    report = build_report(spec, result, world.ledger, world.storage)
+
+    assert (report.scoring.against, report.scoring.metric) == ("baseline", "kappa")
+    baseline, terse = report.variant("baseline"), report.variant("terse")
+    assert baseline.score == 1.0
+    assert terse.kappa is not None
+    # Terse answers `mixed` on the refused reviews: a category of its own, never agreeing.
+    refused = sum(1 for d in DAYS for s in result.sample.source_ids[d] if review_n(s) % 3 == 0)
+    assert terse.kappa.observed_agreement == pytest.approx((SAMPLE - refused) / SAMPLE)
+    assert terse.score is not None and terse.score < 1.0
 
 
 def test_an_eval_leaves_the_pipeline_itself_untouched(world: World) -> None:

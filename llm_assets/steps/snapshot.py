@@ -57,6 +57,8 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     spec, day, storage = ctx.spec, ctx.day, ctx.storage
     versions = {uri: storage.version(uri) for uri in list_source_files(source_uri, storage)}
     keep = {spec.source.id_field, spec.source.date_field, *spec.source.fields}
+    if spec.eval.reference_field is not None:
+        keep.add(spec.eval.reference_field)  # scored by an evaluation, never sent
     rows = 0
     unreadable = 0
     files: set[str] = set()

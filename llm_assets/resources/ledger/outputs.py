@@ -109,3 +109,13 @@ def recent_outputs(
     with engine.connect() as conn:
         for row in conn.execution_options(yield_per=limits.CHUNK).execute(query):
             yield dict(row._mapping)
+
+
+def job_outputs(engine: Engine, job_id: str) -> Iterator[tuple[str, str]]:
+    """(custom_id, output_json) of each validated output of a job."""
+    query = sa.select(output_table.c.custom_id, output_table.c.output_json).where(
+        output_table.c.job_id == job_id
+    )
+    with engine.connect() as conn:
+        for row in conn.execution_options(yield_per=limits.CHUNK).execute(query):
+            yield row.custom_id, row.output_json

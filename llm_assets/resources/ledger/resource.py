@@ -366,3 +366,5 @@ class LedgerResource(dg.ConfigurableResource):
         self, pipeline: str, before: dt.date, partitions: int
     ) -> Iterator[dict[str, Any]]:
         return outputs.recent_outputs(self.engine, pipeline, before, partitions)
+
+    job_outputs = _on_engine(outputs.job_outputs)

