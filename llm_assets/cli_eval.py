@@ -1,5 +1,7 @@
 """`llm-assets eval`: replay a seeded sample of a pipeline's days through its baseline and
-variants (evaluation/replay.py), and print what each variant did with the same items.
+variants (evaluation/replay.py), print what each variant did with the same items, and the
+report scoring them with its recommendation (evaluation/report.py), which is also saved
+under eval/<pipeline>/reports/.
 
 Exit 0 when every variant's answers are in (whatever the quality gate said of them: judging
 them is the point), 2 when a gate blocked a submission (budget, compliance, residency, a
@@ -60,7 +62,8 @@ def eval_(
     from llm_assets import steps
     from llm_assets.eval_jobs import eval_days
     from llm_assets.evaluation.replay import replay
-    from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
+    from llm_assets.evaluation.report import EvalRequest, build_report, report_key, save_report
+    from llm_assets.evaluation.variants import BASELINE, UnknownVariant, resolve_variants
     from llm_assets.resources import build_resources
 
     settings = load_settings()
@@ -73,6 +76,7 @@ def eval_(
         specs = resolve_variants(spec, variants.split(","))
     except UnknownVariant as exc:
         raise click.UsageError(str(exc)) from exc
+    resources = build_resources(settings)
     display = progress_bar()
     try:
         with display:
@@ -84,7 +88,7 @@ def eval_(
                 )
 
             result = replay(
-                build_resources(settings),
+                resources,
                 spec,
                 specs,
                 days,
@@ -102,8 +106,18 @@ def eval_(
     except steps.MissingPrerequisite as exc:
         print_error(str(exc), settings.home)
         sys.exit(EXIT_ERROR)
+    report = build_report(spec, result, resources["ledger"], resources["storage"])
+    request = EvalRequest(
+        days=days,
+        sample=result.sample.size,
+        seed=result.sample.seed,
+        variants=[name for name in specs if name != BASELINE],
+    )
+    uris = save_report(report, request, report_key(result), resources["storage"])
     if as_json:
         report_json = {
+            "report": report.model_dump(mode="json"),
+            "report_uri": uris["json"],
             "sample": result.sample.model_dump(mode="json"),
             "variants": {
                 name: {
@@ -125,3 +139,6 @@ def eval_(
         click.echo(json.dumps(report_json, indent=2))
     else:
         print_eval(result, settings.home)
+        # Markdown as text: tables too wide for a terminal stay readable, and paste as is.
+        click.echo("\n" + report.markdown())
+        click.echo(f"report: {home_relative(uris['markdown'], settings.home)}")

@@ -3,7 +3,7 @@
 import dagster as dg
 
 from llm_assets.cancel_job import build_cancel_job
-from llm_assets.eval_jobs import build_eval_job
+from llm_assets.eval_jobs import build_eval_job, build_eval_report_asset
 from llm_assets.factory import build_pipeline_assets
 from llm_assets.new_data_sensor import build_new_data_sensor
 from llm_assets.pause_jobs import build_pause_jobs
@@ -21,11 +21,12 @@ from llm_assets.spec import PipelineSpec, load_specs
 def build_definitions(
     settings: Settings, specs: list[PipelineSpec] | None = None
 ) -> dg.Definitions:
-    """Every pipeline spec under LLM_ASSETS_PIPELINES becomes an asset group with its submit,
-    cancel, eval, pause and resume jobs, sensors and (optionally) a schedule and a retention
-    schedule."""
+    """Every pipeline spec under LLM_ASSETS_PIPELINES becomes an asset group (with its
+    eval_report) and its submit, cancel, eval, pause and resume jobs, sensors and (optionally)
+    a schedule and a retention schedule."""
     specs = load_specs(settings.pipelines_dir) if specs is None else specs
     assets = [asset for spec in specs for asset in build_pipeline_assets(spec, settings)]
+    assets += [build_eval_report_asset(spec) for spec in specs]
     jobs = {spec.name: build_submit_job(spec) for spec in specs}
     sensors = [build_batch_status_sensor(spec, settings) for spec in specs]
     sensors += [

@@ -1,15 +1,35 @@
-"""`<pipeline>__eval`: an evaluation replay launched from the UI's Launchpad, with the run
-config of `llm-assets eval` (from, to, sample, seed, variants). It draws the seeded sample
-from the days' input snapshots and runs it through the baseline and each variant (see
-evaluation/replay.py); nothing of it is published."""
+"""Evaluations in Dagster: the `<pipeline>__eval` job and the `eval_report` asset.
+
+The job is launched from the UI's Launchpad with the run config of `llm-assets eval` (from,
+to, sample, seed, variants). It draws the seeded sample from the days' input snapshots, runs
+it through the baseline and each variant (see evaluation/replay.py), scores the answers
+(evaluation/report.py) and records the report as a materialization of the pipeline's
+`eval_report` asset. Nothing of an eval is published.
+
+`eval_report` has one dynamic partition per eval (days, sample size, seed and the variants'
+configurations: report.report_key), added by the job when the eval runs. An eval compares
+variants over several days, and its recommendation only exists for the whole of it, so a
+partition is one eval rather than a date or a variant. Materializing a partition again (from
+the asset's page) re-runs that eval's request: nothing is sent twice, answers still open are
+waited for, and the report is scored again.
+"""
 
 import datetime as dt
+from typing import Any
 
 import dagster as dg
 import pydantic
 
 from llm_assets import steps
 from llm_assets.evaluation.replay import Replay, replay
+from llm_assets.evaluation.report import (
+    EvalReport,
+    EvalRequest,
+    build_report,
+    load_request,
+    report_key,
+    save_report,
+)
 from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
 from llm_assets.factory import APPROVE_BUDGET_TAG, started_by
 from llm_assets.resources.providers import provider_resource_key
@@ -80,6 +100,127 @@ def variant_table(result: Replay) -> str:
     return "\n".join(lines)
 
 
+def eval_partitions(spec: PipelineSpec) -> dg.DynamicPartitionsDefinition:
+    return dg.DynamicPartitionsDefinition(name=f"{spec.name}__evals")
+
+
+def eval_report_key(spec: PipelineSpec) -> dg.AssetKey:
+    return dg.AssetKey([spec.name, "eval_report"])
+
+
+def report_metadata(report: EvalReport, uris: dict[str, str]) -> dict[str, Any]:
+    """The report for the asset's page: the markdown, the recommendation, and per variant its
+    score, interval, failure rate and costs as numbers the UI can plot."""
+    chosen = report.recommendation.chosen if report.recommendation else None
+    metadata: dict[str, Any] = {
+        "report": dg.MetadataValue.md(report.markdown()),
+        "recommended": chosen.name if chosen else "none",
+        "recommendation": (
+            report.recommendation.reason if report.recommendation else "; ".join(report.notes)
+        ),
+        "days": f"{report.days[0]}..{report.days[-1]}",
+        "sampled_items": report.sample_items,
+        "scored": f"{report.scoring.field} against {report.scoring.against} "
+        f"({report.scoring.metric})",
+        "report_uri": dg.MetadataValue.path(uris["markdown"]),
+        "eval_pipelines": dg.MetadataValue.json({v.name: v.pipeline for v in report.variants}),
+    }
+    for v in report.variants:
+        numbers = {
+            "score": v.score,
+            "score_low": v.interval.low if v.interval else None,
+            "score_high": v.interval.high if v.interval else None,
+            "failure_rate": v.failure_rate,
+            "cost_per_1k_items_usd": v.cost_per_1k_items_usd,
+            "realtime_cost_per_1k_items_usd": v.realtime_cost_per_1k_items_usd,
+            "seconds_to_last_result": v.seconds_to_last_result,
+        }
+        for name, value in numbers.items():
+            if value is not None:
+                metadata[f"{v.name}/{name}"] = dg.MetadataValue.float(float(value))
+    return metadata
+
+
+def _evaluate(
+    context: dg.OpExecutionContext | dg.AssetExecutionContext,
+    spec: PipelineSpec,
+    request: EvalRequest,
+    *,
+    approve_budget: bool,
+    wait: bool,
+    poll_interval: float,
+) -> tuple[Replay, EvalReport, str, dict[str, str]]:
+    """Run the request's replay, score it and save the report; Failure for what a retry
+    cannot fix (an unknown variant, a gate)."""
+    provider_keys = {provider_resource_key(name) for name in ADAPTERS}
+    resources = {
+        key: getattr(context.resources, key) for key in ("ledger", "storage", *provider_keys)
+    }
+    try:
+        variants = resolve_variants(spec, request.variants)
+        result = replay(
+            resources,
+            spec,
+            variants,
+            request.days,
+            size=request.sample,
+            seed=request.seed,
+            created_by=started_by(context),
+            approve_budget=approve_budget,
+            wait=wait,
+            poll_interval=poll_interval,
+        )
+    except UnknownVariant as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except steps.GateBlocked as exc:
+        raise dg.Failure(
+            description=str(exc), metadata={"gate": exc.gate}, allow_retries=False
+        ) from exc
+    except (steps.MissingPrerequisite, ValueError) as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    ledger, storage = resources["ledger"], resources["storage"]
+    report = build_report(spec, result, ledger, storage)
+    key = report_key(result)
+    return result, report, key, save_report(report, request, key, storage)
+
+
+def build_eval_report_asset(spec: PipelineSpec) -> dg.AssetsDefinition:
+    """The pipeline's `eval_report`: one partition per eval (see the module docstring)."""
+    provider_keys = {provider_resource_key(name) for name in ADAPTERS}
+
+    @dg.asset(
+        key=eval_report_key(spec),
+        group_name=spec.name,
+        partitions_def=eval_partitions(spec),
+        required_resource_keys={"ledger", "storage", *provider_keys},
+        description=f"Evaluations of {spec.name}'s variants: each scored on the same sample "
+        "of past items, costed, and the cheapest that meets the bar recommended. A partition "
+        f"is one eval, added by the {eval_job_name(spec)} job.",
+        tags=spec.tags,
+    )
+    def eval_report(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        key = context.partition_key
+        request = load_request(spec.name, key, context.resources.storage)
+        if request is None:
+            raise dg.Failure(
+                description=f"no eval {key!r} of {spec.name} was run; launch "
+                f"{eval_job_name(spec)} to run one",
+                allow_retries=False,
+            )
+        _, report, ran_as, uris = _evaluate(
+            context, spec, request, approve_budget=False, wait=True, poll_interval=30.0
+        )
+        if ran_as != key:
+            raise dg.Failure(
+                description=f"a variant of eval {key} is configured differently now, so it "
+                f"would be eval {ran_as}; launch {eval_job_name(spec)} to run that one",
+                allow_retries=False,
+            )
+        return dg.MaterializeResult(metadata=report_metadata(report, uris))
+
+    return eval_report
+
+
 def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
     """The pipeline's eval job: one op driving the replay. It needs every provider's
     resource, since the variants may use any of them."""
@@ -93,44 +234,41 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
     def eval_replay(context: dg.OpExecutionContext, config: EvalConfig) -> dg.Output[None]:
         try:
             days = eval_days(spec, config.from_, config.to)
-            variants = resolve_variants(spec, config.variants)
-        except (ValueError, UnknownVariant) as exc:
+        except ValueError as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from exc
-        resources = {
-            key: getattr(context.resources, key) for key in ("ledger", "storage", *provider_keys)
-        }
+        request = EvalRequest(
+            days=days,
+            sample=spec.eval.sample if config.sample is None else config.sample,
+            seed=spec.eval.seed if config.seed is None else config.seed,
+            variants=config.variants,
+        )
         tagged = context.run.tags.get(APPROVE_BUDGET_TAG, "").lower() in ("1", "true", "yes")
-        try:
-            result = replay(
-                resources,
-                spec,
-                variants,
-                days,
-                size=spec.eval.sample if config.sample is None else config.sample,
-                seed=spec.eval.seed if config.seed is None else config.seed,
-                created_by=started_by(context),
-                approve_budget=config.approve_budget or tagged,
-                wait=config.wait,
-                poll_interval=config.poll_interval,
+        result, report, key, uris = _evaluate(
+            context,
+            spec,
+            request,
+            approve_budget=config.approve_budget or tagged,
+            wait=config.wait,
+            poll_interval=config.poll_interval,
+        )
+        context.instance.add_dynamic_partitions(eval_partitions(spec).name or "", [key])
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=eval_report_key(spec),
+                partition=key,
+                metadata=report_metadata(report, uris),
             )
-        except steps.GateBlocked as exc:
-            raise dg.Failure(
-                description=str(exc), metadata={"gate": exc.gate}, allow_retries=False
-            ) from exc
-        except (steps.MissingPrerequisite, ValueError) as exc:
-            raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        )
         open_items = sum(run.open_items for run in result.variants.values())
         return dg.Output(
             None,
             metadata={
                 "eval_id": result.sample.eval_id,
+                "eval_report_partition": key,
                 "sample_uri": dg.MetadataValue.path(result.sample.uri),
                 "sampled_items": result.sample.items,
                 "open_items": open_items,
                 "variants": dg.MetadataValue.md(variant_table(result)),
-                "eval_pipelines": dg.MetadataValue.json(
-                    {name: run.pipeline for name, run in result.variants.items()}
-                ),
             },
         )
 
@@ -138,8 +276,8 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
         name=eval_job_name(spec),
         description=f"Evaluate {spec.name}: a seeded sample of its days' input snapshots, the "
         "same items for the baseline and every variant named, each run through the normal "
-        "steps as its own eval pipeline. Nothing is published. Run config: from, to, sample, "
-        "seed, variants.",
+        "steps as its own eval pipeline, scored and recorded as a partition of eval_report. "
+        "Nothing is published. Run config: from, to, sample, seed, variants.",
         tags={"llm_assets/operator": "eval"},
     )
     def eval_job() -> None:

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 import yaml
 
 from llm_assets import ids, steps
-from llm_assets.eval_jobs import build_eval_job
+from llm_assets.eval_jobs import build_eval_job, build_eval_report_asset, eval_report_key
 from llm_assets.evaluation.metrics import wilson_interval
 from llm_assets.evaluation.replay import Replay, eval_pipeline_spec, replay
 from llm_assets.evaluation.report import build_report
@@ -80,7 +80,11 @@ def add_human_labels(home: Path, day: dt.date) -> None:
 
 def base_spec() -> PipelineSpec:
     spec = review_spec("openai", "gpt-4o-mini", name="reviews")
-    spec["eval"] = {"reference_field": HUMAN_LABEL, "min_score": MIN_SCORE}
+    spec["eval"] = {
+        "reference_field": HUMAN_LABEL,
+        "min_score": MIN_SCORE,
+        "price_as": ["openai/gpt-4.1-mini", "anthropic/claude-haiku-4-5"],
+    }
     return PipelineSpec.model_validate(spec)
 
 
@@ -357,6 +361,24 @@ def test_the_report_scores_every_variant_against_the_human_labels_and_recommends
     )
     assert baseline.seconds_to_last_result is not None
 
+    # What-if prices: the baseline's prompts counted exactly for gpt-4.1-mini (the same
+    # tokenizer as gpt-4o-mini, at higher prices); haiku's own model keeps what was billed.
+    as_mini = {p.price_as: p for p in baseline.what_if}["openai/gpt-4.1-mini"]
+    assert as_mini.counted == "exact (o200k_base)"
+    assert as_mini.batch_cost_per_1k_items_usd > baseline.cost_per_1k_items_usd
+    assert as_mini.realtime_cost_per_1k_items_usd == pytest.approx(
+        2 * as_mini.batch_cost_per_1k_items_usd
+    )
+    haiku_as_haiku = {p.price_as: p for p in haiku.what_if}["anthropic/claude-haiku-4-5"]
+    assert haiku_as_haiku.counted == "as measured"
+    assert (haiku_as_haiku.input_tokens, haiku_as_haiku.output_tokens) == (
+        haiku.input_tokens,
+        haiku.output_tokens,
+    )
+    assert haiku_as_haiku.batch_cost_usd == pytest.approx(haiku.cost_usd)
+    terse_counted = {p.price_as: p.counted for p in terse.what_if}
+    assert terse_counted["anthropic/claude-haiku-4-5"].startswith("estimated (cl100k_base")
+
     recommendation = report.recommendation
     assert recommendation is not None and recommendation.chosen is not None
     assert recommendation.chosen.name == "baseline"
@@ -372,6 +394,7 @@ def test_the_report_scores_every_variant_against_the_human_labels_and_recommends
     assert "passes **recommended** |" in markdown
     assert "Not distinguishable at this sample size from: haiku" in markdown
     assert "### Confusion matrices" in markdown
+    assert "| haiku | anthropic/claude-haiku-4-5 |" in markdown
     # The reference column reached no provider.
     received = [p for p in tmp_path.glob("fake_*/**/*") if p.is_file()]
     assert received and not any(HUMAN_LABEL.encode() in p.read_bytes() for p in received)
@@ -434,9 +457,13 @@ def test_unknown_variants_are_named_with_the_known_ones() -> None:
     assert list(resolve_variants(base_spec(), [])) == ["baseline"]
 
 
-def test_the_eval_job_runs_the_replay_from_run_config(world: World, tmp_path: Path) -> None:
+def test_the_eval_job_runs_the_replay_and_records_the_report_as_a_partition(
+    world: World, tmp_path: Path
+) -> None:
     resources = {**build_resources(world.settings), **world.resources}
     job = build_eval_job(world.spec)
+    report_asset = build_eval_report_asset(world.spec)
+    key = eval_report_key(world.spec)
     (tmp_path / "dagster").mkdir()
 
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
@@ -457,17 +484,56 @@ def test_the_eval_job_runs_the_replay_from_run_config(world: World, tmp_path: Pa
             instance=instance,
             resources=resources,
         )
+        assert run.success
+        [partition] = instance.get_dynamic_partitions(f"{world.spec.name}__evals")
+        recorded = instance.get_latest_materialization_event(key)
+        sent = len(world.openai.submitted_custom_ids())
+        # The partition materialized again from the asset: the same eval, nothing sent.
+        again = dg.materialize(
+            [report_asset], partition_key=partition, instance=instance, resources=resources
+        )
+        refreshed = instance.get_latest_materialization_event(key)
 
-    assert run.success
-    [materialization] = [
-        e.step_output_data.metadata for e in run.all_events if e.is_successful_output
-    ]
+    [output] = [e.step_output_data.metadata for e in run.all_events if e.is_successful_output]
     sample = draw_sample(world.spec, DAYS, world.storage, size=9, seed=3)
-    assert materialization["eval_id"].value == sample.eval_id
-    assert materialization["sampled_items"].value == 9
-    assert materialization["open_items"].value == 0
-    assert "| baseline | openai/gpt-4o-mini (v1) | 9 | 9 |" in materialization["variants"].value
-    assert len(world.openai.submitted_custom_ids()) == 9
+    assert output["eval_id"].value == sample.eval_id
+    assert output["sampled_items"].value == 9
+    assert output["open_items"].value == 0
+    assert "| baseline | openai/gpt-4o-mini (v1) | 9 | 9 |" in output["variants"].value
+    assert sent == 9
+    assert partition == output["eval_report_partition"].value
+    assert partition.startswith(f"{DAYS[0]}_{DAYS[-1]}_n9_s3_")
+    assert recorded is not None
+    assert recorded.asset_materialization.partition == partition  # type: ignore[union-attr]
+    metadata = recorded.asset_materialization.metadata  # type: ignore[union-attr]
+    assert metadata["recommended"].value == "baseline"
+    assert 0 < metadata["baseline/score"].value <= 1
+    assert metadata["baseline/cost_per_1k_items_usd"].value > 0
+    assert "| baseline | openai/gpt-4o-mini (v1) |" in metadata["report"].value
+    assert again.success and len(world.openai.submitted_custom_ids()) == sent
+    assert refreshed is not None and refreshed.run_id == again.run_id
+    refreshed_metadata = refreshed.asset_materialization.metadata  # type: ignore[union-attr]
+    assert refreshed_metadata["baseline/score"] == metadata["baseline/score"]
+
+
+def test_an_eval_report_partition_never_run_fails_with_how_to_run_it(
+    world: World, tmp_path: Path
+) -> None:
+    resources = {**build_resources(world.settings), **world.resources}
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        instance.add_dynamic_partitions(f"{world.spec.name}__evals", ["made-up"])
+        result = dg.materialize(
+            [build_eval_report_asset(world.spec)],
+            partition_key="made-up",
+            instance=instance,
+            resources=resources,
+            raise_on_error=False,
+        )
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    assert "no eval 'made-up' of reviews was run" in str(failure.step_failure_data.error)
+    assert "reviews__eval" in str(failure.step_failure_data.error)
 
 
 def test_cli_eval_prints_each_variant_and_exits_2_when_a_budget_blocks(
@@ -509,9 +575,15 @@ def test_cli_eval_prints_each_variant_and_exits_2_when_a_budget_blocks(
     assert "6 items: 6 succeeded, 0 dead letters" in done.stdout
     assert "quality failure rate 0.0%" in done.stdout
     assert "per 1,000 items" in done.stdout
+    # The report: no reference column, so labels are scored as agreement with the baseline.
+    assert "scored against baseline as kappa" in done.stdout
+    assert "**Recommendation:** baseline is the cheapest variant" in done.stdout
     assert as_json.returncode == 0, as_json.stderr
     report = json.loads(as_json.stdout)
     assert report["variants"]["baseline"]["succeeded"] == 6
+    assert report["report"]["recommendation"]["chosen"]["name"] == "baseline"
+    saved = json.loads(Path(report["report_uri"]).read_text())
+    assert saved["variants"][0]["score"] == 1.0
     assert len(world.openai.submitted_custom_ids()) == 6  # the second run sent nothing
     assert unknown.returncode == 1 and "no variant 'cheap'" in unknown.stderr
 

@@ -127,6 +127,9 @@ class VariantRun(BaseModel):
 class Replay(BaseModel):
     sample: Sample
     variants: dict[str, VariantRun]
+    specs: dict[str, PipelineSpec] = {}
+    """Each variant's spec as given, the baseline's included (each ran as its eval pipeline,
+    see `eval_pipeline_spec`)."""
 
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_]+")
@@ -431,4 +434,4 @@ def replay(
         progress=progress,
         poll_interval=poll_interval,
     )
-    return Replay(sample=sample, variants=runs)
+    return Replay(sample=sample, variants=runs, specs=dict(variants))

@@ -18,8 +18,10 @@ the bar.
 """
 
 import datetime as dt
+import hashlib
 import json
 import statistics
+import zoneinfo
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -27,15 +29,18 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from llm_assets.evaluation import metrics, similarity
+from llm_assets.evaluation.prices import WhatIfPrice, rendered_work, what_if_prices
 from llm_assets.evaluation.recommend import Recommendation, VariantScore, recommend
-from llm_assets.evaluation.replay import Replay, VariantRun
+from llm_assets.evaluation.replay import Replay, VariantRun, eval_pipeline_spec
 from llm_assets.evaluation.spec import failure_rate_limit, scored_field
 from llm_assets.evaluation.variants import BASELINE
 from llm_assets.items import as_text
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.pricing import load_price_table
 from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.source import parse_date
 from llm_assets.spec import PipelineSpec
+from llm_assets.steps.context import artifact_key
 from llm_assets.words import class_words, duration_words
 
 Kind = Literal["label", "number", "text"]
@@ -90,6 +95,8 @@ class VariantReport(BaseModel):
     kappa: metrics.Kappa | None = None
     mae: metrics.MeanAbsoluteError | None = None
     lengths: metrics.TextLengths | None = None
+    what_if: list[WhatIfPrice] = []
+    """The variant's work priced as each `eval.price_as` model."""
 
 
 class EvalReport(BaseModel):
@@ -151,14 +158,9 @@ def _sample_order(result: Replay) -> list[ItemKey]:
     return [(day, sid) for day in result.sample.days for sid in result.sample.source_ids[day]]
 
 
-def _references(spec: PipelineSpec, result: Replay, storage: ArtifactStorage) -> dict[str, Any]:
-    """Source id → the reference value, from the sample's rows (as the snapshots kept them)."""
-    column = spec.eval.reference_field
-    found: dict[str, Any] = {}
-    for line in storage.open_lines(result.sample.uri):
-        record = orjson.loads(line)  # the sample holds bare records (sample.draw_sample)
-        found.setdefault(as_text(record.get(spec.source.id_field)), record.get(column))
-    return found
+def _sample_records(result: Replay, storage: ArtifactStorage) -> list[dict[str, Any]]:
+    """The sampled rows, as the snapshots kept them (bare records: sample.draw_sample)."""
+    return [orjson.loads(line) for line in storage.open_lines(result.sample.uri)]
 
 
 def _answers(ledger: LedgerResource, run: VariantRun, field: str) -> dict[str, Any]:
@@ -286,6 +288,34 @@ def _realtime_cost_per_1k(run: VariantRun) -> float:
     return price.cost_usd(run.input_tokens, run.output_tokens, batch=False) / run.items * 1000
 
 
+def _what_if(
+    spec: PipelineSpec,
+    run: VariantRun,
+    variant: PipelineSpec,
+    records: list[dict[str, Any]],
+    ledger: LedgerResource,
+) -> list[WhatIfPrice]:
+    """The variant's sampled items, as it sent them, priced as each `eval.price_as` model."""
+    ran_as = eval_pipeline_spec(spec.name, run.variant, variant)
+    if ran_as.name != run.pipeline:
+        raise ValueError(
+            f"variant {run.variant} ran as {run.pipeline}, its spec now as {ran_as.name}: its "
+            "configuration changed since the eval; run the eval again"
+        )
+    measured: dict[str, tuple[int, int, str | None]] = {}
+    columns = ["custom_id", "input_tokens", "output_tokens"]
+    for day in run.days:
+        if day.job_id is None:
+            continue
+        outputs = dict(ledger.job_outputs(day.job_id))
+        for item in ledger.iter_items(day.job_id, None, columns=columns):
+            custom_id = item["custom_id"]
+            tokens = (item["input_tokens"] or 0, item["output_tokens"] or 0)
+            measured[custom_id] = (*tokens, outputs.get(custom_id))
+    work = rendered_work(ran_as, records, measured)
+    return what_if_prices(spec.eval.price_as, work, measured_as=f"{run.provider}/{run.model}")
+
+
 def _variant_report(
     run: VariantRun,
     gold: list[Any],
@@ -388,6 +418,7 @@ def build_report(
     The recommendation is None while items are still open or a variant has no score."""
     notes: list[str] = []
     field, kind = _scored(spec)
+    records = _sample_records(result, storage)
     predictions = {
         name: _predictions(ledger, run, result, spec, field, kind)
         for name, run in result.variants.items()
@@ -396,8 +427,15 @@ def build_report(
     if reference_field is None:
         gold = predictions[BASELINE]
     else:
-        found = _references(spec, result, storage)
-        gold = [_coerce(found.get(sid), spec, field, kind) for _, sid in _sample_order(result)]
+        tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
+        found = {
+            (
+                parse_date(record.get(spec.source.date_field), tz),
+                as_text(record.get(spec.source.id_field)),
+            ): record.get(reference_field)
+            for record in records
+        }
+        gold = [_coerce(found.get(key), spec, field, kind) for key in _sample_order(result)]
         missing = gold.count(None)
         if missing:
             notes.append(
@@ -410,6 +448,10 @@ def build_report(
         _variant_report(run, gold, predictions[name], spec, scoring, notes)
         for name, run in result.variants.items()
     ]
+    if spec.eval.price_as:
+        for report in reports:
+            run = result.variants[report.name]
+            report.what_if = _what_if(spec, run, result.specs[report.name], records, ledger)
     still_open = {r.name: r.open_items for r in reports if r.open_items}
     if still_open:
         notes.append(
@@ -496,6 +538,26 @@ def _confusion(v: VariantReport) -> list[str]:
     return lines
 
 
+def _what_if_table(report: EvalReport) -> list[str]:
+    if not any(v.what_if for v in report.variants):
+        return []
+    lines = [
+        "### What the same work costs as other models",
+        "",
+        "| variant | priced as | tokens in/out | per 1,000 items | realtime per 1,000 | counted |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for v in report.variants:
+        for price in v.what_if:
+            lines.append(
+                f"| {v.name} | {price.price_as} | "
+                f"{price.input_tokens:,}/{price.output_tokens:,} | "
+                f"{_usd(price.batch_cost_per_1k_items_usd)} | "
+                f"{_usd(price.realtime_cost_per_1k_items_usd)} | {price.counted} |"
+            )
+    return [*lines, ""]
+
+
 def render_markdown(report: EvalReport) -> str:
     days = report.days
     span = f"{days[0]}..{days[-1]}" if len(days) > 1 else str(days[0])
@@ -516,7 +578,64 @@ def render_markdown(report: EvalReport) -> str:
     lines += [f"- {note}" for note in report.notes]
     if report.notes:
         lines.append("")
+    lines += _what_if_table(report)
     confusions = [line for v in report.variants for line in _confusion(v)]
     if confusions:
         lines += ["### Confusion matrices", "", *confusions]
     return "\n".join(lines).rstrip() + "\n"
+
+
+# Where a report is kept
+
+
+class EvalRequest(BaseModel):
+    """What an eval ran: enough to run it again (and to re-score it) from its report key."""
+
+    model_config = ConfigDict(frozen=True)
+
+    days: list[dt.date]
+    sample: int
+    seed: int
+    variants: list[str]
+    """The variants run besides the baseline."""
+
+
+def report_key(result: Replay) -> str:
+    """The eval's name as a partition of eval_report: its days, sample size and seed, and a
+    digest of the eval pipelines its variants ran as (so a changed variant configuration is
+    another eval, never a new materialization of the old one)."""
+    sample = result.sample
+    pipelines = ",".join(sorted(run.pipeline for run in result.variants.values()))
+    digest = hashlib.sha256(f"{sample.eval_id}\x1f{pipelines}".encode()).hexdigest()[:6]
+    return f"{sample.days[0]}_{sample.days[-1]}_n{sample.size}_s{sample.seed}_{digest}"
+
+
+def _report_dir(pipeline: str) -> str:
+    return artifact_key("eval", pipeline, "reports")
+
+
+def save_report(
+    report: EvalReport, request: EvalRequest, key: str, storage: ArtifactStorage
+) -> dict[str, str]:
+    """The report as markdown and JSON and the request that made it, under
+    eval/<pipeline>/reports/<key>.*; their URIs by kind."""
+    folder = _report_dir(report.pipeline)
+    return {
+        "markdown": storage.write_bytes(
+            artifact_key(folder, f"{key}.md"), report.markdown().encode()
+        ).uri,
+        "json": storage.write_bytes(
+            artifact_key(folder, f"{key}.json"), report.model_dump_json(indent=2).encode()
+        ).uri,
+        "request": storage.write_bytes(
+            artifact_key(folder, f"{key}.request.json"), request.model_dump_json().encode()
+        ).uri,
+    }
+
+
+def load_request(pipeline: str, key: str, storage: ArtifactStorage) -> EvalRequest | None:
+    """The request saved with the report `key`; None when there is none."""
+    uri = storage.uri(artifact_key(_report_dir(pipeline), f"{key}.request.json"))
+    if not storage.exists(uri):
+        return None
+    return EvalRequest.model_validate_json(storage.read_bytes(uri))
