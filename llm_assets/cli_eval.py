@@ -59,86 +59,68 @@ def eval_(
     as_json: bool,
 ) -> None:
     """Replay a sample of a pipeline's days through its variants; nothing is published."""
-    from llm_assets import steps
-    from llm_assets.eval_jobs import eval_days
-    from llm_assets.evaluation.replay import replay
-    from llm_assets.evaluation.report import EvalRequest, build_report, report_key, save_report
-    from llm_assets.evaluation.variants import BASELINE, UnknownVariant, resolve_variants
+    from llm_assets import progress
+    from llm_assets.eval_jobs import EVAL_PARTITION, build_eval_job, eval_days, eval_op_name
+    from llm_assets.evaluation.report import load_report
+    from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
+    from llm_assets.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG
     from llm_assets.resources import build_resources
+    from llm_assets.runner import failure_of, persistent_instance
 
     settings = load_settings()
     spec = pipeline_spec(settings, pipeline)
     try:
-        days = eval_days(spec, from_, to_)
+        eval_days(spec, from_, to_)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+    named = [name for name in variants.split(",") if name.strip()]
     try:
-        specs = resolve_variants(spec, variants.split(","))
+        resolve_variants(spec, named)
     except UnknownVariant as exc:
         raise click.UsageError(str(exc)) from exc
+    config: dict[str, object] = {"from": from_, "to": to_, "variants": named}
+    config.update(poll_interval=poll_interval, approve_budget=approve_budget)
+    if size is not None:
+        config["sample"] = size
+    if seed is not None:
+        config["seed"] = seed
     resources = build_resources(settings)
+    tags = {CREATED_BY_TAG: f"cli:{getpass.getuser()} eval"}
+    if approve_budget:
+        tags[APPROVE_BUDGET_TAG] = "true"
     display = progress_bar()
-    try:
-        with display:
-            task = display.add_task(f"{spec.name} eval", total=None)
+    with display:
+        task = display.add_task(f"{spec.name} eval", total=None)
 
-            def report(stage: str, done: int, total: int) -> None:
-                display.update(
-                    task, description=f"{spec.name} {stage}", completed=done, total=total
-                )
+        def show(stage: str, done: int, total: int) -> None:
+            display.update(task, description=f"{spec.name} {stage}", completed=done, total=total)
 
-            result = replay(
-                resources,
-                spec,
-                specs,
-                days,
-                size=spec.eval.sample if size is None else size,
-                seed=spec.eval.seed if seed is None else seed,
-                created_by=f"cli:{getpass.getuser()} eval",
-                approve_budget=approve_budget,
-                progress=report,
-                poll_interval=poll_interval,
+        with progress.listening(show):
+            # A run of the eval job in the Dagster instance, so the report is a partition of
+            # eval_report in the UI, as when the job is launched there.
+            result = build_eval_job(spec).execute_in_process(
+                run_config={"ops": {eval_op_name(spec): {"config": config}}},
+                instance=persistent_instance(settings),
+                resources=resources,
+                tags=tags,
+                raise_on_error=False,
             )
-    except steps.GateBlocked as exc:
-        reason = escape(home_relative(str(exc), settings.home))
-        err.print(f"[red]blocked[/red]: {reason}", highlight=False, soft_wrap=True)
-        sys.exit(EXIT_GATE)
-    except steps.MissingPrerequisite as exc:
-        print_error(str(exc), settings.home)
+    if not result.success:
+        failure = failure_of(result)
+        if failure.gate:
+            reason = escape(home_relative(str(failure), settings.home))
+            err.print(f"[red]blocked[/red]: {reason}", highlight=False, soft_wrap=True)
+            sys.exit(EXIT_GATE)
+        print_error(str(failure), settings.home)
         sys.exit(EXIT_ERROR)
-    report = build_report(spec, result, resources["ledger"], resources["storage"])
-    request = EvalRequest(
-        days=days,
-        sample=result.sample.size,
-        seed=result.sample.seed,
-        variants=[name for name in specs if name != BASELINE],
-    )
-    uris = save_report(report, request, report_key(result), resources["storage"])
+    key = result.output_for_node(eval_op_name(spec), EVAL_PARTITION)
+    report, uris = load_report(spec.name, key, resources["storage"])
     if as_json:
-        report_json = {
-            "report": report.model_dump(mode="json"),
-            "report_uri": uris["json"],
-            "sample": result.sample.model_dump(mode="json"),
-            "variants": {
-                name: {
-                    **run.model_dump(mode="json"),
-                    "items": run.items,
-                    "succeeded": run.succeeded,
-                    "dead_letters_by_class": run.dead_letters_by_class,
-                    "open_items": run.open_items,
-                    "quality_failure_rate": run.quality_failure_rate,
-                    "input_tokens": run.input_tokens,
-                    "output_tokens": run.output_tokens,
-                    "cost_usd": round(run.cost_usd, 6),
-                    "cost_per_1000_items": round(run.cost_per_1000_items, 6),
-                    "seconds_to_last_result": run.seconds_to_last_result,
-                }
-                for name, run in result.variants.items()
-            },
-        }
-        click.echo(json.dumps(report_json, indent=2))
-    else:
-        print_eval(result, settings.home)
-        # Markdown as text: tables too wide for a terminal stay readable, and paste as is.
-        click.echo("\n" + report.markdown())
-        click.echo(f"report: {home_relative(uris['markdown'], settings.home)}")
+        summary = {"eval_report_partition": key, "run_id": result.run_id, **uris}
+        click.echo(json.dumps({**summary, "report": report.model_dump(mode="json")}, indent=2))
+        return
+    print_eval(report, settings.home)
+    # Markdown as text: tables too wide for a terminal stay readable, and paste as is.
+    click.echo("\n" + report.markdown())
+    click.echo(f"report: {home_relative(uris['markdown'], settings.home)}")
+    click.echo(f"Dagster: eval_report partition {key} of {spec.name} (run {result.run_id})")

@@ -452,20 +452,21 @@ def print_csv(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> None:
         (quoted if carriage_return else plain).writerow(cells)
 
 
-def print_eval(result: Any, home: Path | None = None) -> None:
-    """`llm-assets eval`: the sample, then one block per variant (evaluation.replay.Replay)."""
-    sample = result.sample
-    span = f"{sample.days[0]}..{sample.days[-1]}" if len(sample.days) > 1 else f"{sample.days[0]}"
-    _heading(f"llm-assets eval {sample.pipeline} {span}")
+def print_eval(report: Any, home: Path | None = None) -> None:
+    """`llm-assets eval`: the sample, then what each variant did with it
+    (evaluation.report.EvalReport)."""
+    days = report.days
+    span = f"{days[0]}..{days[-1]}" if len(days) > 1 else f"{days[0]}"
+    _heading(f"llm-assets eval {report.pipeline} {span}")
     say = dict(highlight=False, markup=False, soft_wrap=True)
     console.print(
-        f"sample: {plural(sample.items, 'item')}, seed {sample.seed} (eval {sample.eval_id}, "
-        f"{home_relative(sample.uri, home)})",
+        f"sample: {plural(report.sample_items, 'item')}, seed {report.seed} (eval "
+        f"{report.eval_id}, {home_relative(report.sample_uri, home)})",
         **say,
     )
-    for run in result.variants.values():
+    for run in report.variants:
         console.print(
-            f"{run.variant}: {run.provider}/{run.model} prompt {run.prompt_version} "
+            f"{run.name}: {run.provider}/{run.model} prompt {run.prompt_version} "
             f"(as {run.pipeline})",
             style="bold",
             **say,
@@ -475,10 +476,10 @@ def print_eval(result: Any, home: Path | None = None) -> None:
         console.print(
             f"  {plural(run.items, 'item')}: {run.succeeded:,} succeeded, {dead}{still}", **say
         )
-        console.print(f"  quality failure rate {run.quality_failure_rate:.1%}", **say)
+        console.print(f"  failure rate {run.failure_rate:.1%}", **say)
         console.print(
             f"  tokens {run.input_tokens:,} in, {run.output_tokens:,} out; cost "
-            f"{usd(run.cost_usd)}, {usd(run.cost_per_1000_items)} per 1,000 items",
+            f"{usd(run.cost_usd)}, {usd(run.cost_per_1k_items_usd)} per 1,000 items",
             **say,
         )
         console.print(

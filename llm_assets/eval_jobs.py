@@ -20,7 +20,7 @@ from typing import Any
 import dagster as dg
 import pydantic
 
-from llm_assets import steps
+from llm_assets import progress, steps
 from llm_assets.evaluation.replay import Replay, replay
 from llm_assets.evaluation.report import (
     EvalReport,
@@ -63,8 +63,16 @@ class EvalConfig(dg.Config):
     poll_interval: float = pydantic.Field(default=30.0, ge=0.0)
 
 
+EVAL_PARTITION = "eval_report_partition"
+"""The eval job's output: the partition of eval_report it recorded."""
+
+
 def eval_job_name(spec: PipelineSpec) -> str:
     return f"{spec.name}__eval"
+
+
+def eval_op_name(spec: PipelineSpec) -> str:
+    return f"{spec.name}__eval_replay"
 
 
 def eval_days(spec: PipelineSpec, start: str, end: str) -> list[dt.date]:
@@ -168,6 +176,7 @@ def _evaluate(
             created_by=started_by(context),
             approve_budget=approve_budget,
             wait=wait,
+            progress=progress.report,
             poll_interval=poll_interval,
         )
     except UnknownVariant as exc:
@@ -227,11 +236,12 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
     provider_keys = {provider_resource_key(name) for name in ADAPTERS}
 
     @dg.op(
-        name=f"{spec.name}__eval_replay",
+        name=eval_op_name(spec),
         required_resource_keys={"ledger", "storage", *provider_keys},
         description=f"Replay a seeded sample of {spec.name}'s days through its variants.",
+        out={EVAL_PARTITION: dg.Out(str, description="The eval's partition of eval_report.")},
     )
-    def eval_replay(context: dg.OpExecutionContext, config: EvalConfig) -> dg.Output[None]:
+    def eval_replay(context: dg.OpExecutionContext, config: EvalConfig) -> dg.Output[str]:
         try:
             days = eval_days(spec, config.from_, config.to)
         except ValueError as exc:
@@ -261,10 +271,10 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
         )
         open_items = sum(run.open_items for run in result.variants.values())
         return dg.Output(
-            None,
+            key,
+            output_name=EVAL_PARTITION,
             metadata={
                 "eval_id": result.sample.eval_id,
-                "eval_report_partition": key,
                 "sample_uri": dg.MetadataValue.path(result.sample.uri),
                 "sampled_items": result.sample.items,
                 "open_items": open_items,

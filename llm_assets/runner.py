@@ -67,7 +67,7 @@ class DayOutcome(BaseModel):
 ProgressFn = Callable[[str, int, int], None]
 
 
-def _failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
+def failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
     failed_checks = [
         e
         for e in result.get_asset_check_evaluations()
@@ -165,7 +165,7 @@ class PartitionRunner:
         with listening(progress):
             result = self._materialize(day, step_names, tags)
         if not result.success:
-            raise _failure_of(result)
+            raise failure_of(result)
         failpoint("runner.between_runs")
         return result.run_id
 

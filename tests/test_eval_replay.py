@@ -17,7 +17,13 @@ import sqlalchemy as sa
 import yaml
 
 from llm_assets import ids, steps
-from llm_assets.eval_jobs import build_eval_job, build_eval_report_asset, eval_report_key
+from llm_assets.eval_jobs import (
+    EVAL_PARTITION,
+    build_eval_job,
+    build_eval_report_asset,
+    eval_op_name,
+    eval_report_key,
+)
 from llm_assets.evaluation.metrics import wilson_interval
 from llm_assets.evaluation.replay import Replay, eval_pipeline_spec, replay
 from llm_assets.evaluation.report import build_report
@@ -495,13 +501,13 @@ def test_the_eval_job_runs_the_replay_and_records_the_report_as_a_partition(
         refreshed = instance.get_latest_materialization_event(key)
 
     [output] = [e.step_output_data.metadata for e in run.all_events if e.is_successful_output]
+    assert run.output_for_node(eval_op_name(world.spec), EVAL_PARTITION) == partition
     sample = draw_sample(world.spec, DAYS, world.storage, size=9, seed=3)
     assert output["eval_id"].value == sample.eval_id
     assert output["sampled_items"].value == 9
     assert output["open_items"].value == 0
     assert "| baseline | openai/gpt-4o-mini (v1) | 9 | 9 |" in output["variants"].value
     assert sent == 9
-    assert partition == output["eval_report_partition"].value
     assert partition.startswith(f"{DAYS[0]}_{DAYS[-1]}_n9_s3_")
     assert recorded is not None
     assert recorded.asset_materialization.partition == partition  # type: ignore[union-attr]
@@ -573,17 +579,26 @@ def test_cli_eval_prints_each_variant_and_exits_2_when_a_budget_blocks(
     assert "sample: 6 items, seed 0" in done.stdout
     assert "baseline: openai/gpt-4o-mini prompt v1" in done.stdout
     assert "6 items: 6 succeeded, 0 dead letters" in done.stdout
-    assert "quality failure rate 0.0%" in done.stdout
+    assert "failure rate 0.0%" in done.stdout
     assert "per 1,000 items" in done.stdout
     # The report: no reference column, so labels are scored as agreement with the baseline.
     assert "scored against baseline as kappa" in done.stdout
     assert "**Recommendation:** baseline is the cheapest variant" in done.stdout
     assert as_json.returncode == 0, as_json.stderr
-    report = json.loads(as_json.stdout)
-    assert report["variants"]["baseline"]["succeeded"] == 6
-    assert report["report"]["recommendation"]["chosen"]["name"] == "baseline"
-    saved = json.loads(Path(report["report_uri"]).read_text())
-    assert saved["variants"][0]["score"] == 1.0
+    printed = json.loads(as_json.stdout)
+    [baseline] = printed["report"]["variants"]
+    assert (baseline["name"], baseline["succeeded"], baseline["score"]) == ("baseline", 6, 1.0)
+    assert printed["report"]["recommendation"]["chosen"]["name"] == "baseline"
+    assert json.loads(Path(printed["json"]).read_text()) == printed["report"]
+    # Both runs are runs of the eval job in the Dagster instance, recording the report as
+    # the eval's partition of eval_report (the same one: the same sample and variants).
+    with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
+        assert instance.get_dynamic_partitions("reviews__evals") == [
+            printed["eval_report_partition"]
+        ]
+        records = instance.fetch_materializations(eval_report_key(base_spec()), limit=10)
+        assert len(records.records) == 2
+        assert f"Dagster: eval_report partition {printed['eval_report_partition']}" in done.stdout
     assert len(world.openai.submitted_custom_ids()) == 6  # the second run sent nothing
     assert unknown.returncode == 1 and "no variant 'cheap'" in unknown.stderr
 

@@ -610,32 +610,37 @@ def report_key(result: Replay) -> str:
     return f"{sample.days[0]}_{sample.days[-1]}_n{sample.size}_s{sample.seed}_{digest}"
 
 
-def _report_dir(pipeline: str) -> str:
-    return artifact_key("eval", pipeline, "reports")
+def _report_files(pipeline: str, key: str) -> dict[str, str]:
+    """The artifact keys of a saved report, by kind: eval/<pipeline>/reports/<key>.*"""
+    folder = artifact_key("eval", pipeline, "reports")
+    suffixes = {"markdown": ".md", "json": ".json", "request": ".request.json"}
+    return {kind: artifact_key(folder, f"{key}{suffix}") for kind, suffix in suffixes.items()}
 
 
 def save_report(
     report: EvalReport, request: EvalRequest, key: str, storage: ArtifactStorage
 ) -> dict[str, str]:
-    """The report as markdown and JSON and the request that made it, under
-    eval/<pipeline>/reports/<key>.*; their URIs by kind."""
-    folder = _report_dir(report.pipeline)
-    return {
-        "markdown": storage.write_bytes(
-            artifact_key(folder, f"{key}.md"), report.markdown().encode()
-        ).uri,
-        "json": storage.write_bytes(
-            artifact_key(folder, f"{key}.json"), report.model_dump_json(indent=2).encode()
-        ).uri,
-        "request": storage.write_bytes(
-            artifact_key(folder, f"{key}.request.json"), request.model_dump_json().encode()
-        ).uri,
+    """The report as markdown and JSON, and the request that made it; their URIs by kind."""
+    files = _report_files(report.pipeline, key)
+    contents = {
+        "markdown": report.markdown().encode(),
+        "json": report.model_dump_json(indent=2).encode(),
+        "request": request.model_dump_json().encode(),
     }
+    return {kind: storage.write_bytes(files[kind], data).uri for kind, data in contents.items()}
 
 
 def load_request(pipeline: str, key: str, storage: ArtifactStorage) -> EvalRequest | None:
     """The request saved with the report `key`; None when there is none."""
-    uri = storage.uri(artifact_key(_report_dir(pipeline), f"{key}.request.json"))
+    uri = storage.uri(_report_files(pipeline, key)["request"])
     if not storage.exists(uri):
         return None
     return EvalRequest.model_validate_json(storage.read_bytes(uri))
+
+
+def load_report(
+    pipeline: str, key: str, storage: ArtifactStorage
+) -> tuple[EvalReport, dict[str, str]]:
+    """The report saved as `key` (save_report) and the URIs of its files."""
+    uris = {kind: storage.uri(k) for kind, k in _report_files(pipeline, key).items()}
+    return EvalReport.model_validate_json(storage.read_bytes(uris["json"])), uris
