@@ -199,7 +199,9 @@ def build_eval_report_asset(spec: PipelineSpec) -> dg.AssetsDefinition:
 
     @dg.asset(
         key=eval_report_key(spec),
-        group_name=spec.name,
+        # A group of its own: the pipeline's group stays daily-partitioned throughout, so
+        # "Materialize all" there launches the day's steps and not an eval.
+        group_name=f"{spec.name}__evals",
         partitions_def=eval_partitions(spec),
         required_resource_keys={"ledger", "storage", *provider_keys},
         description=f"Evaluations of {spec.name}'s variants: each scored on the same sample "

@@ -25,6 +25,11 @@ def test_every_spec_becomes_a_partitioned_group_of_the_design_steps(tmp_path: Pa
         assert isinstance(node.partitions_def, dg.DailyPartitionsDefinition)
     upstream = graph.get(dg.AssetKey(["support_tickets", "batch_results"])).parent_keys
     assert upstream == {dg.AssetKey(["support_tickets", "provider_batches"])}
+    # Evals: one partition per eval, in a group of their own, and the job that runs them.
+    evals = graph.get(dg.AssetKey(["support_tickets", "eval_report"]))
+    assert evals.group_name == "support_tickets__evals"
+    assert isinstance(evals.partitions_def, dg.DynamicPartitionsDefinition)
+    assert defs.get_job_def("support_tickets__eval") is not None
 
 
 def test_dagster_definitions_validate_passes_on_the_workspace(tmp_path: Path) -> None:
