@@ -30,7 +30,7 @@ from llm_assets.evaluation.report import (
     report_key,
     save_report,
 )
-from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
+from llm_assets.evaluation.variants import BASELINE, UnknownVariant, resolve_variants
 from llm_assets.factory import APPROVE_BUDGET_TAG, started_by
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.registry import ADAPTERS
@@ -190,7 +190,9 @@ def _evaluate(
     ledger, storage = resources["ledger"], resources["storage"]
     report = build_report(spec, result, ledger, storage)
     key = report_key(result)
-    return result, report, key, save_report(report, request, key, storage)
+    # Saved with the variants resolved: the spec may gain variants before it is run again.
+    ran = request.model_copy(update={"variants": [n for n in variants if n != BASELINE]})
+    return result, report, key, save_report(report, ran, key, storage)
 
 
 def build_eval_report_asset(spec: PipelineSpec) -> dg.AssetsDefinition:
