@@ -2,7 +2,8 @@
 
 The embedded provider's model (all-MiniLM-L6-v2) embeds both texts on this machine; the
 similarity is the cosine of the two vectors, about 1 for the same meaning and near 0 for
-unrelated texts. It needs the `local` extra (torch, sentence-transformers); without it free
+unrelated texts (a slightly negative cosine, which unrelated texts can have, counts as 0, so
+the score lies in [0, 1] like the others). It needs the `local` extra (torch, sentence-transformers); without it free
 text is scored by length only and the report says why.
 """
 
@@ -44,5 +45,5 @@ def similarities(
     cosines = (left * right).sum(axis=1)  # embed() returns unit vectors
     out: list[float | None] = [None] * len(reference)
     for i, cosine in zip(both, cosines, strict=True):
-        out[i] = float(cosine)
+        out[i] = min(1.0, max(0.0, float(cosine)))
     return out
