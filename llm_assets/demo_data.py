@@ -3,7 +3,11 @@
 The demo classifies tickets zero-shot and summarises them extractively, so the text has to read
 like real support mail: varied wording, several sentences, details that matter, the odd typo
 and the odd second topic mentioned in passing. The true category goes to a separate truth file
-so accuracy can be measured without leaking the label into the input.
+so accuracy can be measured without leaking the label into the input. Each good ticket's row
+also carries it as `agent_category`, the category the support agent filed the ticket under: a
+human label, as a real inbox export has one, which the demo pipeline never sends to the model
+(it is not in source.fields) and which its evaluation scores answers against
+(eval.reference_field). The deliberately bad rows carry none, as they carry no truth.
 
 The first day's file also carries one of each deliberately bad row (see `BAD_ROW_REASONS`) so
 validation, duplicate handling and context-window limits are exercised by a single partition.
@@ -366,6 +370,7 @@ def _inbox_lines(
         lines.append(line)
         if entry.kind == "good":
             assert entry.category is not None and ticket_id is not None
+            line["agent_category"] = entry.category
             truth.append({"ticket_id": ticket_id, "category": entry.category})
             if "personal_data" in entry.row:
                 truth[-1]["personal_data"] = entry.row["personal_data"]
@@ -385,7 +390,8 @@ def generate_demo_data(
 
     Each day holds `tickets_per_day` good tickets; the first day also holds the five bad rows,
     which are not in the truth file. A truth row is the ticket's id and category, and the
-    personal data in its body when it has any.
+    personal data in its body when it has any; a good ticket's inbox row holds the same
+    category as `agent_category`.
     """
     if days < 1:
         raise ValueError(f"days must be >= 1, got {days}")

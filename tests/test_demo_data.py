@@ -24,7 +24,9 @@ from llm_assets.demo_data import (
 START = dt.date(2026, 11, 1)
 DAYS = 3
 PER_DAY = 120
-TICKET_KEYS = {"ticket_id", "created_at", "customer", "channel", "subject", "body"}
+TICKET_KEYS = {
+    "ticket_id", "created_at", "customer", "channel", "subject", "body", "agent_category"
+}  # fmt: skip
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 # Words a person would key on; a crude stand-in for "a human can tell the category".
@@ -161,7 +163,7 @@ def test_every_line_is_json_with_known_fields(demo: GeneratedDemo) -> None:
             assert isinstance(row, dict)
             if path != demo.truth_path:
                 assert set(row) <= TICKET_KEYS
-                assert TICKET_KEYS - set(row) <= {"ticket_id", "created_at"}
+                assert TICKET_KEYS - set(row) <= {"ticket_id", "created_at", "agent_category"}
                 assert row["channel"] in CHANNELS
                 assert row["customer"].strip() and row["subject"].strip()
 
@@ -183,6 +185,14 @@ def test_every_good_ticket_has_truth_in_a_known_category(
     assert len(good) == DAYS * PER_DAY
     assert {row["ticket_id"] for _, row in good} == set(truth)
     assert set(truth.values()) == set(CATEGORIES)
+
+
+def test_each_good_ticket_is_filed_under_its_true_category_and_bad_rows_under_none(
+    demo: GeneratedDemo, good: list[tuple[dt.date, dict[str, Any]]], truth: dict[str, str]
+) -> None:
+    assert all(row["agent_category"] == truth[row["ticket_id"]] for _, row in good)
+    filed = [row for path in demo.files for row in _rows(path) if "agent_category" in row]
+    assert len(filed) == len(truth) == demo.rows_written - len(BAD_ROW_REASONS)
 
 
 def test_categories_balanced_each_day(

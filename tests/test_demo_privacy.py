@@ -2,13 +2,14 @@
 numbers, IBANs and IP addresses of the generated tickets (redacted) and their card number and
 API key (blocked) are in no request file, no artifact made from the prompts, no ledger row but
 the pseudonym table's, no line the CLI prints and no Dagster event of its runs; the demo table
-counts what was redacted and what was blocked.
+counts what was redacted and what was blocked. The demo's eval replays a sample of the day
+through every variant of the pipeline, to the last answer, with the same policy.
 
 One day of PER_DAY tickets is the smallest demo day with a card number as well as the pasted
 API key (one of them per BLOCKED_EVERY tickets), and it gives contact details of every kind.
 The CLI runs as a subprocess, as `make demo` runs it, so all it logs is in its output. Only
-the input snapshots and the demo's own inbox and truth files hold the values: they are the
-source as it was read.
+the input snapshots, the eval's sample (rows of the snapshot) and the demo's own inbox and
+truth files hold the values: they are the source as it was read.
 """
 
 import json
@@ -24,11 +25,13 @@ import dagster as dg
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+import yaml
 from dagster._core.instance.ref import InstanceRef
 
 from llm_assets.demo import DEMO_START
 from llm_assets.demo_data import BLOCKED_EVERY
 from llm_assets.resources.ledger import metadata
+from llm_assets.settings import REPO_ROOT
 from tests.harness import CLI
 
 PER_DAY = 2 * BLOCKED_EVERY
@@ -87,6 +90,12 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     return DemoRun(home, result.stdout + result.stderr, truth)
 
 
+def eval_sample() -> int:
+    """The demo spec's eval.sample: the tickets each variant answers."""
+    spec = yaml.safe_load((REPO_ROOT / "pipelines" / "support_tickets.yaml").read_text())
+    return int(spec["eval"]["sample"])
+
+
 def _leaks(text: str, values: dict[str, str]) -> list[str]:
     return [f"{kind} {value!r}" for value, kind in values.items() if value in text]
 
@@ -124,12 +133,16 @@ def test_no_request_file_holds_a_value_and_each_kind_went_as_a_placeholder(
 
 def test_no_artifact_made_from_the_prompts_holds_a_value(demo: DemoRun) -> None:
     artifacts = demo.home / "artifacts"
-    kinds = sorted(p.name for p in artifacts.iterdir() if p.name not in ("snapshots", "shards"))
+    read = ("snapshots", "eval", "shards")
+    kinds = sorted(p.name for p in artifacts.iterdir() if p.name not in read)
     assert kinds == ["dead_letters", "gate", "outputs", "published", "qa", "reports"]
     text = "\n".join(_files_text(artifacts / kind) for kind in kinds)
     assert _leaks(text, demo.values()) == []
-    # The snapshot is the source as read: the values are there, so the scan can find them.
+    # The snapshot is the source as read, and the eval's sample rows are the snapshot's: the
+    # values are there, so the scan can find them.
     assert _leaks(_files_text(artifacts / "snapshots"), demo.values())
+    sample = _files_text(artifacts / "eval")
+    assert sample.count('"ticket_id"') == eval_sample()
 
 
 def test_no_ledger_row_holds_a_value_and_blocked_items_name_only_their_types(
@@ -196,3 +209,26 @@ def test_the_demo_table_counts_redacted_values_and_blocked_tickets(demo: DemoRun
     assert day[column] == f"redacted {redacted}, blocked 2"
     assert demo.table_row("all")[column] == day[column]
     assert day[header.index("dead letters by class")] == "compliance 2, input 5"
+
+
+def test_the_demo_evaluates_every_variant_on_the_same_tickets_to_the_end(demo: DemoRun) -> None:
+    engine = sa.create_engine(f"sqlite:///{demo.home / 'ledger.db'}")
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT j.pipeline, r.source_id, r.status FROM llm_batch_result r "
+                "JOIN llm_batch_job j ON j.job_id = r.job_id WHERE j.created_by = 'demo'"
+            )
+        ).all()
+    engine.dispose()
+    size = eval_sample()
+    sampled: dict[str, set[str]] = {}
+    for pipeline, source_id, status in rows:
+        sampled.setdefault(pipeline.split("__")[1], set()).add(source_id)
+        assert status in ("succeeded", "dead_letter"), (pipeline, source_id, status)
+    assert sorted(sampled) == ["baseline", "body_only", "terse_labels"]
+    assert len(rows) == 3 * size
+    assert sampled["baseline"] == sampled["body_only"] == sampled["terse_labels"]
+    assert size < PER_DAY
+    for variant in sampled:
+        assert re.search(rf"^{variant} .* of {size} ", demo.output, re.MULTILINE), variant
