@@ -60,12 +60,11 @@ def eval_(
 ) -> None:
     """Replay a sample of a pipeline's days through its variants; nothing is published."""
     from llm_assets import progress
-    from llm_assets.eval_jobs import EVAL_PARTITION, build_eval_job, eval_days, eval_op_name
+    from llm_assets.eval_jobs import eval_days, run_eval_job
     from llm_assets.evaluation.report import load_report
     from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
-    from llm_assets.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG
     from llm_assets.resources import build_resources
-    from llm_assets.runner import failure_of, persistent_instance
+    from llm_assets.runner import StepFailed
 
     settings = load_settings()
     spec = pipeline_spec(settings, pipeline)
@@ -85,42 +84,39 @@ def eval_(
     if seed is not None:
         config["seed"] = seed
     resources = build_resources(settings)
-    tags = {CREATED_BY_TAG: f"cli:{getpass.getuser()} eval"}
-    if approve_budget:
-        tags[APPROVE_BUDGET_TAG] = "true"
     display = progress_bar()
-    with display:
-        task = display.add_task(f"{spec.name} eval", total=None)
+    try:
+        with display:
+            task = display.add_task(f"{spec.name} eval", total=None)
 
-        def show(stage: str, done: int, total: int) -> None:
-            display.update(task, description=f"{spec.name} {stage}", completed=done, total=total)
+            def show(stage: str, done: int, total: int) -> None:
+                display.update(
+                    task, description=f"{spec.name} {stage}", completed=done, total=total
+                )
 
-        with progress.listening(show):
-            # A run of the eval job in the Dagster instance, so the report is a partition of
-            # eval_report in the UI, as when the job is launched there.
-            result = build_eval_job(spec).execute_in_process(
-                run_config={"ops": {eval_op_name(spec): {"config": config}}},
-                instance=persistent_instance(settings),
-                resources=resources,
-                tags=tags,
-                raise_on_error=False,
-            )
-    if not result.success:
-        failure = failure_of(result)
+            with progress.listening(show):
+                key, run_id = run_eval_job(
+                    settings,
+                    spec,
+                    config,
+                    created_by=f"cli:{getpass.getuser()} eval",
+                    approve_budget=approve_budget,
+                    resources=resources,
+                )
+    except StepFailed as failure:
         if failure.gate:
             reason = escape(home_relative(str(failure), settings.home))
             err.print(f"[red]blocked[/red]: {reason}", highlight=False, soft_wrap=True)
             sys.exit(EXIT_GATE)
         print_error(str(failure), settings.home)
         sys.exit(EXIT_ERROR)
-    key = result.output_for_node(eval_op_name(spec), EVAL_PARTITION)
     report, uris = load_report(spec.name, key, resources["storage"])
     if as_json:
-        summary = {"eval_report_partition": key, "run_id": result.run_id, **uris}
+        summary = {"eval_report_partition": key, "run_id": run_id, **uris}
         click.echo(json.dumps({**summary, "report": report.model_dump(mode="json")}, indent=2))
         return
     print_eval(report, settings.home)
     # Markdown as text: tables too wide for a terminal stay readable, and paste as is.
     click.echo("\n" + report.markdown())
     click.echo(f"report: {home_relative(uris['markdown'], settings.home)}")
-    click.echo(f"Dagster: eval_report partition {key} of {spec.name} (run {result.run_id})")
+    click.echo(f"Dagster: eval_report partition {key} of {spec.name} (run {run_id})")

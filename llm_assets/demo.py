@@ -7,16 +7,14 @@ import json
 from typing import Any
 
 import pandas as pd
-from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from llm_assets import steps
 from llm_assets.compliance.policy import COMPLIANCE
-from llm_assets.console import Pieces, home_relative, progress_bar, usd
+from llm_assets.console import progress_bar
 from llm_assets.demo_data import generate_demo_data
-from llm_assets.evaluation.replay import Replay, replay
-from llm_assets.evaluation.variants import resolve_variants
+from llm_assets.demo_eval import evaluate
 from llm_assets.resources import build_resources
 
 # Importing the registry registers the provider checks with spec validation.
@@ -25,7 +23,6 @@ from llm_assets.runner import DayOutcome, run_days
 from llm_assets.secrecy import mask_url
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec, load_specs
-from llm_assets.words import class_words, duration_words
 
 DEMO_PIPELINE = "support_tickets"
 DEMO_START = dt.date(2026, 11, 2)
@@ -77,82 +74,12 @@ def run_demo(
         correct, judged = accuracy(settings, spec.name, outcome.date, truth)
         scored.append((outcome, correct, judged))
     console.print(_summary_table(spec, scored))
-    result = _evaluate(settings, spec, generated.days, console)
-    if result is not None:
-        _print_eval(console, settings, spec, result)
+    evaluate(settings, spec, generated.days, console)
     console.print(_where_things_are(settings, spec), highlight=False)
     return [
         {**outcome.model_dump(mode="json"), "correct": correct, "judged": judged}
         for outcome, correct, judged in scored
     ]
-
-
-def _evaluate(
-    settings: Settings, spec: PipelineSpec, days: list[dt.date], console: Console
-) -> Replay | None:
-    """The spec's eval over the demo days: its sample of tickets through the baseline and
-    every variant. A gate that blocks a variant's day (a blocked ticket can make the day's
-    few sampled items cross compliance.max_blocked_rate) is said, and the demo goes on."""
-    display = progress_bar()
-    try:
-        with display:
-            task = display.add_task(f"{spec.name} eval", total=None)
-
-            def report(stage: str, done: int, total: int) -> None:
-                display.update(
-                    task, description=f"{spec.name} {stage}", completed=done, total=total
-                )
-
-            return replay(
-                build_resources(settings),
-                spec,
-                resolve_variants(spec, None),
-                days,
-                size=spec.eval.sample,
-                seed=spec.eval.seed,
-                created_by="demo",
-                progress=report,
-            )
-    except steps.GateBlocked as exc:
-        reason = home_relative(str(exc), settings.home)
-        console.print(f"eval blocked: {reason}", style="yellow", highlight=False, markup=False)
-        return None
-
-
-def _print_eval(console: Console, settings: Settings, spec: PipelineSpec, result: Replay) -> None:
-    """The eval section of the demo: what each variant did with the same sampled tickets."""
-    sample = result.sample
-    console.print(
-        f"eval of {spec.name}: {sample.items} sampled tickets (seed {sample.seed}) through the "
-        f"baseline and {len(result.variants) - 1} variants, each answering the same tickets; "
-        f"sample in {home_relative(sample.uri, settings.home)}",
-        highlight=False,
-        markup=False,
-    )
-    console.print(_variant_table(result))
-
-
-def _variant_table(result: Replay) -> Table:
-    """A row per variant: what it did with the sample, and how long its answers took."""
-    columns = ("variant", "model, prompt", "succeeded", "dead letters", "quality failures")
-    columns += ("tokens", "cost", "last result")
-    numbers = ("succeeded", "quality failures", "tokens", "cost")
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
-    for column in columns:
-        justify = "right" if column in numbers else "left"
-        table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "variant")
-    for run in result.variants.values():
-        table.add_row(
-            run.variant,
-            f"{run.provider}/{run.model} {run.prompt_version}",
-            f"{run.succeeded:,} of {run.items:,}",
-            class_words(run.dead_letters_by_class) or "0",
-            f"{run.quality_failure_rate:.1%}",
-            Pieces(f"{run.input_tokens:,} in", f"{run.output_tokens:,} out"),
-            usd(run.cost_usd),
-            duration_words(run.seconds_to_last_result),
-        )
-    return table
 
 
 def _demo_spec(settings: Settings) -> PipelineSpec:

@@ -31,9 +31,12 @@ from llm_assets.evaluation.report import (
     save_report,
 )
 from llm_assets.evaluation.variants import BASELINE, UnknownVariant, resolve_variants
-from llm_assets.factory import APPROVE_BUDGET_TAG, started_by
+from llm_assets.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG, started_by
+from llm_assets.resources import build_resources
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.registry import ADAPTERS
+from llm_assets.runner import failure_of, persistent_instance
+from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec
 from llm_assets.words import class_words, duration_words
 
@@ -298,3 +301,34 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
         eval_replay()
 
     return eval_job
+
+
+def run_eval_job(
+    settings: Settings,
+    spec: PipelineSpec,
+    config: dict[str, Any],
+    *,
+    created_by: str,
+    approve_budget: bool = False,
+    resources: dict[str, Any] | None = None,
+) -> tuple[str, str]:
+    """Run the eval job in process in the Dagster instance, as the CLI runs days, so the eval
+    is in the UI as when the job is launched there; `config` is its run config. Returns the
+    eval's partition of eval_report and the run id; StepFailed (its gate set when a gate
+    blocked the eval) when the run fails. Progress goes to progress.report."""
+    tags = {CREATED_BY_TAG: created_by}
+    if approve_budget:
+        tags[APPROVE_BUDGET_TAG] = "true"
+    result = build_eval_job(spec).execute_in_process(
+        run_config={
+            "ops": {eval_op_name(spec): {"config": config}},
+            "loggers": {"console": {"config": {"log_level": "INFO"}}},
+        },
+        instance=persistent_instance(settings),
+        resources=resources if resources is not None else build_resources(settings),
+        tags=tags,
+        raise_on_error=False,
+    )
+    if not result.success:
+        raise failure_of(result)
+    return result.output_for_node(eval_op_name(spec), EVAL_PARTITION), result.run_id

@@ -439,9 +439,9 @@ def build_report(
         missing = gold.count(None)
         if missing:
             notes.append(
-                f"{missing} of {len(gold)} sampled items have no {reference_field!r}: they are "
-                "not scored (a snapshot taken before eval.reference_field was set does not keep "
-                "it; materialize input_snapshot again for those days)"
+                f"{missing} of {len(gold)} sampled items have no {reference_field!r} and are "
+                "not scored (their rows lack it, or their day's snapshot was taken before "
+                "eval.reference_field was set: materialize input_snapshot again for that day)"
             )
     scoring = _scoring(spec, field, kind, gold)
     reports = [

@@ -3,8 +3,9 @@
 The embedded provider's model (all-MiniLM-L6-v2) embeds both texts on this machine; the
 similarity is the cosine of the two vectors, about 1 for the same meaning and near 0 for
 unrelated texts (a slightly negative cosine, which unrelated texts can have, counts as 0, so
-the score lies in [0, 1] like the others). It needs the `local` extra (torch, sentence-transformers); without it free
-text is scored by length only and the report says why.
+the score lies in [0, 1] like the others). It needs the `local` extra (torch,
+sentence-transformers); without it free text is scored by length only and the report says
+why.
 """
 
 from collections.abc import Sequence
