@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from llm_assets.evaluation.metrics import (
+    CategoricalScores,
     Interval,
     bootstrap_interval,
     categorical_scores,
@@ -258,3 +259,13 @@ def test_intervals_overlap() -> None:
     assert intervals_overlap((0.1, 0.4), (0.4, 0.9))  # touching
     assert not intervals_overlap((0.1, 0.39), (0.4, 0.9))
     assert not intervals_overlap((0.4, 0.9), (0.1, 0.39))
+
+
+def test_the_confusion_matrix_survives_json_with_int_labels_and_missing_answers() -> None:
+    scores = categorical_scores(["a", "b", 1, 1], ["a", None, 1, "a"], labels=["a", "b", 1])
+
+    back = CategoricalScores.model_validate_json(scores.model_dump_json())
+
+    assert back == scores
+    assert back.confusion[1] == {"a": 1, "b": 0, 1: 1, None: 0}
+    assert back.confusion["b"][None] == 1

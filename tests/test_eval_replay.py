@@ -26,7 +26,13 @@ from llm_assets.eval_jobs import (
 )
 from llm_assets.evaluation.metrics import wilson_interval
 from llm_assets.evaluation.replay import Replay, eval_pipeline_spec, replay
-from llm_assets.evaluation.report import build_report
+from llm_assets.evaluation.report import (
+    EvalRequest,
+    build_report,
+    load_report,
+    report_key,
+    save_report,
+)
 from llm_assets.evaluation.sample import Sample, draw_sample
 from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
 from llm_assets.resources import build_resources
@@ -401,6 +407,12 @@ def test_the_report_scores_every_variant_against_the_human_labels_and_recommends
     assert "Not distinguishable at this sample size from: haiku" in markdown
     assert "### Confusion matrices" in markdown
     assert "| haiku | anthropic/claude-haiku-4-5 |" in markdown
+    # Saved and read back (the CLI prints what it reads), the report is the same.
+    request = EvalRequest(days=DAYS, sample=SAMPLE, seed=7, variants=["haiku", "terse"])
+    key = report_key(result)
+    save_report(report, request, key, world.storage)
+    loaded, _ = load_report(world.spec.name, key, world.storage)
+    assert loaded == report and loaded.markdown() == markdown
     # The reference column reached no provider.
     received = [p for p in tmp_path.glob("fake_*/**/*") if p.is_file()]
     assert received and not any(HUMAN_LABEL.encode() in p.read_bytes() for p in received)

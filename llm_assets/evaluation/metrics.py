@@ -21,9 +21,9 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
 Label = str | int
 """A categorical value: the spec's `isin` lists strings or integers."""
@@ -73,7 +73,22 @@ class CategoricalScores(BaseModel):
     labels: tuple[LabelScores, ...]
     confusion: dict[Label, dict[Label | None, int]]
     """Reference label → predicted label (None: no prediction) → items; every label has a
-    row and every label and None a column, zeros included."""
+    row and every label and None a column, zeros included. In JSON a list of
+    [reference, [[prediction, items], ...]] rows: object keys would turn None and integer
+    labels into strings."""
+
+    @field_serializer("confusion", when_used="json")
+    def _confusion_rows(
+        self, confusion: dict[Label, dict[Label | None, int]]
+    ) -> list[tuple[Label, list[tuple[Label | None, int]]]]:
+        return [(gold, list(row.items())) for gold, row in confusion.items()]
+
+    @field_validator("confusion", mode="before")
+    @classmethod
+    def _confusion_from_rows(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return {gold: dict(map(tuple, row)) for gold, row in value}
+        return value
 
 
 class MeanAbsoluteError(BaseModel):
