@@ -61,7 +61,7 @@ def eval_(
     """Replay a sample of a pipeline's days through its variants; nothing is published."""
     from llm_assets import progress
     from llm_assets.eval_jobs import eval_days, run_eval_job
-    from llm_assets.evaluation.report import load_report
+    from llm_assets.evaluation.report_store import load_report
     from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
     from llm_assets.resources import build_resources
     from llm_assets.runner import StepFailed

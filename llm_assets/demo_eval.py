@@ -15,7 +15,8 @@ from rich.table import Table
 from llm_assets import progress
 from llm_assets.console import home_relative, progress_bar, usd
 from llm_assets.eval_jobs import run_eval_job
-from llm_assets.evaluation.report import EvalReport, load_report
+from llm_assets.evaluation.report import EvalReport
+from llm_assets.evaluation.report_store import load_report
 from llm_assets.resources import build_resources
 from llm_assets.runner import StepFailed
 from llm_assets.settings import Settings

@@ -22,14 +22,8 @@ import pydantic
 
 from llm_assets import progress, steps
 from llm_assets.evaluation.replay import Replay, replay
-from llm_assets.evaluation.report import (
-    EvalReport,
-    EvalRequest,
-    build_report,
-    load_request,
-    report_key,
-    save_report,
-)
+from llm_assets.evaluation.report import EvalReport, build_report
+from llm_assets.evaluation.report_store import EvalRequest, load_request, report_key, save_report
 from llm_assets.evaluation.variants import BASELINE, UnknownVariant, resolve_variants
 from llm_assets.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG, started_by
 from llm_assets.resources import build_resources

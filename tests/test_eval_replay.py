@@ -26,13 +26,8 @@ from llm_assets.eval_jobs import (
 )
 from llm_assets.evaluation.metrics import wilson_interval
 from llm_assets.evaluation.replay import Replay, eval_pipeline_spec, replay
-from llm_assets.evaluation.report import (
-    EvalRequest,
-    build_report,
-    load_report,
-    report_key,
-    save_report,
-)
+from llm_assets.evaluation.report import build_report
+from llm_assets.evaluation.report_store import EvalRequest, load_report, report_key, save_report
 from llm_assets.evaluation.sample import Sample, draw_sample
 from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
 from llm_assets.resources import build_resources

@@ -10,10 +10,13 @@ here does price arithmetic of its own.
 import datetime as dt
 import zoneinfo
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel
 
+from llm_assets.evaluation.replay import VariantRun, eval_pipeline_spec
 from llm_assets.items import PreparedItem, Preparer, assess_lines
+from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.pricing import ModelPrice, load_price_table
 from llm_assets.source import SourceRow, parse_date
 from llm_assets.spec import PipelineSpec
@@ -184,3 +187,33 @@ def _priced(
         batch_cost_per_1k_items_usd=batch / items * 1000 if items else 0.0,
         realtime_cost_per_1k_items_usd=realtime / items * 1000 if items else 0.0,
     )
+
+
+def variant_what_if(
+    spec: PipelineSpec,
+    run: VariantRun,
+    variant: PipelineSpec,
+    records: list[dict[str, Any]],
+    ledger: LedgerResource,
+) -> list[WhatIfPrice]:
+    """A replayed variant's sampled items (`records`, the sample's rows), as it sent them,
+    priced as each of the pipeline's `eval.price_as` models, with the ledger's counts and
+    validated answers. ValueError when the variant's configuration changed since it ran."""
+    ran_as = eval_pipeline_spec(spec.name, run.variant, variant)
+    if ran_as.name != run.pipeline:
+        raise ValueError(
+            f"variant {run.variant} ran as {run.pipeline}, its spec now as {ran_as.name}: its "
+            "configuration changed since the eval; run the eval again"
+        )
+    measured: dict[str, tuple[int, int, str | None]] = {}
+    columns = ["custom_id", "input_tokens", "output_tokens"]
+    for day in run.days:
+        if day.job_id is None:
+            continue
+        outputs = dict(ledger.job_outputs(day.job_id))
+        for item in ledger.iter_items(day.job_id, None, columns=columns):
+            custom_id = item["custom_id"]
+            tokens = (item["input_tokens"] or 0, item["output_tokens"] or 0)
+            measured[custom_id] = (*tokens, outputs.get(custom_id))
+    work = rendered_work(ran_as, records, measured)
+    return what_if_prices(spec.eval.price_as, work, measured_as=f"{run.provider}/{run.model}")

@@ -18,20 +18,20 @@ the bar.
 """
 
 import datetime as dt
-import hashlib
 import json
 import statistics
 import zoneinfo
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict
 
 from llm_assets.evaluation import metrics, similarity
-from llm_assets.evaluation.prices import WhatIfPrice, rendered_work, what_if_prices
+from llm_assets.evaluation.prices import WhatIfPrice, variant_what_if
 from llm_assets.evaluation.recommend import Recommendation, VariantScore, recommend
-from llm_assets.evaluation.replay import Replay, VariantRun, eval_pipeline_spec
+from llm_assets.evaluation.replay import Replay, VariantRun
+from llm_assets.evaluation.report_markdown import render_markdown
 from llm_assets.evaluation.spec import failure_rate_limit, scored_field
 from llm_assets.evaluation.variants import BASELINE
 from llm_assets.items import as_text
@@ -40,8 +40,7 @@ from llm_assets.resources.pricing import load_price_table
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.source import parse_date
 from llm_assets.spec import PipelineSpec
-from llm_assets.steps.context import artifact_key
-from llm_assets.words import class_words, duration_words
+from llm_assets.words import class_words
 
 Kind = Literal["label", "number", "text"]
 ItemKey = tuple[dt.date, str]
@@ -288,34 +287,6 @@ def _realtime_cost_per_1k(run: VariantRun) -> float:
     return price.cost_usd(run.input_tokens, run.output_tokens, batch=False) / run.items * 1000
 
 
-def _what_if(
-    spec: PipelineSpec,
-    run: VariantRun,
-    variant: PipelineSpec,
-    records: list[dict[str, Any]],
-    ledger: LedgerResource,
-) -> list[WhatIfPrice]:
-    """The variant's sampled items, as it sent them, priced as each `eval.price_as` model."""
-    ran_as = eval_pipeline_spec(spec.name, run.variant, variant)
-    if ran_as.name != run.pipeline:
-        raise ValueError(
-            f"variant {run.variant} ran as {run.pipeline}, its spec now as {ran_as.name}: its "
-            "configuration changed since the eval; run the eval again"
-        )
-    measured: dict[str, tuple[int, int, str | None]] = {}
-    columns = ["custom_id", "input_tokens", "output_tokens"]
-    for day in run.days:
-        if day.job_id is None:
-            continue
-        outputs = dict(ledger.job_outputs(day.job_id))
-        for item in ledger.iter_items(day.job_id, None, columns=columns):
-            custom_id = item["custom_id"]
-            tokens = (item["input_tokens"] or 0, item["output_tokens"] or 0)
-            measured[custom_id] = (*tokens, outputs.get(custom_id))
-    work = rendered_work(ran_as, records, measured)
-    return what_if_prices(spec.eval.price_as, work, measured_as=f"{run.provider}/{run.model}")
-
-
 def _variant_report(
     run: VariantRun,
     gold: list[Any],
@@ -451,7 +422,7 @@ def build_report(
     if spec.eval.price_as:
         for report in reports:
             run = result.variants[report.name]
-            report.what_if = _what_if(spec, run, result.specs[report.name], records, ledger)
+            report.what_if = variant_what_if(spec, run, result.specs[report.name], records, ledger)
     still_open = {r.name: r.open_items for r in reports if r.open_items}
     if still_open:
         notes.append(
@@ -472,175 +443,3 @@ def build_report(
         recommendation=_recommendation(spec, reports),
         notes=notes,
     )
-
-
-# Markdown
-
-
-def _usd(amount: float) -> str:
-    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.4f}"
-
-
-def _number(value: float | None) -> str:
-    return "–" if value is None else f"{value:.3f}"
-
-
-def _interval(interval: metrics.Interval | None) -> str:
-    return "" if interval is None else f" ({interval.low:.3f}–{interval.high:.3f})"
-
-
-def _verdicts(report: EvalReport) -> Mapping[str, str]:
-    if report.recommendation is None:
-        return {}
-    return {v.name: v.verdict for v in report.recommendation.verdicts}
-
-
-def _comparison_table(report: EvalReport) -> list[str]:
-    verdicts = _verdicts(report)
-    chosen = report.recommendation.chosen if report.recommendation else None
-    lines = [
-        f"| variant | model | {report.scoring.metric} (95% interval) | macro-F1 | failure rate "
-        "| dead letters | tokens in/out | per 1,000 items | realtime per 1,000 | to last result "
-        "| verdict |",
-        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
-    ]
-    for v in report.variants:
-        macro = v.categorical.macro_f1 if v.categorical else None
-        mark = " **recommended**" if chosen is not None and chosen.name == v.name else ""
-        lines.append(
-            f"| {v.name} | {v.provider}/{v.model} ({v.prompt_version}) | "
-            f"{_number(v.score)}{_interval(v.interval)} | "
-            f"{_number(macro)}{_interval(v.macro_f1_interval)} | {v.failure_rate:.1%} | "
-            f"{class_words(v.dead_letters_by_class) or 0} | "
-            f"{v.input_tokens:,}/{v.output_tokens:,} | {_usd(v.cost_per_1k_items_usd)} | "
-            f"{_usd(v.realtime_cost_per_1k_items_usd)} | "
-            f"{duration_words(v.seconds_to_last_result)} | {verdicts.get(v.name, '–')}{mark} |"
-        )
-    return lines
-
-
-def _confusion(v: VariantReport) -> list[str]:
-    if v.categorical is None or not v.categorical.confusion:
-        return []
-    labels = list(v.categorical.confusion)
-    lines = [
-        f"**{v.name}** (rows: reference, columns: answer; – no answer)",
-        "",
-        "| | " + " | ".join(map(str, labels)) + " | – | recall |",
-        "|---|" + "---:|" * (len(labels) + 2),
-    ]
-    recall = {row.label: row.recall for row in v.categorical.labels}
-    for gold, row in v.categorical.confusion.items():
-        cells = " | ".join(str(row.get(label, 0)) for label in labels)
-        lines.append(f"| {gold} | {cells} | {row.get(None, 0)} | {_number(recall.get(gold))} |")
-    precision = " | ".join(_number(r.precision) for r in v.categorical.labels)
-    lines += [f"| precision | {precision} | | |", ""]
-    return lines
-
-
-def _what_if_table(report: EvalReport) -> list[str]:
-    if not any(v.what_if for v in report.variants):
-        return []
-    lines = [
-        "### What the same work costs as other models",
-        "",
-        "| variant | priced as | tokens in/out | per 1,000 items | realtime per 1,000 | counted |",
-        "|---|---|---:|---:|---:|---|",
-    ]
-    for v in report.variants:
-        for price in v.what_if:
-            lines.append(
-                f"| {v.name} | {price.price_as} | "
-                f"{price.input_tokens:,}/{price.output_tokens:,} | "
-                f"{_usd(price.batch_cost_per_1k_items_usd)} | "
-                f"{_usd(price.realtime_cost_per_1k_items_usd)} | {price.counted} |"
-            )
-    return [*lines, ""]
-
-
-def render_markdown(report: EvalReport) -> str:
-    days = report.days
-    span = f"{days[0]}..{days[-1]}" if len(days) > 1 else str(days[0])
-    scoring = report.scoring
-    bar = f"score ≥ {report.min_score}" if report.min_score is not None else "no eval.min_score"
-    lines = [
-        f"## {report.pipeline} eval {report.eval_id}: {span}",
-        "",
-        f"{report.sample_items} items sampled (seed {report.seed}), the same for every variant. "
-        f"`{scoring.field}` ({scoring.kind}) scored against {scoring.against} as "
-        f"{scoring.metric}; the bar: {bar}, failure rate ≤ {report.max_failure_rate:.1%}.",
-        "",
-        *_comparison_table(report),
-        "",
-    ]
-    if report.recommendation is not None:
-        lines += ["**Recommendation:** " + report.recommendation.reason, ""]
-    lines += [f"- {note}" for note in report.notes]
-    if report.notes:
-        lines.append("")
-    lines += _what_if_table(report)
-    confusions = [line for v in report.variants for line in _confusion(v)]
-    if confusions:
-        lines += ["### Confusion matrices", "", *confusions]
-    return "\n".join(lines).rstrip() + "\n"
-
-
-# Where a report is kept
-
-
-class EvalRequest(BaseModel):
-    """What an eval ran: enough to run it again (and to re-score it) from its report key."""
-
-    model_config = ConfigDict(frozen=True)
-
-    days: list[dt.date]
-    sample: int
-    seed: int
-    variants: list[str]
-    """The variants run besides the baseline."""
-
-
-def report_key(result: Replay) -> str:
-    """The eval's name as a partition of eval_report: its days, sample size and seed, and a
-    digest of the eval pipelines its variants ran as (so a changed variant configuration is
-    another eval, never a new materialization of the old one)."""
-    sample = result.sample
-    pipelines = ",".join(sorted(run.pipeline for run in result.variants.values()))
-    digest = hashlib.sha256(f"{sample.eval_id}\x1f{pipelines}".encode()).hexdigest()[:6]
-    return f"{sample.days[0]}_{sample.days[-1]}_n{sample.size}_s{sample.seed}_{digest}"
-
-
-def _report_files(pipeline: str, key: str) -> dict[str, str]:
-    """The artifact keys of a saved report, by kind: eval/<pipeline>/reports/<key>.*"""
-    folder = artifact_key("eval", pipeline, "reports")
-    suffixes = {"markdown": ".md", "json": ".json", "request": ".request.json"}
-    return {kind: artifact_key(folder, f"{key}{suffix}") for kind, suffix in suffixes.items()}
-
-
-def save_report(
-    report: EvalReport, request: EvalRequest, key: str, storage: ArtifactStorage
-) -> dict[str, str]:
-    """The report as markdown and JSON, and the request that made it; their URIs by kind."""
-    files = _report_files(report.pipeline, key)
-    contents = {
-        "markdown": report.markdown().encode(),
-        "json": report.model_dump_json(indent=2).encode(),
-        "request": request.model_dump_json().encode(),
-    }
-    return {kind: storage.write_bytes(files[kind], data).uri for kind, data in contents.items()}
-
-
-def load_request(pipeline: str, key: str, storage: ArtifactStorage) -> EvalRequest | None:
-    """The request saved with the report `key`; None when there is none."""
-    uri = storage.uri(_report_files(pipeline, key)["request"])
-    if not storage.exists(uri):
-        return None
-    return EvalRequest.model_validate_json(storage.read_bytes(uri))
-
-
-def load_report(
-    pipeline: str, key: str, storage: ArtifactStorage
-) -> tuple[EvalReport, dict[str, str]]:
-    """The report saved as `key` (save_report) and the URIs of its files."""
-    uris = {kind: storage.uri(k) for kind, k in _report_files(pipeline, key).items()}
-    return EvalReport.model_validate_json(storage.read_bytes(uris["json"])), uris
