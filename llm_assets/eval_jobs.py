@@ -7,7 +7,7 @@ it through the baseline and each variant (see evaluation/replay.py), scores the 
 `eval_report` asset. Nothing of an eval is published.
 
 `eval_report` has one dynamic partition per eval (days, sample size, seed and the variants'
-configurations: report.report_key), added by the job when the eval runs. An eval compares
+configurations: report_store.report_key), added by the job when the eval runs. An eval compares
 variants over several days, and its recommendation only exists for the whole of it, so a
 partition is one eval rather than a date or a variant. Materializing a partition again (from
 the asset's page) re-runs that eval's request: nothing is sent twice, answers still open are
