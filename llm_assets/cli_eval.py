@@ -59,7 +59,6 @@ def eval_(
     as_json: bool,
 ) -> None:
     """Replay a sample of a pipeline's days through its variants; nothing is published."""
-    from llm_assets import progress
     from llm_assets.eval_jobs import eval_days, run_eval_job
     from llm_assets.evaluation.report_store import load_report
     from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
@@ -84,25 +83,16 @@ def eval_(
     if seed is not None:
         config["seed"] = seed
     resources = build_resources(settings)
-    display = progress_bar()
     try:
-        with display:
-            task = display.add_task(f"{spec.name} eval", total=None)
-
-            def show(stage: str, done: int, total: int) -> None:
-                display.update(
-                    task, description=f"{spec.name} {stage}", completed=done, total=total
-                )
-
-            with progress.listening(show):
-                key, run_id = run_eval_job(
-                    settings,
-                    spec,
-                    config,
-                    created_by=f"cli:{getpass.getuser()} eval",
-                    approve_budget=approve_budget,
-                    resources=resources,
-                )
+        key, run_id = run_eval_job(
+            settings,
+            spec,
+            config,
+            created_by=f"cli:{getpass.getuser()} eval",
+            approve_budget=approve_budget,
+            resources=resources,
+            display=progress_bar(),
+        )
     except StepFailed as failure:
         if failure.gate:
             reason = escape(home_relative(str(failure), settings.home))

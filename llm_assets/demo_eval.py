@@ -12,7 +12,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from llm_assets import progress
 from llm_assets.console import home_relative, progress_bar, usd
 from llm_assets.eval_jobs import run_eval_job
 from llm_assets.evaluation.report import EvalReport
@@ -28,21 +27,16 @@ def evaluate(settings: Settings, spec: PipelineSpec, days: list[dt.date], consol
     blocked ticket can make a day's few sampled items cross compliance.max_blocked_rate) is
     said, and the demo goes on."""
     resources = build_resources(settings)
-    display = progress_bar()
     config = {"from": days[0].isoformat(), "to": days[-1].isoformat(), "poll_interval": 1.0}
     try:
-        with display:
-            task = display.add_task(f"{spec.name} eval", total=None)
-
-            def show(stage: str, done: int, total: int) -> None:
-                display.update(
-                    task, description=f"{spec.name} {stage}", completed=done, total=total
-                )
-
-            with progress.listening(show):
-                key, _ = run_eval_job(
-                    settings, spec, config, created_by="demo", resources=resources
-                )
+        key, _ = run_eval_job(
+            settings,
+            spec,
+            config,
+            created_by="demo",
+            resources=resources,
+            display=progress_bar(),
+        )
     except StepFailed as failure:
         reason = home_relative(str(failure), settings.home)
         console.print(f"eval blocked: {reason}", style="yellow", highlight=False, markup=False)

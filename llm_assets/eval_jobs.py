@@ -14,11 +14,14 @@ the asset's page) re-runs that eval's request: nothing is sent twice, answers st
 waited for, and the report is scored again.
 """
 
+import contextlib
 import datetime as dt
+from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
 import pydantic
+from rich.progress import Progress
 
 from llm_assets import progress, steps
 from llm_assets.evaluation.replay import Replay, replay
@@ -305,15 +308,46 @@ def run_eval_job(
     created_by: str,
     approve_budget: bool = False,
     resources: dict[str, Any] | None = None,
+    display: Progress | None = None,
 ) -> tuple[str, str]:
     """Run the eval job in process in the Dagster instance, as the CLI runs days, so the eval
     is in the UI as when the job is launched there; `config` is its run config. Returns the
     eval's partition of eval_report and the run id; StepFailed (its gate set when a gate
-    blocked the eval) when the run fails. Progress goes to progress.report."""
+    blocked the eval) when the run fails. `display` shows the eval's progress."""
     tags = {CREATED_BY_TAG: created_by}
     if approve_budget:
         tags[APPROVE_BUDGET_TAG] = "true"
-    result = build_eval_job(spec).execute_in_process(
+    with _showing(display, spec):
+        result = _execute(settings, spec, config, tags, resources)
+    if not result.success:
+        raise failure_of(result)
+    return result.output_for_node(eval_op_name(spec), EVAL_PARTITION), result.run_id
+
+
+@contextlib.contextmanager
+def _showing(display: Progress | None, spec: PipelineSpec) -> Iterator[None]:
+    """The replay's progress (progress.report) on `display` while the block runs."""
+    if display is None:
+        yield
+        return
+    with display:
+        task = display.add_task(f"{spec.name} eval", total=None)
+
+        def show(stage: str, done: int, total: int) -> None:
+            display.update(task, description=f"{spec.name} {stage}", completed=done, total=total)
+
+        with progress.listening(show):
+            yield
+
+
+def _execute(
+    settings: Settings,
+    spec: PipelineSpec,
+    config: dict[str, Any],
+    tags: dict[str, str],
+    resources: dict[str, Any] | None,
+) -> dg.ExecuteInProcessResult:
+    return build_eval_job(spec).execute_in_process(
         run_config={
             "ops": {eval_op_name(spec): {"config": config}},
             "loggers": {"console": {"config": {"log_level": "INFO"}}},
@@ -323,6 +357,3 @@ def run_eval_job(
         tags=tags,
         raise_on_error=False,
     )
-    if not result.success:
-        raise failure_of(result)
-    return result.output_for_node(eval_op_name(spec), EVAL_PARTITION), result.run_id

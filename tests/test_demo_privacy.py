@@ -211,16 +211,22 @@ def test_the_demo_table_counts_redacted_values_and_blocked_tickets(demo: DemoRun
     assert day[header.index("dead letters by class")] == "compliance 2, input 5"
 
 
-def test_the_demo_evaluates_every_variant_on_the_same_tickets_to_the_end(demo: DemoRun) -> None:
+def eval_rows(demo: DemoRun, columns: str, table: str) -> list[Any]:
+    """(pipeline, *columns) of the rows of a ledger table that belong to the demo's eval."""
     engine = sa.create_engine(f"sqlite:///{demo.home / 'ledger.db'}")
     with engine.connect() as conn:
         rows = conn.execute(
             sa.text(
-                "SELECT j.pipeline, r.source_id, r.status FROM llm_batch_result r "
-                "JOIN llm_batch_job j ON j.job_id = r.job_id WHERE j.created_by = 'demo'"
+                f"SELECT j.pipeline, {columns} FROM {table} t "
+                "JOIN llm_batch_job j ON j.job_id = t.job_id WHERE j.created_by = 'demo'"
             )
         ).all()
     engine.dispose()
+    return list(rows)
+
+
+def test_the_demo_evaluates_every_variant_on_the_same_tickets_to_the_end(demo: DemoRun) -> None:
+    rows = eval_rows(demo, "t.source_id, t.status", "llm_batch_result")
     size = eval_sample()
     sampled: dict[str, set[str]] = {}
     for pipeline, source_id, status in rows:
@@ -247,15 +253,7 @@ def test_the_demo_evaluates_every_variant_on_the_same_tickets_to_the_end(demo: D
         "agent_category",
     )
     truth = {row["ticket_id"]: row["category"] for row in demo.truth}
-    engine = sa.create_engine(f"sqlite:///{demo.home / 'ledger.db'}")
-    with engine.connect() as conn:
-        answers = conn.execute(
-            sa.text(
-                "SELECT j.pipeline, o.source_id, o.output_json FROM llm_batch_output o "
-                "JOIN llm_batch_job j ON j.job_id = o.job_id WHERE j.created_by = 'demo'"
-            )
-        ).all()
-    engine.dispose()
+    answers = eval_rows(demo, "t.source_id, t.output_json", "llm_batch_output")
     correct: dict[str, int] = dict.fromkeys(sampled, 0)
     for pipeline, source_id, output_json in answers:
         variant = pipeline.split("__")[1]
