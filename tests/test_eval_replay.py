@@ -5,6 +5,7 @@ import datetime as dt
 import json
 import os
 import subprocess
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,13 +33,20 @@ from llm_assets.evaluation.sample import Sample, draw_sample
 from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource, result_table
+from llm_assets.resources.pricing import load_price_table
 from llm_assets.resources.providers import provider_resource_key
+from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.settings import Settings
 from llm_assets.spec import PIPELINE_NAME, PipelineSpec
+from tests.conftest import MotoS3
 from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.bedrock_server import FakeBedrock
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import CLI, provider_for, review_spec, truthful, write_reviews
+from tests.test_bedrock_provider import MODEL as BEDROCK_MODEL
+from tests.test_bedrock_provider import ROLE as BEDROCK_ROLE
+from tests.test_bedrock_provider import truthful as bedrock_truthful
 
 # One database (PostgreSQL in CI): the replay drives the steps the pipeline tests cover on
 # both databases.
@@ -411,6 +419,58 @@ def test_the_report_scores_every_variant_against_the_human_labels_and_recommends
     # The reference column reached no provider.
     received = [p for p in tmp_path.glob("fake_*/**/*") if p.is_file()]
     assert received and not any(HUMAN_LABEL.encode() in p.read_bytes() for p in received)
+
+
+@pytest.mark.fake_server("bedrock", min_records=1, responder=bedrock_truthful)
+def test_a_bedrock_variant_is_scored_and_billed_at_its_batch_price_beside_the_baseline(
+    world: World, moto_s3: MotoS3, fake: FakeBedrock
+) -> None:
+    bedrock = review_spec(
+        "bedrock",
+        BEDROCK_MODEL,
+        name="reviews",
+        prompt={"version": "v4"},
+        bedrock={"min_records_per_job": 1},
+    )
+    variants = {
+        "baseline": base_spec(),
+        "bedrock": PipelineSpec.model_validate({**bedrock, "eval": base_spec().eval.model_dump()}),
+    }
+    provider = BedrockBatchProvider(
+        role_arn=BEDROCK_ROLE,
+        endpoint_url=fake.endpoint_url,
+        retry_base_seconds=0.01,
+        staging_uri=f"s3://{moto_s3.bucket}/eval-{uuid.uuid4().hex[:8]}/staging",
+    )
+    resources = {**world.resources, provider_resource_key("bedrock"): provider}
+
+    result = replay(
+        resources,
+        world.spec,
+        variants,
+        DAYS,
+        size=SAMPLE,
+        seed=7,
+        created_by="test eval",
+        poll_interval=0.0,
+    )
+    report = build_report(world.spec, result, world.ledger, world.storage)
+
+    baseline, on_bedrock = report.variant("baseline"), report.variant("bedrock")
+    assert len(fake.jobs()) == len(DAYS)  # a batch inference job per day, not on-demand calls
+    assert on_bedrock.n == SAMPLE and on_bedrock.score == baseline.score
+    # Billed at Bedrock's batch price: half what the same tokens cost on demand, and more per
+    # item than gpt-4o-mini's batch price.
+    price = load_price_table().get("bedrock", BEDROCK_MODEL)
+    expected = price.cost_usd(on_bedrock.input_tokens, on_bedrock.output_tokens, batch=True)
+    assert on_bedrock.cost_usd == pytest.approx(expected)
+    assert on_bedrock.realtime_cost_per_1k_items_usd == pytest.approx(
+        2 * on_bedrock.cost_per_1k_items_usd
+    )
+    assert on_bedrock.cost_per_1k_items_usd > baseline.cost_per_1k_items_usd
+    assert report.recommendation is not None
+    assert report.recommendation.chosen is not None
+    assert report.recommendation.chosen.name == "baseline"
 
 
 def test_without_a_reference_labels_score_their_agreement_with_the_baseline(
