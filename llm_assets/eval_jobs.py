@@ -145,7 +145,7 @@ def report_metadata(report: EvalReport, uris: dict[str, str]) -> dict[str, Any]:
         }
         for name, value in numbers.items():
             if value is not None:
-                metadata[f"{v.name}/{name}"] = dg.MetadataValue.float(float(value))
+                metadata[f"{v.name}/{name}"] = dg.MetadataValue.float(round(float(value), 6))
     return metadata
 
 

@@ -265,6 +265,11 @@ def test_the_demo_evaluates_every_variant_on_the_same_tickets_to_the_end(demo: D
     unscored = [n for n in report["notes"] if "have no 'agent_category'" in n]
     assert len(unscored) == (scored < size)
     for variant in report["variants"]:
+        # Tickets the policy blocked or the checks refused were never sent: dead letters, but
+        # no failure of the variant.
+        never_sent = variant["dead_letters_by_class"]
+        assert set(never_sent) <= {"input", "compliance"} and sum(never_sent.values()) > 0
+        assert variant["failure_rate"] == 0.0
         assert variant["n"] == scored
         assert variant["score"] == pytest.approx(correct[variant["name"]] / scored)
         row = eval_row(variant["name"])

@@ -120,6 +120,8 @@ class Ui:
     blocked: str
     """What `llm-assets run` of the strict day said held it: "blocked by quality_failure_rate
     (23.3% > 5.0%)"."""
+    evaluation: dict[str, Any]
+    """`llm-assets eval --json` of the demo day: eval_report_partition, run_id, report."""
     screenshots: Path
     debug: Path
 
@@ -134,9 +136,12 @@ def strict_copy(spec_path: Path) -> str:
 
 
 def run_day(env: dict[str, str], pipeline: str, day: str) -> subprocess.CompletedProcess[str]:
+    return cli(env, "run", pipeline, "--date", day, "--wait", "--json")
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(Path(sys.executable).parent / "llm-assets"), "run", pipeline, "--date", day]
-        + ["--wait", "--json"],
+        [str(Path(sys.executable).parent / "llm-assets"), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -197,6 +202,11 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
         said = done.stderr.strip().splitlines()[-1]
         held = re.fullmatch(r"blocked: quality gate: publication (blocked by .+)", said)
         assert held, done.stderr
+
+        # The demo spec's variants on a sample of the day: a partition of eval_report.
+        done = cli(env, "eval", PIPELINE, "--from", DAY, "--to", DAY, "--sample", "10", "--json")
+        assert done.returncode == 0, f"llm-assets eval:\n{done.stdout}\n{done.stderr}"
+        evaluation = json.loads(done.stdout)
         yield Ui(
             dev=dev,
             spec=specs[PIPELINE],
@@ -204,6 +214,7 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
             outcome=outcome,
             empty=empty,
             blocked=held[1],
+            evaluation=evaluation,
             screenshots=screenshots,
             debug=tmp,
         )
@@ -605,3 +616,28 @@ def test_the_blocked_days_summary_names_the_gate(browser: WebDriver, ui: Ui) -> 
     metadata = wait_for(browser, ui, "the metadata", table_rows)
     assert f"publication {ui.blocked}" in metadata["day_summary"].splitlines()
     assert json.loads(metadata["day_summary_json"])["blocked"] == ui.blocked
+
+
+def test_the_eval_report_partition_shows_the_comparison(browser: WebDriver, ui: Ui) -> None:
+    key = ui.evaluation["eval_report_partition"]
+    report = ui.evaluation["report"]
+    open_page(browser, ui, f"/assets/{PIPELINE}/eval_report?view=partitions&partition={key}", 1500)
+
+    def metadata(b: WebDriver) -> dict[str, str] | None:
+        rows = table_rows(b)
+        return rows if "recommended" in rows else None
+
+    rows = wait_for(browser, ui, "the eval's metadata", metadata)
+    wait_for(
+        browser, ui, "the page to settle", Settled(lambda b: b.find_element(By.TAG_NAME, "table"))
+    )
+    chosen = (report["recommendation"] or {}).get("chosen")
+    assert rows["recommended"] == (chosen["name"] if chosen else "none")
+    assert rows["sampled_items"] == "10"
+    assert rows["scored"] == "category against agent_category (accuracy)"
+    names = [variant["name"] for variant in report["variants"]]
+    assert names == ["baseline", *ui.spec.variants]
+    for name in names:
+        assert f"{name}/score" in rows and f"{name}/failure_rate" in rows
+    assert wait_for(browser, ui, "the run link", linked_runs) == {ui.evaluation["run_id"]}
+    browser.save_screenshot(str(ui.screenshots / "eval-report.png"))

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
+from llm_assets.compliance.policy import COMPLIANCE
 from llm_assets.evaluation import metrics, similarity
 from llm_assets.evaluation.prices import WhatIfPrice, variant_what_if
 from llm_assets.evaluation.recommend import Recommendation, VariantScore, recommend
@@ -43,6 +44,8 @@ from llm_assets.spec import PipelineSpec
 from llm_assets.words import class_words
 
 Kind = Literal["label", "number", "text"]
+NEVER_SENT = ("input", COMPLIANCE)
+"""Dead-letter classes of items that were never sent to the model."""
 ItemKey = tuple[dt.date, str]
 """An item of the sample: its day and source id."""
 
@@ -76,7 +79,10 @@ class VariantReport(BaseModel):
     open_items: int
     dead_letters_by_class: dict[str, int]
     failure_rate: float
-    """Items without a validated answer (dead letters of any class) over items sampled."""
+    """Items sent that got no validated answer (dead letters after sending: quality,
+    deterministic, transient, expired, cancelled) over items sent. Items never sent (input
+    and compliance dead letters: the row or the policy, not the model) are left out; the
+    dead letters by class count them."""
     input_tokens: int
     output_tokens: int
     cost_usd: float
@@ -311,7 +317,9 @@ def _variant_report(
     else:
         _score_text(scores, gold, predicted, seed, notes)
     scores.pop("against_baseline")
-    failed = run.items - run.succeeded - run.open_items
+    never_sent = sum(n for c, n in run.dead_letters_by_class.items() if c in NEVER_SENT)
+    sent = run.items - never_sent - run.open_items
+    failed = sent - run.succeeded
     return VariantReport(
         name=run.variant,
         pipeline=run.pipeline,
@@ -323,7 +331,7 @@ def _variant_report(
         succeeded=run.succeeded,
         open_items=run.open_items,
         dead_letters_by_class=run.dead_letters_by_class,
-        failure_rate=failed / run.items if run.items else 0.0,
+        failure_rate=failed / sent if sent > 0 else 0.0,
         input_tokens=run.input_tokens,
         output_tokens=run.output_tokens,
         cost_usd=run.cost_usd,
