@@ -19,6 +19,7 @@ from llm_assets.cli_args import (
     EXIT_ERROR,
     EXIT_GATE,
     current_job,
+    exit_for_failed_run,
     load_settings,
     parse_date,
     pipeline_spec,
@@ -137,10 +138,7 @@ def run(
             poll_interval=poll_interval,
         )
     except StepFailed as exc:
-        label = "blocked" if exc.gate else "failed"
-        reason = escape(home_relative(str(exc), settings.home))
-        err.print(f"[red]{label}[/red]: {reason}", highlight=False, soft_wrap=True)
-        sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
+        exit_for_failed_run(exc, settings.home)
     if as_json:
         click.echo(json.dumps([o.model_dump(mode="json") for o in outcomes], indent=2))
     else:

@@ -3,13 +3,18 @@ day's job, and the exit codes (0 done, 1 error, 2 blocked by a gate)."""
 
 import datetime as dt
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
+from rich.markup import escape
 
-from llm_assets.console import print_error
+from llm_assets.console import err, home_relative, print_error
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec, SpecError, load_specs
+
+if TYPE_CHECKING:
+    from llm_assets.runner import StepFailed
 
 EXIT_OK, EXIT_ERROR, EXIT_GATE = 0, 1, 2
 
@@ -59,3 +64,12 @@ def current_job(settings: Settings, spec: PipelineSpec, day: dt.date) -> tuple[A
     except steps.MissingPrerequisite as exc:
         raise click.UsageError(str(exc)) from exc
     return resources, job
+
+
+def exit_for_failed_run(failure: "StepFailed", home: Path) -> NoReturn:
+    """A Dagster run of the command failed: say why on stderr and exit 2 when a gate blocked
+    it, 1 otherwise."""
+    label = "blocked" if failure.gate else "failed"
+    reason = escape(home_relative(str(failure), home))
+    err.print(f"[red]{label}[/red]: {reason}", highlight=False, soft_wrap=True)
+    sys.exit(EXIT_GATE if failure.gate else EXIT_ERROR)

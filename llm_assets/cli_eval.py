@@ -10,13 +10,11 @@ paused pipeline), 1 on any other error.
 
 import getpass
 import json
-import sys
 
 import click
-from rich.markup import escape
 
-from llm_assets.cli_args import EXIT_ERROR, EXIT_GATE, load_settings, pipeline_spec
-from llm_assets.console import err, home_relative, print_error, print_eval, progress_bar
+from llm_assets.cli_args import exit_for_failed_run, load_settings, pipeline_spec
+from llm_assets.console import home_relative, print_eval, progress_bar
 
 
 @click.command("eval")
@@ -94,12 +92,7 @@ def eval_(
             display=progress_bar(),
         )
     except StepFailed as failure:
-        if failure.gate:
-            reason = escape(home_relative(str(failure), settings.home))
-            err.print(f"[red]blocked[/red]: {reason}", highlight=False, soft_wrap=True)
-            sys.exit(EXIT_GATE)
-        print_error(str(failure), settings.home)
-        sys.exit(EXIT_ERROR)
+        exit_for_failed_run(failure, settings.home)
     report, uris = load_report(spec.name, key, resources["storage"])
     if as_json:
         summary = {"eval_report_partition": key, "run_id": run_id, **uris}
