@@ -194,11 +194,13 @@ def variant_what_if(
     run: VariantRun,
     variant: PipelineSpec,
     records: list[dict[str, Any]],
+    outputs: Mapping[str, str],
     ledger: LedgerResource,
 ) -> list[WhatIfPrice]:
     """A replayed variant's sampled items (`records`, the sample's rows), as it sent them,
-    priced as each of the pipeline's `eval.price_as` models, with the ledger's counts and
-    validated answers. ValueError when the variant's configuration changed since it ran."""
+    priced as each of the pipeline's `eval.price_as` models, with the ledger's token counts
+    and its validated `outputs` (custom_id → JSON text). ValueError when the variant's
+    configuration changed since it ran."""
     ran_as = eval_pipeline_spec(spec.name, run.variant, variant)
     if ran_as.name != run.pipeline:
         raise ValueError(
@@ -210,7 +212,6 @@ def variant_what_if(
     for day in run.days:
         if day.job_id is None:
             continue
-        outputs = dict(ledger.job_outputs(day.job_id))
         for item in ledger.iter_items(day.job_id, None, columns=columns):
             custom_id = item["custom_id"]
             tokens = (item["input_tokens"] or 0, item["output_tokens"] or 0)

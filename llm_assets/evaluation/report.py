@@ -91,9 +91,10 @@ class VariantReport(BaseModel):
     realtime_cost_per_1k_items_usd: float
     """The same tokens at the model's realtime prices."""
     seconds_to_last_result: float | None
-    score: float | None
-    interval: metrics.Interval | None
-    n: int
+    score: float | None = None
+    """None when the field cannot be scored (free text without the local model)."""
+    interval: metrics.Interval | None = None
+    n: int = 0
     """Items the score was computed over."""
     categorical: metrics.CategoricalScores | None = None
     macro_f1_interval: metrics.Interval | None = None
@@ -168,21 +169,19 @@ def _sample_records(result: Replay, storage: ArtifactStorage) -> list[dict[str, 
     return [orjson.loads(line) for line in storage.open_lines(result.sample.uri)]
 
 
-def _answers(ledger: LedgerResource, run: VariantRun, field: str) -> dict[str, Any]:
-    """Custom id → the variant's validated value of `field`, over the sample's items."""
-    answers: dict[str, Any] = {}
+def _outputs(ledger: LedgerResource, run: VariantRun) -> dict[str, str]:
+    """Custom id → the variant's validated output (JSON text), over the sample's items."""
+    outputs: dict[str, str] = {}
     for day in run.days:
         if day.job_id is None:
             continue
         wanted = set(day.custom_ids)
-        for custom_id, output_json in ledger.job_outputs(day.job_id):
-            if custom_id in wanted:
-                answers[custom_id] = json.loads(output_json).get(field)
-    return answers
+        outputs.update((c, o) for c, o in ledger.job_outputs(day.job_id) if c in wanted)
+    return outputs
 
 
 def _predictions(
-    ledger: LedgerResource,
+    outputs: dict[str, str],
     run: VariantRun,
     result: Replay,
     spec: PipelineSpec,
@@ -190,10 +189,10 @@ def _predictions(
     kind: Kind,
 ) -> list[Any]:
     """The variant's answers in the sample's order; None where it has no validated answer."""
-    answers = _answers(ledger, run, field)
     by_item = result.sample.custom_ids(run.pipeline)
     custom_ids = [cid for day in result.sample.days for cid in by_item[day]]
-    return [_coerce(answers.get(c), spec, field, kind) for c in custom_ids]
+    answers = [json.loads(outputs[c]).get(field) if c in outputs else None for c in custom_ids]
+    return [_coerce(answer, spec, field, kind) for answer in answers]
 
 
 def _span(spec: PipelineSpec, field: str, gold: Sequence[Any]) -> float:
@@ -229,29 +228,29 @@ def _kappa(pairs: Sequence[tuple[Any, Any]]) -> float:
 
 
 def _score_labels(
-    scores: dict[str, Any], gold: list[Any], predicted: list[Any], labels: list[Any], seed: int
-) -> None:
+    gold: list[Any], predicted: list[Any], labels: list[Any], against_baseline: bool, seed: int
+) -> dict[str, Any]:
     pairs = [(g, p) for g, p in zip(gold, predicted, strict=True) if g is not None]
     categorical = metrics.categorical_scores(gold, predicted, labels)
-    scores.update(
-        categorical=categorical,
-        macro_f1_interval=_bootstrap(pairs, _macro_f1(labels), seed),
-        n=categorical.n,
-    )
-    if scores["against_baseline"]:
+    scores: dict[str, Any] = {
+        "categorical": categorical,
+        "macro_f1_interval": _bootstrap(pairs, _macro_f1(labels), seed),
+        "n": categorical.n,
+    }
+    if against_baseline:
         kappa = metrics.cohens_kappa(gold, predicted)
-        scores.update(kappa=kappa, score=kappa.kappa, interval=_bootstrap(pairs, _kappa, seed))
-    else:
-        correct = sum(1 for g, p in pairs if g == p)
-        scores.update(
-            score=categorical.accuracy,
-            interval=metrics.wilson_interval(correct, categorical.n),
-        )
+        return {
+            **scores,
+            "kappa": kappa,
+            "score": kappa.kappa,
+            "interval": _bootstrap(pairs, _kappa, seed),
+        }
+    correct = sum(1 for g, p in pairs if g == p)
+    interval = metrics.wilson_interval(correct, categorical.n)
+    return {**scores, "score": categorical.accuracy, "interval": interval}
 
 
-def _score_numbers(
-    scores: dict[str, Any], gold: list[Any], predicted: list[Any], span: float, seed: int
-) -> None:
+def _score_numbers(gold: list[Any], predicted: list[Any], span: float, seed: int) -> dict[str, Any]:
     mae = metrics.mean_absolute_error(gold, predicted)
     pairs = [
         (g, p) for g, p in zip(gold, predicted, strict=True) if g is not None and p is not None
@@ -260,30 +259,31 @@ def _score_numbers(
     def score(sample: Sequence[tuple[float, float]]) -> float:
         return 1 - min(1.0, statistics.fmean(abs(g - p) for g, p in sample) / span)
 
-    scores.update(
-        mae=mae,
-        n=mae.n,
-        score=score(pairs) if pairs else None,
-        interval=_bootstrap(pairs, score, seed),
-    )
+    return {
+        "mae": mae,
+        "n": mae.n,
+        "score": score(pairs) if pairs else None,
+        "interval": _bootstrap(pairs, score, seed),
+    }
 
 
 def _score_text(
-    scores: dict[str, Any], gold: list[Any], predicted: list[Any], seed: int, notes: list[str]
-) -> None:
-    scores["lengths"] = metrics.text_lengths(predicted)
+    gold: list[Any], predicted: list[Any], seed: int, notes: list[str]
+) -> dict[str, Any]:
+    lengths = metrics.text_lengths(predicted)
     if not similarity.local_model_available():
         if similarity.UNAVAILABLE not in notes:
             notes.append(similarity.UNAVAILABLE)
-        return
+        return {"lengths": lengths}
     cosines = [c for c in similarity.similarities(gold, predicted) if c is not None]
-    scores.update(
-        n=len(cosines),
-        score=statistics.fmean(cosines) if cosines else None,
-        interval=_bootstrap(
+    return {
+        "lengths": lengths,
+        "n": len(cosines),
+        "score": statistics.fmean(cosines) if cosines else None,
+        "interval": _bootstrap(
             [(c, c) for c in cosines], lambda s: statistics.fmean(c for c, _ in s), seed
         ),
-    )
+    }
 
 
 def _realtime_cost_per_1k(run: VariantRun) -> float:
@@ -301,22 +301,16 @@ def _variant_report(
     scoring: Scoring,
     notes: list[str],
 ) -> VariantReport:
-    scores: dict[str, Any] = {
-        "score": None,
-        "interval": None,
-        "n": 0,
-        "against_baseline": scoring.against == BASELINE,
-    }
     seed = spec.eval.seed
     if scoring.kind == "label":
         schema = spec.output.output_schema[scoring.field]
         labels = list(schema.isin or [True, False])
-        _score_labels(scores, gold, predicted, labels, seed)
+        against_baseline = scoring.against == BASELINE
+        scores = _score_labels(gold, predicted, labels, against_baseline, seed)
     elif scoring.kind == "number":
-        _score_numbers(scores, gold, predicted, scoring.span or 1.0, seed)
+        scores = _score_numbers(gold, predicted, scoring.span or 1.0, seed)
     else:
-        _score_text(scores, gold, predicted, seed, notes)
-    scores.pop("against_baseline")
+        scores = _score_text(gold, predicted, seed, notes)
     never_sent = sum(n for c, n in run.dead_letters_by_class.items() if c in NEVER_SENT)
     sent = run.items - never_sent - run.open_items
     failed = sent - run.succeeded
@@ -398,8 +392,9 @@ def build_report(
     notes: list[str] = []
     field, kind = _scored(spec)
     records = _sample_records(result, storage)
+    outputs = {name: _outputs(ledger, run) for name, run in result.variants.items()}
     predictions = {
-        name: _predictions(ledger, run, result, spec, field, kind)
+        name: _predictions(outputs[name], run, result, spec, field, kind)
         for name, run in result.variants.items()
     }
     reference_field = spec.eval.reference_field
@@ -430,7 +425,10 @@ def build_report(
     if spec.eval.price_as:
         for report in reports:
             run = result.variants[report.name]
-            report.what_if = variant_what_if(spec, run, result.specs[report.name], records, ledger)
+            variant = result.specs[report.name]
+            report.what_if = variant_what_if(
+                spec, run, variant, records, outputs[report.name], ledger
+            )
     still_open = {r.name: r.open_items for r in reports if r.open_items}
     if still_open:
         notes.append(
