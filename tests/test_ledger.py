@@ -1335,7 +1335,7 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 8
+    assert schema_version(upgraded) == SCHEMA_VERSION == 9
     inspector = sa.inspect(upgraded.engine)
     columns = {c["name"] for c in inspector.get_columns("llm_batch_result")}
     assert "request_offset" in columns
@@ -1354,6 +1354,40 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
         assert f"fillfactor={tables.RESULT_FILLFACTOR}" in (options or [])
 
 
+def test_a_version_8_ledger_gains_the_lock_leases_and_the_lifecycle_columns(
+    database_url: str,
+) -> None:
+    """Version 9 adds the locks' fencing leases, an eval job's parent pipeline, when a day was
+    validated and reported, and when a shard's cancel was sent."""
+    first = LedgerResource(database_url=database_url)
+    make_job(first)
+    added = {
+        "llm_batch_job": ("parent_pipeline", "validated_at", "reported_at"),
+        "llm_batch_shard": ("cancel_sent_at",),
+    }
+    with engine_of(database_url).begin() as conn:
+        conn.execute(sa.text("DROP TABLE llm_lock_lease"))
+        for table, columns in added.items():
+            for column in columns:
+                conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN {column}"))
+        conn.execute(sa.delete(tables.schema_version))
+        conn.execute(sa.insert(tables.schema_version).values(version=8, applied_at=L.utcnow()))
+    schema.ensure_schema.cache_clear()
+
+    upgraded = LedgerResource(database_url=database_url)
+
+    assert schema_version(upgraded) == SCHEMA_VERSION == 9
+    inspector = sa.inspect(upgraded.engine)
+    assert "llm_lock_lease" in inspector.get_table_names()
+    for table, columns in added.items():
+        assert set(columns) <= {c["name"] for c in inspector.get_columns(table)}
+    job = upgraded.get_job(JOB)
+    assert job is not None and job.validated_at is None and job.parent_pipeline is None
+    with upgraded.day_lock(JOB, holder="after the upgrade"):
+        upgraded.update_job(JOB, reported_at=L.utcnow())
+    assert upgraded.get_job(JOB).reported_at is not None
+
+
 def test_a_version_6_ledger_gains_the_pipeline_state_table(database_url: str) -> None:
     """Version 7 adds the pipeline pauses; a version 6 ledger keeps its rows and can pause."""
     first = LedgerResource(database_url=database_url)
@@ -1366,7 +1400,7 @@ def test_a_version_6_ledger_gains_the_pipeline_state_table(database_url: str) ->
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 8
+    assert schema_version(upgraded) == SCHEMA_VERSION == 9
     assert "llm_batch_pipeline_state" in sa.inspect(upgraded.engine).get_table_names()
     assert upgraded.get_job(JOB) is not None
     assert upgraded.pipeline_pause("reviews") is None

@@ -13,7 +13,7 @@ finished); `LedgerResource` is the one Dagster resource over them.
 
 from llm_assets.resources.ledger.bulk import BackgroundWriter
 from llm_assets.resources.ledger.items import ShardMismatch
-from llm_assets.resources.ledger.locks import DayBusy
+from llm_assets.resources.ledger.locks import DayBusy, LostLock
 from llm_assets.resources.ledger.records import (
     JobCounts,
     JobRecord,
@@ -71,6 +71,7 @@ __all__ = [
     "BackgroundWriter",
     "ConnectionLimits",
     "DayBusy",
+    "LostLock",
     "JobCounts",
     "JobRecord",
     "LedgerResource",

@@ -8,7 +8,9 @@ SQLAlchemy stores them.
 """
 
 import contextlib
+import contextvars
 import datetime as dt
+import functools
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -254,8 +256,9 @@ class BackgroundWriter:
                     self._error = exc
 
     def submit(self, task: Any) -> None:
+        """Queue a write; it runs in the caller's context (the locks it holds fence it)."""
         self._raise()
-        self._queue.put(task)
+        self._queue.put(functools.partial(contextvars.copy_context().run, task))
 
     def _raise(self) -> None:
         if self._error is not None:

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection, Engine
 from llm_assets.parallel import chunked
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.bulk import Bulk
+from llm_assets.resources.ledger.locks import check_fences
 from llm_assets.resources.ledger.records import JobCounts, utcnow
 from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import result_table, shard_table
@@ -73,6 +74,7 @@ def add_items(engine: Engine, items: Iterable[dict[str, Any]]) -> int:
     inserted = 0
     for chunk in chunked(items, limits.CHUNK):
         with engine.begin() as conn:
+            check_fences(conn)
             inserted += insert_items(conn, chunk, now)
     return inserted
 
@@ -93,6 +95,7 @@ def set_item_errors(
     for chunk in chunked(rows, limits.BULK_CHUNK):
         keys = [k for k in chunk[0] if k != "custom_id"]
         with engine.begin() as conn:
+            check_fences(conn)
             bulk = Bulk(conn)
             if not bulk.postgres:
                 sets = ", ".join(f"{k} = ?" for k in keys)
@@ -135,6 +138,7 @@ def move_into_shard(
     guard = f"status = {status_in([from_status])}"
     moved = 0
     with engine.begin() as conn:
+        check_fences(conn)
         record_new_shard(conn, shard, now)
         bulk = Bulk(conn)
         for chunk in chunked(lines, limits.BULK_CHUNK):
@@ -173,6 +177,7 @@ def set_shard_items(
 ) -> int:
     """Move every item of a shard that is still in one of `from_status`."""
     with engine.begin() as conn:
+        check_fences(conn)
         return conn.execute(
             sa.update(result_table)
             .where(

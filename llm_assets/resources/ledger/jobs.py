@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from llm_assets.resources.ledger import items
+from llm_assets.resources.ledger.locks import check_fences
 from llm_assets.resources.ledger.records import JobCounts, JobRecord, utcnow
 from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import job_table, shard_table
@@ -45,6 +46,7 @@ def jobs_for_partition(engine: Engine, pipeline: str, partition_date: dt.date) -
 
 def update_job(engine: Engine, job_id: str, **values: Any) -> None:
     with engine.begin() as conn:
+        check_fences(conn)
         conn.execute(
             sa.update(job_table)
             .where(job_table.c.job_id == job_id)

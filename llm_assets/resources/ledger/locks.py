@@ -1,22 +1,31 @@
-"""Locks that die with their holder: the right to submit one shard, and the right to write
-one day (a job).
+"""Locks that die with their holder and fence out a holder that lost them: the right to
+submit one shard, and the right to write one day (a job).
 
 Two runs of the same day (a sensor's, a backfill's, an operator's `run --wait`) may work at
 once. A shard gets one batch because its submission holds the shard's lock; the day's other
-writes (building shards, importing with retry planning, requeueing, writing validated
-outputs) hold the day's lock, so one run does them at a time and the next finds them done.
+writes (building shards, submitting, importing with retry planning, requeueing, cancelling)
+hold the day's lock, so one run does them at a time and the next finds them done.
 
-On PostgreSQL the locks are session advisory locks on a connection of their own; beside a
-SQLite ledger file they are flocks on files in a folder next to it. Either way the operating
-system or the database drops a lock when its holder dies, so a crashed run never blocks the
-next one.
+On PostgreSQL the locks are session advisory locks, each on a connection held for the hold;
+beside a SQLite ledger file they are flocks on files in a folder next to it. Either way the
+operating system or the database drops a lock when its holder dies, so a crashed run never
+blocks the next one.
+
+A lock can also be lost while its holder lives on: the connection's backend is terminated
+(pg_terminate_backend, a failover, an idle-session timeout) or the lock file is removed. Then
+another run takes it and both would write. So every lock carries a fencing token: a row of
+`llm_lock_lease` whose generation grows by one each time a run takes the lock. While a block
+holds locks, every ledger write that spends money or changes an item's state checks, in its
+own transaction, that each held lock's generation is still the one this run took
+(`check_fences`); a run that lost a lock raises LostLock before it writes anything more.
 """
 
 import contextlib
+import contextvars
+import dataclasses
 import hashlib
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +34,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from llm_assets import file_lock
+from llm_assets.resources.ledger.records import utcnow
+from llm_assets.resources.ledger.schema import dialect_insert
+from llm_assets.resources.ledger.tables import lock_lease_table
 
 DAY_LOCK_WAIT_SECONDS = 1800.0
 """How long a run waits for another run's hold on the same day before it gives up."""
@@ -37,14 +49,95 @@ class DayBusy(Exception):
     """Another run held the day for longer than this run may wait."""
 
 
-_held = threading.local()
+class LostLock(Exception):
+    """Another run took over a lock this run held (its connection was cut, or its lock file
+    removed): this run stopped before its next write, and the other run carries on."""
 
 
-def _held_here() -> set[str]:
-    """The day locks this thread holds: a step that holds its day never waits for itself."""
-    if not hasattr(_held, "keys"):
-        _held.keys = set()
-    return _held.keys
+@dataclasses.dataclass(frozen=True)
+class Fence:
+    """A lock as this run took it: its name and the generation that was current then."""
+
+    name: str
+    generation: int
+    holder: str
+
+
+_fences: contextvars.ContextVar[tuple[Fence, ...]] = contextvars.ContextVar(
+    "llm_assets_fences", default=()
+)
+"""The locks the running code holds. A context variable, so threads the holder starts with
+its context (the ledger's writer thread, asyncio.to_thread) write under the same fences."""
+
+
+def held_fences() -> tuple[Fence, ...]:
+    return _fences.get()
+
+
+@contextlib.contextmanager
+def _fenced(fence: Fence) -> Iterator[None]:
+    token = _fences.set((*_fences.get(), fence))
+    try:
+        yield
+    finally:
+        _fences.reset(token)
+
+
+def check_fences(conn: Connection) -> None:
+    """Raise LostLock unless every lock the running code holds is still the one it took,
+    checked in the caller's transaction (before its first write): on PostgreSQL the check
+    keeps the lease row locked until that transaction ends, so a run taking the lock over
+    waits for it; on SQLite the check is the transaction's first write, which takes the
+    database's write lock."""
+    for fence in _fences.get():
+        kept = conn.execute(
+            sa.update(lock_lease_table)
+            .where(
+                lock_lease_table.c.name == fence.name,
+                lock_lease_table.c.generation == fence.generation,
+            )
+            .values(checked_at=utcnow())
+        ).rowcount
+        if kept:
+            continue
+        now = conn.execute(
+            sa.select(lock_lease_table.c.generation, lock_lease_table.c.holder).where(
+                lock_lease_table.c.name == fence.name
+            )
+        ).first()
+        by = f" by {now.holder} (generation {now.generation})" if now is not None else ""
+        raise LostLock(
+            f"{fence.holder} lost its hold on {fence.name}: it was taken "
+            f"over{by} while this run held it (generation {fence.generation}), after its "
+            "connection to the ledger was cut or its lock file removed. This run stopped "
+            "before writing anything more; the run that holds it now carries the work on"
+        )
+
+
+def _lease_name(lock: str) -> str:
+    return lock.replace("\0", ":")  # PostgreSQL text holds no NUL
+
+
+def _take_lease(engine: Engine, lock: str, holder: str) -> Fence:
+    """The next generation of the lock's lease, recorded for a run that has just taken it."""
+    name = _lease_name(lock)
+    now = utcnow()
+    table = lock_lease_table
+    with engine.begin() as conn:
+        conn.execute(
+            dialect_insert(conn, table)
+            .values(name=name, generation=0, holder=holder, taken_at=now)
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
+        conn.execute(
+            sa.update(table)
+            .where(table.c.name == name)
+            .values(generation=table.c.generation + 1, holder=holder, taken_at=now)
+        )
+        generation = conn.execute(
+            sa.select(table.c.generation).where(table.c.name == name)
+        ).scalar_one()
+    return Fence(name=name, generation=int(generation), holder=holder)
 
 
 def holder_name(who: str) -> str:
@@ -52,15 +145,54 @@ def holder_name(who: str) -> str:
     return f"{who} (pid {os.getpid()} on {socket.gethostname()})"
 
 
+def _day_name(job_id: str) -> str:
+    return f"day\0{job_id}"
+
+
+def _shard_name(shard_id: str) -> str:
+    return f"shard\0{shard_id}"
+
+
 @contextlib.contextmanager
-def submission_lock(engine: Engine, shard_id: str) -> Iterator[bool]:
-    """Hold the right to submit one shard; yields False when another process holds it.
+def submission_lock(
+    engine: Engine, shard_id: str, *, holder: str = "", wait_seconds: float = 0.0
+) -> Iterator[bool]:
+    """Hold the right to submit (or work) one shard; yields False when another process
+    holds it (still, after `wait_seconds`). Fenced: the block's writes stop with LostLock
+    once another run has taken it.
 
     Two runs of the same day must not both create a batch for a shard. A crashed holder's
     successor reconciles from the recorded intent.
     """
-    with _lock(engine, f"shard\0{shard_id}", wait=None) as got:
-        yield got
+    name = _shard_name(shard_id)
+    wait = (wait_seconds, lambda _who, _waited: None) if wait_seconds > 0 else None
+    with _lock(engine, name, wait=wait, holder=holder) as got:
+        if not got:
+            yield False
+            return
+        with _fenced(_take_lease(engine, name, holder_name(holder or "a run"))):
+            yield True
+
+
+def is_held(engine: Engine, shard_id: str) -> bool:
+    """Whether some run holds the shard's submission lock now. On PostgreSQL read from
+    pg_locks; beside SQLite the lock is taken for a moment (a submission waits a moment
+    for a lock it finds taken, see submit.SUBMISSION_LOCK_WAIT_SECONDS)."""
+    name = _shard_name(shard_id)
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            unsigned = _advisory_key(conn, name) & 0xFFFFFFFFFFFFFFFF
+            return bool(
+                conn.execute(
+                    sa.text(
+                        "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                        "AND classid = :high AND objid = :low AND objsubid = 1"
+                    ),
+                    {"high": unsigned >> 32, "low": unsigned & 0xFFFFFFFF},
+                ).first()
+            )
+    with _lock(engine, name, wait=None) as got:
+        return not got
 
 
 @contextlib.contextmanager
@@ -74,9 +206,10 @@ def day_lock(
 ) -> Iterator[None]:
     """Hold the right to write one job's day for the block, waiting (at most `wait_seconds`)
     while another run holds it; `log` hears whom this run waits for. Raises DayBusy when the
-    wait runs out. A thread that holds the day already goes on at once."""
-    held = _held_here()
-    if job_id in held:
+    wait runs out. Code that holds the day already goes on at once. Fenced: the block's
+    writes stop with LostLock once another run has taken the day over."""
+    name = _day_name(job_id)
+    if any(fence.name == _lease_name(name) for fence in _fences.get()):
         yield
         return
 
@@ -87,18 +220,15 @@ def day_lock(
                 f"(waited {waited:.0f} s of at most {wait_seconds:.0f} s)"
             )
 
-    with _lock(engine, f"day\0{job_id}", wait=(wait_seconds, waiting), holder=holder) as got:
+    with _lock(engine, name, wait=(wait_seconds, waiting), holder=holder) as got:
         if not got:
             raise DayBusy(
                 f"another run has been writing day {job_id} for over {wait_seconds:.0f} s; "
                 "this run changed nothing. Run it again when that run has finished "
                 "(`llm-assets status` shows the day)"
             )
-        held.add(job_id)
-        try:
+        with _fenced(_take_lease(engine, name, holder)):
             yield
-        finally:
-            held.discard(job_id)
 
 
 _Wait = tuple[float, Callable[[str, float], None]]
@@ -189,10 +319,15 @@ def _advisory_lock(conn: Connection, name: str, wait: _Wait | None, holder: str)
     try:
         yield True
     finally:
-        if holder:
-            conn.execute(sa.text("RESET application_name"))
-        conn.execute(sa.select(sa.func.pg_advisory_unlock(key)))
-        conn.commit()
+        try:
+            if holder:
+                conn.execute(sa.text("RESET application_name"))
+            conn.execute(sa.select(sa.func.pg_advisory_unlock(key)))
+            conn.commit()
+        except sa.exc.DBAPIError:
+            # The connection is gone, and the lock with it: the fence stopped any write made
+            # after that. The broken connection is not handed back to the pool.
+            conn.invalidate()
 
 
 @contextlib.contextmanager

@@ -54,6 +54,10 @@ class JobRecord(BaseModel):
     personal_data_json: str | None = None
     """Values the personal-data policy found in the day's prompts, as JSON counts by
     "entity:action" (see `personal_data`)."""
+    parent_pipeline: str | None = None
+    """Set on an eval pipeline's job: the pipeline whose caps, pause and cancel it runs under."""
+    validated_at: UtcDatetime | None = None
+    reported_at: UtcDatetime | None = None
     created_by: str
     created_at: UtcDatetime
     updated_at: UtcDatetime
@@ -97,11 +101,17 @@ class ShardRecord(BaseModel):
     submit_intent_at: UtcDatetime | None
     cancelled_at: UtcDatetime | None = None
     """When an operator cancelled the shard: what it did not answer is a cancelled dead letter."""
+    cancel_sent_at: UtcDatetime | None = None
+    """When the provider was asked to cancel the shard's batch."""
     provider_files_deleted_at: UtcDatetime | None = None
     """When the shard's files at the provider were deleted after its import (retention)."""
     submitted_at: UtcDatetime | None
     ended_at: UtcDatetime | None
     imported_at: UtcDatetime | None
+    created_at: UtcDatetime | None = None
+    updated_at: UtcDatetime | None = None
+    """When the row last changed: a poll records the provider's word, so it is the last poll
+    of a batch in flight."""
 
 
 class PipelinePause(BaseModel):

@@ -254,6 +254,31 @@ def finished_jobs(
         ]
 
 
+def active_jobs(engine: Engine, pipeline: str, since: dt.datetime) -> list[JobRecord]:
+    """The jobs of a pipeline and of its evals that the lifecycle may have something to do
+    for: a shard not imported yet, or every shard imported (the last since `since`) and the
+    day not validated and reported since. Bounded by `since` so a sensor's work does not grow
+    with the pipeline's history."""
+    last = sa.func.max(_s.imported_at)
+    open_shards = sa.func.count(_s.shard_id).filter(_s.status != "imported")
+    unfinished = sa.or_(
+        _j.reported_at.is_(None),
+        _j.reported_at < last,
+        _j.validated_at.is_(None),
+        _j.validated_at < last,
+    )
+    query = (
+        sa.select(job_table)
+        .join(shard_table, _s.job_id == _j.job_id)
+        .where(sa.or_(_j.pipeline == pipeline, _j.parent_pipeline == pipeline))
+        .group_by(*job_table.c)
+        .having(sa.or_(open_shards > 0, sa.and_(last >= since, unfinished)))
+        .order_by(_j.partition_date, _j.pipeline)
+    )
+    with engine.connect() as conn:
+        return [JobRecord.model_validate(row._mapping) for row in conn.execute(query)]
+
+
 def recent_provider_batch_ids(engine: Engine, provider: str, since: dt.datetime) -> frozenset[str]:
     """Provider batch ids recorded for shards submitted since `since`."""
     query = sa.select(_s.provider_batch_id).where(

@@ -222,10 +222,18 @@ class LedgerResource(dg.ConfigurableResource):
         return shards.update_shard(self.engine, shard_id, expect_status=expect_status, **values)
 
     @contextlib.contextmanager
-    def submission_lock(self, shard_id: str) -> Iterator[bool]:
+    def submission_lock(
+        self, shard_id: str, *, holder: str = "", wait_seconds: float = 0.0
+    ) -> Iterator[bool]:
         """Hold the right to submit one shard; yields False when another process holds it."""
-        with locks.submission_lock(self.engine, shard_id) as got:
+        with locks.submission_lock(
+            self.engine, shard_id, holder=holder, wait_seconds=wait_seconds
+        ) as got:
             yield got
+
+    def submission_held(self, shard_id: str) -> bool:
+        """Whether another run holds the shard's submission lock now."""
+        return locks.is_held(self.engine, shard_id)
 
     @contextlib.contextmanager
     def day_lock(
@@ -256,8 +264,9 @@ class LedgerResource(dg.ConfigurableResource):
         """The shard is about to be sent: recorded durably before the create call."""
         shards.record_submit_intent(self.engine, shard_id, price_json)
 
-    def mark_submitted(self, shard_id: str, provider_batch_id: str, status: str) -> None:
-        shards.mark_submitted(self.engine, shard_id, provider_batch_id, status)
+    def mark_submitted(self, shard_id: str, provider_batch_id: str, status: str) -> bool:
+        """Record the shard's batch; False when it has one recorded already."""
+        return shards.mark_submitted(self.engine, shard_id, provider_batch_id, status)
 
     def close_shard(
         self,
@@ -317,6 +326,9 @@ class LedgerResource(dg.ConfigurableResource):
         self, pipeline: str, since: dt.datetime
     ) -> list[tuple[JobRecord, int, dt.datetime]]:
         return reporting.finished_jobs(self.engine, pipeline, since)
+
+    def active_jobs(self, pipeline: str, since: dt.datetime) -> list[JobRecord]:
+        return reporting.active_jobs(self.engine, pipeline, since)
 
     def in_flight_load(self, provider: str, model: str) -> tuple[int, int]:
         return reporting.in_flight_load(self.engine, provider, model)

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 from llm_assets.parallel import chunked
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.bulk import BackgroundWriter, Bulk
+from llm_assets.resources.ledger.locks import check_fences
 from llm_assets.resources.ledger.records import UpsertStats, utcnow
 from llm_assets.resources.ledger.tables import result_table
 from llm_assets.result_rows import (
@@ -148,6 +149,7 @@ class _Picker:
     def _apply(self, rows: list[Any], stats: UpsertStats | None, shard_id: str | None) -> None:
         """Apply staged rows (stats given) or the overrides of a failure (stats None)."""
         with self.engine.begin() as conn:
+            check_fences(conn)
             applied = apply_staged(
                 Bulk(conn), self.job_id, rows, self.now, override=stats is None, shard_id=shard_id
             )

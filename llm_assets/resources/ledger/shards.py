@@ -10,6 +10,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.items import ShardMismatch, insert_items, record_new_shard
+from llm_assets.resources.ledger.locks import check_fences
 from llm_assets.resources.ledger.records import ShardRecord, utcnow
 from llm_assets.resources.ledger.schema import durable_begin
 from llm_assets.resources.ledger.tables import reservation_table, result_table, shard_table
@@ -30,6 +31,7 @@ def add_shard_with_items(
     """
     now = utcnow()
     with engine.begin() as conn:
+        check_fences(conn)
         record_new_shard(conn, shard, now)
         inserted = insert_items(conn, new_items, now)
         if inserted != len(new_items):
@@ -72,6 +74,7 @@ def update_shard(
     if expect_status is not None:
         query = query.where(shard_table.c.status.in_(list(expect_status)))
     with engine.begin() as conn:
+        check_fences(conn)
         return conn.execute(query.values(**values, updated_at=utcnow())).rowcount > 0
 
 
@@ -82,6 +85,7 @@ def record_submit_intent(engine: Engine, shard_id: str, price_json: str) -> None
     it survives the machine dying right after that call."""
     now = utcnow()
     with durable_begin(engine) as conn:
+        check_fences(conn)
         conn.execute(
             sa.update(shard_table)
             .where(shard_table.c.shard_id == shard_id)
@@ -89,10 +93,12 @@ def record_submit_intent(engine: Engine, shard_id: str, price_json: str) -> None
         )
 
 
-def mark_submitted(engine: Engine, shard_id: str, provider_batch_id: str, status: str) -> None:
-    """Record the provider batch and count an attempt for each item, atomically."""
+def mark_submitted(engine: Engine, shard_id: str, provider_batch_id: str, status: str) -> bool:
+    """Record the provider batch and count an attempt for each item, atomically; False when
+    the shard has a batch recorded already."""
     now = utcnow()
     with engine.begin() as conn:
+        check_fences(conn)
         changed = conn.execute(
             sa.update(shard_table)
             .where(shard_table.c.shard_id == shard_id, shard_table.c.provider_batch_id.is_(None))
@@ -112,6 +118,7 @@ def mark_submitted(engine: Engine, shard_id: str, provider_batch_id: str, status
                 .where(result_table.c.shard_id == shard_id, result_table.c.status == PENDING)
                 .values(status=SUBMITTED, attempts=result_table.c.attempts + 1, updated_at=now)
             )
+        return changed > 0
 
 
 def close_shard(
@@ -135,6 +142,7 @@ def close_shard(
         items = {**items, "attempts": result_table.c.attempts - 1}
     now = utcnow()
     with engine.begin() as conn:
+        check_fences(conn)
         moved, totals = _close_items(conn, shard_id, list(from_status), items, now)
         _settle(conn, shard_id, totals, now)
         query = sa.update(shard_table).where(shard_table.c.shard_id == shard_id)
@@ -223,6 +231,7 @@ def narrow_shard(
     `values` (file, size, item count) and each item its new offset, all or nothing."""
     now = utcnow()
     with engine.begin() as conn:
+        check_fences(conn)
         conn.execute(
             sa.update(shard_table)
             .where(shard_table.c.shard_id == shard_id, shard_table.c.provider_batch_id.is_(None))

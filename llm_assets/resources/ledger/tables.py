@@ -57,6 +57,11 @@ job_table = sa.Table(
     sa.Column("cancel_reason", sa.Text, nullable=True),
     # What the personal-data policy found in the day's prompts: {"email:redact": 3, ...}.
     sa.Column("personal_data_json", sa.Text, nullable=True),
+    # An eval pipeline's job: the pipeline whose caps, pause and cancel it runs under.
+    sa.Column("parent_pipeline", sa.String(128), nullable=True),
+    # When the day's validation and its report last ran (the lifecycle's finish steps).
+    sa.Column("validated_at", Timestamp, nullable=True),
+    sa.Column("reported_at", Timestamp, nullable=True),
     sa.Column("created_by", sa.String(128), nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),
@@ -98,6 +103,8 @@ shard_table = sa.Table(
     sa.Column("not_before", Timestamp, nullable=True),
     sa.Column("submit_intent_at", Timestamp, nullable=True),
     sa.Column("cancelled_at", Timestamp, nullable=True),
+    # When the provider was asked to cancel the shard's batch.
+    sa.Column("cancel_sent_at", Timestamp, nullable=True),
     # When the shard's files at the provider were deleted after its import (retention).
     sa.Column("provider_files_deleted_at", Timestamp, nullable=True),
     sa.Column("submitted_at", Timestamp, nullable=True),
@@ -218,6 +225,18 @@ pipeline_state_table = sa.Table(
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("resumed_at", Timestamp, nullable=True),
     sa.Column("resumed_by", sa.String(128), nullable=True),
+)
+
+lock_lease_table = sa.Table(
+    "llm_lock_lease",
+    metadata,
+    # One row per lock (a day's or a shard's): its generation grows by one each time a run
+    # takes the lock, and every fenced write checks it in its own transaction (locks.py).
+    sa.Column("name", sa.String(192), primary_key=True),
+    sa.Column("generation", BigInt, nullable=False),
+    sa.Column("holder", sa.Text, nullable=True),
+    sa.Column("taken_at", Timestamp, nullable=False),
+    sa.Column("checked_at", Timestamp, nullable=True),
 )
 
 pseudonym_table = sa.Table(
