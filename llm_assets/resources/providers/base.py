@@ -229,6 +229,13 @@ class BatchProvider(dg.ConfigurableResource):
         """Submit once; the same shard submitted again returns the same provider batch id."""
         raise NotImplementedError
 
+    def find_submitted(self, shard: ShardSubmission) -> str | None:
+        """The batch an earlier attempt created for the shard (it recorded its intent, then
+        stopped before recording the batch), looked up without creating one: what is
+        reconciled before a shard that may not be sent (cancelled, paused) is closed. None
+        when the provider has none."""
+        raise NotImplementedError
+
     def poll(self, provider_batch_id: str) -> BatchStatus:
         raise NotImplementedError
 

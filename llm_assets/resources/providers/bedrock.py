@@ -247,6 +247,20 @@ class BedrockBatchProvider(BatchProvider):
         answer = self.call("create job", lambda: self._create_job(request))
         return str(answer["jobArn"])
 
+    def find_submitted(self, shard: ShardSubmission) -> str | None:
+        """The shard's job, found by its name (a job's name is made from its shard id)."""
+        name = job_name(shard.shard_id)
+        answer = self.call(
+            "list jobs",
+            lambda: self._client("bedrock").list_model_invocation_jobs(nameContains=name),
+        )
+        found = [
+            job["jobArn"]
+            for job in answer.get("invocationJobSummaries", [])
+            if job.get("jobName") == name
+        ]
+        return found[0] if found else None
+
     def _create_job(self, request: dict[str, Any]) -> dict[str, Any]:
         """CreateModelInvocationJob; the quota of jobs in progress per model is not retried
         here (it frees up as jobs end, not in seconds): the shard waits for it."""

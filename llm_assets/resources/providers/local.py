@@ -138,6 +138,10 @@ class LocalProvider(BatchProvider):
             body["x_local"] = extras
         return {"custom_id": item.custom_id, "method": "POST", "url": ENDPOINT, "body": body}
 
+    def find_submitted(self, shard: ShardSubmission) -> str | None:
+        batch_id = local_batch_id(shard.shard_id)
+        return batch_id if (self._batches_dir() / batch_id / "batch.json").exists() else None
+
     def submit(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
         batch_id = local_batch_id(shard.shard_id)
         final = self._batches_dir() / batch_id

@@ -17,6 +17,7 @@ from llm_assets.resources.providers.base import (
     BatchStatus,
     ItemResult,
     RequestItem,
+    ShardSubmission,
     resolve_secret,
 )
 from llm_assets.resources.providers.openai_batch import chat_body
@@ -82,6 +83,10 @@ class OnlineProvider(BatchProvider):
             "url": "/v1/chat/completions",
             "body": chat_body(spec, item),
         }
+
+    def find_submitted(self, shard: ShardSubmission) -> str | None:
+        """A shard sent request by request records its id before its first send."""
+        return None
 
     def poll(self, provider_batch_id: str) -> BatchStatus:
         raise NotImplementedError("online shards are run by provider_batches, not polled")

@@ -142,6 +142,9 @@ class RemoteBatchProvider(BatchProvider):
                 return
             after = batches[-1].id
 
+    def find_submitted(self, shard: ShardSubmission) -> str | None:
+        return self.find_existing(shard)
+
     def submit(self, shard: ShardSubmission, storage: "ArtifactStorage") -> str:
         """The batch of an earlier attempt that recorded its intent but not a batch id, else
         a new one (`create_batch`)."""
