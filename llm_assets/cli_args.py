@@ -28,20 +28,53 @@ def register_provider_checks() -> None:
     import llm_assets.resources.providers.registry  # noqa: F401
 
 
-def pipeline_spec(settings: Settings, name: str) -> PipelineSpec:
-    """The pipeline of that name, its spec validated (problems printed, exit 1)."""
+def _specs(settings: Settings) -> dict[str, PipelineSpec]:
+    """Every pipeline's spec by name, validated (problems printed, exit 1)."""
     register_provider_checks()
     try:
-        specs = {s.name: s for s in load_specs(settings.pipelines_dir)}
+        return {s.name: s for s in load_specs(settings.pipelines_dir)}
     except SpecError as exc:
         for problem in exc.problems:
             print_error(str(problem))
         sys.exit(EXIT_ERROR)
+
+
+def pipeline_spec(settings: Settings, name: str) -> PipelineSpec:
+    """The pipeline of that name, its spec validated (problems printed, exit 1)."""
+    specs = _specs(settings)
     if name not in specs:
         raise click.UsageError(
             f"no pipeline {name!r} in {settings.pipelines_dir}; known: {', '.join(sorted(specs))}"
         )
     return specs[name]
+
+
+def day_of(settings: Settings, name: str, date_: str) -> tuple[PipelineSpec, Any, Any]:
+    """A day of a pipeline, or of one of its evals named by its eval pipeline
+    (`<pipeline>__<variant>__<digest>`): its spec, the resources and the day's job; a usage
+    error when there is no such day."""
+    from llm_assets.resources import build_resources
+    from llm_assets.steps.executor import job_spec
+
+    day = parse_date(date_)
+    assert day is not None
+    specs = _specs(settings)
+    if name in specs:
+        resources, job = current_job(settings, specs[name], day)
+        return specs[name], resources, job
+    resources = build_resources(settings)
+    evals = [
+        job
+        for job in resources["ledger"].jobs_for_partition(name, day)
+        if job.parent_pipeline in specs
+    ]
+    if not evals:
+        raise click.UsageError(
+            f"no pipeline {name!r} in {settings.pipelines_dir}, and no eval pipeline of that "
+            f"name with a job on {day}; known pipelines: {', '.join(sorted(specs))}"
+        )
+    job = evals[-1]
+    return job_spec(specs[job.parent_pipeline], job), resources, job
 
 
 def parse_date(value: str | None) -> dt.date | None:

@@ -1,26 +1,30 @@
 """The operator's commands: `cancel` a day or some of its shards, `pause` and `resume` a
 pipeline, apply its `retention` now.
 
-`cancel` cancels the provider batches in flight and closes the shards not sent yet, then (unless
-`--no-wait`) waits for the cancelled batches to settle, imports what they answered, and
-reports the day: every item ends succeeded or a dead letter, the unanswered ones `cancelled`,
-which `llm-assets requeue --class cancelled` sends again.
+`cancel` records the cancel and lets the day's lifecycle carry it out (steps/cancel.py): a
+submission that created a batch without recording it is reconciled first, batches in flight
+are cancelled, shards not sent are closed. Unless `--no-wait`, it then drives the day (the
+same loop as `run --wait`) until the cancelled batches have settled and what they answered is
+imported, and reports the day: every item ends succeeded or a dead letter, the unanswered
+ones `cancelled`, which `llm-assets requeue --class cancelled` sends again. PIPELINE may name
+an eval's pipeline (`<pipeline>__<variant>__<digest>`, as `llm-assets eval` prints it).
 """
 
+import dataclasses
 import datetime as dt
 import getpass
 import sys
-import time
 from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
 
-from llm_assets.cli_args import EXIT_ERROR, current_job, load_settings, parse_date, pipeline_spec
+from llm_assets.cli_args import EXIT_ERROR, day_of, load_settings, pipeline_spec
 from llm_assets.console import console, count_words, err, plural, print_pause_change
 
 if TYPE_CHECKING:
-    from llm_assets.resources.ledger import LedgerResource, ShardRecord
+    from llm_assets import steps
+    from llm_assets.resources.ledger import LedgerResource
 
 
 @click.command()
@@ -48,23 +52,22 @@ def cancel(
 ) -> None:
     """Cancel a day (or shards of it): batches in flight are cancelled and imported."""
     from llm_assets import steps
-    from llm_assets.resources.providers import provider_resource_key
-    from llm_assets.runner import IMPORT_STEPS, REPORT_STEPS, PartitionRunner, persistent_instance
+    from llm_assets.runner import PartitionRunner, persistent_instance
 
     settings = load_settings()
-    spec = pipeline_spec(settings, pipeline)
-    day = parse_date(date_)
-    assert day is not None
-    resources, job = current_job(settings, spec, day)
+    spec, resources, job = day_of(settings, pipeline, date_)
+    day = job.partition_date
     user = getpass.getuser()
-    ctx = steps.StepContext(
+    runner = PartitionRunner(
+        settings,
         spec,
-        day,
-        resources["ledger"],
-        resources["storage"],
-        resources[provider_resource_key(spec.model.provider)],
-        created_by=f"cli:{user}",
-        log=lambda message: err.print(escape(message), highlight=False),
+        persistent_instance(settings),
+        resources=resources,
+        poll_interval=poll_interval,
+    )
+    driver = runner.driver(day, [], None)
+    ctx = dataclasses.replace(
+        driver.ctx, log=lambda message: err.print(escape(message), highlight=False)
     )
     try:
         result = steps.cancel_day(
@@ -72,39 +75,31 @@ def cancel(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    ledger = resources["ledger"]
     if no_wait or not result.settling:
-        _report(spec.name, day, resources["ledger"], job.job_id, waited=False)
+        _report(spec.name, day, ledger, job.job_id, waited=False)
         return
-    ledger, provider = resources["ledger"], ctx.batch_provider
-    deadline = time.monotonic() + timeout
     settling = set(result.settling)
-    while True:
-        shards_now = [s for s in ledger.shards(job.job_id) if s.shard_id in settling]
-        open_ = [s for s in steps.poll_shards(ledger, provider, shards_now) if not _settled(s)]
-        if not open_:
-            break
-        if time.monotonic() > deadline:
-            err.print(
-                f"{len(open_)} cancelled batch(es) still winding down after {timeout:.0f}s; "
-                "the batch-status sensor imports them when they end",
-                highlight=False,
-            )
-            _report(spec.name, day, ledger, job.job_id, waited=False)
-            return
-        time.sleep(poll_interval)
-    runner = PartitionRunner(
-        settings, spec, persistent_instance(settings), resources=resources, poll_interval=0.0
-    )
-    runner.materialize(day, IMPORT_STEPS)
-    if result.whole_day:
-        runner.materialize(day, REPORT_STEPS)
+
+    def settled(decision: "steps.Decision") -> bool:
+        """The whole day finished, or the chosen shards imported."""
+        if result.whole_day:
+            return decision.done or (decision.blocked is not None and decision.settled)
+        state = driver.last_state
+        return state is not None and all(
+            s.status == "imported" for s in state.shards if s.shard_id in settling
+        )
+
+    [decision] = steps.drive([driver], until=settled, timeout_seconds=timeout).values()
+    if not settled(decision):
+        err.print(
+            f"the cancelled batches are still winding down after {timeout:.0f}s; "
+            "the batch-status sensor imports them when they end",
+            highlight=False,
+        )
+        _report(spec.name, day, ledger, job.job_id, waited=False)
+        return
     _report(spec.name, day, ledger, job.job_id, waited=True)
-
-
-def _settled(shard: "ShardRecord") -> bool:
-    from llm_assets.resources.providers.base import IN_FLIGHT_STATES
-
-    return shard.status not in IN_FLIGHT_STATES
 
 
 def _report(

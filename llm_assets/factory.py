@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 import dagster as dg
 
 from llm_assets import asset_metadata, checks, steps
-from llm_assets.resources.ledger import DayBusy, ShardMismatch
+from llm_assets.resources.ledger import DayBusy, LostLock, ShardMismatch
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import AmbiguousSubmission
 from llm_assets.settings import Settings
@@ -89,6 +89,11 @@ def _run_step(fn: Callable[[], Any]) -> Any:
     except DayBusy as exc:
         # Nothing was changed: a retry of the run (or the next sensor tick) does the work.
         raise dg.Failure(description=str(exc), metadata={"day_busy": True}) from exc
+    except LostLock as exc:
+        # Another run took the day over and carries it on; this one wrote nothing since.
+        raise dg.Failure(
+            description=str(exc), metadata={"day_busy": True}, allow_retries=False
+        ) from exc
     except ShardMismatch as exc:
         raise dg.Failure(
             description=f"stopped to keep the ledger exact: {exc}", allow_retries=False

@@ -1,15 +1,15 @@
 """Drive a partition through Dagster from a script: what `llm-assets run --wait` does.
 
-Every step runs as a real Dagster run on a persistent instance, so it shows in the UI. Only
-the waiting happens here: between runs, in-flight batches are polled with cheap status calls
-(the same call the status sensor makes), never from inside an asset. `run_days` drives a
-range of days one after another with a progress line each, for `llm-assets run` and the demo.
+Every step runs as a real Dagster run on a persistent instance, so it shows in the UI. What
+the day does next, and the waiting between runs, is the lifecycle's (steps.drive): this
+module only says how its heavy steps run here (as Dagster runs of the assets in `ASSETS_OF`).
+`run_days` drives a range of days one after another with a progress line each, for
+`llm-assets run` and the demo.
 """
 
 import datetime as dt
 import getpass
 import os
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -23,9 +23,9 @@ from llm_assets.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG, asset_key, bu
 from llm_assets.failpoints import failpoint
 from llm_assets.progress import listening
 from llm_assets.resources import build_resources
-from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
+from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.providers import provider_resource_key
-from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider
+from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec
@@ -34,6 +34,14 @@ SUBMIT_STEPS = ("input_snapshot", "request_shards", "provider_batches")
 IMPORT_STEPS = ("batch_results",)
 GATED_STEPS = ("validated_outputs", "published_outputs", "qa_sample")
 REPORT_STEPS = ("dead_letter", "cost_report")
+ASSETS_OF: dict[steps.Step, tuple[str, ...]] = {
+    steps.Step.BUILD: SUBMIT_STEPS,
+    steps.Step.SUBMIT: ("provider_batches",),
+    steps.Step.IMPORT: IMPORT_STEPS,
+    steps.Step.VALIDATE: GATED_STEPS,
+    steps.Step.REPORT: REPORT_STEPS,
+}
+"""The assets a run materializes to carry out each of the lifecycle's heavy actions."""
 
 
 class StepFailed(Exception):
@@ -107,16 +115,6 @@ def step_failure_reason(event: dg.DagsterEvent) -> str:
     return event.message or "failed"
 
 
-def shards_being_submitted(ledger: LedgerResource, job_id: str) -> int:
-    """How many of the day's waiting shards another run is submitting right now (it holds
-    their submission locks): they will be in flight, so a run waits for them too."""
-    busy = 0
-    for shard in ledger.shards(job_id, ["created"]):
-        with ledger.submission_lock(shard.shard_id) as free:
-            busy += not free
-    return busy
-
-
 class PartitionRunner:
     def __init__(
         self,
@@ -183,41 +181,6 @@ class PartitionRunner:
             raise_on_error=False,
         )
 
-    def wait_for_batches(self, day: dt.date, progress: ProgressFn | None = None) -> None:
-        """Poll in-flight shards until none is left; the local provider works when polled."""
-        job = steps.existing_job(self.spec, day, self.ledger)
-        interval = 0.0
-        while True:
-            shards = self.ledger.shards(job.job_id, IN_FLIGHT_STATES)
-            elsewhere = self.being_submitted_elsewhere(job.job_id)
-            if not shards and not elsewhere:
-                return
-            shards = steps.poll_shards(self.ledger, self.provider, shards)
-            total = sum(s.item_count for s in shards)
-            done = sum(s.completed_requests + s.failed_requests for s in shards)
-            if progress is not None:
-                progress("provider", min(done, total), total)
-            if elsewhere or (
-                any(s.status in IN_FLIGHT_STATES for s in shards)
-                and not self.provider.ends_when_polled
-            ):
-                interval = min(max(interval * 2, 1.0), self.poll_interval)
-                time.sleep(interval)
-
-    def being_submitted_elsewhere(self, job_id: str) -> int:
-        return shards_being_submitted(self.ledger, job_id)
-
-    def wait_for_backoff(self, planned: list[ShardRecord], progress: ProgressFn | None) -> None:
-        """Retry rounds wait out their backoff here, in the CLI, never inside an asset."""
-        due = [s.not_before for s in planned if s.not_before is not None]
-        if not due:
-            return
-        seconds = (min(due) - utcnow()).total_seconds()
-        if seconds > 0:
-            if progress is not None:
-                progress(f"retry backoff {seconds:.0f}s", 0, 1)
-            time.sleep(seconds)
-
     def outcome(self, day: dt.date, run_ids: list[str]) -> DayOutcome:
         job = steps.existing_job(self.spec, day, self.ledger)
         counts = self.ledger.refresh_job(job.job_id)
@@ -238,11 +201,22 @@ class PartitionRunner:
             done=counts.open == 0,
         )
 
-    def refuse_if_paused(self) -> None:
-        """A paused pipeline is not driven: blocked (exit 2), saying who paused it and why."""
-        paused = steps.pause_reason(self.ledger, self.spec.name)
-        if paused:
-            raise StepFailed(paused, gate="paused")
+    def driver(
+        self, day: dt.date, run_ids: list[str], progress: ProgressFn | None
+    ) -> steps.DayDriver:
+        """The day on this path: its heavy steps run as Dagster runs, polled at most
+        `poll_interval` apart."""
+        ctx = steps.StepContext(
+            self.spec,
+            day,
+            self.ledger,
+            self.storage,
+            self.provider,
+            created_by=f"cli:{getpass.getuser()}",
+        )
+        return steps.DayDriver(
+            ctx, runs=_DagsterRuns(self, run_ids, progress), poll_every=self.poll_interval
+        )
 
     def run_day(
         self,
@@ -252,11 +226,15 @@ class PartitionRunner:
         progress: ProgressFn | None = None,
         max_rounds: int = 50,
     ) -> DayOutcome:
-        """Submit the day; with `wait`, import, retry and finish until every item is terminal.
-        A paused pipeline (also one paused while this runs) is blocked."""
-        self.refuse_if_paused()
-        run_ids = [self.materialize(day, SUBMIT_STEPS, progress)]
-        self.refuse_if_paused()
+        """Submit the day; with `wait`, drive it (steps.drive: import, retry, finish) until
+        every item is terminal. A paused pipeline is blocked (also one paused while this
+        runs, once what is in flight has come back)."""
+        run_ids: list[str] = []
+        day_driver = self.driver(day, run_ids, progress)
+        paused = day_driver.state().paused
+        if paused:
+            raise StepFailed(paused, gate="paused")
+        run_ids.append(self.materialize(day, SUBMIT_STEPS, progress))
         if steps.no_source_rows(self.spec, day, self.storage):
             # request_shards made no job: there is nothing to wait for, import or report.
             return DayOutcome(
@@ -271,26 +249,44 @@ class PartitionRunner:
         if not wait:
             return self.outcome(day, run_ids)
         # Other runs of the same day (a sensor's, a backfill's) may import, plan and submit
-        # some of its work meanwhile: the day is done when no item is open, whoever did it.
-        for _ in range(max_rounds):
-            self.wait_for_batches(day, progress)
-            run_ids.append(self.materialize(day, IMPORT_STEPS))
-            job = steps.existing_job(self.spec, day, self.ledger)
-            if self.ledger.counts(job.job_id).open == 0:
-                break
-            planned = self.ledger.shards(job.job_id, ["created"])
-            if planned:
-                self.wait_for_backoff(planned, progress)
-                run_ids.append(self.materialize(day, ("provider_batches",), progress))
-                self.refuse_if_paused()
-        # Validation gates publication (a blocked day is skipped, not failed); dead letters
-        # and costs are reported either way, then a blocked day exits as blocked.
-        run_ids.append(self.materialize(day, GATED_STEPS))
-        run_ids.append(self.materialize(day, REPORT_STEPS))
+        # some of its work meanwhile: the lifecycle reads the ledger, whoever did it.
+        [decision] = steps.drive(
+            [day_driver], progress=_progress_of(progress), max_imports=max_rounds
+        ).values()
+        if decision.blocked is not None:
+            raise StepFailed(decision.blocked, gate=decision.gate)
         blocked = steps.publication_block(self.spec, day, self.storage)
         if blocked is not None:
             raise StepFailed(f"quality gate: publication {blocked}", gate="quality")
         return self.outcome(day, run_ids)
+
+
+class _DagsterRuns:
+    """The CLI's way to run a day's heavy steps: Dagster runs on the persistent instance."""
+
+    def __init__(
+        self, runner: PartitionRunner, run_ids: list[str], progress: ProgressFn | None
+    ) -> None:
+        self.runner, self.run_ids, self.progress = runner, run_ids, progress
+
+    def run(self, day: steps.DayDriver, action: steps.Action) -> None:
+        shown = self.progress if action.step in (steps.Step.BUILD, steps.Step.SUBMIT) else None
+        self.run_ids.append(self.runner.materialize(day.ctx.day, ASSETS_OF[action.step], shown))
+
+
+def _progress_of(
+    progress: ProgressFn | None,
+) -> "Callable[[steps.DayDriver, steps.Decision], None] | None":
+    """The drive's rounds as the CLI's progress line: items answered of the day's items."""
+    if progress is None:
+        return None
+
+    def show(day: steps.DayDriver, decision: steps.Decision) -> None:
+        counts = day.counts
+        stage = "waiting" if decision.wait_until or decision.others else "working"
+        progress(stage, counts.terminal, counts.total)
+
+    return show
 
 
 def date_range(start: dt.date, end: dt.date | None) -> list[dt.date]:

@@ -3,13 +3,17 @@
 - `<pipeline>__new_data` watches the source files and submits every day a new or changed
   file touches, unless the day's ledger job was planned from that very file version
   (new_data_sensor.py).
-- `<pipeline>__batch_status` polls in-flight provider batches with cheap status calls (in
-  parallel, each one try with a short timeout, under a deadline well inside Dagster's sensor
-  time limit that bounds the calls still running too), imports ended ones, submits due
-  retry shards (not while the pipeline is paused; after a resume, also the first-round
-  shards a pause held back), and finishes days whose items are all terminal: first the gated
-  run (validation, publication), then the report run (dead letters, cost report), so the
-  report is written also when the quality gate stops publication.
+- `<pipeline>__batch_status` asks the lifecycle (steps/lifecycle.py) what each open day of
+  the pipeline, and of its evals, does next, and does it: it polls in-flight provider
+  batches with cheap status calls (in parallel, each one try with a short timeout, under a
+  deadline well inside Dagster's sensor time limit that bounds the calls still running
+  too), cancels, reconciles and closes what a cancel left, and requests the runs the
+  lifecycle names for the pipeline's days: imports of ended batches, submissions of due
+  shards (retry rounds, quota waits over, shards a pause held back once it is lifted, a
+  first-round shard its own run never sent), the gated run (validation, publication) and
+  then the report run (dead letters, cost report), so the report is written also when the
+  quality gate stops publication. An eval's days are polled and cancelled here; their
+  steps are the eval run's.
 - `llm_assets__partition_finished` / `llm_assets__partition_failed` announce a day's outcome
   once (notify.py): the summary is claimed in the ledger by its fingerprint before it is
   sent, so repeated report runs of the same day state (the CLI's and the sensor's), sensor
@@ -35,14 +39,11 @@ When a day is announced:
   budget).
 """
 
-import concurrent.futures
-import dataclasses
 import datetime as dt
 import functools
 import hashlib
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import dagster as dg
 
@@ -51,131 +52,139 @@ from llm_assets.asset_metadata import DAY_SUMMARY_JSON
 from llm_assets.factory import STEPS, asset_key
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
-from llm_assets.resources.providers.base import (
-    ENDED_STATES,
-    IN_FLIGHT_STATES,
-    WAITING_FOR_QUOTA,
-    BatchProvider,
-)
-from llm_assets.runner import (
-    GATED_STEPS,
-    IMPORT_STEPS,
-    REPORT_STEPS,
-    step_failure_reason,
-)
+from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.runner import ASSETS_OF, step_failure_reason
 from llm_assets.settings import Settings, sensor_interval
 from llm_assets.spec import PipelineSpec
+from llm_assets.steps.executor import PollLimits, job_spec, poll_many
 
 POLL_DEADLINE_SECONDS = 30.0
 """How long a batch-status tick polls, calls still running included (Dagster's sensor time
 limit is 60 s)."""
 POLL_CALL_TIMEOUT_SECONDS = 10.0
 """The longest one status call of a tick may take; it is not retried within the tick."""
-POLL_WORKERS = 8
 FINISH_LOOKBACK = dt.timedelta(days=3)
 """Days whose last import is older than this are not looked at again by the sensor."""
+SENSOR = "sensor"
+"""Who the batch-status sensor's own writes (cancels, closes, reconciliations) are by."""
 
 
 def batch_status_sensor_name(spec: PipelineSpec) -> str:
     return f"{spec.name}__batch_status"
 
 
-@dataclasses.dataclass(frozen=True)
-class _StatusKeys:
-    """The asset keys the batch-status sensor observes and requests runs of."""
-
-    imports: list[dg.AssetKey]
-    gated: list[dg.AssetKey]
-    reports: list[dg.AssetKey]
-    submit: dg.AssetKey
-    validated: dg.AssetKey
-    cost_report: dg.AssetKey
-
-    @classmethod
-    def of(cls, spec: PipelineSpec) -> "_StatusKeys":
-        return cls(
-            imports=[asset_key(spec, step) for step in IMPORT_STEPS],
-            gated=[asset_key(spec, step) for step in GATED_STEPS],
-            reports=[asset_key(spec, step) for step in REPORT_STEPS],
-            submit=asset_key(spec, "provider_batches"),
-            validated=asset_key(spec, "validated_outputs"),
-            cost_report=asset_key(spec, "cost_report"),
-        )
-
-
 def build_batch_status_sensor(
     spec: PipelineSpec, settings: Settings | None = None
 ) -> dg.SensorDefinition:
     provider_key = provider_resource_key(spec.model.provider)
-    keys = _StatusKeys.of(spec)
+    keys = {step: [asset_key(spec, name) for name in names] for step, names in ASSETS_OF.items()}
+    submit_key = asset_key(spec, "provider_batches")
 
     @dg.sensor(
         name=batch_status_sensor_name(spec),
-        description=f"Polls {spec.name}'s in-flight provider batches, imports ended ones and "
-        "finishes days whose items are all terminal.",
+        description=f"Asks the lifecycle what each open day of {spec.name} (and of its evals) "
+        "does next: polls in-flight provider batches, cancels and closes what a cancel left, "
+        "and requests the runs that import, submit retries and finish days.",
         minimum_interval_seconds=sensor_interval(settings, 60),
         default_status=dg.DefaultSensorStatus.RUNNING,
-        required_resource_keys={"ledger", provider_key},
-        asset_selection=[*keys.imports, *keys.gated, *keys.reports, keys.submit],
+        required_resource_keys={"ledger", "storage", provider_key},
+        asset_selection=sorted({key for selected in keys.values() for key in selected}),
     )
     def batch_status(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         ledger: LedgerResource = context.resources.ledger
         provider: BatchProvider = getattr(context.resources, provider_key)
-        in_flight = ledger.pipeline_shards(spec.name, IN_FLIGHT_STATES)
-        polled = _poll_until_deadline(context, ledger, provider, in_flight)
-        paused = steps.pause_reason(ledger, spec.name)
-        if paused:
-            context.log.info(f"{spec.name} is {paused}; shards due for submission wait for it")
-
-        run_requests = [
-            *_import_requests(ledger, spec.name, keys),
-            *([] if paused else _retry_requests(ledger, spec.name, keys)),
-            *([] if paused else _held_requests(ledger, spec.name, keys)),
-            *_finish_requests(context.instance, ledger, spec.name, keys),
-        ]
-        observations = [_observation(keys.submit, shard, day) for shard, day in polled]
+        days = _open_days(spec, ledger, context.resources.storage, provider, context.log.info)
+        polled = _poll(context, days, provider)
+        run_requests = []
+        for day in days:
+            decision = day.advance(only=_CHEAP)
+            if decision.blocked is not None and decision.gate == steps.lifecycle.PAUSED:
+                context.log.info(
+                    f"{day.ctx.spec.name} {day.ctx.day}: {decision.blocked}; shards due for "
+                    "submission wait for it"
+                )
+            if day.ctx.spec.parent is None:
+                run_requests += [
+                    _request(keys, day, a) for a in decision.actions if a.step in _RUNS
+                ]
+        observations = [_observation(submit_key, shard, day) for shard, day in polled]
         return dg.SensorResult(run_requests=run_requests, asset_events=observations)
 
     return batch_status
 
 
-def _poll_until_deadline(
-    context: dg.SensorEvaluationContext,
+_CHEAP = frozenset({steps.Step.RECONCILE, steps.Step.CANCEL, steps.Step.CLOSE})
+"""What a tick carries out itself besides its polls; the other actions become run requests."""
+_RUNS = frozenset({steps.Step.SUBMIT, steps.Step.IMPORT, steps.Step.VALIDATE, steps.Step.REPORT})
+
+
+def _open_days(
+    spec: PipelineSpec,
     ledger: LedgerResource,
+    storage: ArtifactStorage,
     provider: BatchProvider,
-    in_flight: list[tuple[ShardRecord, dt.date]],
+    log: Callable[[str], None],
+) -> list[steps.DayDriver]:
+    """The pipeline's days (and its evals' days on the same provider) with something left
+    to do, each polled as often as the sensor ticks."""
+    limits = PollLimits(
+        deadline=time.monotonic() + POLL_DEADLINE_SECONDS,
+        call_timeout_seconds=POLL_CALL_TIMEOUT_SECONDS,
+        report=log,
+    )
+    days = []
+    for job in ledger.active_jobs(spec.name, utcnow() - FINISH_LOOKBACK):
+        if job.provider != spec.model.provider:
+            continue  # an eval variant on another provider: its own eval run polls it
+        ctx = steps.StepContext(
+            job_spec(spec, job), job.partition_date, ledger, storage, provider, created_by=SENSOR
+        )
+        days.append(steps.DayDriver(ctx, poll_every=0.0, poll_limits=limits))
+    return days
+
+
+def _poll(
+    context: dg.SensorEvaluationContext, days: list[steps.DayDriver], provider: BatchProvider
 ) -> list[tuple[ShardRecord, dt.date]]:
-    """Poll the in-flight shards in parallel, each with one status call of at most
-    POLL_CALL_TIMEOUT_SECONDS, until POLL_DEADLINE_SECONDS have passed: a call is started only
-    while it can end before the deadline, and the tick stops waiting at the deadline even for
-    calls still running (their answers are recorded when they come). A failed call is logged
-    by its exception's type and HTTP status; the next tick asks again."""
-    deadline = time.monotonic() + POLL_DEADLINE_SECONDS
+    """Every day's due polls in one pool, bounded by the tick's deadline (see PollLimits);
+    shards left for the next tick are least recently polled first then."""
+    due: list[tuple[ShardRecord, dt.date]] = []
+    for day in days:
+        wanted = {
+            shard_id
+            for action in day.decide().actions
+            if action.step == steps.Step.POLL
+            for shard_id in action.shard_ids
+        }
+        if wanted:
+            shards = day.ledger.shards(day.ctx.job_id, IN_FLIGHT_STATES)
+            due += [(s, day.ctx.day) for s in shards if s.shard_id in wanted]
+    if not due:
+        return []
+    due.sort(key=lambda item: (item[0].updated_at or utcnow(), item[0].shard_id))
+    limits = days[0].poll_limits
+    polled = poll_many(days[0].ledger, provider, [shard for shard, _ in due], limits)
+    if len(polled) < len(due):
+        context.log.info(f"{len(due) - len(polled)} shards left for the next tick")
+    day_of = {shard.shard_id: day for shard, day in due}
+    return [(shard, day_of[shard.shard_id]) for shard in polled]
 
-    def poll(item: tuple[ShardRecord, dt.date]) -> tuple[ShardRecord, dt.date] | str | None:
-        if time.monotonic() + POLL_CALL_TIMEOUT_SECONDS > deadline:
-            return None
-        try:
-            [updated] = steps.poll_shards(
-                ledger, provider, [item[0]], timeout_seconds=POLL_CALL_TIMEOUT_SECONDS
-            )
-        except Exception as exc:
-            status = getattr(exc, "status_code", None)
-            http = f", HTTP {status}" if status else ""
-            return f"{item[0].shard_id}: status poll failed ({type(exc).__name__}{http})"
-        return updated, item[1]
 
-    pool = ThreadPoolExecutor(max_workers=POLL_WORKERS)
-    futures = [pool.submit(poll, item) for item in in_flight]
-    done, _ = concurrent.futures.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
-    pool.shutdown(wait=False, cancel_futures=True)
-    answers = [future.result() for future in futures if future in done]
-    for failure in (a for a in answers if isinstance(a, str)):
-        context.log.warning(f"{failure}; polled again next tick")
-    polled = [answer for answer in answers if isinstance(answer, tuple)]
-    if len(polled) < len(in_flight):
-        context.log.info(f"{len(in_flight) - len(polled)} shards left for the next tick")
-    return polled
+def _request(
+    keys: dict[steps.Step, list[dg.AssetKey]], day: steps.DayDriver, action: steps.Action
+) -> dg.RunRequest:
+    """The run that carries out a heavy action of a day, keyed by what it does in which
+    state, so each is requested once."""
+    tags = {}
+    if action.step == steps.Step.IMPORT and action.shard_ids:
+        tags["llm_assets/provider_batches"] = action.key[:200]
+    return dg.RunRequest(
+        run_key=_run_key(action.key),
+        partition_key=day.ctx.day.isoformat(),
+        asset_selection=keys[action.step],
+        tags=tags,
+    )
 
 
 def _observation(submit_key: dg.AssetKey, shard: ShardRecord, day: dt.date) -> dg.AssetObservation:
@@ -195,114 +204,11 @@ def _observation(submit_key: dg.AssetKey, shard: ShardRecord, day: dt.date) -> d
     )
 
 
-def _import_requests(
-    ledger: LedgerResource, pipeline: str, keys: _StatusKeys
-) -> list[dg.RunRequest]:
-    """One import run per partition imports every ended shard of that day; the run key names
-    the batches, so each set of ended batches is imported once."""
-    ended: dict[dt.date, list[str]] = {}
-    for shard, day in ledger.pipeline_shards(pipeline, ENDED_STATES):
-        ended.setdefault(day, []).append(shard.provider_batch_id or shard.shard_id)
-    return [
-        dg.RunRequest(
-            run_key=",".join(sorted(batch_ids)),
-            partition_key=day.isoformat(),
-            asset_selection=keys.imports,
-            tags={"llm_assets/provider_batches": ",".join(sorted(batch_ids))[:200]},
-        )
-        for day, batch_ids in sorted(ended.items())
-    ]
-
-
-def _retry_requests(
-    ledger: LedgerResource, pipeline: str, keys: _StatusKeys
-) -> list[dg.RunRequest]:
-    """Retry shards planned by an import, and shards waiting for the provider's quota, wait
-    in `created`; each retry shard is submitted once when due, and a day's shards waiting for
-    quota once per wait (one run submits them all, as room allows)."""
-    now = utcnow()
-    keys_by_day: dict[dt.date, list[str]] = {}
-    for shard, day in ledger.pipeline_shards(pipeline, ["created"]):
-        if shard.not_before is not None and shard.not_before > now:
-            continue
-        if shard.raw_status == WAITING_FOR_QUOTA:
-            when = shard.not_before.isoformat() if shard.not_before else ""
-            keys_by_day.setdefault(day, []).append(f"quota:{shard.shard_id}:{when}")
-        elif shard.round > 0:  # the first round is submitted by the run that planned it
-            keys_by_day.setdefault(day, []).append(f"submit:{shard.shard_id}")
-    return [
-        dg.RunRequest(
-            run_key=_run_key(run_keys), partition_key=day.isoformat(), asset_selection=[keys.submit]
-        )
-        for day, run_keys in sorted(keys_by_day.items())
-    ]
-
-
-def _held_requests(ledger: LedgerResource, pipeline: str, keys: _StatusKeys) -> list[dg.RunRequest]:
-    """First-round shards a pause held back (a submit run met it) are submitted once the
-    pipeline is resumed: one run per day, once per hold (its message names the pause). Later
-    rounds are requested as retries are."""
-    keys_by_day: dict[dt.date, list[str]] = {}
-    for shard, day in ledger.pipeline_shards(pipeline, ["created", "uploaded"]):
-        if shard.raw_status == steps.PAUSED and shard.round == 0:
-            hold = hashlib.sha256((shard.message or "").encode()).hexdigest()[:12]
-            keys_by_day.setdefault(day, []).append(f"held:{shard.shard_id}:{hold}")
-    return [
-        dg.RunRequest(
-            run_key=_run_key(run_keys), partition_key=day.isoformat(), asset_selection=[keys.submit]
-        )
-        for day, run_keys in sorted(keys_by_day.items())
-    ]
-
-
-def _run_key(parts: list[str]) -> str:
-    """One run key for a set of parts: the parts themselves while short, else their hash."""
-    joined = ",".join(sorted(parts))
-    if len(joined) <= 200:
-        return joined
-    return f"submit-set:{hashlib.sha256(joined.encode()).hexdigest()[:32]}"
-
-
-def _finish_requests(
-    instance: dg.DagsterInstance, ledger: LedgerResource, pipeline: str, keys: _StatusKeys
-) -> list[dg.RunRequest]:
-    """Validate, publish and report days whose items are all terminal.
-
-    A day is validated and published once per set of imported shards (the gate checks
-    decide publication in that run), then reported once its validation has run, whatever the
-    checks said. Days finished another way (the CLI) are recognized by their materializations
-    and left alone.
-    """
-    requests = []
-    for job, shard_count, last in ledger.finished_jobs(pipeline, utcnow() - FINISH_LOOKBACK):
-        if job.cancelled_at is not None:
-            continue  # an operator cancelled the day: the cancel reports it
-        day = job.partition_date.isoformat()
-        key = f"{job.job_id}:{shard_count}:{last.isoformat()}"
-        validated = _latest(instance, keys.validated, day)
-        if validated is None or validated < last.timestamp():
-            requests.append(
-                dg.RunRequest(
-                    run_key=f"finish:{key}", partition_key=day, asset_selection=keys.gated
-                )
-            )
-            continue
-        reported = _latest(instance, keys.cost_report, day)
-        if reported is None or reported < validated:
-            requests.append(
-                dg.RunRequest(
-                    run_key=f"report:{key}", partition_key=day, asset_selection=keys.reports
-                )
-            )
-    return requests
-
-
-def _latest(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str) -> float | None:
-    """When the asset was last materialized for the partition (epoch seconds), if ever."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1
-    ).records
-    return records[0].timestamp if records else None
+def _run_key(key: str) -> str:
+    """A run key: the key itself while short, else its hash."""
+    if len(key) <= 200:
+        return key
+    return f"{key.split(':', 1)[0]}-set:{hashlib.sha256(key.encode()).hexdigest()[:32]}"
 
 
 def _partition_of(

@@ -386,6 +386,14 @@ class PipelineSpec(_Strict):
     tags: dict[str, str] = Field(default_factory=dict)
 
     path: Path | None = Field(default=None, exclude=True)
+    parent: str | None = Field(default=None, exclude=True)
+    """Set on an eval pipeline (evaluation/replay.py), never in a spec file: the pipeline it
+    evaluates, whose budget caps, spend breaker, pause and cancel it runs under."""
+
+    @property
+    def governing_pipeline(self) -> str:
+        """The pipeline whose pause, caps and month's spend this one runs under."""
+        return self.parent or self.name
 
     @property
     def prompt_code_version(self) -> str:
@@ -441,8 +449,11 @@ def parse_spec(path: Path) -> tuple[PipelineSpec | None, list[SpecProblem]]:
         return None, [SpecProblem(file=file, field="-", reason=f"not readable YAML: {exc}")]
     if not isinstance(raw, dict):
         return None, [SpecProblem(file=file, field="-", reason="expected a mapping at top level")]
-    if "path" in raw:
-        return None, [SpecProblem(file=file, field="path", reason="Extra inputs are not permitted")]
+    for derived in ("path", "parent"):
+        if derived in raw:
+            return None, [
+                SpecProblem(file=file, field=derived, reason="Extra inputs are not permitted")
+            ]
     try:
         spec = PipelineSpec.model_validate({**raw, "path": path})
     except ValidationError as exc:

@@ -139,6 +139,14 @@ class Harness:
     def run_day(self) -> DayOutcome:
         return self.runner().run_day(DAY, wait=True)
 
+    def wait_for_batches(self, day: dt.date = DAY) -> None:
+        """Poll the day's batches, as the lifecycle asks, until none is left in flight."""
+        ctx = steps.StepContext(self.spec, day, self.ledger, self.storage, self.provider)
+        steps.drive(
+            [steps.DayDriver(ctx, poll_every=0.0)],
+            until=lambda decision: not decision.has(steps.Step.POLL) and not decision.others,
+        )
+
     def materialize(self, *step_names: str) -> dg.ExecuteInProcessResult:
         return dg.materialize(
             build_pipeline_assets(self.spec, self.settings),

@@ -505,7 +505,7 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
             built = steps.build_shards(ctx)
             shards = [harness.storage.read_bytes(uri) for uri in built.shard_uris]
             steps.submit_shards(ctx)
-            harness.runner().wait_for_batches(DAY)
+            harness.wait_for_batches(DAY)
             imported = steps.import_results(ctx)
             assert imported.lines.applied == 29 and imported.lines.duplicates > 0
             validated = steps.validate_outputs(ctx)

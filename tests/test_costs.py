@@ -419,7 +419,7 @@ def test_two_concurrent_partitions_over_the_pipeline_cap_do_not_both_submit(
 
         # Once the first day is imported its reservation settles to the actual cost, which
         # leaves room for the second.
-        harness.runner().wait_for_batches(went)
+        harness.wait_for_batches(went)
         steps.import_results(
             steps.StepContext(spec, went, harness.ledger, harness.storage, harness.provider)
         )

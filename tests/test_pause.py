@@ -168,7 +168,7 @@ def test_retries_wait_for_the_resume(harness: Harness, fake: FakeOpenAI) -> None
     resume(harness)
 
     [request] = tick(harness, status).run_requests
-    assert request.run_key == f"submit:{retry.shard_id}"
+    assert request.run_key.startswith(f"held:{retry.shard_id}:")
     assert execute(harness, request).success
     assert len(fake.submitted_custom_ids()) == len(harness.truth) + 1
 

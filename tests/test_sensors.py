@@ -5,12 +5,8 @@ import pytest
 
 from llm_assets import sensors
 from llm_assets.factory import asset_key, build_pipeline_assets
-from llm_assets.sensors import (
-    GATED_STEPS,
-    IMPORT_STEPS,
-    REPORT_STEPS,
-    build_batch_status_sensor,
-)
+from llm_assets.runner import GATED_STEPS, IMPORT_STEPS, REPORT_STEPS
+from llm_assets.sensors import build_batch_status_sensor
 from tests import test_anthropic_provider as anthropic_tests
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.harness import DAY, Harness, first_time
@@ -106,6 +102,7 @@ def test_sensor_requests_submission_of_planned_retry_shards(
     [request] = result.run_requests
     assert request.run_key == f"submit:{retry.shard_id}"
     assert request.asset_selection == [asset_key(harness.spec, "provider_batches")]
+    assert tick(harness).run_requests == [request]  # the same run, which Dagster starts once
 
 
 def test_sensor_stops_polling_at_its_deadline_and_resumes_next_tick(

@@ -11,11 +11,9 @@ pipeline is in no Dagster definitions, so no sensor or schedule picks it up.
 Running a replay again sends nothing: the eval pipelines' jobs already hold the items.
 """
 
-import dataclasses
 import datetime as dt
 import hashlib
 import re
-import time
 from collections import Counter
 from collections.abc import Mapping
 
@@ -23,12 +21,13 @@ from pydantic import BaseModel
 
 from llm_assets import steps
 from llm_assets.evaluation.sample import Sample, draw_sample
-from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, LedgerResource, ShardRecord, utcnow
+from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, LedgerResource
 from llm_assets.resources.providers import provider_resource_key
-from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider
+from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.runner import ProgressFn, shards_being_submitted
+from llm_assets.runner import ProgressFn
 from llm_assets.spec import PIPELINE_NAME, AutomationSpec, NotifySpec, PipelineSpec
+from llm_assets.steps.in_process import InProcessRuns
 
 EVAL_SEPARATOR = "__"
 """Between the pipeline's name, the variant's and the configuration digest in an eval
@@ -166,109 +165,41 @@ def eval_pipeline_spec(
                 notify=NotifySpec(max_dead_letter_rate=None, max_cost_usd=None),
             ),
             "path": None,
+            "parent": base_name,
         }
     )
 
 
-@dataclasses.dataclass
-class _DayDrive:
-    """One day of one variant driven through the steps: submitted, then polled, imported and
-    resubmitted (retry rounds) until no item is open, then validated."""
-
-    ctx: steps.StepContext
-    custom_ids: list[str]
-    approve_budget: bool
-    imports: int = 0
-    done: bool = False
-    wait_until: dt.datetime | None = None
-
-    @property
-    def ledger(self) -> LedgerResource:
-        return self.ctx.ledger
-
-    def start(self, sample_uri: str) -> None:
-        snapshot = steps.take_snapshot(self.ctx, sample_uri)
-        if snapshot.empty:
-            self.done = True  # none of the day's items was sampled
-            return
-        steps.build_shards(self.ctx)
-        self.submit()
-
-    def submit(self) -> None:
-        result = steps.submit_shards(
-            self.ctx, approve_budget=self.approve_budget, approved_by=self.ctx.created_by
-        )
-        self.wait_until = result.next_submission_at
-
-    def in_flight(self) -> list[ShardRecord]:
-        """Polls the day's in-flight shards; the ones still in flight after the poll."""
-        job_id = self.ctx.job_id
-        shards = steps.poll_shards(
-            self.ledger, self.ctx.batch_provider, self.ledger.shards(job_id, IN_FLIGHT_STATES)
-        )
-        return [s for s in shards if s.status in IN_FLIGHT_STATES]
-
-    def advance(self, max_rounds: int) -> bool:
-        """Import what ended, then finish the day or submit its retries when they are due.
-        Returns whether a shard is in flight or waits for another run's submission."""
-        if self.wait_until is not None and self.wait_until > utcnow():
-            return False
-        if self.in_flight() or shards_being_submitted(self.ledger, self.ctx.job_id):
-            return True
-        result = steps.import_results(self.ctx)
-        self.imports += 1
-        if result.counts.open == 0:
-            steps.validate_outputs(self.ctx)
-            self.done = True
-            return False
-        if self.imports >= max_rounds:
-            raise RuntimeError(
-                f"{self.ctx.spec.name} {self.ctx.day}: {result.counts.open} items still open "
-                f"after {max_rounds} rounds of import; see `llm-assets status`"
-            )
-        self.submit()
-        return bool(self.ledger.shards(self.ctx.job_id, IN_FLIGHT_STATES))
-
-
 def _drive(
-    drives: list[_DayDrive],
+    days: list[steps.DayDriver],
     *,
     wait: bool,
-    poll_interval: float,
     max_rounds: int,
     progress: ProgressFn | None,
 ) -> None:
-    """Advance every open day until all are done (without `wait`: once). Waiting happens
-    here, between status polls (longer as batches take longer, up to `poll_interval`) and
-    until retry rounds are due; no wait when every provider in flight works when polled
-    (the local provider)."""
-    interval = 0.0
-    while True:
-        open_ = [d for d in drives if not d.done]
+    """Drive every day of every variant together (steps.drive): the eval takes as long as
+    its slowest batch. A pause or a gate that stops a day stops the eval (GateBlocked)."""
+
+    def show(_day: steps.DayDriver, _decision: steps.Decision) -> None:
         if progress is not None:
-            progress("eval", len(drives) - len(open_), len(drives))
-        if not open_:
-            return
-        waiting_on = [d for d in open_ if d.advance(max_rounds)]
-        if not wait:
-            return
-        if all(d.done for d in drives):
-            continue
-        if any(not d.ctx.batch_provider.ends_when_polled for d in waiting_on):
-            interval = min(max(interval * 2, 1.0), poll_interval)
-            time.sleep(interval)
-        elif not waiting_on:
-            due = [d.wait_until for d in open_ if d.wait_until is not None]
-            if due:
-                time.sleep(max(0.0, (min(due) - utcnow()).total_seconds()))
+            done = sum(1 for d in days if d.last is not None and d.last.done)
+            progress("eval", done, len(days))
+
+    last = steps.drive(days, wait=wait, progress=show, max_imports=max_rounds)
+    for index, decision in last.items():
+        if decision.blocked is not None and not decision.done:
+            raise steps.GateBlocked(decision.gate or "paused", decision.blocked)
+        ctx = days[index].ctx
+        if wait and not decision.done:
+            raise RuntimeError(f"{ctx.spec.name} {ctx.day}: the eval stopped before it finished")
 
 
-def _day_run(drive: _DayDrive) -> DayRun:
+def _day_run(drive: steps.DayDriver, custom_ids: list[str]) -> DayRun:
     """The day's counts over the sample's items only: a job may hold items of other samples."""
     ledger, job_id = drive.ledger, drive.ctx.job_id
     if ledger.get_job(job_id) is None:
-        return DayRun(day=drive.ctx.day, job_id=None, custom_ids=drive.custom_ids)
-    wanted = set(drive.custom_ids)
+        return DayRun(day=drive.ctx.day, job_id=None, custom_ids=custom_ids)
+    wanted = set(custom_ids)
     statuses: Counter[str] = Counter()
     classes: Counter[str] = Counter()
     tokens_in = tokens_out = 0
@@ -300,7 +231,7 @@ def _day_run(drive: _DayDrive) -> DayRun:
         cost_usd=cost,
         first_submitted_at=min(starts, default=None),
         last_result_at=max(ends, default=None),
-        custom_ids=drive.custom_ids,
+        custom_ids=custom_ids,
     )
 
 
@@ -311,23 +242,27 @@ def _drives(
     *,
     created_by: str,
     approve_budget: bool,
-) -> list[_DayDrive]:
+    poll_interval: float,
+) -> list[steps.DayDriver]:
     ledger, storage = resources["ledger"], resources["storage"]
     provider = resources[provider_resource_key(eval_spec.model.provider)]
     assert isinstance(ledger, LedgerResource) and isinstance(storage, ArtifactStorage)
     assert isinstance(provider, BatchProvider)
-    custom_ids = sample.custom_ids(eval_spec.name)
+    runs = InProcessRuns(sample.uri, approve_budget)
     return [
-        _DayDrive(
+        steps.DayDriver(
             steps.StepContext(eval_spec, day, ledger, storage, provider, created_by=created_by),
-            custom_ids[day],
-            approve_budget,
+            runs=runs,
+            poll_every=poll_interval,
         )
         for day in sample.days
     ]
 
 
-def _variant_run(variant: str, eval_spec: PipelineSpec, drives: list[_DayDrive]) -> VariantRun:
+def _variant_run(
+    variant: str, eval_spec: PipelineSpec, drives: list[steps.DayDriver], sample: Sample
+) -> VariantRun:
+    custom_ids = sample.custom_ids(eval_spec.name)
     return VariantRun(
         variant=variant,
         pipeline=eval_spec.name,
@@ -335,7 +270,7 @@ def _variant_run(variant: str, eval_spec: PipelineSpec, drives: list[_DayDrive])
         model=eval_spec.model.name,
         prompt_version=eval_spec.prompt.version,
         code_version=eval_spec.prompt_code_version,
-        days=[_day_run(d) for d in drives],
+        days=[_day_run(d, custom_ids[d.ctx.day]) for d in drives],
     )
 
 
@@ -357,16 +292,22 @@ def run_variants(
     rest is left open: running it again carries on, sending nothing twice."""
     drives = {
         variant: _drives(
-            resources, spec, sample, created_by=created_by, approve_budget=approve_budget
+            resources,
+            spec,
+            sample,
+            created_by=created_by,
+            approve_budget=approve_budget,
+            poll_interval=poll_interval,
         )
         for variant, spec in eval_specs.items()
     }
     every = [d for day_drives in drives.values() for d in day_drives]
     for drive in every:
-        drive.start(sample.uri)
-    _drive(every, wait=wait, poll_interval=poll_interval, max_rounds=max_rounds, progress=progress)
+        if drive.state().paused is None:
+            drive.carry_out(steps.Action(steps.Step.BUILD))
+    _drive(every, wait=wait, max_rounds=max_rounds, progress=progress)
     return {
-        variant: _variant_run(variant, eval_specs[variant], day_drives)
+        variant: _variant_run(variant, eval_specs[variant], day_drives, sample)
         for variant, day_drives in drives.items()
     }
 

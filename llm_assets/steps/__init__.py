@@ -14,6 +14,10 @@ and converges on the same ledger state. One module per stage:
 - pause: a paused pipeline, which provider_batches refuses to submit for
 - online: the online worker that provider_batches runs for shards sent one by one
 - imports: batch_results (poll, import, retry planning) and the requeue of dead letters
+- lifecycle: what happens next to a day, decided from the ledger's state (pure)
+- executor: the day's state read from the ledger, the lifecycle's actions carried out, the
+  one loop that drives days and waits between rounds
+- in_process: the lifecycle's heavy actions run as step calls in this process (evals)
 - cancel: an operator's cancel of a day or of some of its shards
 - line_ids: request lines read back from shard files by custom_id
 - validate: validated_outputs
@@ -33,6 +37,7 @@ from llm_assets.steps.context import (
     job_id_of,
     price_for,
 )
+from llm_assets.steps.executor import DayDriver, StepRuns, drive, load_state, poll_shards
 from llm_assets.steps.gate import (
     UNFINISHED,
     GateRecord,
@@ -45,10 +50,10 @@ from llm_assets.steps.imports import (
     RequeueResult,
     import_results,
     plan_retries,
-    poll_shards,
     requeue_dead_letters,
     retry_backoff,
 )
+from llm_assets.steps.lifecycle import Action, DayState, Decision, Step, decide
 from llm_assets.steps.line_ids import line_custom_id, lines_with_ids, request_lines
 from llm_assets.steps.online import OnlineInterrupted, ledger_row, run_online_shard
 from llm_assets.steps.pause import (
@@ -98,6 +103,15 @@ from llm_assets.steps.validate import ValidateResult, validate_outputs
 
 __all__ = [
     "PAUSED",
+    "Action",
+    "DayDriver",
+    "DayState",
+    "Decision",
+    "Step",
+    "StepRuns",
+    "decide",
+    "drive",
+    "load_state",
     "RESIDENCY",
     "BudgetGate",
     "ComplianceGate",

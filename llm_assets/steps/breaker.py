@@ -4,9 +4,11 @@ cancelled while its batches run, not reported over budget after.
 After each import the day's expected cost is what it was billed plus, for every item still
 open, the larger of the estimate per item and the cost per item billed so far: answers five
 times longer than estimated show in the first shards imported, and the rest of the day is
-priced at what they cost. Past `budget.max_usd_per_partition × budget.breaker_factor`, or the
-month's spend plus that past `budget.max_usd_per_month × breaker_factor`, the day is
-cancelled (steps.cancel) and an ALERT summary is announced.
+priced at what they cost. Past the day's cap × `budget.breaker_factor`, or the month's spend
+plus that past `budget.max_usd_per_month × breaker_factor`, the day is cancelled
+(steps.cancel) and an ALERT summary is announced. The day's cap is
+`budget.max_usd_per_partition`, or what an operator approved for the day when that is more.
+An eval's days count in the month of the pipeline they evaluate.
 """
 
 import datetime as dt
@@ -34,20 +36,23 @@ def breaker_reason(ctx: StepContext, job: JobRecord, counts: JobCounts) -> str |
     if job.cancelled_at is not None or counts.open == 0:
         return None
     expected = expected_cost(ctx.ledger.shards(job.job_id), counts)
-    cap = budget.max_usd_per_partition
+    cap, cap_name = budget.max_usd_per_partition, "budget.max_usd_per_partition"
+    approved = job.budget_approved_usd
+    if cap is not None and approved is not None and approved > cap:
+        cap, cap_name = approved, f"the day's approval by {job.budget_approved_by}"
     if cap is not None and expected > cap * factor:
         return (
             f"spend breaker: the day is heading for ${expected:.4f} (${counts.cost_usd:.4f} "
             f"billed, {counts.open:,} items still open at the cost per item billed so far), "
-            f"over budget.max_usd_per_partition ${cap:.4f} × breaker_factor {factor}"
+            f"over {cap_name} ${cap:.4f} × breaker_factor {factor}"
         )
     month_cap = budget.max_usd_per_month
     if month_cap is not None:
         first = dt.datetime.now(dt.UTC).date().replace(day=1)
         # The month's spend counts this day at its reservations; count it as expected instead.
-        others = ctx.ledger.spent_since(ctx.spec.name, first) - ctx.ledger.committed_cost(
-            job.job_id
-        )
+        others = ctx.ledger.spent_since(
+            ctx.spec.governing_pipeline, first
+        ) - ctx.ledger.committed_cost(job.job_id)
         month = others + expected
         if month > month_cap * factor:
             return (

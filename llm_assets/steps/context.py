@@ -78,6 +78,7 @@ def job_for(
         prompt_version=spec.prompt.version,
         code_version=spec.prompt_code_version,
         created_by=created_by,
+        parent_pipeline=spec.parent,
     )
 
 

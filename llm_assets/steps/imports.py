@@ -32,59 +32,20 @@ from llm_assets.resources.providers.base import (
     ENDED_STATES,
     IN_FLIGHT_STATES,
     ONLINE_BATCH_PREFIX,
-    BatchProvider,
     ShardState,
 )
 from llm_assets.result_rows import ResultStager, RowMaker, StagedResults, staged_results
 from llm_assets.spec import PipelineSpec
 from llm_assets.steps.breaker import trip_if_over
-from llm_assets.steps.cancel import cancelled_item
 from llm_assets.steps.context import StepContext
+from llm_assets.steps.executor import poll_shards
+from llm_assets.steps.lifecycle import cancelled_item
 from llm_assets.steps.line_ids import request_lines
 from llm_assets.steps.shards import Estimator, ShardRound, line_offsets, shards_for, write_shard
 
 RETRY_READ_AT_ONCE = 100_000
 """Items to retry read by one query (PostgreSQL spreads it over parallel workers) before the
 rest are streamed: a few percent of a large day's items, a whole day's when a batch expired."""
-
-
-def poll_shards(
-    ledger: LedgerResource,
-    provider: BatchProvider,
-    shards: Iterable[ShardRecord],
-    *,
-    timeout_seconds: float | None = None,
-) -> list[ShardRecord]:
-    """Ask the provider about in-flight shards (cheap status calls) and record what it says;
-    with `timeout_seconds`, each call is one try bounded by it (`poll_briefly`)."""
-    updated: list[ShardRecord] = []
-    for shard in shards:
-        if (
-            shard.status not in IN_FLIGHT_STATES
-            or shard.provider_batch_id is None
-            or shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX)  # worked in a step
-        ):
-            updated.append(shard)
-            continue
-        status = (
-            provider.poll(shard.provider_batch_id)
-            if timeout_seconds is None
-            else provider.poll_briefly(shard.provider_batch_id, timeout_seconds)
-        )
-        values: dict[str, Any] = {
-            "status": status.state.value,
-            "raw_status": status.raw_status,
-            "completed_requests": status.completed,
-            "failed_requests": status.failed,
-            "message": status.message,
-        }
-        if status.ended:
-            values["ended_at"] = utcnow()
-        ledger.update_shard(shard.shard_id, expect_status=IN_FLIGHT_STATES, **values)
-        refreshed = ledger.get_shard(shard.shard_id)
-        assert refreshed is not None
-        updated.append(refreshed)
-    return updated
 
 
 class ImportResult(BaseModel):

@@ -15,7 +15,6 @@ from llm_assets.progress import report as report_progress
 from llm_assets.resources.ledger import (
     RESULT_COLUMNS,
     SUBMITTED,
-    LedgerResource,
     ShardRecord,
     utcnow,
 )
@@ -24,7 +23,9 @@ from llm_assets.resources.providers.base import ONLINE_BATCH_PREFIX, ItemResult,
 from llm_assets.resources.providers.realtime import OnlineWork
 from llm_assets.resources.providers.retrying import allow_waits, stop_waits
 from llm_assets.result_rows import ledger_values
+from llm_assets.steps import lifecycle
 from llm_assets.steps.context import StepContext
+from llm_assets.steps.pause import PipelinePaused
 
 if TYPE_CHECKING:
     from llm_assets.resources.providers.online import OnlineStats
@@ -131,22 +132,28 @@ class _Reporter:
         report_progress("online", done, self.total)
 
 
-class CancelWatch:
-    """Whether an operator cancelled the shard, read from the ledger at most once a second
-    (the worker asks before every send)."""
+class StopWatch:
+    """Whether the worker must stop sending (the day or the shard cancelled, the pipeline
+    paused: `lifecycle.may_send`), read from the ledger at most once a second (the worker
+    asks before every send). `seen` is why it stopped, once it has."""
 
-    def __init__(self, ledger: LedgerResource, shard_id: str, every: float = 1.0) -> None:
-        self.ledger, self.shard_id, self.every = ledger, shard_id, every
-        self.seen = False
+    def __init__(self, ctx: StepContext, shard_id: str, every: float = 1.0) -> None:
+        self.ctx, self.shard_id, self.every = ctx, shard_id, every
+        self.seen: str | None = None
         self._next = 0.0
 
     def __call__(self) -> bool:
         now = time.monotonic()
-        if not self.seen and now >= self._next:
+        if self.seen is None and now >= self._next:
             self._next = now + self.every
-            current = self.ledger.get_shard(self.shard_id)
-            self.seen = current is not None and current.cancelled_at is not None
-        return self.seen
+            ledger = self.ctx.ledger
+            shard, job = ledger.get_shard(self.shard_id), ledger.get_job(self.ctx.job_id)
+            self.seen = lifecycle.may_send(
+                cancelled=job is not None and job.cancelled_at is not None,
+                shard_cancelled=shard is not None and shard.cancelled_at is not None,
+                paused=ledger.pipeline_pause(self.ctx.spec.governing_pipeline) is not None,
+            )
+        return self.seen is not None
 
 
 def run_online_shard(
@@ -166,7 +173,8 @@ def run_online_shard(
     """
     spec, ledger = ctx.spec, ctx.ledger
     batch_id = shard.provider_batch_id or f"{ONLINE_BATCH_PREFIX}{shard.shard_id}"
-    shard = _claim(ctx, shard, batch_id, price_json)
+    with ctx.day_lock():
+        shard = _claim(ctx, shard, batch_id, price_json)
     price = ModelPrice.model_validate_json(shard.price_json or price_json)
     open_items = _open_items(ctx, shard)
 
@@ -175,34 +183,43 @@ def run_online_shard(
         ledger.upsert_results(ctx.job_id, rows, shard_id=shard.shard_id)
         failpoint("online.after_checkpoint")
 
-    cancelled = CancelWatch(ledger, shard.shard_id)
+    told = StopWatch(ctx, shard.shard_id)
     stop_event = stopping or threading.Event()
     work = OnlineWork(
         requests=_requests(ctx, shard, open_items),
         deliver=deliver,
         checkpoint_every=spec.online.checkpoint_every,
-        stop=lambda: stop_event.is_set() or cancelled(),
+        stop=lambda: stop_event.is_set() or told(),
         progress=_Reporter(shard.shard_id, len(open_items), progress),
     )
     stats = ctx.batch_provider.run(spec, work)
-    if stats.interrupted and not cancelled.seen:
+    answered = stats.succeeded + stats.failed
+    if stats.interrupted and told.seen == lifecycle.PAUSED:
+        # Left in flight, its answers in the ledger: provider_batches resumes it once the
+        # pipeline is resumed.
+        pause = ledger.pipeline_pause(spec.governing_pipeline)
+        if pause is not None:
+            raise PipelinePaused(pause, submitted=0)
+    if stats.interrupted and told.seen is None:
         raise OnlineInterrupted(
-            f"{shard.shard_id}: stopped by SIGTERM after {stats.succeeded + stats.failed} of "
+            f"{shard.shard_id}: stopped by SIGTERM after {answered} of "
             f"{len(open_items)} items; their results are in the ledger, the rest are sent when "
             "provider_batches runs again"
         )
     # Ended: all sent, or cancelled by an operator (what was answered is in; the import makes
     # the rest cancelled dead letters).
     state = ShardState.CANCELLED if stats.interrupted else ShardState.COMPLETED
-    cut = f"; cancelled after {stats.succeeded + stats.failed} items" if stats.interrupted else ""
+    cut = f"; cancelled after {answered} items" if stats.interrupted else ""
+    now = utcnow()
     ledger.update_shard(
         shard.shard_id,
         status=state.value,
         raw_status=state.value,
-        ended_at=utcnow(),
+        ended_at=now,
         completed_requests=stats.succeeded,
         failed_requests=stats.failed,
         message=f"{stats.sent} sends, {stats.rate_limited} rate-limited, "
         f"{stats.paused_seconds:.1f}s paused, {stats.elapsed_seconds:.1f}s{cut}",
+        **({"cancel_sent_at": now} if stats.interrupted else {}),
     )
     return batch_id

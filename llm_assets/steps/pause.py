@@ -19,10 +19,8 @@ from collections.abc import Sequence
 from llm_assets.resources.ledger import LedgerResource, PipelinePause, ShardRecord
 from llm_assets.resources.providers.base import ShardState
 from llm_assets.steps.context import StepContext
+from llm_assets.steps.lifecycle import PAUSED
 from llm_assets.words import plural
-
-PAUSED = "paused"
-"""The provider status (raw_status) of a waiting shard a pause held back."""
 
 
 def pause_job_name(pipeline: str) -> str:
@@ -68,7 +66,7 @@ def refuse_if_paused(ctx: StepContext, waiting: Sequence[ShardRecord], submitted
     """Raise PipelinePaused while the step's pipeline is paused, the `waiting` shards marked
     as held back by it (a shard waiting for quota keeps that word); `submitted` shards of this
     run went out before the pause came."""
-    pause = ctx.ledger.pipeline_pause(ctx.spec.name)
+    pause = ctx.ledger.pipeline_pause(ctx.spec.governing_pipeline)
     if pause is None:
         return
     for shard in waiting:

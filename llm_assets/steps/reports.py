@@ -262,6 +262,8 @@ def cost_report(ctx: StepContext) -> CostReport:
     json_uri = ctx.storage.write_bytes(
         f"{base}.cost.json", report.model_dump_json(indent=2).encode()
     ).uri
+    if not counts.open:
+        ledger.update_job(job.job_id, reported_at=report.computed_at)
     return report.model_copy(update={"uri": json_uri})
 
 

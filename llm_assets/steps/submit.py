@@ -13,6 +13,7 @@ from llm_assets.resources.ledger import (
     DEAD_LETTER,
     PENDING,
     JobRecord,
+    LostLock,
     ShardMismatch,
     ShardRecord,
     utcnow,
@@ -24,6 +25,7 @@ from llm_assets.resources.providers.base import (
     ShardSubmission,
 )
 from llm_assets.resources.providers.retrying import QuotaRefused
+from llm_assets.steps import lifecycle
 from llm_assets.steps.compliance import compliance_gate
 from llm_assets.steps.context import GateBlocked, StepContext
 from llm_assets.steps.line_ids import request_lines
@@ -33,6 +35,28 @@ from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.steps.shards import ShardRound, line_offsets
 
 _WAITING = (ShardState.CREATED, ShardState.UPLOADED)
+SUBMISSION_LOCK_WAIT_SECONDS = 0.5
+"""How long a submission waits for a shard's lock that another run holds for a moment (a
+look at whether it is busy) before it counts the shard as another run's."""
+
+
+def submission_of(ctx: StepContext, shard: ShardRecord) -> ShardSubmission:
+    """What the provider is given to submit the shard, or to find the batch a submission of
+    it made before (`intent_at`)."""
+    provider = ctx.batch_provider
+    return ShardSubmission(
+        shard_id=shard.shard_id,
+        job_id=shard.job_id,
+        pipeline=ctx.spec.name,
+        input_uri=shard.input_uri,
+        item_count=shard.item_count,
+        intent_at=shard.submit_intent_at,
+        known_batch_ids=ctx.ledger.recent_provider_batch_ids(
+            ctx.spec.model.provider, utcnow() - dt.timedelta(days=2)
+        ),
+        model=ctx.spec.model.name,
+        format=provider.request_format(ctx.spec),
+    )
 
 
 class BudgetGate(BaseModel):
@@ -119,7 +143,7 @@ def _reserve_pipeline_budget(
     if (budget.max_usd_per_day is None and budget.max_usd_per_month is None) or not to_submit:
         return
     refused = ctx.ledger.reserve_budget(
-        pipeline=ctx.spec.name,
+        pipeline=ctx.spec.governing_pipeline,
         job_id=job.job_id,
         shards={s.shard_id: s.estimated_cost_upper_usd for s in to_submit},
         max_per_day=budget.max_usd_per_day,
@@ -167,12 +191,17 @@ class _Submitter:
         )
 
     def submit_or_run(self, shard: ShardRecord) -> None:
-        """Submit (or work) one shard under its lock; skipped while another run holds it."""
-        with self.ctx.ledger.submission_lock(shard.shard_id) as mine:
+        """Submit (or work) one shard under its lock; skipped while another run holds it. A
+        batch is created and recorded under the day's lock too, so a cancel or an import of
+        the day waits for it, and a run that lost the day cannot record one."""
+        ledger = self.ctx.ledger
+        with ledger.submission_lock(
+            shard.shard_id, holder=self.ctx.created_by, wait_seconds=SUBMISSION_LOCK_WAIT_SECONDS
+        ) as mine:
             if not mine:
                 self.busy += 1  # another run is submitting it right now
                 return
-            current = self.ctx.ledger.get_shard(shard.shard_id)
+            current = ledger.get_shard(shard.shard_id)
             if current is not None and self.runs_in_step(current):
                 if current.status in (*IN_FLIGHT_STATES, *_WAITING):
                     self.submitted[shard.shard_id] = run_online_shard(
@@ -185,23 +214,42 @@ class _Submitter:
                 return
             if current is None or current.provider_batch_id is not None:
                 return  # submitted by another run since it was listed
-            current = _as_pending(self.ctx, current)
-            if current is None:
+            with self.ctx.day_lock():
+                self.submit_held(current)
+
+    def submit_held(self, current: ShardRecord) -> None:
+        """Submit one shard whose locks this run holds, unless the day or the shard was
+        cancelled, or the pipeline paused, since it was listed."""
+        ctx = self.ctx
+        job = ctx.job()
+        current = ctx.ledger.get_shard(current.shard_id) or current  # as it is, under the lock
+        stop = lifecycle.may_send(
+            cancelled=job.cancelled_at is not None,
+            shard_cancelled=current.cancelled_at is not None,
+            paused=None,
+        )
+        if stop is not None:
+            if job.cancelled_at is not None:
+                raise GateBlocked("cancelled", _cancelled_words(ctx, job))
+            return  # the shard alone was cancelled: the lifecycle closes it
+        refuse_if_paused(ctx, [current], len(self.submitted))
+        pending = _as_pending(ctx, current)
+        if pending is None:
+            return
+        refusal = ctx.batch_provider.below_minimum_reason(
+            ctx.spec, pending.shard_id, pending.item_count
+        )
+        if refusal is not None:
+            _dead_letter_unsendable(ctx, pending, refusal)
+            return
+        if self.quota is None:
+            try:
+                self.keep_quota(pending)
+                self.submitted[pending.shard_id] = self.submit_one(pending)
                 return
-            refusal = self.ctx.batch_provider.below_minimum_reason(
-                self.ctx.spec, current.shard_id, current.item_count
-            )
-            if refusal is not None:
-                _dead_letter_unsendable(self.ctx, current, refusal)
-                return
-            if self.quota is None:
-                try:
-                    self.keep_quota(current)
-                    self.submitted[shard.shard_id] = self.submit_one(current)
-                    return
-                except QuotaRefused as refused:
-                    self.quota = refused
-            self.wait_for_quota(current, self.quota)
+            except QuotaRefused as refused:
+                self.quota = refused
+        self.wait_for_quota(pending, self.quota)
 
     def keep_quota(self, shard: ShardRecord) -> None:
         """Raise QuotaRefused when submitting the shard would go past the spec's quota for
@@ -253,27 +301,58 @@ class _Submitter:
             ctx.ledger.record_submit_intent(shard.shard_id, self.price_json)
             shard = shard.model_copy(update={"price_json": self.price_json})
         failpoint("submit.after_intent")
-        provider = ctx.batch_provider
-        batch_id = provider.submit(
-            ShardSubmission(
-                shard_id=shard.shard_id,
-                job_id=self.job.job_id,
-                pipeline=ctx.spec.name,
-                input_uri=shard.input_uri,
-                item_count=shard.item_count,
-                intent_at=shard.submit_intent_at,
-                known_batch_ids=ctx.ledger.recent_provider_batch_ids(
-                    ctx.spec.model.provider, utcnow() - dt.timedelta(days=2)
-                ),
-                model=ctx.spec.model.name,
-                format=provider.request_format(ctx.spec),
-            ),
-            ctx.storage,
-        )
+        batch_id = ctx.batch_provider.submit(submission_of(ctx, shard), ctx.storage)
         failpoint("submit.after_create")
-        ctx.ledger.mark_submitted(shard.shard_id, batch_id, ShardState.SUBMITTED)
+        try:
+            recorded = ctx.ledger.mark_submitted(shard.shard_id, batch_id, ShardState.SUBMITTED)
+        except LostLock:
+            self.withdraw(shard, batch_id)
+            raise
+        if not recorded:
+            self.withdraw(shard, batch_id)
         failpoint("submit.after_record")
         return batch_id
+
+    def withdraw(self, shard: ShardRecord, batch_id: str) -> None:
+        """A batch this run could not record (it lost its locks while creating it): cancelled
+        at the provider when the ledger already holds another batch for the shard. When it
+        holds none yet, the run that holds the shard now finds this one from the intent."""
+        current = self.ctx.ledger.get_shard(shard.shard_id)
+        recorded = current.provider_batch_id if current is not None else None
+        if recorded is None or recorded == batch_id:
+            return
+        self.ctx.batch_provider.cancel(batch_id)
+        if self.ctx.log is not None:
+            self.ctx.log(
+                f"{shard.shard_id}: cancelled batch {batch_id}, created after this run lost "
+                f"its hold on the shard; the shard's batch is {recorded}"
+            )
+
+
+def _held_by_gate(
+    ctx: StepContext, waiting: list[ShardRecord], refused: GateBlocked
+) -> GateBlocked:
+    """Mark the waiting shards as held by the gate that refused them, so that no path
+    submits them again until an operator acts (an approval, a changed spec); the refusal is
+    returned to be raised."""
+    for shard in waiting:
+        ctx.ledger.update_shard(
+            shard.shard_id,
+            expect_status=list(_WAITING),
+            raw_status=lifecycle.GATED,
+            message=str(refused)[:2000],
+        )
+    return refused
+
+
+def _cancelled_words(ctx: StepContext, job: JobRecord) -> str:
+    assert job.cancelled_at is not None
+    return (
+        f"{ctx.spec.name} {ctx.day} was cancelled by {job.cancelled_by or 'an operator'} at "
+        f"{job.cancelled_at:%Y-%m-%d %H:%M} UTC ({job.cancel_reason}); nothing more was "
+        f"submitted. `llm-assets requeue {ctx.spec.name} --date {ctx.day} --class "
+        "cancelled` sends its cancelled items again"
+    )
 
 
 def _as_pending(ctx: StepContext, shard: ShardRecord) -> ShardRecord | None:
@@ -362,26 +441,23 @@ def submit_shards(
     refuse_outside_regions(ctx)
     to_submit = ledger.shards(job.job_id, list(_WAITING))
     if job.cancelled_at is not None and to_submit:
-        raise GateBlocked(
-            "cancelled",
-            f"{ctx.spec.name} {ctx.day} was cancelled by {job.cancelled_by or 'an operator'} at "
-            f"{job.cancelled_at:%Y-%m-%d %H:%M} UTC ({job.cancel_reason}); nothing was "
-            f"submitted. `llm-assets requeue {ctx.spec.name} --date {ctx.day} --class "
-            "cancelled` sends its cancelled items again",
-        )
+        raise GateBlocked("cancelled", _cancelled_words(ctx, job))
     if to_submit:
         refuse_if_paused(ctx, to_submit)
         gate = budget_gate(ctx, approve=approve_budget, approved_by=approved_by)
         if not gate.passed:
-            raise GateBlocked("budget", gate.reason)
+            raise _held_by_gate(ctx, to_submit, GateBlocked("budget", gate.reason))
         screened = compliance_gate(ctx)
         if not screened.passed:
-            raise GateBlocked("compliance", screened.reason)
+            raise _held_by_gate(ctx, to_submit, GateBlocked("compliance", screened.reason))
     now = utcnow()
     waiting = [s for s in to_submit if s.not_before is not None and s.not_before > now]
     to_submit = [s for s in to_submit if s not in waiting]
     run = _Submitter(ctx, job, ctx.price().model_dump_json(), progress)
-    _reserve_pipeline_budget(ctx, job, to_submit)
+    try:
+        _reserve_pipeline_budget(ctx, job, to_submit)
+    except GateBlocked as refused:
+        raise _held_by_gate(ctx, to_submit, refused) from None
     # Online shards: this step is the worker. Shards a dead worker left running resume here.
     to_submit += [s for s in ledger.shards(job.job_id, IN_FLIGHT_STATES) if run.runs_in_step(s)]
     with stop_on_sigterm(run.stopping, any(run.runs_in_step(s) for s in to_submit)):

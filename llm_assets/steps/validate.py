@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from llm_assets import column_sizes, quality
 from llm_assets.compliance.policy import restore
 from llm_assets.failpoints import failpoint
-from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, JobCounts, JobRecord
+from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, JobCounts, JobRecord, utcnow
 from llm_assets.result_rows import ledger_text
 from llm_assets.spec import PipelineSpec
 from llm_assets.steps.context import StepContext, artifact_key
@@ -253,4 +253,6 @@ def _validate_outputs(ctx: StepContext) -> ValidateResult:
         uri = ctx.storage.write_file(outputs_key(ctx.spec, job), path).uri
         failpoint("validate.after_write")
         ledger.set_item_errors(job.job_id, gate.failed_rows, from_status=[SUCCEEDED])
-    return _result(ctx, gate, uri, ledger.refresh_job(job.job_id))
+    counts = ledger.refresh_job(job.job_id)
+    ledger.update_job(job.job_id, validated_at=utcnow())
+    return _result(ctx, gate, uri, counts)

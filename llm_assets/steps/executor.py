@@ -1,0 +1,433 @@
+"""The one executor of a day's lifecycle: it reads the day from the ledger (`load_state`), asks
+`lifecycle.decide` what is next and carries it out.
+
+Cheap actions are calls this module makes itself: status polls, cancels at the provider,
+reconciling a create that was never recorded, closing shards that were never sent. The heavy
+ones are steps (building shards, submitting, importing, validating, reporting), and each path
+runs them its own way through `StepRuns`: the CLI as Dagster runs, the batch-status sensor as
+run requests, an eval in this process. `drive` is the one loop that advances days and waits
+between rounds until what they wait for falls due; nothing else sleeps for a day's sake.
+"""
+
+import concurrent.futures
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from llm_assets.resources.ledger import (
+    PENDING,
+    JobCounts,
+    JobRecord,
+    LedgerResource,
+    ShardRecord,
+    utcnow,
+)
+from llm_assets.resources.providers.base import (
+    IN_FLIGHT_STATES,
+    ONLINE_BATCH_PREFIX,
+    BatchProvider,
+    ShardState,
+)
+from llm_assets.spec import PipelineSpec
+from llm_assets.steps import lifecycle
+from llm_assets.steps.context import StepContext
+from llm_assets.steps.lifecycle import Action, DayState, Decision, ShardView, Step
+from llm_assets.steps.pause import pause_reason
+from llm_assets.steps.snapshot import no_source_rows, no_source_rows_reason
+from llm_assets.steps.submit import submission_of
+
+POLL_WORKERS = 8
+"""Status calls made at once when several batches are due for a poll."""
+
+
+class StepRuns(Protocol):
+    """How a path runs a day's heavy steps (lifecycle.HEAVY)."""
+
+    def run(self, day: "DayDriver", action: Action) -> None: ...
+
+
+class TooManyRounds(RuntimeError):
+    """A day went through more import rounds than a path allows without finishing."""
+
+
+def poll_shards(
+    ledger: LedgerResource,
+    provider: BatchProvider,
+    shards: Iterable[ShardRecord],
+    *,
+    timeout_seconds: float | None = None,
+) -> list[ShardRecord]:
+    """Ask the provider about in-flight shards (cheap status calls) and record what it says;
+    with `timeout_seconds`, each call is one try bounded by it (`poll_briefly`)."""
+    updated: list[ShardRecord] = []
+    for shard in shards:
+        if (
+            shard.status not in IN_FLIGHT_STATES
+            or shard.provider_batch_id is None
+            or shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX)  # worked in a step
+        ):
+            updated.append(shard)
+            continue
+        status = (
+            provider.poll(shard.provider_batch_id)
+            if timeout_seconds is None
+            else provider.poll_briefly(shard.provider_batch_id, timeout_seconds)
+        )
+        values: dict[str, Any] = {
+            "status": status.state.value,
+            "raw_status": status.raw_status,
+            "completed_requests": status.completed,
+            "failed_requests": status.failed,
+            "message": status.message,
+        }
+        if status.ended:
+            values["ended_at"] = utcnow()
+        ledger.update_shard(shard.shard_id, expect_status=IN_FLIGHT_STATES, **values)
+        refreshed = ledger.get_shard(shard.shard_id)
+        assert refreshed is not None
+        updated.append(refreshed)
+    return updated
+
+
+@dataclasses.dataclass(frozen=True)
+class PollLimits:
+    """How long polling may take on a path that must answer in time (a sensor tick): calls
+    start only while they can end before `deadline` (monotonic), each bounded by
+    `call_timeout_seconds` and not retried; a failed call is reported and asked again later."""
+
+    deadline: float
+    call_timeout_seconds: float
+    report: Callable[[str], None]
+
+
+def poll_many(
+    ledger: LedgerResource,
+    provider: BatchProvider,
+    shards: Sequence[ShardRecord],
+    limits: PollLimits | None = None,
+) -> list[ShardRecord]:
+    """Poll shards, several at a time; with `limits`, only until its deadline (the calls
+    still running are not waited for: their answers are recorded when they come)."""
+    if limits is None and len(shards) <= 1:
+        return poll_shards(ledger, provider, shards)
+    timeout = limits.call_timeout_seconds if limits else None
+
+    def poll(shard: ShardRecord) -> ShardRecord | str | None:
+        if limits is not None and time.monotonic() + limits.call_timeout_seconds > limits.deadline:
+            return None
+        try:
+            [updated] = poll_shards(ledger, provider, [shard], timeout_seconds=timeout)
+        except Exception as exc:
+            if limits is None:
+                raise
+            status = getattr(exc, "status_code", None)
+            http = f", HTTP {status}" if status else ""
+            return f"{shard.shard_id}: status poll failed ({type(exc).__name__}{http})"
+        return updated
+
+    pool = ThreadPoolExecutor(max_workers=POLL_WORKERS)
+    futures = [pool.submit(poll, shard) for shard in shards]
+    wait = None if limits is None else max(0.0, limits.deadline - time.monotonic())
+    done, _ = concurrent.futures.wait(futures, timeout=wait)
+    pool.shutdown(wait=False, cancel_futures=True)
+    answers = [future.result() for future in futures if future in done]
+    if limits is not None:
+        for failure in (a for a in answers if isinstance(a, str)):
+            limits.report(f"{failure}; polled again next time")
+    return [answer for answer in answers if isinstance(answer, ShardRecord)]
+
+
+def load_state(ctx: StepContext, *, now: dt.datetime | None = None) -> DayState:
+    """The day as the ledger has it now; a shard's lock is looked at (not taken) to see
+    whether another run is sending it."""
+    ledger, spec = ctx.ledger, ctx.spec
+    now = now or utcnow()
+    flags: dict[str, Any] = {
+        "is_eval": spec.parent is not None,
+        "polls_do_work": ctx.provider is not None and ctx.provider.ends_when_polled,
+    }
+    paused = pause_reason(ledger, spec.governing_pipeline)
+    job = ledger.get_job(ctx.job_id)
+    if job is None:
+        if no_source_rows(spec, ctx.day, ctx.storage):
+            flags["no_source_rows"] = no_source_rows_reason(ctx.day)
+        return DayState.of(None, (), JobCounts(), now=now, paused=paused, **flags)
+    views = tuple(_view(ledger, shard) for shard in ledger.shards(job.job_id))
+    return DayState.of(job, views, ledger.counts(job.job_id), now=now, paused=paused, **flags)
+
+
+def job_spec(spec: PipelineSpec, job: JobRecord) -> PipelineSpec:
+    """The spec one of a pipeline's jobs ran under: the pipeline's own, or, for a job of one
+    of its evals, the eval pipeline's as far as the job's row tells it (its name, provider,
+    model and prompt version: enough to find, poll and cancel its shards)."""
+    if job.pipeline == spec.name:
+        return spec
+    return spec.model_copy(
+        update={
+            "name": job.pipeline,
+            "parent": spec.name,
+            "model": spec.model.model_copy(
+                update={"provider": job.provider, "name": job.model_name}
+            ),
+            "prompt": spec.prompt.model_copy(update={"version": job.prompt_version}),
+        }
+    )
+
+
+def _view(ledger: LedgerResource, shard: ShardRecord) -> ShardView:
+    online = (shard.provider_batch_id or "").startswith(ONLINE_BATCH_PREFIX)
+    sending = shard.status in lifecycle.WAITING or (online and shard.status in IN_FLIGHT_STATES)
+    busy = sending and ledger.submission_held(shard.shard_id)
+    return ShardView.of(shard, online=online, busy=busy)
+
+
+@dataclasses.dataclass
+class DayDriver:
+    """One day on one path: its context, how the path runs heavy steps, how often it polls."""
+
+    ctx: StepContext
+    runs: StepRuns | None = None
+    poll_every: float = 30.0
+    """The longest a batch in flight goes without a status poll."""
+    poll_limits: PollLimits | None = None
+    imports: int = 0
+    last: Decision | None = None
+    last_state: DayState | None = None
+    _carried: frozenset[tuple[Step, str]] = frozenset()
+
+    @property
+    def ledger(self) -> LedgerResource:
+        return self.ctx.ledger
+
+    @property
+    def counts(self) -> JobCounts:
+        """The day's items as last read."""
+        return self.last_state.counts if self.last_state is not None else JobCounts()
+
+    def state(self) -> DayState:
+        self.last_state = load_state(self.ctx)
+        return self.last_state
+
+    def decide(self) -> Decision:
+        self.last = lifecycle.decide(self.state(), poll_every=self.poll_every)
+        return self.last
+
+    def advance(self, *, only: frozenset[Step] | None = None) -> Decision:
+        """One round: decide and carry the actions out (with `only`, those steps alone).
+        A heavy action asked again right after it ran, unchanged, is not run twice in a row:
+        the day waits a moment for what that run left behind instead."""
+        decision = self.decide()
+        carried: set[tuple[Step, str]] = set()
+        for action in decision.actions:
+            if only is not None and action.step not in only:
+                continue
+            signature = (action.step, action.key or ",".join(action.shard_ids))
+            if action.step in lifecycle.HEAVY and signature in self._carried:
+                continue
+            if self.carry_out(action):
+                carried.add(signature)
+        self._carried = frozenset(carried)
+        return decision
+
+    @property
+    def acted(self) -> bool:
+        """Whether the last round carried out any action."""
+        return bool(self._carried)
+
+    def carry_out(self, action: Action) -> bool:
+        """Carry out one action; False for a heavy one on a path that runs no steps."""
+        if action.step == Step.POLL:
+            self.poll(action.shard_ids)
+        elif action.step == Step.RECONCILE:
+            reconcile(self.ctx, action.shard_ids)
+        elif action.step == Step.CANCEL:
+            cancel_batches(self.ctx, action.shard_ids)
+        elif action.step == Step.CLOSE:
+            close_unsent(self.ctx, action.shard_ids)
+        elif self.runs is None:
+            return False
+        else:
+            if action.step == Step.IMPORT:
+                self.imports += 1
+            self.runs.run(self, action)
+        return True
+
+    def poll(self, shard_ids: Sequence[str]) -> list[ShardRecord]:
+        wanted = set(shard_ids)
+        shards = [s for s in self.ledger.shards(self.ctx.job_id) if s.shard_id in wanted]
+        return poll_many(self.ledger, self.ctx.batch_provider, shards, self.poll_limits)
+
+
+def _finished(decision: Decision) -> bool:
+    """Done, or blocked with nothing else under way."""
+    return decision.done or (
+        decision.blocked is not None
+        and not decision.actions
+        and not decision.others
+        and decision.wait_until is None
+    )
+
+
+def drive(
+    days: Sequence[DayDriver],
+    *,
+    wait: bool = True,
+    until: Callable[[Decision], bool] = _finished,
+    progress: Callable[[DayDriver, Decision], None] | None = None,
+    max_imports: int = 50,
+    timeout_seconds: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[int, Decision]:
+    """Advance the days round by round until each one is finished (`until`; by default done,
+    or blocked with nothing under way), carrying out their actions; between rounds in which
+    nothing was done, sleep until the first thing a day waits for falls due. Without `wait`
+    one round is made. Returns each day's last decision by its index in `days`."""
+    deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+    last: dict[int, Decision] = {}
+    while True:
+        acted = False
+        for index, day in enumerate(days):
+            if index in last and until(last[index]):
+                continue
+            decision = day.advance()
+            last[index] = decision
+            acted = acted or day.acted
+            if progress is not None:
+                progress(day, decision)
+            if day.imports > max_imports:
+                raise TooManyRounds(
+                    f"{day.ctx.spec.name} {day.ctx.day}: items still open after {max_imports} "
+                    "rounds of import; see `llm-assets status`"
+                )
+        open_days = [i for i, decision in last.items() if not until(decision)]
+        if not open_days or not wait:
+            return last
+        if deadline is not None and time.monotonic() >= deadline:
+            return last
+        if acted:
+            continue
+        due = [last[i].wait_until for i in open_days if last[i].wait_until is not None]
+        pause = (
+            (min(due) - utcnow()).total_seconds() if due else lifecycle.OTHER_RUN_RECHECK_SECONDS
+        )
+        if deadline is not None:
+            pause = min(pause, deadline - time.monotonic())
+        if pause > 0:
+            sleep(pause)
+
+
+def reconcile(ctx: StepContext, shard_ids: Sequence[str]) -> list[str]:
+    """Shards whose submission began but recorded no batch: look for the batch at the
+    provider (the same lookup a submission does before it creates one) and record it when
+    found; when none is found, the shard is a plain unsent one again. Returns the batches
+    found. Under the day's and each shard's lock, so no run sends it meanwhile."""
+    ledger, provider = ctx.ledger, ctx.batch_provider
+    found: list[str] = []
+    with ctx.day_lock():
+        for shard_id in shard_ids:
+            with ledger.submission_lock(shard_id, holder=ctx.created_by) as mine:
+                shard = ledger.get_shard(shard_id)
+                if not mine or shard is None or shard.provider_batch_id is not None:
+                    continue
+                if shard.submit_intent_at is None or shard.status not in lifecycle.WAITING:
+                    continue
+                batch_id = provider.find_submitted(submission_of(ctx, shard))
+                if batch_id is None:
+                    ledger.update_shard(
+                        shard_id,
+                        expect_status=lifecycle.WAITING,
+                        submit_intent_at=None,
+                        message="no batch was found at the provider for its unfinished "
+                        "submission: it was never sent",
+                    )
+                    continue
+                ledger.mark_submitted(shard_id, batch_id, ShardState.SUBMITTED)
+                found.append(batch_id)
+                _log(
+                    ctx,
+                    f"{shard_id}: found batch {batch_id}, which a submission created "
+                    "but did not record; recorded now",
+                )
+    return found
+
+
+def cancel_batches(ctx: StepContext, shard_ids: Sequence[str]) -> list[str]:
+    """Cancel the shards' batches at the provider, once each; an online shard no worker
+    holds is ended as cancelled (its worker, when one holds it, stops at its next send).
+    Returns the batches cancelled."""
+    ledger = ctx.ledger
+    cancelled: list[str] = []
+    with ctx.day_lock():
+        for shard_id in shard_ids:
+            shard = ledger.get_shard(shard_id)
+            if shard is None or shard.status not in IN_FLIGHT_STATES or shard.cancel_sent_at:
+                continue
+            batch_id = shard.provider_batch_id
+            assert batch_id is not None
+            now = utcnow()
+            values: dict[str, Any] = {
+                "cancel_sent_at": now,
+                "cancelled_at": shard.cancelled_at or now,
+            }
+            if batch_id.startswith(ONLINE_BATCH_PREFIX):
+                with ledger.submission_lock(shard_id, holder=ctx.created_by) as free:
+                    if not free:
+                        continue
+                    values |= {"status": ShardState.CANCELLED.value, "ended_at": now}
+                    ledger.update_shard(
+                        shard_id,
+                        expect_status=IN_FLIGHT_STATES,
+                        raw_status=lifecycle.CANCELLED,
+                        **values,
+                    )
+                continue
+            status = ctx.batch_provider.cancel(batch_id)
+            values |= {"status": status.state.value, "raw_status": status.raw_status}
+            values["message"] = status.message
+            if status.ended:
+                values["ended_at"] = utcnow()
+            ledger.update_shard(shard_id, expect_status=IN_FLIGHT_STATES, **values)
+            cancelled.append(batch_id)
+    return cancelled
+
+
+def close_unsent(ctx: StepContext, shard_ids: Sequence[str]) -> tuple[list[str], int]:
+    """Close shards never sent of a cancelled day (or cancelled themselves): their items
+    become cancelled dead letters. Returns the shards closed and how many items."""
+    ledger = ctx.ledger
+    closed: list[str] = []
+    items = 0
+    with ctx.day_lock():
+        job = ctx.job()
+        for shard_id in shard_ids:
+            with ledger.submission_lock(shard_id, holder=ctx.created_by) as mine:
+                shard = ledger.get_shard(shard_id)
+                if not mine or shard is None or shard.status not in lifecycle.WAITING:
+                    continue
+                if shard.provider_batch_id is not None or shard.submit_intent_at is not None:
+                    continue  # may have a batch: reconciled first
+                reason = job.cancel_reason or "its shard was cancelled"
+                now = utcnow()
+                moved, _ = ledger.close_shard(
+                    shard_id,
+                    from_status=[PENDING],
+                    items=lifecycle.cancelled_item(reason),
+                    status=ShardState.IMPORTED.value,
+                    raw_status=lifecycle.CANCELLED,
+                    message=f"cancelled before it was sent: {reason}",
+                    cancelled_at=shard.cancelled_at or now,
+                    ended_at=now,
+                    imported_at=now,
+                )
+                closed.append(shard_id)
+                items += moved
+        ledger.refresh_job(job.job_id)
+    return closed, items
+
+
+def _log(ctx: StepContext, message: str) -> None:
+    if ctx.log is not None:
+        ctx.log(f"{ctx.spec.name} {ctx.day}: {message}")
