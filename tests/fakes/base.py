@@ -358,6 +358,9 @@ class FaultInjectingServer(FakeServer):
         if fault is not None and fault.delay_seconds > 0:
             entry["delayed"] = fault.delay_seconds
             time.sleep(fault.delay_seconds)
+        if fault is not None and fault.gate is not None:
+            entry["held"] = True
+            fault.gate.hold()
         handled = fault is not None and fault.after_handling
         lost = handled and fault is not None and fault.reset_connection
         if fault is not None and fault.reset_connection and not lost:

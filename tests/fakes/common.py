@@ -20,6 +20,22 @@ def free_port() -> int:
 
 
 @dataclass
+class Gate:
+    """Holds a call at the server until the test opens it: `arrived` is set when the call
+    comes in; the call is served once `opened` is set (or `timeout_seconds` pass: a test
+    that forgets to open it fails instead of hanging)."""
+
+    arrived: threading.Event = field(default_factory=threading.Event)
+    opened: threading.Event = field(default_factory=threading.Event)
+    timeout_seconds: float = 120.0
+
+    def hold(self) -> None:
+        self.arrived.set()
+        if not self.opened.wait(self.timeout_seconds):
+            raise TimeoutError("a held call was never let through")
+
+
+@dataclass
 class ControlFault:
     """Take over the next `times` calls with this method whose path (query included) contains
     `path_contains`: sleep `delay_seconds`, then reset the connection (`reset_connection`), or
@@ -35,6 +51,8 @@ class ControlFault:
     reset_connection: bool = False
     delay_seconds: float = 0.0
     after_handling: bool = False
+    gate: Gate | None = None
+    """Held at the server until the gate opens, then treated as above."""
 
 
 @dataclass
@@ -47,6 +65,11 @@ class LostResponseFault(ControlFault):
 
     reset_connection: bool = True
     after_handling: bool = True
+
+
+def held_call(method: str, path_contains: str, gate: Gate, times: int = 1) -> ControlFault:
+    """A fault that holds the matching calls until the gate opens, then answers them."""
+    return ControlFault(method, path_contains, status=200, times=times, gate=gate)
 
 
 def delay_fault(method: str, path_contains: str, seconds: float, times: int = 1) -> ControlFault:
