@@ -2,14 +2,30 @@
 
 Inactive unless LLM_ASSETS_FAILPOINT names a point, as `name` or `name:n` (die the n-th time
 the point is passed in this process). The process then kills itself with SIGKILL: no
-cleanup, no finally blocks, exactly like the OOM killer or a lost machine.
+cleanup, no finally blocks, exactly like the OOM killer or a lost machine. A test that
+searches many interleavings in one process installs a handler instead (`handled_by`): it is
+told of every point passed and may raise there.
 """
 
+import contextlib
 import os
 import signal
 from collections import Counter
+from collections.abc import Callable, Iterator
 
 _passed: Counter[str] = Counter()
+_handler: Callable[[str], None] | None = None
+
+
+@contextlib.contextmanager
+def handled_by(handler: Callable[[str], None]) -> Iterator[None]:
+    """Call `handler` with the name of every point passed while the block runs."""
+    global _handler
+    previous, _handler = _handler, handler
+    try:
+        yield
+    finally:
+        _handler = previous
 
 POINTS = (
     "snapshot.after_write",
@@ -27,6 +43,8 @@ POINTS = (
 
 
 def failpoint(name: str) -> None:
+    if _handler is not None:
+        _handler(name)
     wanted = os.environ.get("LLM_ASSETS_FAILPOINT")
     if not wanted:
         return
