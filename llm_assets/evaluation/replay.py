@@ -4,9 +4,12 @@ The sample is drawn once from the days' current input snapshots of the pipeline 
 as one JSONL file; every variant reads that same file, so every variant answers the same
 items. Each variant runs as its own eval pipeline (`eval_pipeline_spec`): its own jobs in the
 ledger, which keep every answer with its prompt and model version, through the normal steps
-(snapshot, shards, submission with its gates, import with retries, the quality gate). Nothing
-of an eval is published: the publishing, QA and notification steps are not run, and the eval
-pipeline is in no Dagster definitions, so no sensor or schedule picks it up.
+(snapshot, shards, submission with its gates, import with retries, the quality gate), driven
+by the day's lifecycle (steps.drive) with the steps run in this process. Nothing of an eval
+is published: the publishing, QA and notification steps are not run, and the eval pipeline
+is in no Dagster definitions; the evaluated pipeline's batch-status sensor only polls and
+cancels its batches. An eval runs under the evaluated pipeline: its caps, its month, its
+pause and cancel (`PipelineSpec.parent`).
 
 Running a replay again sends nothing: the eval pipelines' jobs already hold the items.
 """
@@ -144,8 +147,9 @@ def eval_pipeline_spec(
     options, output schema, fields): a variant whose configuration changes runs as a new
     pipeline with new jobs, never reusing the answers of the old configuration (the ledger's
     job key holds the prompt version and model, not the options). The eval reads its sample
-    as JSONL; nothing watches or schedules it and it notifies no one. Its budget, retries,
-    quotas and compliance are the variant's.
+    as JSONL; nothing schedules it and it notifies no one. Its partition budget, retries,
+    quotas and compliance are the variant's; the pipeline's daily and monthly caps, spend
+    breaker month, pause and cancel are `base_name`'s (its `parent`).
     """
     digest = hashlib.sha256(
         "\x1f".join((base_name, variant_name, variant_spec.prompt_code_version)).encode()

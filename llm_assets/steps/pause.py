@@ -1,7 +1,9 @@
 """Pausing a pipeline: an operator's choice that nothing new is submitted for it.
 
 The pause is a row of the ledger (`llm_batch_pipeline_state`), set by `llm-assets pause` or
-the `<pipeline>__pause` job and cleared by `llm-assets resume` or `<pipeline>__resume`.
+the `<pipeline>__pause` job and cleared by `llm-assets resume` or `<pipeline>__resume`; it
+holds the pipeline's evals too (`PipelineSpec.governing_pipeline`), and the online worker
+stops at it between requests (steps/online.py).
 provider_batches refuses while it is set, before its budget gates and again before each
 shard: every submission (sensors, schedule, backfills, the CLI, the UI) goes through that
 step, so its refusal is the guarantee. The sensors, the schedule and `llm-assets run` ask
