@@ -27,6 +27,7 @@ def handled_by(handler: Callable[[str], None]) -> Iterator[None]:
     finally:
         _handler = previous
 
+
 POINTS = (
     "snapshot.after_write",
     "shards.after_file",
