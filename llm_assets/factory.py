@@ -277,6 +277,12 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
         result: steps.ShardsResult = _run_step(lambda: steps.build_shards(ctx))
         gate = steps.budget_gate(ctx, approve=approve, approved_by=who)
         screened = steps.compliance_gate(ctx)
+        # A failed gate check skips provider_batches in this run; the shards wait for an
+        # operator, and no sensor asks to submit them meanwhile.
+        if not gate.passed:
+            steps.hold_for_gate(ctx, steps.GateBlocked("budget", gate.reason))
+        elif not screened.passed:
+            steps.hold_for_gate(ctx, steps.GateBlocked("compliance", screened.reason))
         estimate = result.estimate
         context.log.info(
             f"{result.job_id}: {result.new_items} new items, {len(result.shards_created)} "

@@ -31,6 +31,7 @@ from llm_assets.tokens import counter_for
 from tests.fakes.openai_server import FakeOpenAI, prompt_tokens_of, user_text
 from tests.harness import DAY, Harness, make_harness, review_spec, truthful, write_reviews
 from tests.ledger_helpers import schema_version, spend
+from tests.test_sensors import tick
 
 pytestmark = pytest.mark.fake_server("openai", responder=truthful)
 CENT = 0.01
@@ -282,6 +283,15 @@ def test_an_over_budget_day_is_blocked_until_approved(
         assert "approved_usd" not in evaluation.metadata, "nobody approved the day yet"
         batches = asset_key(harness.spec, "provider_batches")
         assert harness.instance.get_latest_materialization_event(batches) is None
+        # The day waits for an operator: its shards are held by the gate, and the lifecycle
+        # (so every sensor) says so rather than asking to submit them again.
+        shards = harness.ledger.shards(harness.job_id())
+        assert {s.raw_status for s in shards} == {"blocked"}
+        assert all(s.message and s.message.startswith("budget gate: ") for s in shards)
+        ctx = steps.StepContext(harness.spec, DAY, harness.ledger, harness.storage)
+        held = steps.decide(steps.load_state(ctx))
+        assert held.actions == () and held.gate == "budget"
+        assert tick(harness).run_requests == []
 
         # Approval through the UI's run config for the asset.
         config = {"approve_budget": True}
@@ -305,6 +315,7 @@ def test_an_over_budget_day_is_blocked_until_approved(
         assert job.budget_approved_usd == pytest.approx(harness.ledger.committed_cost(job.job_id))
         assert job.budget_approved_by.startswith("dagster run ")
         assert len(batch_creates(fake)) == 3
+        assert {s.raw_status for s in harness.ledger.shards(harness.job_id())} != {"blocked"}
 
         # The rest of the day (import, retries, reports) needs no second approval.
         outcome = harness.run_day()

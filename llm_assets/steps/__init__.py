@@ -98,7 +98,13 @@ from llm_assets.steps.snapshot import (
     snapshot_sources,
     take_snapshot,
 )
-from llm_assets.steps.submit import BudgetGate, SubmitResult, budget_gate, submit_shards
+from llm_assets.steps.submit import (
+    BudgetGate,
+    SubmitResult,
+    budget_gate,
+    hold_for_gate,
+    submit_shards,
+)
 from llm_assets.steps.validate import ValidateResult, validate_outputs
 
 __all__ = [
@@ -145,6 +151,7 @@ __all__ = [
     "current_snapshot_uri",
     "existing_job",
     "export_dead_letters",
+    "hold_for_gate",
     "import_results",
     "job_for",
     "job_id_of",

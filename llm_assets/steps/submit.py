@@ -329,12 +329,14 @@ class _Submitter:
             )
 
 
-def _held_by_gate(
-    ctx: StepContext, waiting: list[ShardRecord], refused: GateBlocked
+def hold_for_gate(
+    ctx: StepContext, refused: GateBlocked, waiting: list[ShardRecord] | None = None
 ) -> GateBlocked:
-    """Mark the waiting shards as held by the gate that refused them, so that no path
-    submits them again until an operator acts (an approval, a changed spec); the refusal is
-    returned to be raised."""
+    """Mark the day's waiting shards (or `waiting`) as held by the gate that refused them, so
+    that no path submits them again until an operator acts (an approval, a changed spec);
+    the refusal is returned to be raised."""
+    if waiting is None:
+        waiting = ctx.ledger.shards(ctx.job_id, list(_WAITING))
     for shard in waiting:
         ctx.ledger.update_shard(
             shard.shard_id,
@@ -446,10 +448,10 @@ def submit_shards(
         refuse_if_paused(ctx, to_submit)
         gate = budget_gate(ctx, approve=approve_budget, approved_by=approved_by)
         if not gate.passed:
-            raise _held_by_gate(ctx, to_submit, GateBlocked("budget", gate.reason))
+            raise hold_for_gate(ctx, GateBlocked("budget", gate.reason), to_submit)
         screened = compliance_gate(ctx)
         if not screened.passed:
-            raise _held_by_gate(ctx, to_submit, GateBlocked("compliance", screened.reason))
+            raise hold_for_gate(ctx, GateBlocked("compliance", screened.reason), to_submit)
     now = utcnow()
     waiting = [s for s in to_submit if s.not_before is not None and s.not_before > now]
     to_submit = [s for s in to_submit if s not in waiting]
@@ -457,7 +459,7 @@ def submit_shards(
     try:
         _reserve_pipeline_budget(ctx, job, to_submit)
     except GateBlocked as refused:
-        raise _held_by_gate(ctx, to_submit, refused) from None
+        raise hold_for_gate(ctx, refused, to_submit) from None
     # Online shards: this step is the worker. Shards a dead worker left running resume here.
     to_submit += [s for s in ledger.shards(job.job_id, IN_FLIGHT_STATES) if run.runs_in_step(s)]
     with stop_on_sigterm(run.stopping, any(run.runs_in_step(s) for s in to_submit)):
