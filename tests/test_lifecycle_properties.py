@@ -45,13 +45,8 @@ from tests.harness import review_spec
 EXAMPLES = 300
 """Interleavings tried in the normal suite."""
 STEPS = 12
-CRASH_POINTS = (
-    "submit.after_intent",
-    "submit.after_create",
-    "submit.after_record",
-    "import.after_upsert",
-    "import.after_shard",
-    "retry.after_file",
+CRASH_POINTS = tuple(
+    p for p in failpoints.POINTS if p.split(".")[0] in ("submit", "import", "retry")
 )
 STATUSES = {"pending", "submitted", "retry", *TERMINAL}
 FIRST_DAY = dt.date(2026, 1, 1)

@@ -134,6 +134,30 @@ def openai_day(tmp_path: Path, database_url: str) -> Any:
             yield harness, fake
 
 
+class SubmittingRun:
+    """Run A submitting the day in a thread of its own, held with its first create on the
+    wire (the fake has it, and answers once let through)."""
+
+    def __init__(self, harness: Harness, fake: FakeOpenAI) -> None:
+        self.gate = Gate()
+        fake.faults.add(held_call("POST", "/v1/batches", self.gate))
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self.submit, args=(harness,))
+        self.thread.start()
+        assert self.gate.arrived.wait(60)
+
+    def submit(self, harness: Harness) -> None:
+        try:
+            steps.submit_shards(context(harness, "run A"))
+        except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+            self.error = exc
+
+    def let_create_through(self) -> None:
+        self.gate.opened.set()
+        self.thread.join(120)
+        assert not self.thread.is_alive()
+
+
 @pytest.mark.one_database
 def test_a_cancel_while_another_run_creates_a_batch_cancels_that_batch(
     openai_day: tuple[Harness, FakeOpenAI],
@@ -141,20 +165,7 @@ def test_a_cancel_while_another_run_creates_a_batch_cancels_that_batch(
     """The cancel comes while a submission holds a shard and its create is on the wire: the
     batch it creates a moment later is cancelled, and nothing of the day is sent after."""
     harness, fake = openai_day
-    gate = Gate()
-    fake.faults.add(held_call("POST", "/v1/batches", gate))
-    outcomes: dict[str, BaseException | None] = {}
-
-    def submit() -> None:
-        try:
-            steps.submit_shards(context(harness, "run A"))
-            outcomes["submit"] = None
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            outcomes["submit"] = exc
-
-    submitting = threading.Thread(target=submit)
-    submitting.start()
-    assert gate.arrived.wait(60)
+    submitting = SubmittingRun(harness, fake)
     moved = threading.Event()  # the cancel returned, or waits for the run that holds the day
 
     def on_log(message: str) -> None:
@@ -168,14 +179,13 @@ def test_a_cancel_while_another_run_creates_a_batch_cancels_that_batch(
     cancelling = threading.Thread(target=cancel)
     cancelling.start()
     assert moved.wait(60)
-    gate.opened.set()
-    submitting.join(120)
+    submitting.let_create_through()
     cancelling.join(120)
-    assert not submitting.is_alive() and not cancelling.is_alive()
+    assert not cancelling.is_alive()
 
     [created] = [b for batches in shard_batches(fake).values() for b in batches]
-    assert isinstance(outcomes["submit"], steps.GateBlocked)
-    assert outcomes["submit"].gate == "cancelled"
+    assert isinstance(submitting.error, steps.GateBlocked)
+    assert submitting.error.gate == "cancelled"
     # Whoever asks the lifecycle next (the CLI's wait, the sensor) finishes the cancel.
     harness.wait_for_batches()
     decision = steps.DayDriver(context(harness)).advance()
@@ -401,28 +411,14 @@ def test_a_run_that_lost_its_locks_while_creating_a_batch_records_nothing(
     taken away; run B takes them and submits the day. A's batch, created after that, is not
     recorded: A stops with LostLock and cancels it; each shard has one batch that runs."""
     harness, fake = openai_day
-    gate = Gate()
-    fake.faults.add(held_call("POST", "/v1/batches", gate))
-    outcome: dict[str, BaseException | None] = {}
-
-    def submit() -> None:
-        try:
-            steps.submit_shards(context(harness, "run A"))
-            outcome["a"] = None
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            outcome["a"] = exc
-
-    run_a = threading.Thread(target=submit)
-    run_a.start()
-    assert gate.arrived.wait(60)
+    run_a = SubmittingRun(harness, fake)
     break_locks(harness)
 
     result_b = steps.submit_shards(context(harness, "run B"))
-    gate.opened.set()
-    run_a.join(120)
+    run_a.let_create_through()
 
     assert len(result_b.submitted) == 3
-    error = outcome["a"]
+    error = run_a.error
     assert type(error).__name__ == "LostLock", error
     assert "lost its hold" in str(error) and "taken over" in str(error)
     recorded = {s.shard_id: s.provider_batch_id for s in harness.ledger.shards(harness.job_id())}
