@@ -432,3 +432,21 @@ def test_a_run_that_lost_its_locks_while_creating_a_batch_records_nothing(
     assert harness.run_day().done
     assert set(fake.billed.values()) == {1}
     assert all(r["attempts"] == 1 for r in harness.rows().values())
+
+
+@pytest.mark.one_database
+def test_a_cancel_that_reaches_a_batch_after_it_ended_imports_it(
+    openai_day: tuple[Harness, FakeOpenAI],
+) -> None:
+    """The provider finished the batch before the cancel reached it (it refuses to cancel an
+    ended batch): the cancel takes the batch as it ended, and its answers are kept."""
+    harness, fake = openai_day
+    assert harness.materialize("provider_batches").success
+    run_out_every_batch(fake)  # ended at the provider; the ledger has not polled yet
+
+    result = steps.cancel_day(context(harness), reason="too late")
+
+    assert result.cancelled_batches == []
+    assert {s.status for s in harness.ledger.shards(harness.job_id())} == {"completed"}
+    assert harness.materialize("batch_results").success
+    assert {r["status"] for r in harness.rows().values()} == {"succeeded"}

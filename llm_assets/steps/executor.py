@@ -29,6 +29,7 @@ from llm_assets.resources.providers.base import (
     IN_FLIGHT_STATES,
     ONLINE_BATCH_PREFIX,
     BatchProvider,
+    BatchStatus,
     ShardState,
 )
 from llm_assets.spec import PipelineSpec
@@ -384,14 +385,28 @@ def cancel_batches(ctx: StepContext, shard_ids: Sequence[str]) -> list[str]:
                         **values,
                     )
                 continue
-            status = ctx.batch_provider.cancel(batch_id)
+            status, accepted = _cancel_at_provider(ctx.batch_provider, batch_id)
             values |= {"status": status.state.value, "raw_status": status.raw_status}
             values["message"] = status.message
             if status.ended:
                 values["ended_at"] = utcnow()
             ledger.update_shard(shard_id, expect_status=IN_FLIGHT_STATES, **values)
-            cancelled.append(batch_id)
+            if accepted:
+                cancelled.append(batch_id)
     return cancelled
+
+
+def _cancel_at_provider(provider: BatchProvider, batch_id: str) -> tuple[BatchStatus, bool]:
+    """Cancel a batch: its status, and whether the provider took the cancel. One that ended
+    before the cancel reached it (the provider refuses to cancel it) is taken as it ended,
+    to be imported like any other."""
+    try:
+        return provider.cancel(batch_id), True
+    except Exception:
+        status = provider.poll(batch_id)
+        if not status.ended:
+            raise
+        return status, False
 
 
 def close_unsent(ctx: StepContext, shard_ids: Sequence[str]) -> tuple[list[str], int]:
