@@ -8,7 +8,8 @@ and converges on the same ledger state. One module per stage:
 - context: StepContext, the job and snapshot lookups, the gate and prerequisite errors
 - snapshot: input_snapshot
 - shards: request_shards, the estimator and shard writing
-- submit: provider_batches and its budget gates
+- submit: provider_batches
+- budget: the budget gates of a submission, and the hold a refusing gate puts on shards
 - compliance: the day's share of items the personal-data policy blocked, as a gate
 - residency: the residency gate (compliance.allowed_regions) of the steps that write or send
 - pause: a paused pipeline, which provider_batches refuses to submit for
@@ -25,6 +26,7 @@ and converges on the same ledger state. One module per stage:
 - reports: dead_letter, cost_report, published_outputs, qa_sample
 """
 
+from llm_assets.steps.budget import BudgetGate, budget_gate, hold_for_gate
 from llm_assets.steps.cancel import CancelResult, cancel_day
 from llm_assets.steps.compliance import ComplianceGate, compliance_gate
 from llm_assets.steps.context import (
@@ -98,13 +100,7 @@ from llm_assets.steps.snapshot import (
     snapshot_sources,
     take_snapshot,
 )
-from llm_assets.steps.submit import (
-    BudgetGate,
-    SubmitResult,
-    budget_gate,
-    hold_for_gate,
-    submit_shards,
-)
+from llm_assets.steps.submit import SubmitResult, submit_shards
 from llm_assets.steps.validate import ValidateResult, validate_outputs
 
 __all__ = [

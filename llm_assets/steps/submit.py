@@ -1,5 +1,6 @@
-"""provider_batches: the residency, pause and budget gates, then every shard not yet sent
-submitted once (or, for shards the step works itself, sent by the online worker)."""
+"""provider_batches: the residency, pause and budget gates (steps/budget.py), then every
+shard not yet sent submitted once (or, for shards the step works itself, sent by the online
+worker)."""
 
 import dataclasses
 import datetime as dt
@@ -26,6 +27,7 @@ from llm_assets.resources.providers.base import (
 )
 from llm_assets.resources.providers.retrying import QuotaRefused
 from llm_assets.steps import lifecycle
+from llm_assets.steps.budget import budget_gate, hold_for_gate, reserve_pipeline_budget
 from llm_assets.steps.compliance import compliance_gate
 from llm_assets.steps.context import GateBlocked, StepContext
 from llm_assets.steps.line_ids import request_lines
@@ -34,7 +36,6 @@ from llm_assets.steps.pause import refuse_if_paused
 from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.steps.shards import ShardRound, line_offsets
 
-_WAITING = (ShardState.CREATED, ShardState.UPLOADED)
 SUBMISSION_LOCK_WAIT_SECONDS = 0.5
 """How long a submission waits for a shard's lock that another run holds for a moment (a
 look at whether it is busy) before it counts the shard as another run's."""
@@ -57,104 +58,6 @@ def submission_of(ctx: StepContext, shard: ShardRecord) -> ShardSubmission:
         model=ctx.spec.model.name,
         format=provider.request_format(ctx.spec),
     )
-
-
-class BudgetGate(BaseModel):
-    """The partition budget gate: what the day has spent or may still spend, against the limit."""
-
-    limit_usd: float | None
-    committed_usd: float
-    approved_usd: float | None = None
-    approved_by: str | None = None
-    passed: bool
-    reason: str
-
-
-def budget_gate(ctx: StepContext, *, approve: bool = False, approved_by: str = "") -> BudgetGate:
-    """Compare the day's committed cost (billed plus the upper bound of unbilled shards) with
-    `budget.max_usd_per_partition`. Approving records the amount approved on the job, so later
-    runs of the same day (retries) pass until the bound grows past what was approved."""
-    spec, ledger = ctx.spec, ctx.ledger
-    job = ctx.job()
-    limit = spec.budget.max_usd_per_partition
-    committed = ledger.committed_cost(job.job_id)
-    approved = job.budget_approved_usd
-    gate = BudgetGate(
-        limit_usd=limit,
-        committed_usd=committed,
-        approved_usd=approved,
-        approved_by=job.budget_approved_by,
-        passed=True,
-        reason="",
-    )
-    if limit is None:
-        return gate.model_copy(
-            update={"reason": "no budget.max_usd_per_partition in the spec: the day has no limit"}
-        )
-    if not ledger.shards(job.job_id, list(_WAITING)):
-        return gate.model_copy(update={"reason": "nothing is waiting to be submitted"})
-    if committed <= limit:
-        return gate.model_copy(
-            update={"reason": f"upper bound ${committed:.4f} within ${limit:.4f}"}
-        )
-    if approve:
-        who = approved_by or "unknown"
-        ledger.update_job(
-            job.job_id,
-            budget_approved_usd=committed,
-            budget_approved_by=who,
-            budget_approved_at=utcnow(),
-        )
-        return gate.model_copy(
-            update={
-                "approved_usd": committed,
-                "approved_by": who,
-                "reason": f"upper bound ${committed:.4f} over ${limit:.4f}, approved",
-            }
-        )
-    if approved is not None and committed <= approved * (1 + 1e-9):
-        return gate.model_copy(
-            update={
-                "reason": f"upper bound ${committed:.4f} over ${limit:.4f}, approved up to "
-                f"${approved:.4f} by {job.budget_approved_by}"
-            }
-        )
-    return gate.model_copy(update={"passed": False, "reason": _over_budget(ctx, gate)})
-
-
-def _over_budget(ctx: StepContext, gate: BudgetGate) -> str:
-    """Why the partition budget gate refuses, and how to approve the day."""
-    approved = gate.approved_usd
-    return (
-        f"{ctx.spec.name} {ctx.day}: estimated upper bound ${gate.committed_usd:.4f} is over "
-        f"budget.max_usd_per_partition ${gate.limit_usd:.4f}"
-        + (f" and the ${approved:.4f} approved earlier" if approved is not None else "")
-        + "; nothing was submitted. Approve with `llm-assets run ... --approve-budget`, the "
-        "run tag llm_assets/approve_budget=true or the request_shards config "
-        "approve_budget: true"
-    )
-
-
-def _reserve_pipeline_budget(
-    ctx: StepContext, job: JobRecord, to_submit: list[ShardRecord]
-) -> None:
-    """Reserve the shards' upper bounds, all or none, against the daily and monthly caps."""
-    budget = ctx.spec.budget
-    if (budget.max_usd_per_day is None and budget.max_usd_per_month is None) or not to_submit:
-        return
-    refused = ctx.ledger.reserve_budget(
-        pipeline=ctx.spec.governing_pipeline,
-        job_id=job.job_id,
-        shards={s.shard_id: s.estimated_cost_upper_usd for s in to_submit},
-        max_per_day=budget.max_usd_per_day,
-        max_per_month=budget.max_usd_per_month,
-    )
-    if refused is not None:
-        raise GateBlocked(
-            "pipeline_budget",
-            f"{refused}; nothing was submitted. It can go once settled costs leave room "
-            "(or raise budget.max_usd_per_day / max_usd_per_month)",
-        )
 
 
 class SubmitResult(BaseModel):
@@ -203,7 +106,7 @@ class _Submitter:
                 return
             current = ledger.get_shard(shard.shard_id)
             if current is not None and self.runs_in_step(current):
-                if current.status in (*IN_FLIGHT_STATES, *_WAITING):
+                if current.status in (*IN_FLIGHT_STATES, *lifecycle.WAITING):
                     self.submitted[shard.shard_id] = run_online_shard(
                         self.ctx,
                         current,
@@ -286,7 +189,7 @@ class _Submitter:
         wait = provider.quota_wait_seconds if hint is None else min(hint, 3600.0)
         self.ctx.ledger.update_shard(
             shard.shard_id,
-            expect_status=list(_WAITING),
+            expect_status=list(lifecycle.WAITING),
             raw_status=WAITING_FOR_QUOTA,
             message=f"{self.ctx.spec.model.provider} quota: {refused}"[:2000],
             not_before=utcnow() + dt.timedelta(seconds=wait),
@@ -329,24 +232,6 @@ class _Submitter:
             )
 
 
-def hold_for_gate(
-    ctx: StepContext, refused: GateBlocked, waiting: list[ShardRecord] | None = None
-) -> GateBlocked:
-    """Mark the day's waiting shards (or `waiting`) as held by the gate that refused them, so
-    that no path submits them again until an operator acts (an approval, a changed spec);
-    the refusal is returned to be raised."""
-    if waiting is None:
-        waiting = ctx.ledger.shards(ctx.job_id, list(_WAITING))
-    for shard in waiting:
-        ctx.ledger.update_shard(
-            shard.shard_id,
-            expect_status=list(_WAITING),
-            raw_status=lifecycle.GATED,
-            message=str(refused)[:2000],
-        )
-    return refused
-
-
 def _cancelled_words(ctx: StepContext, job: JobRecord) -> str:
     assert job.cancelled_at is not None
     return (
@@ -376,7 +261,7 @@ def _as_pending(ctx: StepContext, shard: ShardRecord) -> ShardRecord | None:
     if not offsets:
         ctx.ledger.update_shard(
             shard.shard_id,
-            expect_status=list(_WAITING),
+            expect_status=list(lifecycle.WAITING),
             status=ShardState.IMPORTED.value,
             raw_status="nothing_pending",
             message="every item took a result before the shard was sent",
@@ -441,7 +326,7 @@ def submit_shards(
     ledger = ctx.ledger
     job = ctx.job()
     refuse_outside_regions(ctx)
-    to_submit = ledger.shards(job.job_id, list(_WAITING))
+    to_submit = ledger.shards(job.job_id, list(lifecycle.WAITING))
     if job.cancelled_at is not None and to_submit:
         raise GateBlocked("cancelled", _cancelled_words(ctx, job))
     if to_submit:
@@ -457,7 +342,7 @@ def submit_shards(
     to_submit = [s for s in to_submit if s not in waiting]
     run = _Submitter(ctx, job, ctx.price().model_dump_json(), progress)
     try:
-        _reserve_pipeline_budget(ctx, job, to_submit)
+        reserve_pipeline_budget(ctx, job, to_submit)
     except GateBlocked as refused:
         raise hold_for_gate(ctx, refused, to_submit) from None
     # Online shards: this step is the worker. Shards a dead worker left running resume here.
@@ -472,7 +357,7 @@ def submit_shards(
             refuse_if_paused(ctx, to_submit[n:], len(run.submitted))
             run.submit_or_run(shard)
     ledger.refresh_job(job.job_id)
-    still_waiting = ledger.shards(job.job_id, list(_WAITING))
+    still_waiting = ledger.shards(job.job_id, list(lifecycle.WAITING))
     for_quota = [s for s in still_waiting if s.raw_status == WAITING_FOR_QUOTA]
     due = [s.not_before for s in still_waiting if s.not_before and s.not_before > utcnow()]
     return SubmitResult(
