@@ -229,11 +229,11 @@ class PartitionRunner:
         """Submit the day; with `wait`, drive it (steps.drive: import, retry, finish) until
         every item is terminal. A paused pipeline is blocked (also one paused while this
         runs, once what is in flight has come back)."""
-        run_ids: list[str] = []
-        day_driver = self.driver(day, run_ids, progress)
-        paused = day_driver.state().paused
+        paused = steps.pause_reason(self.ledger, self.spec.governing_pipeline)
         if paused:
             raise StepFailed(paused, gate="paused")
+        run_ids: list[str] = []
+        day_driver = self.driver(day, run_ids, progress)
         run_ids.append(self.materialize(day, SUBMIT_STEPS, progress))
         if steps.no_source_rows(self.spec, day, self.storage):
             # request_shards made no job: there is nothing to wait for, import or report.

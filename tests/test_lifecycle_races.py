@@ -200,6 +200,18 @@ def test_a_cancel_while_another_run_creates_a_batch_cancels_that_batch(
     }
 
 
+def end_the_first_batch(harness: Harness, fake: FakeOpenAI | FakeAnthropic) -> list[Any]:
+    """Let the day's first batch complete while the others stay in progress, and record
+    its end as a poll does; returns the other shards."""
+    first, *rest = harness.ledger.shards(harness.job_id())
+    fake.polls_per_state = 1
+    while harness.provider.poll(first.provider_batch_id).state != "completed":
+        pass
+    fake.polls_per_state = 1000
+    steps.poll_shards(harness.ledger, harness.provider, [first])
+    return rest
+
+
 CAP = 0.0004
 """A day of short answers costs about $0.00026; five times longer ones, about $0.001."""
 
@@ -253,12 +265,7 @@ def test_an_approved_day_is_not_tripped_by_the_breaker_within_what_was_approved(
             fake.responder = summary_answer(100)
             fake.polls_per_state = 1000
             runner.materialize(DAY, SUBMIT_STEPS)
-            first = harness.ledger.shards(harness.job_id())[0]
-            fake.polls_per_state = 1
-            while harness.provider.poll(first.provider_batch_id).state != "completed":
-                pass
-            fake.polls_per_state = 1000
-            steps.poll_shards(harness.ledger, harness.provider, [first])
+            end_the_first_batch(harness, fake)
 
             imported = steps.import_results(context(harness))
 
@@ -309,12 +316,7 @@ def test_the_breaker_cancels_a_day_whose_input_was_underestimated(
                 }
             )
             assert harness.materialize("provider_batches").success
-            first, *rest = harness.ledger.shards(harness.job_id())
-            fake.polls_per_state = 1
-            while harness.provider.poll(first.provider_batch_id).state != "completed":
-                pass
-            fake.polls_per_state = 1000
-            steps.poll_shards(harness.ledger, harness.provider, [first])
+            rest = end_the_first_batch(harness, fake)
 
             imported = steps.import_results(context(harness))
 

@@ -11,7 +11,6 @@ between rounds until what they wait for falls due; nothing else sleeps for a day
 
 import concurrent.futures
 import dataclasses
-import datetime as dt
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -141,11 +140,11 @@ def poll_many(
     return [answer for answer in answers if isinstance(answer, ShardRecord)]
 
 
-def load_state(ctx: StepContext, *, now: dt.datetime | None = None) -> DayState:
+def load_state(ctx: StepContext) -> DayState:
     """The day as the ledger has it now; a shard's lock is looked at (not taken) to see
     whether another run is sending it."""
     ledger, spec = ctx.ledger, ctx.spec
-    now = now or utcnow()
+    now = utcnow()
     flags: dict[str, Any] = {
         "is_eval": spec.parent is not None,
         "polls_do_work": ctx.provider is not None and ctx.provider.ends_when_polled,
