@@ -6,8 +6,15 @@
 - python-stdnum: IBANs of every country, by their mod-97 checksum and national format.
 - `numbers`: national phone formats validated by phonenumbers for the spec's regions, JCB
   and Diners cards, SSNs written with spaces.
-- `secrets`: the key patterns of detect-secrets' plugins, and ours for keys no library knows
-  yet and for passwords written out.
+- `secrets`: the key patterns of detect-secrets' plugins, the fixed token prefixes of
+  gitleaks' rules, and ours for passwords written out.
+- `emails`: addresses with non-ASCII names or domains, and obfuscated ones ("anna [at]
+  example [dot] com").
+
+What is scanned is each text's normalized view (`normalize`: NFKC, no format characters, one
+kind of space and dash); a finding is mapped back to its span in the original text, which is
+what a policy replaces. No pattern backtracks over more than a bounded stretch of text, so a
+text is scanned in time linear in its length, whatever it holds.
 
 Texts are scanned a chunk at a time, joined into one string: one call into the scanner per
 chunk instead of one per item is what keeps a million prompts within a few seconds
@@ -21,7 +28,9 @@ from typing import NamedTuple
 
 import datafog_core
 
-from llm_assets.compliance.numbers import is_order_number, numbers
+from llm_assets.compliance.emails import emails
+from llm_assets.compliance.normalize import View, view
+from llm_assets.compliance.numbers import in_a_name, is_order_number, labelled, numbers
 from llm_assets.compliance.secrets import credentials
 from llm_assets.compliance.spec import PHONE_REGIONS, Entity
 
@@ -64,9 +73,11 @@ digit groups are not phone numbers, an e-mail inside a credential URI is the cre
 _SEPARATOR = "\n\n\x1f\n\n"
 """Between two texts of a chunk: no pattern runs across a blank line and a control character."""
 
-_IBAN_CANDIDATE = re.compile(r"[A-Z][A-Z]\d\d(?: ?[A-Z0-9]){11,30}")
-"""No \\b in front: a pattern that starts with a character class is searched for quickly; the
-word boundary is checked on the (few) matches."""
+_IBAN_CANDIDATE = re.compile(r"[A-Za-z]{2}\d\d(?:[ \-]?[A-Za-z0-9]){11,30}")
+"""Printed, compact, dashed or in lower case. No \\b in front: a pattern that starts with a
+character class is searched for quickly; the word boundary is checked on the (few) matches."""
+_VERSION = re.compile(r"(?i:\b(?:version|ver|v|build|release|firmware|fw|rev|r)\.?)[ :#]{0,3}$")
+"""Words that make a dotted number after them a version, not an IP address."""
 
 
 def _iban_length(candidate: str) -> int:
@@ -77,9 +88,9 @@ def _iban_length(candidate: str) -> int:
     from stdnum import iban
 
     while True:
-        if iban.is_valid(candidate):
+        if iban.is_valid(candidate.upper()):
             return len(candidate)
-        cut = candidate.rfind(" ")
+        cut = max(candidate.rfind(" "), candidate.rfind("-"))
         if cut < 15:
             return 0
         candidate = candidate[:cut]
@@ -91,6 +102,8 @@ def _raw_findings(joined: str, phone_regions: Sequence[str]) -> Iterator[tuple[E
         entity = _DATAFOG[found.entity_type]
         if entity == "phone" and joined[span.start] != "+" and is_order_number(joined, span.start):
             continue
+        if not _plausible(joined, entity, span.start, span.end):
+            continue
         yield entity, span.start, span.end
     for match in _IBAN_CANDIDATE.finditer(joined):
         start = match.start()
@@ -100,8 +113,26 @@ def _raw_findings(joined: str, phone_regions: Sequence[str]) -> Iterator[tuple[E
                 yield "iban", start, start + length
     lowered = joined.lower()
     yield from numbers(joined, lowered, phone_regions)
+    for start, end in emails(joined, lowered):
+        yield "email", start, end
     for start, end in credentials(joined, lowered):
         yield "credential", start, end
+
+
+def _plausible(text: str, entity: Entity, start: int, end: int) -> bool:
+    """Whether a number datafog-core found is what it took it for where it stands. A number
+    with no check digit (a phone, an SSN) in a file name, path or URL is part of the name; nine
+    digits in a row are an SSN only after an SSN word; a dotted quad after "version" or "v" is
+    a version. A label in front says otherwise."""
+    if entity == "ip_address":
+        return _VERSION.search(text, max(0, start - 12), start) is None
+    if entity not in ("phone", "national_id"):
+        return True
+    if labelled(text, entity, start):
+        return True
+    if entity == "national_id" and text[start:end].isdigit():
+        return False
+    return not in_a_name(text, start, end)
 
 
 def _resolved(text: str, found: list[tuple[Entity, int, int]]) -> list[tuple[Entity, int, int]]:
@@ -136,21 +167,35 @@ def scan(texts: Sequence[str], phone_regions: Sequence[str] = PHONE_REGIONS) -> 
     national format are those valid in one of `phone_regions`."""
     if not texts:
         return []
+    views = [view(text) for text in texts]
     starts = []
     at = 0
-    for text in texts:
+    for seen in views:
         starts.append(at)
-        at += len(text) + len(_SEPARATOR)
-    joined = _SEPARATOR.join(texts)
+        at += len(seen.text) + len(_SEPARATOR)
+    joined = _SEPARATOR.join(seen.text for seen in views)
     per_text: list[list[tuple[Entity, int, int]]] = [[] for _ in texts]
     for entity, start, end in _raw_findings(joined, phone_regions):
         index = bisect.bisect_right(starts, start) - 1
         offset = starts[index]
-        limit = len(texts[index])
+        limit = len(views[index].text)
         if start - offset >= limit:
             continue  # in a separator
         per_text[index].append((entity, start - offset, min(end - offset, limit)))
     return [
-        [Finding(e, s, end, text[s:end]) for e, s, end in _resolved(text, found)] if found else []
-        for text, found in zip(texts, per_text, strict=True)
+        _findings(text, seen, found) if found else []
+        for text, seen, found in zip(texts, views, per_text, strict=True)
     ]
+
+
+def _findings(text: str, seen: View, found: list[tuple[Entity, int, int]]) -> list[Finding]:
+    """The findings in a text's view, resolved there and mapped to their spans in the text."""
+    out = []
+    for entity, start, end in _resolved(seen.text, found):
+        start, end = seen.span(start, end)
+        if out and start < out[-1].end:  # two view spans from one original character
+            last = out.pop()
+            entity = entity if _SEVERITY[entity] < _SEVERITY[last.entity] else last.entity
+            start = last.start
+        out.append(Finding(entity, start, end, text[start:end]))
+    return out

@@ -3,6 +3,7 @@ prompts. Patterns that start with a literal are searched for directly, which is 
 that ignore case or start with an alternative cost a microsecond or more per prompt, so they
 are searched only in a chunk that holds their needle (lower-cased), as few do."""
 
+import bisect
 import re
 from collections.abc import Iterator
 
@@ -10,92 +11,130 @@ from collections.abc import Iterator
 # github_token.py, jwt.py and basic_auth.py, copied: importing detect-secrets takes half a
 # second and `requests` into every worker process of the shards step.
 _AWS_ACCESS_KEY_ID = re.compile(r"(?:A3T[A-Z0-9]|ABIA|ACCA|AKIA|ASIA)[0-9A-Z]{16}")
-_OPENAI_LEGACY_KEY = re.compile(r"sk-[A-Za-z0-9-_]*[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}")
+_OPENAI_LEGACY_KEY = re.compile(r"sk-[A-Za-z0-9-_]{0,80}[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}")
 _GITHUB_TOKEN = re.compile(r"(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9_]{36}")
-_JWT = re.compile(r"eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*\.?[A-Za-z0-9_.+/=-]*")
-_SLACK_TOKEN = re.compile(r"xox(?:a|b|p|o|s|r)-(?:\d+-)+[a-z0-9]+", flags=re.IGNORECASE)
+_JWT = re.compile(r"eyJ[A-Za-z0-9_-]*+(?:\.[A-Za-z0-9_-]*+(?:\.[A-Za-z0-9_.+/=-]*+)?)?")
+"""Possessive: each match takes its whole run of token characters and is checked after (a
+dot, 30 characters), so no run is scanned twice."""
+_SLACK_TOKEN = re.compile(r"xox(?:a|b|p|o|s|r|e)-(?:\d{1,20}-){1,6}[a-z0-9]{1,64}", re.I)
 _SLACK_WEBHOOK = re.compile(
-    r"https://hooks\.slack\.com/services/T[a-zA-Z0-9_]+/B[a-zA-Z0-9_]+/[a-zA-Z0-9_]+",
+    r"https://hooks\.slack\.com/services/T[a-zA-Z0-9_]{1,32}/B[a-zA-Z0-9_]{1,32}/[a-zA-Z0-9_]{1,64}",
     flags=re.IGNORECASE,
 )
 _PRIVATE_KEY = re.compile(
-    "|".join(
-        (
-            r"BEGIN DSA PRIVATE KEY",
-            r"BEGIN EC PRIVATE KEY",
-            r"BEGIN OPENSSH PRIVATE KEY",
-            r"BEGIN PGP PRIVATE KEY BLOCK",
-            r"BEGIN PRIVATE KEY",
-            r"BEGIN RSA PRIVATE KEY",
-            r"BEGIN SSH2 ENCRYPTED PRIVATE KEY",
-            r"PuTTY-User-Key-File-2",
-        )
-    )
+    r"BEGIN\s{1,4}(?:(?:DSA|EC|OPENSSH|RSA|PGP|ENCRYPTED|SSH2\s{1,4}ENCRYPTED)\s{1,4})?"
+    r"PRIVATE\s{1,4}KEY|PuTTY-User-Key-File-[23]"
 )
-_PRIVATE_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----")
+"""A private key's header, also when a narrow terminal split it over two lines."""
+_PRIVATE_KEY_END = re.compile(
+    r"-----END\s{1,4}[A-Z0-9 \n]{0,32}PRIVATE\s{1,4}KEY[A-Z \n]{0,8}-----"
+)
 # Basic auth in a URL (detect-secrets' BasicAuthDetector, here anchored on "://" so that it
-# is searched for as a literal; the scheme in front is added to the finding).
-_URL_PASSWORD = re.compile(r"://[^\s:/?#@]+:[^\s/?#@]+@[^\s/?#]+")
+# is searched for as a literal; the scheme in front is added to the finding). The password
+# runs to the last "@" before the host: people paste passwords with an unencoded "@".
+_URL_PASSWORD = re.compile(
+    r"://[^\s:/?#@]{1,256}:[^\s/?#]{1,256}@[^\s/?#@]{1,256}(?:[/?#][^\s]{0,2048}+)?"
+)
+_URL_TAIL = ".,;:!?)]}>'\""
+"""What ends a sentence after a URL rather than the URL."""
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*$")
 
-# Ours: keys neither library knows yet, secrets written out in prose or in a config line.
-_CURRENT_KEYS = re.compile(r"sk-(?:proj|svcacct|admin|ant-[a-z]+\d*)-[A-Za-z0-9_\-]{20,}")
-_GOOGLE_KEY = re.compile(r"AIza[0-9A-Za-z_\-]{35}")
-_GITHUB_PAT = re.compile(r"github_pat_[A-Za-z0-9_]{22,}")
+# Tokens with a fixed prefix, after gitleaks' default rules (gitleaks.toml, the maintained
+# set of vendor token formats); each starts with its literal prefix, which is searched for
+# directly.
+_PREFIXED = tuple(
+    re.compile(pattern)
+    for pattern in (
+        # OpenAI project, service-account and admin keys; Anthropic keys
+        r"sk-(?:proj|svcacct|admin|ant-[a-z]{1,12}\d{0,4})-[A-Za-z0-9_\-]{20,512}",
+        r"AIza[0-9A-Za-z_\-]{35}",  # Google
+        r"github_pat_[A-Za-z0-9_]{22,255}",  # GitHub fine-grained
+        r"gl(?:pat|ptt|rt|dt|ft|soat|cbt|imt|agent|oas)-[0-9A-Za-z_\-]{20,64}",  # GitLab
+        r"GR1348941[0-9A-Za-z_\-]{20}",  # GitLab runner registration
+        r"(?:sk|rk)_(?:live|test|prod)_[0-9A-Za-z]{10,99}",  # Stripe
+        r"whsec_[0-9A-Za-z]{24,64}",  # Stripe webhook secret
+        r"xapp-\d-[A-Z0-9]{1,16}-\d{1,16}-[a-z0-9]{32,80}",  # Slack app-level
+        r"SG\.[0-9A-Za-z_\-]{20,24}\.[0-9A-Za-z_\-]{39,50}",  # SendGrid
+        r"SK[0-9a-fA-F]{32}(?![0-9a-fA-F])",  # Twilio
+        r"npm_[A-Za-z0-9]{36}",  # npm
+        r"pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_\-]{50,1000}",  # PyPI
+        r"hf_[A-Za-z]{34}",  # Hugging Face
+        r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}",  # Shopify
+        r"do[opr]_v1_[a-f0-9]{64}",  # DigitalOcean
+        r"ATATT3[A-Za-z0-9_\-=]{180,200}",  # Atlassian
+        r"dapi[a-h0-9]{32}",  # Databricks
+        r"dp\.(?:pt|st|sa|ct|scim|audit)\.[a-zA-Z0-9]{40,44}",  # Doppler
+        r"hv[sb]\.[A-Za-z0-9_\-]{24,200}",  # HashiCorp Vault
+        r"lin_api_[a-zA-Z0-9]{40}",  # Linear
+        r"sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,43}",  # Square
+        r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}",  # Postman
+        r"NRAK-[A-Z0-9]{27}",  # New Relic
+        r"AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}",  # age
+        r"sntry[su]_[A-Za-z0-9+/=_\-]{40,200}",  # Sentry
+        r"glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}",  # Grafana service account
+    )
+)
+_PASSWORD_WORDS = (
+    "password|passwd|passcode|pwd|passwort|kennwort|mot de passe|contraseña|contrasena|senha|"
+    "wachtwoord|hasło|haslo|parola|salasana|lösenord|losenord|パスワード|密码|密碼|пароль"
+)
 _PASSWORD = re.compile(
-    r"(?i:\b(?:password|passwd|passcode|pwd)(?:\s+(?:is|was))?\s*[:=]?\s*)"
-    r"(?=\S*[\d!@#$%^&*])[^\s,;]{6,}"
+    rf"(?i:\b(?:{_PASSWORD_WORDS})(?:\s{{1,4}}(?:is|was|ist|war|est|es|é|è|è stata))?"
+    r"\s{0,4}[:=：]?\s{0,4})"
+    r"(?=[^\s,;]{0,255}[\d!@#$%^&*])([^\s,;]{6,256})"
 )
 """A password written out: a value with a digit or a symbol after the word (and an optional
-"is"), so that "the new password is rejected" is not one."""
+"is"), so that "the new password is rejected" is not one. The value is the finding; the
+word stays, so the model still reads that a password was there."""
 _AWS_SECRET = re.compile(
-    r"(?i:aws[\w.\-]{0,20}(?:secret|key)[\w.\-]{0,20}[\"']?\s*[:=]\s*[\"']?)"
-    r"[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"
+    r"(?i:aws[\w.\-]{0,20}(?:secret|key)[\w.\-]{0,20}[\"']?\s{0,4}[:=]\s{0,4}[\"']?)"
+    r"([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])"
 )
 
-_DIRECT = (
-    _AWS_ACCESS_KEY_ID,
-    _OPENAI_LEGACY_KEY,
-    _GITHUB_TOKEN,
-    _GITHUB_PAT,
-    _JWT,
-    _CURRENT_KEYS,
-    _GOOGLE_KEY,
-)
+_FEWEST_DISTINCT = 12
+"""A key with fewer distinct characters is a placeholder (glpat-xxxxxxxxxxxxxxxxxxxx,
+sk_live_000000000000): a real one of 20 random characters has about 14."""
+
+_DIRECT = (_AWS_ACCESS_KEY_ID, _OPENAI_LEGACY_KEY, _GITHUB_TOKEN, *_PREFIXED)
 _NEEDLED = (
     ("xox", _SLACK_TOKEN),
     ("hooks.slack.com", _SLACK_WEBHOOK),
-    ("pass", _PASSWORD),
-    ("pwd", _PASSWORD),
+    *((needle, _PASSWORD) for needle in _PASSWORD_WORDS.split("|")),
     ("aws", _AWS_SECRET),
 )
 
 
-def _whole_private_key(text: str, match: re.Match[str]) -> tuple[int, int]:
-    """A private key header found: the block from its dashes to its END line (or the end of
-    the text), so a redaction takes the key, not just its header."""
-    start = text.rfind("-----", max(0, match.start() - 8), match.start())
-    start = start if start >= 0 else match.start()
-    end = _PRIVATE_KEY_END.search(text, match.end())
-    return start, end.end() if end else len(text)
+def _private_keys(text: str) -> Iterator[tuple[int, int]]:
+    """Each private key block: from the dashes of its header to its END line (or the end of
+    the text), so a redaction takes the key, not just its header. The END lines are found
+    once, in one pass."""
+    ends = [m.end() for m in _PRIVATE_KEY_END.finditer(text)]
+    for match in _PRIVATE_KEY.finditer(text):
+        start = text.rfind("-----", max(0, match.start() - 8), match.start())
+        start = start if start >= 0 else match.start()
+        after = bisect.bisect_left(ends, match.end())
+        yield start, ends[after] if after < len(ends) else len(text)
 
 
 def credentials(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
     """(start, end) of each credential found in `joined` (`lowered` is it in lower case)."""
     for pattern in _DIRECT:
         for match in pattern.finditer(joined):
-            if pattern is not _JWT or match.end() - match.start() >= 30:
+            if len(set(match.group())) >= _FEWEST_DISTINCT:
                 yield match.start(), match.end()
+    for match in _JWT.finditer(joined):
+        if match.end() - match.start() >= 30 and "." in match.group():
+            yield match.start(), match.end()
     searched = set()
     for needle, pattern in _NEEDLED:
         if pattern in searched or needle not in lowered:
             continue
         searched.add(pattern)
         for match in pattern.finditer(joined):
-            yield match.start(), match.end()
-    if "private key" in lowered or "putty-user-key" in lowered:
-        for match in _PRIVATE_KEY.finditer(joined):
-            yield _whole_private_key(joined, match)
+            yield match.span(match.lastindex or 0)
+    if "private" in lowered or "putty-user-key" in lowered:
+        yield from _private_keys(joined)
     for match in _URL_PASSWORD.finditer(joined):
         scheme = _SCHEME.search(joined, max(0, match.start() - 20), match.start())
-        yield scheme.start() if scheme else match.start(), match.end()
+        end = match.start() + len(match.group().rstrip(_URL_TAIL))
+        yield scheme.start() if scheme else match.start(), end

@@ -1,0 +1,150 @@
+"""The view of a text that the detectors scan, and the way back to the text itself.
+
+People write values with whatever their keyboard, phone or word processor gives them: a card in
+full-width digits, groups joined by NO-BREAK or THIN SPACE, a ZERO WIDTH SPACE or a soft hyphen
+pasted inside a number, a full-width @, an e-mail whose accents are decomposed (NFD), an SSN
+with a non-breaking hyphen. The detectors' patterns are written for one form of each, so they
+scan a normalized view of the text:
+
+- NFKC: compatibility forms become their plain characters (４ → 4, ＠ → @), and a letter with
+  combining marks is composed (o + U+0308 → ö);
+- format characters (Unicode category Cf: zero-width spaces and joiners, soft hyphen, BOM,
+  bidirectional marks) are removed;
+- every space separator becomes " ", a line or paragraph separator "\\n", every dash and
+  minus sign "-".
+
+The view keeps, for each of its characters, where in the original it came from, so that a
+finding replaces its whole span in the original text: a card with zero-width spaces inside is
+redacted with them, never half. Text that is all ASCII, most of it, is its own view.
+"""
+
+import functools
+import re
+import unicodedata
+from typing import NamedTuple
+
+
+class View(NamedTuple):
+    """The normalized text, and for each of its characters the original span it came from
+    (`starts[i]` to `ends[i]`, end exclusive); both None when the text is its own view."""
+
+    text: str
+    starts: list[int] | None = None
+    ends: list[int] | None = None
+
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        """The original span of the view's characters start..end (end exclusive, > start)."""
+        if self.starts is None or self.ends is None:
+            return start, end
+        return self.starts[start], self.ends[end - 1]
+
+
+_DASHES = "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u2e3a\u2e3b\ufe58\ufe63\uff0d"
+_LINE_BREAKS = "\u2028\u2029\x85"
+
+
+def _replacement(cluster: str) -> str:
+    """What the view shows for a character, or a character and its combining marks."""
+    if len(cluster) == 1:
+        category = unicodedata.category(cluster)
+        if category == "Cf":
+            return ""
+        if cluster in _LINE_BREAKS:
+            return "\n"
+        if category in ("Zs", "Zl", "Zp"):
+            return " "
+        if cluster in _DASHES:
+            return "-"
+    out = unicodedata.normalize("NFKC", cluster)
+    # NFKC turns U+2011 into U+2010 and leaves the other dashes: fold what it gives.
+    return "".join("-" if c in _DASHES else (" " if c.isspace() and c != "\n" else c) for c in out)
+
+
+class _Tables(NamedTuple):
+    one: dict[int, str]
+    """Characters the view shows as one other character (４ → 4, NBSP → space): the whole
+    text is translated at once, and offsets do not move."""
+    other: re.Pattern[str]
+    """Runs of characters shown as none (format characters) or as several (ﬁ → fi)."""
+    clusters: re.Pattern[str]
+    """A character with its combining marks, or one of `other`: for text NFKC would compose."""
+
+
+@functools.cache
+def _tables() -> _Tables:
+    """Made on the first non-ASCII text (a twentieth of a second)."""
+    one: dict[int, str] = {}
+    other = [ord(c) for c in _LINE_BREAKS if len(_replacement(c)) != 1]
+    marks = []
+    for point in range(0x80, 0x30000):
+        char = chr(point)
+        if unicodedata.category(char)[0] == "M":
+            marks.append(point)
+            continue
+        out = _replacement(char)
+        if out == char:
+            continue
+        if len(out) == 1:
+            one[point] = out
+        else:
+            other.append(point)
+    mark_class = _ranges(marks)
+    return _Tables(
+        one,
+        re.compile(f"[{_ranges(other)}]+"),
+        re.compile(f"[^{mark_class}]?[{mark_class}]+|[{_ranges(other)}]"),
+    )
+
+
+def _ranges(points: list[int]) -> str:
+    """A character class body for the code points, as ranges."""
+    parts = []
+    points = sorted(set(points))
+    at = 0
+    while at < len(points):
+        end = at
+        while end + 1 < len(points) and points[end + 1] == points[end] + 1:
+            end += 1
+        first, last = points[at], points[end]
+        parts.append(re.escape(chr(first)) + ("-" + re.escape(chr(last)) if last > first else ""))
+        at = end + 1
+    return "".join(parts)
+
+
+def view(text: str) -> View:
+    """The text as the detectors scan it (see the module's docstring)."""
+    if text.isascii():
+        return View(text)
+    tables = _tables()
+    # Same length as the text: a character's position is the same in both.
+    same_length = text.translate(tables.one)
+    if unicodedata.is_normalized("NFKC", same_length):
+        special = tables.other
+        if special.search(same_length) is None:
+            return View(same_length)
+    else:
+        special = tables.clusters
+    pieces: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    at = 0
+    for match in special.finditer(same_length):
+        begin, end = match.span()
+        if begin > at:
+            pieces.append(same_length[at:begin])
+            starts.extend(range(at, begin))
+            ends.extend(range(at + 1, begin + 1))
+        for position in range(begin, end) if special is tables.other else (begin,):
+            cluster = match.group() if special is tables.clusters else same_length[position]
+            last = end if special is tables.clusters else position + 1
+            out = _replacement(cluster)
+            if out:
+                pieces.append(out)
+                starts.extend([position] * len(out))
+                ends.extend([last] * len(out))
+        at = end
+    if at < len(text):
+        pieces.append(same_length[at:])
+        starts.extend(range(at, len(text)))
+        ends.extend(range(at + 1, len(text) + 1))
+    return View("".join(pieces), starts, ends)
