@@ -6,6 +6,7 @@ from typing import Any
 import dagster as dg
 
 from llm_assets import quality
+from llm_assets.compliance.policy import redacted
 from llm_assets.resources.ledger import JobCounts
 from llm_assets.spec import PipelineSpec
 
@@ -163,15 +164,17 @@ def case_table(
     what: str = "rows",
 ) -> str:
     """A markdown table of the first `limit` rows, for metadata the UI renders, captioned
-    with how many of `total` it shows ("20 of 31 quality failures") when a total is given."""
+    with how many of `total` it shows ("20 of 31 quality failures") when a total is given.
+    Personal data and credentials in the cells are shown as their type (<EMAIL>)."""
     if not cases:
         return "_none_"
     shown = cases[:limit]
     columns = list(cases[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for case in shown:
-        cells = [str(case.get(c, "")).replace("|", "\\|").replace("\n", " ")[:120] for c in columns]
-        lines.append("| " + " | ".join(cells) + " |")
+    cells = iter(redacted([str(case.get(c, "")) for case in shown for c in columns]))
+    for _ in shown:
+        row = [next(cells).replace("|", "\\|").replace("\n", " ")[:120] for _ in columns]
+        lines.append("| " + " | ".join(row) + " |")
     caption = [shown_of(len(shown), total, what), ""] if total is not None else []
     return "\n".join([*caption, *lines])
 

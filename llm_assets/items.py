@@ -10,7 +10,14 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from llm_assets import parallel
-from llm_assets.compliance.policy import BLOCKED_CODE, COMPLIANCE, Screened, blocked_message, screen
+from llm_assets.compliance.policy import (
+    BLOCKED_CODE,
+    COMPLIANCE,
+    UNSCANNED_CODE,
+    Screened,
+    blocked_message,
+    screen,
+)
 from llm_assets.fastjson import json_string
 from llm_assets.ids import custom_id
 from llm_assets.source import SourceRow, parse_date
@@ -155,9 +162,10 @@ class Preparer:
         spec = self.spec
         found = screened.found or None
         if screened.text is None:
-            message = f"{where}: {blocked_message(screened.blocked)}"
+            message = f"{where}: {blocked_message(screened)}"
+            code = UNSCANNED_CODE if screened.unscanned else BLOCKED_CODE
             return self.dead(
-                source_id, source_id, BLOCKED_CODE, message, error_class=COMPLIANCE, found=found
+                source_id, source_id, code, message, error_class=COMPLIANCE, found=found
             )
         user, tokens, over = self._fit(screened.text)
         if over:
@@ -202,7 +210,10 @@ def assess_lines(preparer: Preparer, lines: list[bytes]) -> list[tuple[Any, ...]
     checked = [preparer.check(SourceRow.from_json(line)) for line in lines]
     # The prompts of a chunk are screened for personal data together: one scan, not one each.
     prompts = [c for _, _, c in checked if isinstance(c, str)]
-    screened = iter(screen(prompts, preparer.policy, preparer.spec.compliance.phone_regions))
+    compliance = preparer.spec.compliance
+    screened = iter(
+        screen(prompts, preparer.policy, compliance.phone_regions, compliance.max_scanned_chars)
+    )
     assessed = []
     for source_id, where, outcome in checked:
         if isinstance(outcome, str):

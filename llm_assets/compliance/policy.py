@@ -14,24 +14,27 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from llm_assets.compliance.detect import Finding, scan
-from llm_assets.compliance.spec import PHONE_REGIONS, Action, Entity
+from llm_assets.compliance.spec import MAX_SCANNED_CHARS, PHONE_REGIONS, Action, Entity
 
 if TYPE_CHECKING:
     from llm_assets.spec import PipelineSpec
 
 BLOCKED_CODE = "personal_data_blocked"
+UNSCANNED_CODE = "too_long_to_scan"
 COMPLIANCE = "compliance"
 """The dead-letter class of a blocked item."""
 
 
 class Screened(NamedTuple):
     """A prompt after the policy: the text to send (None when blocked), the entity types that
-    blocked it, what was found as "entity:action" counts, and the pseudonyms to restore."""
+    blocked it, what was found as "entity:action" counts, the pseudonyms to restore, and why
+    it was blocked unscanned (too long to scan)."""
 
     text: str | None
     blocked: tuple[str, ...] = ()
     found: tuple[tuple[str, int], ...] = ()
     pseudonyms: tuple[tuple[str, str], ...] = ()
+    unscanned: str = ""
 
 
 def placeholder(entity: Entity, number: int) -> str:
@@ -75,21 +78,55 @@ def screen(
     texts: Sequence[str],
     policy: Mapping[Entity, Action],
     phone_regions: Sequence[str] = PHONE_REGIONS,
+    max_chars: int = MAX_SCANNED_CHARS,
 ) -> list[Screened]:
-    """Each prompt under the policy; a policy that allows everything scans nothing."""
+    """Each prompt under the policy; a policy that allows everything scans nothing. A prompt
+    over `max_chars` is blocked unscanned."""
     if all(action == "allow" for action in policy.values()):
         return [Screened(text) for text in texts]
+    scanned = [text for text in texts if len(text) <= max_chars]
+    findings = iter(scan(scanned, phone_regions))
     return [
-        _apply(text, findings, policy) if findings else Screened(text)
-        for text, findings in zip(texts, scan(texts, phone_regions), strict=True)
+        _screened(text, next(findings), policy)
+        if len(text) <= max_chars
+        else Screened(None, unscanned=too_long(len(text), max_chars))
+        for text in texts
     ]
 
 
-def blocked_message(blocked: Sequence[str]) -> str:
+def _screened(text: str, findings: list[Finding], policy: Mapping[Entity, Action]) -> Screened:
+    return _apply(text, findings, policy) if findings else Screened(text)
+
+
+def too_long(length: int, max_chars: int) -> str:
     return (
-        f"not sent: the prompt holds {', '.join(blocked)}, which compliance.pii blocks "
-        "(the values are not recorded)"
+        f"not sent: the prompt is {length:,} characters, over compliance.max_scanned_chars "
+        f"({max_chars:,}), and is not scanned for personal data"
     )
+
+
+def blocked_message(screened: Screened) -> str:
+    if screened.unscanned:
+        return screened.unscanned
+    return (
+        f"not sent: the prompt holds {', '.join(screened.blocked)}, which compliance.pii "
+        "blocks (the values are not recorded)"
+    )
+
+
+def redacted(texts: Sequence[str]) -> list[str]:
+    """The texts with every value found, of any type, shown as its type (<EMAIL>): what
+    metadata, previews and check tables show, whatever the policy sent. A validated output
+    holds the values its pseudonyms stand for, and a model may echo what it was given."""
+    out = []
+    for text, findings in zip(texts, scan(texts), strict=True):
+        parts = []
+        at = 0
+        for finding in findings:
+            parts += (text[at : finding.start], f"<{finding.entity.upper()}>")
+            at = finding.end
+        out.append("".join(parts) + text[at:] if parts else text)
+    return out
 
 
 _PLACEHOLDER = re.compile(r"<[A-Z_]+_\d+>")

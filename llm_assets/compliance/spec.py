@@ -32,6 +32,9 @@ PHONE_REGIONS = ("GB", "DE", "FR", "ES", "IT", "NL", "AU", "JP")
 """Where a phone number written in national format (0...) is looked up by default; North
 American and +country numbers are found whatever the regions."""
 
+MAX_SCANNED_CHARS = 8 * 1024 * 1024
+"""The longest prompt scanned by default: 8 Mi characters, twice a million-token context."""
+
 ArtifactKind = Literal[
     "snapshots", "shards", "qa", "gate", "outputs", "published", "dead_letters", "reports"
 ]
@@ -53,6 +56,13 @@ class ComplianceSpec(_Strict):
         default_factory=lambda: list(PHONE_REGIONS),
         description="Regions (ISO 3166 codes) whose national phone formats (020 7946 0958) "
         "are looked for; [] for +country and North American numbers only.",
+    )
+    max_scanned_chars: int = Field(
+        default=MAX_SCANNED_CHARS,
+        ge=1,
+        description="A rendered prompt longer than this is not scanned for personal data but "
+        "blocked (a `compliance` dead letter saying so): scanning is linear, but a pasted "
+        "export of hundreds of MB is not a prompt.",
     )
     max_blocked_rate: float = Field(
         default=0.05,
