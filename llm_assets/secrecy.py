@@ -2,9 +2,9 @@
 
 - A database or storage URL is shown with its password masked (`mask_url`) wherever it is
   printed: command output, logs, error messages, metadata.
-- The variables that hold the ledger's URL or a provider's key (`holds_a_secret`) are read
-  for that purpose only; a spec cannot name one as its webhook variable, which would send
-  or log the value.
+- The variables that hold the ledger's URL, the custom_id key or a provider's key
+  (`holds_a_secret`) are read for that purpose only; a spec cannot name one as its webhook
+  variable, which would send or log the value.
 - A webhook URL is a secret too (a Slack-style URL is its own credential): it must be https,
   so it never crosses a network in clear text, except to this machine (http to 127.0.0.1,
   ::1 or localhost: a local relay, a test). `webhook_url_problem` never quotes the URL.
@@ -17,6 +17,7 @@ MASK = "***"
 SECRET_VARIABLES = frozenset(
     {
         "LLM_ASSETS_DATABASE_URL",
+        "LLM_ASSETS_ID_KEY",
         "LLM_ASSETS_ONLINE_API_KEY",
         "OPENAI_API_KEY",
         "ANTHROPIC_API_KEY",
@@ -29,7 +30,8 @@ SECRET_VARIABLES = frozenset(
         "PGPASSWORD",
     }
 )
-"""The ledger's URL, the providers' keys and the database passwords of the deployment."""
+"""The ledger's URL, the custom_id key, the providers' keys and the database passwords of the
+deployment."""
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 _PASSWORD_PARAMETERS = frozenset({"password", "sslpassword"})
 _AUTHORITY = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)$", re.DOTALL)
@@ -45,17 +47,19 @@ def holds_a_secret(variable: str) -> bool:
 def mask_url(url: str) -> str:
     """The URL with its password (and a `password` query parameter) shown as ***.
 
-    Database URLs are read and rendered by SQLAlchemy (`render_as_string(hide_password=True)`);
-    a URL SQLAlchemy cannot read has the password of its user info masked; a value that is no
-    URL (a local path) is returned as it is.
+    The user info is masked first, up to the last "@" before the host, so that a password
+    with an unencoded "@" or ":" is hidden whole (a URL parser stops at its first "@"). Then
+    database URLs are read and rendered by SQLAlchemy (`render_as_string(hide_password=True)`)
+    for their query parameters; a value that is no URL (a local path) is returned as it is.
     """
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
+    url = _mask_user_info(url)
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):
-        return _mask_user_info(url)
+        return url
     hidden = {key: MASK for key in parsed.query if key.lower() in _PASSWORD_PARAMETERS}
     if hidden:
         parsed = parsed.update_query_dict(hidden)
