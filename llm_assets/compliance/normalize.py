@@ -65,7 +65,8 @@ class _Tables(NamedTuple):
     """Characters the view shows as one other character (４ → 4, NBSP → space): the whole
     text is translated at once, and offsets do not move."""
     other: re.Pattern[str]
-    """Runs of characters shown as none (format characters) or as several (ﬁ → fi)."""
+    """Runs of format characters, which the view drops: the only characters left to change
+    in a text that is NFKC already."""
     clusters: re.Pattern[str]
     """A character with its combining marks, or one of `other`: for text NFKC would compose."""
 
@@ -89,9 +90,10 @@ def _tables() -> _Tables:
         else:
             other.append(point)
     mark_class = _ranges(marks)
+    dropped = [point for point in other if not _replacement(chr(point))]
     return _Tables(
         one,
-        re.compile(f"[{_ranges(other)}]+"),
+        re.compile(f"[{_ranges(dropped)}]+"),
         re.compile(f"[^{mark_class}]?[{mark_class}]+|[{_ranges(other)}]"),
     )
 
@@ -118,33 +120,39 @@ def view(text: str) -> View:
     tables = _tables()
     # Same length as the text: a character's position is the same in both.
     same_length = text.translate(tables.one)
-    if unicodedata.is_normalized("NFKC", same_length):
-        special = tables.other
-        if special.search(same_length) is None:
-            return View(same_length)
-    else:
-        special = tables.clusters
+    if not unicodedata.is_normalized("NFKC", same_length):
+        return _composed(same_length, tables.clusters)
+    if tables.other.search(same_length) is None:
+        return View(same_length)
+    # What is left to do is to drop format characters: keep the others' positions.
+    starts: list[int] = []
+    at = 0
+    for match in tables.other.finditer(same_length):
+        starts.extend(range(at, match.start()))
+        at = match.end()
+    starts.extend(range(at, len(same_length)))
+    return View(tables.other.sub("", same_length), starts, [at + 1 for at in starts])
+
+
+def _composed(text: str, clusters: re.Pattern[str]) -> View:
+    """The view of a text NFKC would compose: each character with its combining marks, and
+    each character shown as none or several, replaced one by one."""
     pieces: list[str] = []
     starts: list[int] = []
     ends: list[int] = []
     at = 0
-    for match in special.finditer(same_length):
+    for match in clusters.finditer(text):
         begin, end = match.span()
         if begin > at:
-            pieces.append(same_length[at:begin])
+            pieces.append(text[at:begin])
             starts.extend(range(at, begin))
             ends.extend(range(at + 1, begin + 1))
-        for position in range(begin, end) if special is tables.other else (begin,):
-            cluster = match.group() if special is tables.clusters else same_length[position]
-            last = end if special is tables.clusters else position + 1
-            out = _replacement(cluster)
-            if out:
-                pieces.append(out)
-                starts.extend([position] * len(out))
-                ends.extend([last] * len(out))
+        out = _replacement(match.group())
+        pieces.append(out)
+        starts.extend([begin] * len(out))
+        ends.extend([end] * len(out))
         at = end
-    if at < len(text):
-        pieces.append(same_length[at:])
-        starts.extend(range(at, len(text)))
-        ends.extend(range(at + 1, len(text) + 1))
+    pieces.append(text[at:])
+    starts.extend(range(at, len(text)))
+    ends.extend(range(at + 1, len(text) + 1))
     return View("".join(pieces), starts, ends)
