@@ -30,10 +30,13 @@ from llm_assets.compliance.residency import (
     region_allowed,
     residency_problems,
 )
+from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
+from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
 from llm_assets.resources.providers.local import LocalProvider
 from llm_assets.resources.providers.online import OnlineProvider
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
+from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.runner import StepFailed
 from llm_assets.spec import PipelineSpec
@@ -178,12 +181,23 @@ def test_the_online_endpoint_of_the_spec_wins_over_the_resource() -> None:
     assert refusal(spec, [place]) is None
 
 
+def no_aws_endpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No endpoint configured for boto3 (the moto fixture sets AWS_ENDPOINT_URL)."""
+    for name in (
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_BEDROCK",
+        "AWS_ENDPOINT_URL_BEDROCK_RUNTIME",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+
+
 def test_the_bedrock_region_is_the_resource_s_else_boto3_s_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     spec = spec_of("bedrock", BEDROCK_MODEL, compliance=EU)
+    no_aws_endpoints(monkeypatch)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
 
     assert [p.describe() for p in provider_places(spec, BedrockBatchProvider())] == [
         "Bedrock region us-east-1 (us)"
@@ -197,6 +211,159 @@ def test_the_bedrock_region_is_the_resource_s_else_boto3_s_default(
     assert unknown.status == "unknown" and "AWS_DEFAULT_REGION" in unknown.hint
 
 
+# Endpoints a provider is pointed at: judged by host
+
+
+@pytest.mark.parametrize(
+    ("url", "region"),
+    [
+        ("https://bedrock-runtime.eu-west-1.amazonaws.com", "eu-west-1"),
+        ("https://bedrock.eu-central-1.amazonaws.com", "eu-central-1"),
+        ("https://bedrock-runtime.eu-west-3.amazonaws.com/openai/v1", "eu-west-3"),
+        ("https://bedrock-mantle.us-east-1.api.aws/v1", "us-east-1"),
+        ("https://bedrock-runtime-fips.us-gov-west-1.amazonaws.com", "us-gov-west-1"),
+        (
+            "https://vpce-0a1b2c3d-x1y2z3.bedrock-runtime.eu-north-1.vpce.amazonaws.com",
+            "eu-north-1",
+        ),
+        ("https://us.api.openai.com/v1", "us"),
+        ("https://jp.api.openai.com/v1", "ap"),
+    ],
+)
+def test_regional_provider_hosts_are_where_their_names_say(url: str, region: str) -> None:
+    place = endpoint_place("any", url, {})
+    assert (place.status, place.region) == ("region", region)
+
+
+@pytest.mark.parametrize(
+    ("url", "status", "hint"),
+    [
+        ("https://acme-eu.openai.azure.com/openai", "unknown", "an Azure host does not say"),
+        ("https://ae.api.openai.com/v1", "unknown", "(ae.api.openai.com: <region>)"),
+        ("https://bedrock-runtime.eu-west-1.amazonaws.com.evil.example", "unknown", ""),
+        ("https://api.anthropic.com", "no_guarantee", ""),
+        ("https://generativelanguage.googleapis.com", "no_guarantee", ""),
+    ],
+)
+def test_hosts_that_do_not_say_their_region_are_refused(url: str, status: str, hint: str) -> None:
+    place = endpoint_place("any", url, {})
+    assert place.status == status and not place.allowed_by(["eu", "us", "ap"])
+    assert hint in place.hint
+    if status == "unknown":
+        assert "compliance.endpoint_regions" in place.hint
+
+
+def test_endpoint_regions_name_an_azure_host() -> None:
+    place = endpoint_place(
+        "OpenAI", "https://acme-eu.openai.azure.com/openai", {"acme-eu.openai.azure.com": "eu"}
+    )
+    assert place.allowed_by(["eu"])
+
+
+def test_bedrock_is_judged_by_its_endpoints_where_they_are_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An explicit endpoint decides where boto3 sends, whatever region the client signs for."""
+    no_aws_endpoints(monkeypatch)
+    spec = spec_of("bedrock", BEDROCK_MODEL, compliance=EU)
+    resource = BedrockBatchProvider(
+        region_name="us-east-1",
+        endpoint_url="https://bedrock.eu-west-1.amazonaws.com",
+        runtime_endpoint_url="https://bedrock-runtime.eu-west-1.amazonaws.com",
+    )
+
+    assert [p.describe() for p in provider_places(spec, resource)] == [
+        "Bedrock endpoint https://bedrock.eu-west-1.amazonaws.com in eu-west-1 (eu)",
+        "Bedrock runtime endpoint https://bedrock-runtime.eu-west-1.amazonaws.com in eu-west-1 "
+        "(eu)",
+    ]
+    # Without a runtime endpoint, shards below the job minimum go to the client's region.
+    control_only = resource.model_copy(update={"runtime_endpoint_url": None})
+    assert refusal(spec, provider_places(spec, control_only)) == (
+        "compliance.allowed_regions [eu] refuses: Bedrock region us-east-1 (us)"
+    )
+    merged = spec_of("bedrock", BEDROCK_MODEL, compliance=EU, bedrock={"below_minimum": "merge"})
+    assert refusal(merged, provider_places(merged, control_only)) is None
+
+
+def test_a_bedrock_endpoint_configured_for_boto3_is_judged_by_its_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    no_aws_endpoints(monkeypatch)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "http://llm-gw.internal:4566")
+    spec = spec_of("bedrock", BEDROCK_MODEL, compliance=EU)
+    resource = BedrockBatchProvider(region_name="eu-central-1")
+
+    assert refusal(spec, provider_places(spec, resource)) == (
+        "compliance.allowed_regions [eu] refuses: Bedrock runtime endpoint "
+        "http://llm-gw.internal:4566 (region unknown: name its region under "
+        "compliance.endpoint_regions (llm-gw.internal: <region>))"
+    )
+    named = spec_of(
+        "bedrock",
+        BEDROCK_MODEL,
+        compliance={**EU, "endpoint_regions": {"llm-gw.internal": "eu-central-1"}},
+    )
+    assert refusal(named, provider_places(named, resource)) is None
+    monkeypatch.setenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true")
+    assert refusal(spec, provider_places(spec, resource)) is None
+
+
+@pytest.mark.parametrize(
+    ("provider", "model", "adapter", "variable"),
+    [
+        ("anthropic", "claude-haiku-4-5", AnthropicBatchProvider, "ANTHROPIC_BASE_URL"),
+        ("gemini", "gemini-2.5-flash", GeminiBatchProvider, "GOOGLE_GEMINI_BASE_URL"),
+    ],
+)
+def test_anthropic_and_gemini_are_judged_by_their_endpoint_when_one_is_set(
+    provider: str,
+    model: str,
+    adapter: type[RemoteBatchProvider],
+    variable: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(variable, raising=False)
+    gateway = {**EU, "endpoint_regions": {"llm-gw.eu.internal": "eu-west-1"}}
+    spec = spec_of(provider, model, compliance=gateway)
+    [default] = provider_places(spec, adapter())
+    assert default.status == "no_guarantee"
+
+    [place] = provider_places(spec, adapter(base_url="https://llm-gw.eu.internal/v1"))
+    assert refusal(spec, [place]) is None
+    unnamed = spec_of(provider, model, compliance=EU)
+    [unknown] = provider_places(unnamed, adapter(base_url="https://llm-gw.eu.internal/v1"))
+    assert "compliance.endpoint_regions (llm-gw.eu.internal: <region>)" in unknown.describe()
+
+    # The SDK's variable is the endpoint when the resource names none; validate-spec then
+    # leaves the judgement to job start.
+    monkeypatch.setenv(variable, "https://llm-gw.eu.internal/v1")
+    assert refusal(spec, provider_places(spec, adapter())) is None
+    assert residency_problems(unnamed) == []
+
+
+def test_a_bedrock_host_behind_an_openai_compatible_endpoint_routes_as_the_model_says() -> None:
+    spec = spec_of(
+        "online",
+        f"us.{SONNET}",
+        compliance=EU,
+        online={"base_url": "https://bedrock-runtime.eu-west-1.amazonaws.com/openai/v1"},
+    )
+
+    assert residency_problems(spec) == [
+        (
+            "online.base_url",
+            "compliance.allowed_regions [eu] refuses: Bedrock US cross-region inference profile "
+            f"us.{SONNET} (us)",
+        )
+    ]
+    batch = spec_of("openai", "openai.gpt-oss-120b-1:0", compliance=EU)
+    resource = OpenAIBatchProvider(
+        base_url="https://bedrock-runtime.eu-central-1.amazonaws.com/openai/v1"
+    )
+    assert refusal(batch, provider_places(batch, resource)) is None
+
+
 # validate-spec: what the spec decides alone
 
 
@@ -208,33 +375,138 @@ def test_the_bedrock_region_is_the_resource_s_else_boto3_s_default(
     ],
 )
 def test_a_provider_with_no_regional_guarantee_is_refused_under_restricted_regions(
-    provider: str, model: str, refused: str
+    provider: str, model: str, refused: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    for name in ("ANTHROPIC_BASE_URL", "GOOGLE_GEMINI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
     assert residency_problems(spec_of(provider, model, compliance=EU)) == [
         ("model.provider", f"compliance.allowed_regions [eu] refuses: {refused}")
     ]
     assert residency_problems(spec_of(provider, model)) == []
 
 
-def test_bedrock_inference_profiles_are_decided_by_the_model_id() -> None:
-    def problems(model: str, allowed: list[str]) -> list[tuple[str, str]]:
-        return residency_problems(
-            spec_of("bedrock", model, compliance={"allowed_regions": allowed})
-        )
+SONNET = "anthropic.claude-3-5-sonnet-20240620-v1:0"
+ACCOUNT = "123456789012"
 
-    assert problems("eu.anthropic.claude-3-5-haiku-20241022-v1:0", ["eu"]) == []
-    assert problems("us.anthropic.claude-3-5-haiku-20241022-v1:0", ["eu"]) == [
+
+def model_problems(model: str, allowed: list[str], **compliance: Any) -> list[tuple[str, str]]:
+    """validate-spec's residency problems of a Bedrock spec with this model id."""
+    spec = spec_of("bedrock", model, compliance={"allowed_regions": allowed, **compliance})
+    return residency_problems(spec)
+
+
+@pytest.mark.parametrize(
+    ("model", "allowed", "refused"),
+    [
+        (f"eu.{SONNET}", ["eu"], None),
+        (f"us.{SONNET}", ["eu"], f"Bedrock US cross-region inference profile us.{SONNET} (us)"),
         (
-            "model.name",
-            "compliance.allowed_regions [eu] refuses: Bedrock cross-region inference profile "
-            "us.anthropic.claude-3-5-haiku-20241022-v1:0 (us)",
-        )
+            f"us-gov.{SONNET}",
+            ["eu"],
+            f"Bedrock GovCloud (US) cross-region inference profile us-gov.{SONNET} (us)",
+        ),
+        (
+            f"apac.{SONNET}",
+            ["eu"],
+            f"Bedrock APAC cross-region inference profile apac.{SONNET} (ap, me)",
+        ),
+        # AWS's APAC profiles also route to me-central-1 (UAE): ap alone does not allow them.
+        (
+            f"apac.{SONNET}",
+            ["ap"],
+            f"Bedrock APAC cross-region inference profile apac.{SONNET} (ap, me)",
+        ),
+        (f"apac.{SONNET}", ["ap", "me"], None),
+        (
+            "global.anthropic.claude-sonnet-4-20250514-v1:0",
+            ["eu"],
+            "Bedrock global cross-region inference profile "
+            "global.anthropic.claude-sonnet-4-20250514-v1:0, routed to any commercial AWS "
+            "region (no regional guarantee)",
+        ),
+        # An eu profile may route to any eu region, so one region alone does not allow it.
+        (
+            f"eu.{SONNET}",
+            ["eu-central-1"],
+            f"Bedrock EU cross-region inference profile eu.{SONNET} (eu)",
+        ),
+        (SONNET, ["eu"], None),  # invoked in the client's region, known at job start
+    ],
+)
+def test_a_cross_region_inference_profile_is_judged_by_its_geography(
+    model: str, allowed: list[str], refused: str | None
+) -> None:
+    expected = [
+        ("model.name", f"compliance.allowed_regions [{', '.join(allowed)}] refuses: {refused}")
     ]
-    # An eu profile may route to any eu region, so one region alone does not allow it.
-    assert problems("eu.anthropic.claude-3-5-haiku-20241022-v1:0", ["eu-central-1"])
-    [(_, reason)] = problems("global.anthropic.claude-3-5-haiku-20241022-v1:0", ["eu"])
-    assert reason.endswith("(no regional guarantee)")
-    assert problems(BEDROCK_MODEL, ["eu"]) == []  # its region is known at job start
+    assert model_problems(model, allowed) == (expected if refused else [])
+
+
+PROFILE_ARN = f"arn:aws:bedrock:{{region}}:{ACCOUNT}:inference-profile/{{profile}}.{SONNET}"
+MODEL_ARN = f"arn:aws:bedrock:{{region}}::foundation-model/{SONNET}"
+APP_ARN = f"arn:aws:bedrock:{{region}}:{ACCOUNT}:application-inference-profile/k2x9hq7v1abc"
+
+
+@pytest.mark.parametrize(
+    ("model", "allowed", "where"),
+    [
+        (PROFILE_ARN.format(region="eu-central-1", profile="eu"), ["eu"], None),
+        # Called in eu-central-1, but routed among every eu region.
+        (
+            PROFILE_ARN.format(region="eu-central-1", profile="eu"),
+            ["eu-central-1"],
+            " called in eu-central-1 (eu)",
+        ),
+        # The ARN's region is where it is called: a us source region sends the prompt there.
+        (
+            PROFILE_ARN.format(region="us-east-1", profile="eu"),
+            ["eu"],
+            " called in us-east-1 (us, eu)",
+        ),
+        (
+            PROFILE_ARN.format(region="eu-central-1", profile="global"),
+            ["eu"],
+            " called in eu-central-1, routed to any commercial AWS region (no regional guarantee)",
+        ),
+        (MODEL_ARN.format(region="eu-west-1"), ["eu-west-1"], None),
+        (MODEL_ARN.format(region="us-east-1"), ["eu"], " in us-east-1 (us)"),
+        (APP_ARN.format(region="eu-central-1"), ["eu"], None),
+        (
+            APP_ARN.format(region="us-east-1"),
+            ["eu"],
+            ", taken to run in us-east-1 (if it copies a cross-region profile, name where it "
+            "routes under compliance.endpoint_regions) (us)",
+        ),
+    ],
+)
+def test_a_bedrock_arn_is_called_in_its_region_and_routed_as_its_profile_says(
+    model: str, allowed: list[str], where: str | None
+) -> None:
+    problems = model_problems(model, allowed)
+
+    if where is None:
+        assert problems == []
+    else:
+        [(field, reason)] = problems
+        assert field == "model.name"
+        assert reason.startswith(f"compliance.allowed_regions [{', '.join(allowed)}] refuses: ")
+        assert reason.endswith(f"{model}{where}")
+
+
+def test_an_application_inference_profile_routes_where_endpoint_regions_says() -> None:
+    """Its id does not say whether it copies one region's model or a cross-region profile:
+    the spec can say where it routes, keyed by its ARN."""
+    arn = APP_ARN.format(region="eu-central-1")
+    named = {"endpoint_regions": {arn: "eu"}}
+
+    assert model_problems(arn, ["eu"], **named) == []
+    [(field, reason)] = model_problems(arn, ["eu-central-1"], **named)
+    assert (field, reason) == (
+        "compliance.endpoint_regions",
+        f"compliance.allowed_regions [eu-central-1] refuses: Bedrock application inference "
+        f"profile {arn}, routed in eu as compliance.endpoint_regions says (eu)",
+    )
+    assert model_problems(arn, ["eu-central-1"]) == []  # unnamed: taken as its ARN's region
 
 
 def test_validate_spec_reports_a_refused_provider(tmp_path: Path) -> None:
@@ -324,19 +596,24 @@ def test_provider_batches_refuses_an_endpoint_moved_out_of_the_regions(
         assert fake.calls.entries() == []
 
 
-BEDROCK_EU_SPEC = review_spec(
-    "bedrock",
-    BEDROCK_MODEL,
-    bedrock={"min_records_per_job": 50},
-    sharding={"max_requests_per_shard": 100},
-    compliance=EU,
-)
+def bedrock_spec(endpoint_region: str | None) -> dict[str, Any]:
+    """A Bedrock spec allowing the eu, whose fake endpoint on 127.0.0.1 stands for Bedrock in
+    `endpoint_region` (None: a host the spec does not name)."""
+    named = {"endpoint_regions": {"127.0.0.1": endpoint_region}} if endpoint_region else {}
+    return review_spec(
+        "bedrock",
+        BEDROCK_MODEL,
+        bedrock={"min_records_per_job": 50},
+        sharding={"max_requests_per_shard": 100},
+        compliance={**EU, **named},
+    )
 
 
 def bedrock_in(fake: FakeBedrock, region: str, **settings: Any) -> BedrockBatchProvider:
     return BedrockBatchProvider(
         role_arn=ROLE,
         endpoint_url=fake.endpoint_url,
+        runtime_endpoint_url=fake.endpoint_url,
         region_name=region,
         retry_base_seconds=0.01,
         **settings,
@@ -344,33 +621,56 @@ def bedrock_in(fake: FakeBedrock, region: str, **settings: Any) -> BedrockBatchP
 
 
 @pytest.mark.fake_server("bedrock", min_records=50, responder=bedrock_truthful)
-def test_a_us_bedrock_region_and_staging_bucket_are_refused_and_nothing_is_created(
+def test_a_us_bedrock_endpoint_and_staging_bucket_are_refused_and_nothing_is_created(
     tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
 ) -> None:
     staging = bucket_in(moto_s3, "us-east-1")
     provider = bedrock_in(fake, "us-east-1", staging_uri=f"s3://{staging}/bedrock")
+    spec = bedrock_spec("us-east-1")
     with (
-        open_harness(tmp_path, database_url, BEDROCK_EU_SPEC, provider, reviews=60) as harness,
+        open_harness(tmp_path, database_url, spec, provider, reviews=60) as harness,
         pytest.raises(StepFailed) as refused,
     ):
         harness.run_day()
 
     assert refused.value.gate == "residency"
     assert (
-        "compliance.allowed_regions [eu] refuses: Bedrock region us-east-1 (us); Bedrock "
-        f"staging bucket {staging} in us-east-1 (us);"
+        f"compliance.allowed_regions [eu] refuses: Bedrock endpoint {fake.endpoint_url} in "
+        f"us-east-1 (us); Bedrock runtime endpoint {fake.endpoint_url} in us-east-1 (us); "
+        f"Bedrock staging bucket {staging} in us-east-1 (us);"
     ) in str(refused.value)
     assert fake.jobs() == []
     assert objects_in(moto_s3, staging) == []
 
 
 @pytest.mark.fake_server("bedrock", min_records=50, responder=bedrock_truthful)
-def test_an_eu_bedrock_region_with_an_eu_bucket_passes(
+def test_a_bedrock_endpoint_the_spec_does_not_name_is_refused(
+    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
+) -> None:
+    """The client's region does not vouch for an endpoint that may forward anywhere."""
+    provider = bedrock_in(fake, "eu-central-1")
+    with (
+        open_harness(tmp_path, database_url, bedrock_spec(None), provider, reviews=60) as harness,
+        pytest.raises(StepFailed) as refused,
+    ):
+        harness.run_day()
+
+    assert refused.value.gate == "residency"
+    assert (
+        f"compliance.allowed_regions [eu] refuses: Bedrock endpoint {fake.endpoint_url} (region "
+        "unknown: name its region under compliance.endpoint_regions (127.0.0.1: <region>));"
+    ) in " ".join(str(refused.value).split())
+    assert fake.jobs() == []
+
+
+@pytest.mark.fake_server("bedrock", min_records=50, responder=bedrock_truthful)
+def test_an_eu_bedrock_endpoint_with_an_eu_bucket_passes(
     tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
 ) -> None:
     bucket = bucket_in(moto_s3, "eu-west-1")
     provider = bedrock_in(fake, "eu-central-1")
-    with open_harness(tmp_path, database_url, BEDROCK_EU_SPEC, provider, reviews=60) as harness:
+    spec = bedrock_spec("eu-central-1")
+    with open_harness(tmp_path, database_url, spec, provider, reviews=60) as harness:
         harness.storage = ArtifactStorage(base_url=f"s3://{bucket}/artifacts")
 
         result = harness.materialize("input_snapshot", "request_shards", "provider_batches")

@@ -3,31 +3,43 @@
 
 The places of a pipeline:
 
-- its provider: the Bedrock region (the resource's `region_name`, else boto3's own default
-  from AWS_DEFAULT_REGION or the AWS config file; boto3 does not read AWS_REGION) and, for a
-  cross-region inference profile (`eu.anthropic...`), every region of the profile's
-  geography, or none at all for a `global.` profile; the OpenAI endpoint (the resource's base
-  URL, else OPENAI_BASE_URL, else https://api.openai.com/v1) and the online endpoint (the
-  spec's `online.base_url`, else the resource's, else OPENAI_BASE_URL): `api.openai.com` is
-  in the us, `eu.api.openai.com` (OpenAI's EU data residency) in the eu, any other host
-  where `compliance.endpoint_regions` says, else unknown (a proxy on this machine forwards
-  anywhere, so loopback hosts are no exception); the Anthropic API and the Gemini Developer
-  API make no regional guarantee; the local provider stays on this machine;
+- its provider's endpoint, judged by host wherever a provider takes one: the OpenAI endpoint
+  (the resource's base URL, else OPENAI_BASE_URL, else https://api.openai.com/v1), the
+  online endpoint (the spec's `online.base_url`, else the resource's, else OPENAI_BASE_URL),
+  the Anthropic and Gemini endpoints (the resource's base URL, else ANTHROPIC_BASE_URL /
+  GOOGLE_GEMINI_BASE_URL), Bedrock's control-plane and runtime endpoints (the resource's
+  `endpoint_url` / `runtime_endpoint_url`, else what boto3 reads from AWS_ENDPOINT_URL_BEDROCK,
+  AWS_ENDPOINT_URL_BEDROCK_RUNTIME, AWS_ENDPOINT_URL or the AWS config file). A host named in
+  `compliance.endpoint_regions` is where it says; OpenAI's data-residency hosts and AWS's
+  regional Bedrock hosts (bedrock-runtime.eu-west-1.amazonaws.com) are where their names say;
+  Anthropic's and Google's own API hosts make no regional guarantee; any other host (an
+  Azure OpenAI resource, a proxy, loopback: a proxy on this machine forwards anywhere) is of
+  unknown region. With no endpoint configured: the Bedrock region (the resource's
+  `region_name`, else boto3's default from AWS_DEFAULT_REGION or the AWS config file; boto3
+  does not read AWS_REGION), and no regional guarantee from Anthropic or the Gemini API;
+- the Bedrock model id (also behind any Bedrock host): a cross-region inference profile
+  (`eu.anthropic...`) routes among the regions of its geography, a `global.` one to any
+  commercial region; an ARN is called in its own region, an inference-profile ARN routes as
+  its profile id says, and an application inference profile is taken to run in its ARN's
+  region (its routing is not in its id) unless `compliance.endpoint_regions` names the ARN;
+- the local provider stays on this machine;
 - Bedrock's staging bucket (`staging_uri`) and the artifact storage: a local folder is on this
   machine, an S3 bucket where GetBucketLocation says (looked up once per bucket and process).
 
 Under `allowed_regions`, every place must be on this machine or in a region allowed: an
 exact region (`eu-central-1`) allows that region only; a jurisdiction (`eu`) allows every
 region of it (JURISDICTION_PREFIXES). A place known only by its jurisdiction (OpenAI's EU
-endpoint, a Bedrock `eu.` profile) is allowed by the jurisdiction, never by one region of it.
+endpoint, a Bedrock `eu.` profile) is allowed by the jurisdiction, never by one region of it;
+a place that spans several (an `apac.` profile also routes to me-central-1) needs them all.
 A place with no regional guarantee, or whose region is unknown, is refused. The ledger holds
 ids, counts and results; where it rests is the deployment's choice, not checked here.
 """
 
 import os
+import re
 import threading
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -56,25 +68,80 @@ JURISDICTION_PREFIXES: tuple[tuple[str, str], ...] = (
 """A region's jurisdiction by the start of its name, AWS's and Google Cloud's spellings."""
 JURISDICTIONS = frozenset(j for _, j in JURISDICTION_PREFIXES)
 
-OPENAI_HOSTS = {"api.openai.com": "us", "eu.api.openai.com": "eu"}
-"""OpenAI's API hosts and where they keep data: the EU host is its EU data residency."""
-OPENAI_DEFAULT_URL = "https://api.openai.com/v1"
-BEDROCK_PROFILES = {
-    "us": "us",
-    "us-gov": "us",
-    "eu": "eu",
-    "apac": "ap",
-    "jp": "ap",
-    "au": "ap",
-    "ca": "ca",
+OPENAI_HOSTS = {
+    "api.openai.com": "us",
+    "us.api.openai.com": "us",
+    "eu.api.openai.com": "eu",
+    "au.api.openai.com": "ap",
+    "in.api.openai.com": "ap",
+    "jp.api.openai.com": "ap",
 }
-"""Bedrock cross-region inference profiles (the model id's first part) and the jurisdiction
-whose regions they route to; `global.` routes anywhere."""
+"""OpenAI's API hosts and where they keep and process data: the regional hosts are the ones
+OpenAI's data-residency guide names as processing in their region (a project created with
+that residency). Other regional hosts (ae.api.openai.com) are unknown until named."""
+OPENAI_DEFAULT_URL = "https://api.openai.com/v1"
+AWS_BEDROCK_HOST = re.compile(
+    r"^(?:vpce-[a-z0-9-]+\.)?bedrock(?:-runtime|-mantle)?(?:-fips)?"
+    r"\.(?P<region>[a-z]{2}(?:-[a-z]+)+-\d+)\.(?:vpce\.)?(?:amazonaws\.com(?:\.cn)?|api\.aws)$"
+)
+"""AWS's Bedrock hosts (control plane, runtime, the OpenAI-compatible Mantle, FIPS, dual-stack
+and VPC endpoints), which name their region."""
+NO_GUARANTEE_HOSTS = {
+    "api.anthropic.com": "Anthropic API",
+    "generativelanguage.googleapis.com": "Gemini Developer API",
+}
+"""API hosts whose provider says nothing about the region a request is processed in."""
+AZURE_HOST_SUFFIXES = (
+    ".openai.azure.com",
+    ".cognitiveservices.azure.com",
+    ".services.ai.azure.com",
+)
+"""Azure OpenAI and AI Foundry hosts: the resource's name, not its region or a deployment's."""
+
+
+class Geography(NamedTuple):
+    """Where a Bedrock cross-region inference profile may route a request."""
+
+    label: str
+    routes: tuple[str, ...]
+    """Jurisdictions (or regions) it routes among; every one of them must be allowed."""
+
+
+BEDROCK_GEOGRAPHIES = {
+    "us": Geography("US", ("us",)),
+    "us-gov": Geography("GovCloud (US)", ("us",)),
+    "eu": Geography("EU", ("eu",)),
+    "apac": Geography("APAC", ("ap", "me-central-1")),
+    "jp": Geography("Japan", ("ap",)),
+    "au": Geography("Australia", ("ap",)),
+    "ca": Geography("Canada", ("ca",)),
+}
+"""Bedrock cross-region inference profiles by the model id's first part. AWS's lists: US
+among us-east-1, us-east-2, us-west-2 ...; EU among eu-central-1, eu-west-1, eu-west-3,
+eu-north-1, eu-south-1 ... (London and Zurich for some models); APAC among the ap-* regions
+and me-central-1 (UAE); JP Tokyo and Osaka; AU Sydney and Melbourne. A `global.` profile
+routes to any commercial region."""
 NO_GUARANTEE_PROVIDERS = {
     "anthropic": "Anthropic Message Batches API",
     "gemini": "Gemini Developer API batch mode",
 }
 """Providers that say nothing about the region a request is processed in."""
+
+
+class SdkEndpoint(NamedTuple):
+    """Where a provider's SDK sends requests when its resource names no base URL."""
+
+    label: str
+    variable: str
+    default_url: str | None
+    """None: its default host makes no regional guarantee (NO_GUARANTEE_PROVIDERS)."""
+
+
+SDK_ENDPOINTS = {
+    "openai": SdkEndpoint("OpenAI", "OPENAI_BASE_URL", OPENAI_DEFAULT_URL),
+    "anthropic": SdkEndpoint("Anthropic", "ANTHROPIC_BASE_URL", None),
+    "gemini": SdkEndpoint("Gemini", "GOOGLE_GEMINI_BASE_URL", None),
+}
 
 Status = Literal["region", "this_machine", "no_guarantee", "unknown"]
 
@@ -88,6 +155,9 @@ class Place(BaseModel):
     status: Status
     region: str | None = None
     """An exact region (eu-central-1) or, where only that is known, a jurisdiction (eu)."""
+    also: tuple[str, ...] = ()
+    """Further regions or jurisdictions the data may go to (an APAC profile's me-central-1, the
+    geography an inference-profile ARN routes among); each must be allowed too."""
     hint: str = ""
     """For an unknown region: how to make it known."""
     spec_field: str = ""
@@ -98,7 +168,7 @@ class Place(BaseModel):
             return True
         if self.status != "region" or self.region is None:
             return False
-        return region_allowed(self.region, allowed)
+        return all(region_allowed(r, allowed) for r in (self.region, *self.also))
 
     @property
     def where(self) -> str:
@@ -108,7 +178,10 @@ class Place(BaseModel):
             return "no regional guarantee"
         if self.status == "unknown" or self.region is None:
             return "region unknown" + (f": {self.hint}" if self.hint else "")
-        return jurisdiction_of(self.region) or f"unknown jurisdiction of {self.region}"
+        names = (
+            jurisdiction_of(r) or f"unknown jurisdiction of {r}" for r in (self.region, *self.also)
+        )
+        return ", ".join(dict.fromkeys(names))
 
     def describe(self) -> str:
         return f"{self.what} ({self.where})"
@@ -149,47 +222,139 @@ def unknown_region_problem(value: str) -> str | None:
     )
 
 
+def _named(endpoint_regions: dict[str, str], key: str) -> str | None:
+    """The region `compliance.endpoint_regions` gives a host (or an ARN), case aside."""
+    mapped = {k.strip().lower(): r.strip().lower() for k, r in endpoint_regions.items()}
+    return mapped.get(key.strip().lower())
+
+
+def endpoint_host(url: str) -> str:
+    """The host a URL sends to, lower-cased."""
+    return (urllib.parse.urlsplit(url).hostname or "").lower()
+
+
 def endpoint_place(name: str, url: str, endpoint_regions: dict[str, str]) -> Place:
-    """An OpenAI-compatible endpoint, its region by host: the spec's `endpoint_regions` first
-    (they may name any host), then OpenAI's own hosts; the URL is shown without user info
-    or query."""
+    """An endpoint, its region by host: the spec's `endpoint_regions` first (they may name
+    any host), then the hosts whose names say where they are; the URL is shown without user
+    info or query."""
     parts = urllib.parse.urlsplit(url)
-    host = (parts.hostname or "").lower()
+    host = endpoint_host(url)
     shown = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
-    shown += parts.path.rstrip("/")
-    mapped = {h.lower(): r.strip().lower() for h, r in endpoint_regions.items()}
-    region = mapped.get(host) or OPENAI_HOSTS.get(host)
-    what = f"{name} endpoint {shown}"
-    if region is None:
-        return Place(
-            what=what,
-            status="unknown",
-            hint=f"name its region under compliance.endpoint_regions ({host}: <region>)",
+    what = f"{name} endpoint {shown}{parts.path.rstrip('/')}"
+    region = _named(endpoint_regions, host) or _region_of_host(host)
+    if region is not None:
+        if region not in JURISDICTIONS:
+            what += f" in {region}"
+        return Place(what=what, status="region", region=region)
+    if host in NO_GUARANTEE_HOSTS:
+        return Place(what=what, status="no_guarantee")
+    hint = f"name its region under compliance.endpoint_regions ({host}: <region>)"
+    if host.endswith(AZURE_HOST_SUFFIXES):
+        hint = (
+            "an Azure host does not say where its deployments process (a Global or Data Zone "
+            f"deployment leaves the resource's region); {hint}"
         )
-    if region not in JURISDICTIONS:
-        what += f" in {region}"
-    return Place(what=what, status="region", region=region)
+    return Place(what=what, status="unknown", hint=hint)
 
 
-def bedrock_profile_place(model: str) -> Place | None:
-    """The place of a Bedrock cross-region inference profile, from the model id alone; None
-    for a model invoked in the client's own region."""
-    prefix, dot, _ = model.partition(".")
+def _region_of_host(host: str) -> str | None:
+    """The region a host's own name gives: OpenAI's data-residency hosts, AWS's Bedrock
+    hosts."""
+    if host in OPENAI_HOSTS:
+        return OPENAI_HOSTS[host]
+    match = AWS_BEDROCK_HOST.match(host)
+    return match["region"] if match else None
+
+
+def is_bedrock_host(url: str) -> bool:
+    """Whether a URL is one of AWS's Bedrock endpoints, where a model id may be a profile."""
+    return AWS_BEDROCK_HOST.match(endpoint_host(url)) is not None
+
+
+def _split_arn(model: str) -> tuple[str, str, str] | None:
+    """An ARN's region, resource type and resource id; None for a plain model id."""
+    parts = model.split(":", 5)
+    if len(parts) != 6 or parts[0] != "arn":
+        return None
+    kind, _, resource = parts[5].partition("/")
+    return parts[3].lower(), kind, resource
+
+
+def bedrock_model_place(model: str, endpoint_regions: dict[str, str]) -> Place | None:
+    """Where a Bedrock model id sends prompts, from the id alone: a cross-region inference
+    profile's geography, an ARN's region; None for a model invoked in the client's own
+    region."""
+    arn = _split_arn(model)
+    if arn is None:
+        return _profile_place(model, model, called_in=None)
+    region, kind, resource = arn
+    if not region:
+        return Place(
+            what=f"Bedrock model {model}",
+            status="unknown",
+            hint="its ARN names no region",
+            spec_field="model.name",
+        )
+    if kind == "inference-profile":
+        place = _profile_place(model, resource, called_in=region)
+        if place is not None:
+            return place
+    if kind == "application-inference-profile":
+        return _application_profile_place(model, region, endpoint_regions)
+    return Place(
+        what=f"Bedrock model {model} in {region}",
+        status="region",
+        region=region,
+        spec_field="model.name",
+    )
+
+
+def _profile_place(shown: str, profile_id: str, called_in: str | None) -> Place | None:
+    """A system-defined cross-region inference profile, routed among its geography's regions
+    (and first sent to `called_in`, an ARN's region); None when the id has no geography."""
+    prefix, dot, _ = profile_id.partition(".")
     if not dot:
         return None
+    called = f" called in {called_in}" if called_in else ""
     if prefix == "global":
         return Place(
-            what=f"Bedrock global inference profile {model}",
+            what=f"Bedrock global cross-region inference profile {shown}{called}, routed to "
+            "any commercial AWS region",
             status="no_guarantee",
             spec_field="model.name",
         )
-    jurisdiction = BEDROCK_PROFILES.get(prefix)
-    if jurisdiction is None:
+    geography = BEDROCK_GEOGRAPHIES.get(prefix)
+    if geography is None:
         return None
+    routes = (called_in, *geography.routes) if called_in else geography.routes
     return Place(
-        what=f"Bedrock cross-region inference profile {model}",
+        what=f"Bedrock {geography.label} cross-region inference profile {shown}{called}",
         status="region",
-        region=jurisdiction,
+        region=routes[0],
+        also=tuple(routes[1:]),
+        spec_field="model.name",
+    )
+
+
+def _application_profile_place(arn: str, region: str, endpoint_regions: dict[str, str]) -> Place:
+    """An application inference profile: its id does not say whether it copies a model
+    (one region) or a cross-region profile (a geography), so it is taken to run in its ARN's
+    region unless `compliance.endpoint_regions` names the ARN."""
+    named = _named(endpoint_regions, arn)
+    if named is not None:
+        return Place(
+            what=f"Bedrock application inference profile {arn}, routed in {named} as "
+            "compliance.endpoint_regions says",
+            status="region",
+            region=named,
+            also=(region,),
+            spec_field="compliance.endpoint_regions",
+        )
+    return Place(
+        what=f"Bedrock application inference profile {arn}, taken to run in {region} (if it "
+        "copies a cross-region profile, name where it routes under compliance.endpoint_regions)",
+        status="region",
+        region=region,
         spec_field="model.name",
     )
 
@@ -199,40 +364,110 @@ def provider_places(spec: "PipelineSpec", provider: Any | None) -> list[Place]:
     spec decides alone (validate-spec); with it, also what its settings and the environment
     decide (job start)."""
     name = spec.model.provider
-    regions = spec.compliance.endpoint_regions
     if name == "local":
         return [Place(what="local provider", status="this_machine")]
-    if name in NO_GUARANTEE_PROVIDERS:
-        return [
-            Place(
-                what=NO_GUARANTEE_PROVIDERS[name],
-                status="no_guarantee",
-                spec_field="model.provider",
-            )
-        ]
-    if name == "online":
-        if spec.online.base_url is not None:
-            place = endpoint_place("online", spec.online.base_url, regions)
-            return [place.model_copy(update={"spec_field": "online.base_url"})]
-        if provider is None:
-            return []
-        url = _resolved(getattr(provider, "base_url", None)) or _openai_env_url()
-        return [endpoint_place("online", url, regions)]
-    if name == "openai":
-        if provider is None:
-            return []
-        url = _resolved(getattr(provider, "base_url", None)) or _openai_env_url()
-        return [endpoint_place("OpenAI", url, regions)]
     if name == "bedrock":
-        places = [p for p in [bedrock_profile_place(spec.model.name)] if p is not None]
-        if provider is None:
-            return places
-        places.insert(0, _bedrock_region_place(getattr(provider, "region_name", None)))
-        staging = getattr(provider, "staging_uri", None)
-        if staging:
-            places.append(bucket_place("Bedrock staging bucket", staging))
-        return places
+        return _bedrock_places(spec, provider)
+    if name == "online":
+        return _online_places(spec, provider)
+    if name in SDK_ENDPOINTS:
+        return _sdk_places(spec, provider, SDK_ENDPOINTS[name])
     return [Place(what=f"provider {name}", status="unknown", hint="its region is not known")]
+
+
+def url_places(name: str, url: str, spec: "PipelineSpec") -> list[Place]:
+    """An endpoint and, behind one of AWS's Bedrock hosts, where the model id routes."""
+    regions = spec.compliance.endpoint_regions
+    places = [endpoint_place(name, url, regions)]
+    if is_bedrock_host(url):
+        places.extend(p for p in [bedrock_model_place(spec.model.name, regions)] if p)
+    return places
+
+
+def _online_places(spec: "PipelineSpec", provider: Any | None) -> list[Place]:
+    """The spec's `online.base_url` (decided by the spec alone), else the resource's, else
+    where the openai SDK goes."""
+    if spec.online.base_url is not None:
+        places = url_places("online", spec.online.base_url, spec)
+        return [p.model_copy(update={"spec_field": "online.base_url"}) for p in places]
+    if provider is None:
+        return []
+    url = _resolved(getattr(provider, "base_url", None)) or _openai_env_url()
+    return url_places("online", url, spec)
+
+
+def _sdk_places(spec: "PipelineSpec", provider: Any | None, sdk: SdkEndpoint) -> list[Place]:
+    """A batch API reached through its SDK: the resource's base URL, else the SDK's variable,
+    else its default host. Without the resource (validate-spec) an endpoint is the
+    deployment's, judged at job start; only a default host without a guarantee is judged."""
+    env_url = os.environ.get(sdk.variable) or None
+    if provider is None:
+        return [] if env_url or sdk.default_url else [_no_guarantee_default(spec)]
+    url = _resolved(getattr(provider, "base_url", None)) or env_url or sdk.default_url
+    if url is None:
+        return [_no_guarantee_default(spec)]
+    return url_places(sdk.label, url, spec)
+
+
+def _no_guarantee_default(spec: "PipelineSpec") -> Place:
+    """The provider's own API, reached with no endpoint configured."""
+    what = NO_GUARANTEE_PROVIDERS[spec.model.provider]
+    return Place(what=what, status="no_guarantee", spec_field="model.provider")
+
+
+def _bedrock_places(spec: "PipelineSpec", provider: Any | None) -> list[Place]:
+    """Bedrock: the model id's routing (the spec's alone); with the resource, also the
+    control plane that runs batch jobs, the runtime that serves shards below the job minimum
+    (`bedrock.below_minimum: online`), and the staging bucket."""
+    regions = spec.compliance.endpoint_regions
+    model = [p for p in [bedrock_model_place(spec.model.name, regions)] if p is not None]
+    if provider is None:
+        return model
+    region_name = getattr(provider, "region_name", None)
+    control_url = getattr(provider, "endpoint_url", None)
+    places = [_aws_place("Bedrock", "bedrock", control_url, region_name, regions)]
+    if spec.bedrock.below_minimum == "online":
+        runtime_url = getattr(provider, "runtime_endpoint_url", None)
+        places.append(
+            _aws_place("Bedrock runtime", "bedrock-runtime", runtime_url, region_name, regions)
+        )
+    places = list(dict.fromkeys(places)) + model
+    staging = getattr(provider, "staging_uri", None)
+    if staging:
+        places.append(bucket_place("Bedrock staging bucket", staging))
+    return places
+
+
+def _aws_place(
+    name: str,
+    service: str,
+    endpoint_url: str | None,
+    region_name: str | None,
+    endpoint_regions: dict[str, str],
+) -> Place:
+    """Where a boto3 client of `service` sends requests: an endpoint set on the resource or
+    configured for boto3 (judged by host), else the client's region."""
+    url = endpoint_url or _aws_configured_endpoint(service)
+    if url:
+        return endpoint_place(name, url, endpoint_regions)
+    return _bedrock_region_place(region_name)
+
+
+def _aws_configured_endpoint(service: str) -> str | None:
+    """The endpoint boto3 gives a client of `service` when none is passed (botocore's own
+    lookup: AWS_ENDPOINT_URL_<SERVICE>, AWS_ENDPOINT_URL, the config file), unless
+    configured endpoints are ignored."""
+    import botocore.session
+    from botocore.configprovider import ConfiguredEndpointProvider
+
+    session = botocore.session.get_session()
+    if session.get_config_variable("ignore_configured_endpoint_urls"):
+        return None
+    return ConfiguredEndpointProvider(
+        full_config=session.full_config,
+        scoped_config=session.get_scoped_config(),
+        client_name=service,
+    ).provide()
 
 
 def _resolved(value: Any) -> str | None:
