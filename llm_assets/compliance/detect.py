@@ -73,9 +73,13 @@ digit groups are not phone numbers, an e-mail inside a credential URI is the cre
 _SEPARATOR = "\n\n\x1f\n\n"
 """Between two texts of a chunk: no pattern runs across a blank line and a control character."""
 
-_IBAN_CANDIDATE = re.compile(r"[A-Za-z]{2}\d\d(?:[ \-]?[A-Za-z0-9]){11,30}")
-"""Printed, compact, dashed or in lower case. No \\b in front: a pattern that starts with a
-character class is searched for quickly; the word boundary is checked on the (few) matches."""
+_IBAN_CANDIDATE = re.compile(
+    r"[0-9][0-9](?<=[A-Za-z][A-Za-z][0-9][0-9])(?:[ \-]?[A-Za-z0-9]){11,30}"
+)
+"""Printed, compact, dashed or in lower case, found by its check digits: digits are rare in
+prose, so a pattern that starts with them is tried at few places (one that starts with a
+letter in either case is tried at most); the country code is the two letters before them,
+and the word boundary is checked on the (few) matches."""
 _VERSION = re.compile(r"(?i:\b(?:version|ver|v|build|release|firmware|fw|rev|r)\.?)[ :#]{0,3}$")
 """Words that make a dotted number after them a version, not an IP address."""
 
@@ -106,9 +110,9 @@ def _raw_findings(joined: str, phone_regions: Sequence[str]) -> Iterator[tuple[E
             continue
         yield entity, span.start, span.end
     for match in _IBAN_CANDIDATE.finditer(joined):
-        start = match.start()
+        start = match.start() - 2
         if start == 0 or not joined[start - 1].isalnum():
-            length = _iban_length(match.group())
+            length = _iban_length(joined[start : match.end()])
             if length:
                 yield "iban", start, start + length
     lowered = joined.lower()

@@ -23,7 +23,7 @@ _OBFUSCATED = re.compile(
     rf"(?i)(?<![\w.+\-])([\w.+\-]{{1,64}}){_AT}([\w\-]{{1,63}}(?:{_DOT}[\w\-]{{1,63}}){{1,6}})"
 )
 _BRACKETED = re.compile(r"(?i)[\[\(\{<]\s{0,2}(?:at|dot)\s{0,2}[\]\)\}>]")
-_NEEDLES = ("at)", "at]", "at}", "at>", " dot ", "dot)", "dot]", "dot}", "dot>")
+_NEEDLES = ("at)", "at]", "at}", "at>", "dot")
 _TLD = re.compile(r"[^\W\d_]{2,24}")
 
 
