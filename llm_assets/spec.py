@@ -84,34 +84,6 @@ class PromptSpec(_Strict):
             name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None
         ]
 
-    @field_validator("template", mode="after")
-    @classmethod
-    def _plain_placeholders(cls, template: str) -> str:
-        """A placeholder is a field's name and nothing more. The fields are the source's
-        text, untrusted: a format spec ({body:>300000000}) would pad a prompt to hundreds of
-        MB, and an attribute or index ({body.__class__}, {body[0]}) reads what is not the
-        field. Literal braces are written {{ and }}."""
-        try:
-            parsed = list(string.Formatter().parse(template))
-        except ValueError as exc:
-            raise ValueError(f"not a valid template: {exc}") from None
-        for _, name, format_spec, conversion in parsed:
-            if name is None:
-                continue
-            if not name.isidentifier():
-                raise ValueError(
-                    f"placeholder {{{name}}}: name a source field only ({{field}}), no "
-                    "attribute, index or position"
-                )
-            if format_spec or conversion:
-                written = f"{name}{'!' + conversion if conversion else ''}"
-                written += f":{format_spec}" if format_spec else ""
-                raise ValueError(
-                    f"placeholder {{{written}}}: no conversion or format spec on a source "
-                    f"field; write {{{name}}}"
-                )
-        return template
-
 
 class ModelSpec(_Strict):
     provider: str

@@ -8,6 +8,7 @@ model only for its type hints, so spec.py can import it.
 """
 
 import os
+import string
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -56,11 +57,31 @@ def webhook_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     return [("automation.notify.webhook_env", problem)] if problem else []
 
 
+def _dressed_placeholders(template: str) -> list[tuple[str, str]]:
+    """A placeholder is a field's name and nothing more. The fields are the source's text,
+    untrusted: a format spec ({body:>300000000}) would pad a prompt to hundreds of MB, and a
+    conversion ({body!r}) changes what is sent."""
+    problems = []
+    for _, name, format_spec, conversion in string.Formatter().parse(template):
+        if name is not None and (format_spec or conversion):
+            written = name + (f"!{conversion}" if conversion else "")
+            written += f":{format_spec}" if format_spec else ""
+            problems.append(
+                (
+                    "prompt.template",
+                    f"placeholder {{{written}}}: no conversion or format spec on a source "
+                    f"field; write {{{name}}}",
+                )
+            )
+    return problems
+
+
 def semantic_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     """Every problem of a parsed spec that no single field's validator can see, as (field,
     reason), the registered checks' included."""
     problems: list[tuple[str, str]] = []
     fields = set(spec.source.fields)
+    problems.extend(_dressed_placeholders(spec.prompt.template))
     for name in spec.prompt.placeholders:
         if not name:
             problems.append(("prompt.template", "empty placeholder {}; name a source field"))

@@ -21,7 +21,7 @@ from llm_assets.compliance.normalize import view
 from llm_assets.compliance.policy import redacted, screen
 from llm_assets.compliance.spec import DEFAULT_PII
 from llm_assets.secrecy import mask_url
-from llm_assets.spec import PromptSpec
+from llm_assets.spec import parse_spec
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, Harness, make_harness, review_spec, truthful
 
@@ -177,11 +177,23 @@ def test_a_prompt_over_max_scanned_chars_is_blocked_unscanned() -> None:
 
 
 @pytest.mark.parametrize(
-    "template", ["{text:>300000000}", "{text!r}", "{text.__class__}", "{text[0]}", "{0}", "{}"]
+    ("template", "said"),
+    [
+        ("{text:>300000000}", "placeholder {text:>300000000}: no conversion or format spec"),
+        ("{text!r}", "placeholder {text!r}: no conversion or format spec"),
+        ("{text.__class__}", "placeholder {text.__class__} is not a plain field name"),
+        ("{text[0]}", "placeholder {text[0]} is not a plain field name"),
+    ],
 )
-def test_a_template_with_a_format_spec_or_attribute_is_refused(template: str) -> None:
-    with pytest.raises(ValueError, match="placeholder"):
-        PromptSpec(version="v1", template=f"Review: {template}")
+def test_a_template_with_a_format_spec_or_attribute_is_refused(
+    tmp_path: Path, template: str, said: str
+) -> None:
+    spec = review_spec("openai", "gpt-4o-mini")
+    spec["prompt"] = {**spec["prompt"], "template": f"Review: {template}"}
+    path = tmp_path / "reviews.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    reasons = {p.field: p.reason for p in parse_spec(path)[1]}
+    assert reasons["prompt.template"].startswith(said)
 
 
 def _validate_spec(tmp_path: Path, prompt: dict[str, str]) -> tuple[int, str]:
