@@ -78,8 +78,8 @@ class ComplianceSpec(_Strict):
     )
     endpoint_regions: dict[str, str] = Field(
         default_factory=dict,
-        description="Region of a self-hosted or proxied endpoint, by host name, for the "
-        "residency check.",
+        description="Region of a self-hosted or proxied endpoint, by host name, or of a "
+        "Bedrock application inference profile, by its ARN, for the residency check.",
     )
 
     @field_validator("pii", mode="after")
