@@ -70,6 +70,14 @@ FOUND = [
         "-----END OPENSSH PRIVATE KEY-----",
         "my key:\n{}\nthanks",
     ),
+    (
+        "credential",
+        "-----BEGIN OPENSSH PRIVA\nTE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
+        "-----END OPENSSH PRIVATE KEY-----",
+        "pasted from a narrow terminal:\n{}\n",
+    ),
+    ("credential", "69978cf07604c545b566523d2ad6ff83", "  SECRET_KEY_BASE: {}\n"),
+    ("email", "jneumann @ mail.beispiel.de", "schick es an {} bitte"),
     ("credential", "postgres://app:p@ss@w0rd@db.internal:5432/app", "DATABASE_URL={} now"),
     ("credential", "Tr0ub4dor&3", "Passwort: {} (neu)"),
 ]
@@ -83,6 +91,15 @@ NOT_FOUND = [
     "Order no. 0301234567 never arrived; invoice # 0207946095 too.",
     "Customer number 783895424, please check.",
     "Our key is glpat-xxxxxxxxxxxxxxxxxxxx in the docs, a placeholder.",
+    "Set DATABASE_URL=postgres://USER:PASSWORD@HOST:PORT/DBNAME first.",
+    'api_key = "YOUR_API_KEY", and the token: please reset it.',
+    "Gift card balance: £3,342.35 (card ID 4246 8763 0185 5872).",
+    "Su pedido n.º 0375322143 salió del almacén.",
+    "Ihre Bestellnummer 0518795019 wurde versandt.",
+    "Заказ № 0640354968 отправлен.",
+    "تم شحن الطلب رقم 0349687923 بتاريخ اليوم",
+    "my-internal-lib==8.3.24.210 and image registry.example.com/shop/web:24.14.21.85",
+    "Bump version to 16.15.15.64",
 ]
 
 

@@ -80,7 +80,11 @@ _IBAN_CANDIDATE = re.compile(
 prose, so a pattern that starts with them is tried at few places (one that starts with a
 letter in either case is tried at most); the country code is the two letters before them,
 and the word boundary is checked on the (few) matches."""
-_VERSION = re.compile(r"(?i:\b(?:version|ver|v|build|release|firmware|fw|rev|r)\.?)[ :#]{0,3}$")
+_VERSION = re.compile(
+    r"(?i:\b(?:version|ver|v|build|release|firmware|fw|rev|r|versión|versione|versie|wersja|"
+    r"versão|версия|バージョン|版本)\.?(?:\s{1,3}(?:to|is|from|auf|von|à|a|de|naar|na|do))?)"
+    r"[ :#]{0,3}$"
+)
 """Words that make a dotted number after them a version, not an IP address."""
 
 
@@ -123,13 +127,27 @@ def _raw_findings(joined: str, phone_regions: Sequence[str]) -> Iterator[tuple[E
         yield "credential", start, end
 
 
+def _pinned(text: str, start: int) -> bool:
+    """Whether a dotted quad is a version pinned by name: lib==8.3.24.210, or an image's tag,
+    registry.example.com/shop/web:24.14.21.85."""
+    if text[max(0, start - 2) : start] in ("==", "~=", ">=", "<="):
+        return True
+    if start < 2 or text[start - 1] != ":" or text[start - 2] == ":":
+        return False
+    left = start - 1
+    while left > 0 and start - left < 256 and not text[left - 1].isspace():
+        left -= 1
+    name = text[left : start - 1]
+    return "/" in name and "://" not in name
+
+
 def _plausible(text: str, entity: Entity, start: int, end: int) -> bool:
     """Whether a number datafog-core found is what it took it for where it stands. A number
     with no check digit (a phone, an SSN) in a file name, path or URL is part of the name; nine
     digits in a row are an SSN only after an SSN word; a dotted quad after "version" or "v" is
     a version. A label in front says otherwise."""
     if entity == "ip_address":
-        return _VERSION.search(text, max(0, start - 12), start) is None
+        return _VERSION.search(text, max(0, start - 20), start) is None and not _pinned(text, start)
     if entity not in ("phone", "national_id"):
         return True
     if labelled(text, entity, start):

@@ -5,8 +5,9 @@ normalized views (so a full-width ＠ is already "@").
   用户@例子.广告). Looked for only in a chunk that is not all ASCII; ASCII ones are
   datafog-core's.
 - Obfuscated addresses: "anna [at] example [dot] com", "anna(at)example.de", "anna at example
-  dot org". Looked for only in a chunk that holds a bracketed "at" or a spelled-out "dot":
-  "at" alone is too common a word to say anything.
+  dot org", "anna @ example.de". Looked for only in a chunk that holds a bracketed "at", a
+  spelled-out "dot" or an "@" beside a space: "at" alone is too common a word to say
+  anything.
 
 Every quantifier is bounded (64 for a name, 63 per domain label, as RFC 5321 allows), so a
 text is scanned in linear time whatever it holds.
@@ -17,13 +18,16 @@ from collections.abc import Iterator
 
 _UNICODE_EMAIL = re.compile(r"(?<![\w.+\-])[\w.+\-]{1,64}@[\w\-]{1,63}(?:\.[\w\-]{1,63}){1,8}")
 
-_AT = r"(?:\s{0,3}[\[\(\{<]\s{0,2}at\s{0,2}[\]\)\}>]\s{0,3}|\s{1,3}at\s{1,3})"
+_AT = (
+    r"(?:\s{0,3}[\[\(\{<]\s{0,2}at\s{0,2}[\]\)\}>]\s{0,3}|\s{1,3}at\s{1,3}"
+    r"|\s{1,3}@\s{0,3}|@\s{1,3})"
+)
 _DOT = r"(?:\s{0,3}[\[\(\{<]\s{0,2}dot\s{0,2}[\]\)\}>]\s{0,3}|\s{1,3}dot\s{1,3}|\.)"
 _OBFUSCATED = re.compile(
     rf"(?i)(?<![\w.+\-])([\w.+\-]{{1,64}}){_AT}([\w\-]{{1,63}}(?:{_DOT}[\w\-]{{1,63}}){{1,6}})"
 )
 _BRACKETED = re.compile(r"(?i)[\[\(\{<]\s{0,2}(?:at|dot)\s{0,2}[\]\)\}>]")
-_NEEDLES = ("at)", "at]", "at}", "at>", "dot")
+_NEEDLES = ("at)", "at]", "at}", "at>", "dot", " @", "@ ")
 _TLD = re.compile(r"[^\W\d_]{2,24}")
 
 
@@ -49,4 +53,5 @@ def _obfuscated(match: re.Match[str]) -> bool:
     if not _TLD.fullmatch(last) or last.lower() in ("at", "dot"):
         return False
     spelled_dot = re.search(r"(?i)(?:^|[\s\[\(\{<])dot(?:$|[\s\]\)\}>])", domain) is not None
-    return _BRACKETED.search(whole) is not None or spelled_dot
+    spaced_at = "@" in whole
+    return _BRACKETED.search(whole) is not None or spelled_dot or spaced_at

@@ -37,10 +37,16 @@ are as often something else, and the search costs two microseconds a prompt."""
 _SSN_WORDS = ("ssn", "social security", "ss#")
 
 NOT_A_PHONE = re.compile(
-    r"(?i:order|invoice|ticket|tracking|ref(?:erence)?|account|acct|case|sku|no\.|#)"
+    r"(?i:order|invoice|ticket|tracking|ref(?:erence)?|account|acct|case|sku|no\.|#|"
+    r"n\.?[°o]|no|nr\.?|n\.|commande|facture|bestell\w{0,8}|rechnung\w{0,8}|auftrag\w{0,8}|"
+    r"kunden\w{0,8}|pedido|factura|ordine|fattura|bestelling|factuur|zamówieni[ae]|"
+    r"faktur[ay]|encomenda|заказ|счёт|sipariş|fatura|注文番号|注文|订单号?|訂單|ऑर्डर नंबर|"
+    r"ऑर्डर|(?:ال)?طلب(?: رقم)?|رقم (?:ال)?طلب|הזמנה(?: מספר)?|מספר הזמנה)"
     r"[\s:#.\-]{0,6}$"
 )
-"""Words that make a number in front of them an order or account number, not a phone."""
+"""Words that make a number in front of them an order, invoice or account number, not a
+phone, in the languages tickets are written in; matched in the normalized view, where "n.º"
+is "n.o" and "№" is "No"."""
 _PHONE_LABEL = re.compile(
     r"(?i:phone|tel|telephone|mobile|mobil|cell|fax|handy|call|ring|whatsapp|tél|téléfono|"
     r"telefon|telefono|teléfono|telefoon|numéro|電話|携帯)"
@@ -171,6 +177,8 @@ def _national_phones(joined: str, regions: Sequence[str]) -> Iterator[tuple[Enti
             start -= 1
         elif not _free(joined, start, "+.-/)"):
             continue
+        elif start >= 2 and joined[start - 1] in " .-" and joined[start - 2].isdigit():
+            continue  # a group of a longer number: 4246 8763 0185 5872
         if _runs_on(joined, match.end()) or _DATE.fullmatch(match.group()):
             continue
         if labelled(joined, "phone", start) or not (

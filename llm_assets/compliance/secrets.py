@@ -21,14 +21,9 @@ _SLACK_WEBHOOK = re.compile(
     r"https://hooks\.slack\.com/services/T[a-zA-Z0-9_]{1,32}/B[a-zA-Z0-9_]{1,32}/[a-zA-Z0-9_]{1,64}",
     flags=re.IGNORECASE,
 )
-_PRIVATE_KEY = re.compile(
-    r"BEGIN\s{1,4}(?:(?:DSA|EC|OPENSSH|RSA|PGP|ENCRYPTED|SSH2\s{1,4}ENCRYPTED)\s{1,4})?"
-    r"PRIVATE\s{1,4}KEY|PuTTY-User-Key-File-[23]"
-)
-"""A private key's header, also when a narrow terminal split it over two lines."""
-_PRIVATE_KEY_END = re.compile(
-    r"-----END\s{1,4}[A-Z0-9 \n]{0,32}PRIVATE\s{1,4}KEY[A-Z \n]{0,8}-----"
-)
+_ARMOR = re.compile(r"-----(BEGIN|END)([A-Z0-9 \r\n]{1,64}?)-----")
+"""A PEM armor line, its label read with the line breaks a terminal put in it."""
+_PUTTY = re.compile(r"PuTTY-User-Key-File-[23]")
 # Basic auth in a URL (detect-secrets' BasicAuthDetector, here anchored on "://" so that it
 # is searched for as a literal; the scheme in front is added to the finding). The password
 # runs to the last "@" before the host: people paste passwords with an unencoded "@".
@@ -88,12 +83,21 @@ _WORDS = sorted(_PASSWORD_WORDS.split("|"), key=len, reverse=True)
 """Longest first: "passwort" is tried before "pass…" words it is not."""
 _PASSWORD_VALUE = re.compile(
     r"(?i:(?:\s{1,4}(?:is|was|ist|war|est|es|é|è|è stata))?\s{0,4}[:=：]?\s{0,4})"
-    r"(?=[^\s,;]{0,255}[\d!@#$%^&*])([^\s,;]{6,256})"
+    r"(?!@)(?=[^\s,;]{0,255}[\d!@#$%^&*])([^\s,;]{6,256})"
 )
 _PASSWORD = re.compile(rf"(?i:\b(?:{_PASSWORD_WORDS}))" + _PASSWORD_VALUE.pattern)
 """A password written out: a value with a digit or a symbol after the word (and an optional
 "is"), so that "the new password is rejected" is not one. The value is the finding; the
 word stays, so the model still reads that a password was there."""
+_ASSIGNED = re.compile(
+    r"[\w.\-]{0,24}[\"']?\s{0,4}[:=]\s{0,4}[\"']?([A-Za-z0-9_\-+/=.]{16,256})(?![A-Za-z0-9_\-+/=.])"
+)
+"""A value assigned to a name that says it is secret (SECRET_KEY_BASE: …, "api_key": "…",
+auth-token=…), matched where the word ends; gitleaks' generic-api-key rule, bounded."""
+_SECRET_NAMES = ("secret", "token", "api_key", "apikey", "api-key", "access_key", "auth_key")
+_URL_PLACEHOLDERS = frozenset(
+    {"password", "pass", "passwd", "pwd", "pw", "secret", "changeme", "yourpassword"}
+)
 _AWS_SECRET = re.compile(
     r"(?i:aws[\w.\-]{0,20}(?:secret|key)[\w.\-]{0,20}[\"']?\s{0,4}[:=]\s{0,4}[\"']?)"
     r"([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])"
@@ -145,16 +149,47 @@ def _passwords(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
             at = lowered.find(needle, at + len(needle))
 
 
+def _assigned(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
+    """Each value assigned to a secret's name, when it looks like a key: letters and digits,
+    at least ten distinct characters (a sentence or a placeholder has neither)."""
+    if len(lowered) != len(joined):
+        return
+    for name in _SECRET_NAMES:
+        at = lowered.find(name)
+        while at >= 0:
+            match = _ASSIGNED.match(joined, at + len(name))
+            if match:
+                value = match.group(1)
+                letters_and_digits = any(c.isdigit() for c in value) and any(
+                    c.isalpha() for c in value
+                )
+                if letters_and_digits and len(set(value)) >= 10:
+                    yield match.span(1)
+            at = lowered.find(name, at + len(name))
+
+
+def _placeholder_url(match: re.Match[str]) -> bool:
+    """postgres://USER:PASSWORD@HOST/DB in a how-to: the password is a word for one."""
+    user_info = match.group()[3:].rsplit("@", 1)[0]
+    password = user_info.partition(":")[2].strip("<>{}$[]")
+    return password.lower() in _URL_PLACEHOLDERS or set(password) <= set("x*.")
+
+
 def _private_keys(text: str) -> Iterator[tuple[int, int]]:
-    """Each private key block: from the dashes of its header to its END line (or the end of
-    the text), so a redaction takes the key, not just its header. The END lines are found
-    once, in one pass."""
-    ends = [m.end() for m in _PRIVATE_KEY_END.finditer(text)]
-    for match in _PRIVATE_KEY.finditer(text):
-        start = text.rfind("-----", max(0, match.start() - 8), match.start())
-        start = start if start >= 0 else match.start()
-        after = bisect.bisect_left(ends, match.end())
-        yield start, ends[after] if after < len(ends) else len(text)
+    """Each private key block: from its BEGIN line to its END line (or the end of the text),
+    so a redaction takes the key, not just its header. An armor line is read with its line
+    breaks and spaces taken out: a narrow terminal wraps "-----BEGIN OPENSSH PRIVATE KEY-----"
+    anywhere, even inside a word."""
+    begins, ends = [], []
+    for match in _ARMOR.finditer(text):
+        if "PRIVATEKEY" in re.sub(r"\s", "", match.group(2)):
+            (begins if match.group(1) == "BEGIN" else ends).append(match)
+    end_at = [m.end() for m in ends]
+    for match in begins:
+        after = bisect.bisect_left(end_at, match.end())
+        yield match.start(), end_at[after] if after < len(end_at) else len(text)
+    for match in _PUTTY.finditer(text):
+        yield match.start(), len(text)
 
 
 def credentials(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
@@ -174,9 +209,12 @@ def credentials(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
         for match in pattern.finditer(joined):
             yield match.span(match.lastindex or 0)
     yield from _passwords(joined, lowered)
-    if "private" in lowered or "putty-user-key" in lowered:
+    yield from _assigned(joined, lowered)
+    if "-----begin" in lowered or "putty-user-key" in lowered:
         yield from _private_keys(joined)
     for match in _URL_PASSWORD.finditer(joined):
+        if _placeholder_url(match):
+            continue
         scheme = _SCHEME.search(joined, max(0, match.start() - 20), match.start())
         end = match.start() + len(match.group().rstrip(_URL_TAIL))
         yield scheme.start() if scheme else match.start(), end
