@@ -232,6 +232,16 @@ def test_validate_spec_refuses_a_format_spec_and_a_card_written_with_nbsp(tmp_pa
     assert "1111" not in said
 
 
+def test_validate_spec_refuses_a_variant_system_prompt_with_an_nbsp_card(tmp_path: Path) -> None:
+    spec = review_spec("openai", "gpt-4o-mini")
+    spec["variants"] = {"terse": {"prompt": {"system": f"Refund card {_groups(NBSP)}."}}}
+    path = tmp_path / "reviews.yaml"
+    path.write_text(yaml.safe_dump(spec, allow_unicode=True))
+    result = CliRunner().invoke(main, ["validate-spec", str(path)], env={"COLUMNS": "300"})
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.exit_code == 1 and "variants.terse.prompt.system: holds card" in said
+
+
 # The URL mask: any password, with an unencoded "@" or ":" in it.
 
 
