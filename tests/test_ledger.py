@@ -1335,7 +1335,7 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 9
+    assert schema_version(upgraded) == SCHEMA_VERSION == 10
     inspector = sa.inspect(upgraded.engine)
     columns = {c["name"] for c in inspector.get_columns("llm_batch_result")}
     assert "request_offset" in columns
@@ -1376,7 +1376,7 @@ def test_a_version_8_ledger_gains_the_lock_leases_and_the_lifecycle_columns(
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 9
+    assert schema_version(upgraded) == SCHEMA_VERSION == 10
     inspector = sa.inspect(upgraded.engine)
     assert "llm_lock_lease" in inspector.get_table_names()
     for table, columns in added.items():
@@ -1386,6 +1386,26 @@ def test_a_version_8_ledger_gains_the_lock_leases_and_the_lifecycle_columns(
     with upgraded.day_lock(JOB, holder="after the upgrade"):
         upgraded.update_job(JOB, reported_at=L.utcnow())
     assert upgraded.get_job(JOB).reported_at is not None
+
+
+def test_a_version_9_ledger_gains_when_retention_expired_a_day(database_url: str) -> None:
+    """Version 10 adds when retention expired a day; a version 9 ledger's jobs are not."""
+    first = LedgerResource(database_url=database_url)
+    make_job(first)
+    with engine_of(database_url).begin() as conn:
+        conn.execute(sa.text("ALTER TABLE llm_batch_job DROP COLUMN retention_expired_at"))
+        conn.execute(sa.delete(tables.schema_version))
+        conn.execute(sa.insert(tables.schema_version).values(version=9, applied_at=L.utcnow()))
+    schema.ensure_schema.cache_clear()
+
+    upgraded = LedgerResource(database_url=database_url)
+
+    assert schema_version(upgraded) == SCHEMA_VERSION == 10
+    job = upgraded.get_job(JOB)
+    assert job is not None and job.retention_expired_at is None
+    assert upgraded.expire_jobs([JOB]).jobs_expired == 1
+    expired = upgraded.get_job(JOB)
+    assert expired is not None and expired.retention_expired_at is not None
 
 
 def test_a_version_6_ledger_gains_the_pipeline_state_table(database_url: str) -> None:
@@ -1400,7 +1420,7 @@ def test_a_version_6_ledger_gains_the_pipeline_state_table(database_url: str) ->
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 9
+    assert schema_version(upgraded) == SCHEMA_VERSION == 10
     assert "llm_batch_pipeline_state" in sa.inspect(upgraded.engine).get_table_names()
     assert upgraded.get_job(JOB) is not None
     assert upgraded.pipeline_pause("reviews") is None

@@ -8,7 +8,7 @@ Modules by job: `tables` and `schema` (tables, engines, upgrades), `bulk` (COPY,
 writer thread), `jobs`, `shards`, `locks` (a shard's submission, a day's writes), `items`,
 `results` (imports), `budget`, `reporting`, `outputs`, `notifications` (the day summaries
 sent), `pauses` (pipelines an operator paused) and `retention` (provider files to delete, days
-finished); `LedgerResource` is the one Dagster resource over them.
+finished, a day's expiry); `LedgerResource` is the one Dagster resource over them.
 """
 
 from llm_assets.resources.ledger.bulk import BackgroundWriter

@@ -58,6 +58,9 @@ class JobRecord(BaseModel):
     """Set on an eval pipeline's job: the pipeline whose caps, pause and cancel it runs under."""
     validated_at: UtcDatetime | None = None
     reported_at: UtcDatetime | None = None
+    retention_expired_at: UtcDatetime | None = None
+    """When retention expired the day: its answers, outputs and pseudonyms are gone from the
+    ledger (its ids, states, counts and costs stay), and no step works on it again."""
     created_by: str
     created_at: UtcDatetime
     updated_at: UtcDatetime

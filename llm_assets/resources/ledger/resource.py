@@ -237,15 +237,20 @@ class LedgerResource(dg.ConfigurableResource):
 
     @contextlib.contextmanager
     def day_lock(
-        self, job_id: str, *, holder: str, log: Callable[[str], None] | None = None
+        self,
+        job_id: str,
+        *,
+        holder: str,
+        log: Callable[[str], None] | None = None,
+        wait_seconds: float | None = None,
     ) -> Iterator[None]:
-        """Hold the right to write a job's day, waiting up to `day_lock_wait_seconds` for
-        another run that holds it (see locks.day_lock)."""
+        """Hold the right to write a job's day, waiting up to `wait_seconds` (default
+        `day_lock_wait_seconds`) for another run that holds it (see locks.day_lock)."""
         with locks.day_lock(
             self.engine,
             job_id,
             holder=holder,
-            wait_seconds=self.day_lock_wait_seconds,
+            wait_seconds=self.day_lock_wait_seconds if wait_seconds is None else wait_seconds,
             log=log,
         ):
             yield
@@ -347,6 +352,9 @@ class LedgerResource(dg.ConfigurableResource):
     provider_files_to_delete = _on_engine(retention.provider_files_to_delete)
     mark_provider_files_deleted = _on_engine(retention.mark_provider_files_deleted)
     day_states = _on_engine(retention.day_states)
+    unexpired_days = _on_engine(retention.unexpired_days)
+    eval_pipelines = _on_engine(retention.eval_pipelines)
+    expire_jobs = _on_engine(retention.expire_jobs)
 
     # Notifications
 

@@ -62,6 +62,9 @@ job_table = sa.Table(
     # When the day's validation and its report last ran (the lifecycle's finish steps).
     sa.Column("validated_at", Timestamp, nullable=True),
     sa.Column("reported_at", Timestamp, nullable=True),
+    # When retention expired the day (compliance/expiry.py): its answers, outputs and
+    # pseudonyms are deleted from the ledger, and no step works on it again.
+    sa.Column("retention_expired_at", Timestamp, nullable=True),
     sa.Column("created_by", sa.String(128), nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),
