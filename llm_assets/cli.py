@@ -411,7 +411,11 @@ def requeue(pipeline: str, date_: str, classes: tuple[str, ...], ids: str | None
     spec = pipeline_spec(settings, pipeline)
     day = parse_date(date_)
     assert day is not None
-    resources, _ = current_job(settings, spec, day)
+    resources, job = current_job(settings, spec, day)
+    if job.retention_expired_at is not None:
+        # Asked before the requeue takes the day up (it lifts a cancel first).
+        print_error(str(steps.DayExpired(spec, job)))
+        sys.exit(EXIT_ERROR)
     chosen = {i.strip() for i in ids.split(",") if i.strip()} if ids else None
     result = steps.requeue_dead_letters(
         steps.StepContext(

@@ -383,7 +383,7 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
         if reason:
             yield _skipped(context, pipe.key("validated_outputs"), reason)
             return
-        steps.record_gate(ctx, ctx.job().job_id, [steps.UNFINISHED])
+        _run_step(lambda: steps.record_gate(ctx, ctx.job().job_id, [steps.UNFINISHED]))
         result: steps.ValidateResult = _run_step(lambda: steps.validate_outputs(ctx))
         schema_failures = steps.published_frame_failures(ctx, result.uri)
         evaluated = checks.validated_outputs_checks(pipe.spec, result, schema_failures)

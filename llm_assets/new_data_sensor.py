@@ -90,13 +90,15 @@ def _planned_versions(
 ) -> Callable[[dt.date], dict[str, str] | None]:
     """Per day, the source file versions its ledger job was planned from: those its snapshot
     recorded, none when the day has no job or its job no snapshot, None when an operator
-    cancelled the day. Each day is looked up once a tick."""
+    cancelled the day or retention expired it. Each day is looked up once a tick."""
 
     @functools.cache
     def planned(day: dt.date) -> dict[str, str] | None:
         job = ledger.get_job(steps.job_id_of(spec, day))
         if job is not None and job.cancelled_at is not None:
             return None  # an operator cancelled the day: left alone until a requeue
+        if job is not None and job.retention_expired_at is not None:
+            return None  # retention expired the day: nothing is done with it again
         if job is None or job.snapshot_uri is None:
             return {}
         return steps.snapshot_sources(storage, job.snapshot_uri)

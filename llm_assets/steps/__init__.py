@@ -30,6 +30,7 @@ from llm_assets.steps.budget import BudgetGate, budget_gate, hold_for_gate
 from llm_assets.steps.cancel import CancelResult, cancel_day
 from llm_assets.steps.compliance import ComplianceGate, compliance_gate
 from llm_assets.steps.context import (
+    DayExpired,
     GateBlocked,
     MissingPrerequisite,
     StepContext,
@@ -38,6 +39,7 @@ from llm_assets.steps.context import (
     job_for,
     job_id_of,
     price_for,
+    refuse_expired,
 )
 from llm_assets.steps.executor import DayDriver, StepRuns, drive, load_state, poll_shards
 from llm_assets.steps.gate import (
@@ -119,6 +121,7 @@ __all__ = [
     "ComplianceGate",
     "CancelResult",
     "CostReport",
+    "DayExpired",
     "DeadLetterResult",
     "Drift",
     "Estimate",
@@ -156,6 +159,7 @@ __all__ = [
     "pause_reason",
     "pause_words",
     "paused_text",
+    "refuse_expired",
     "refuse_if_paused",
     "refuse_outside_regions",
     "residency_places",

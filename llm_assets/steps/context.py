@@ -35,6 +35,35 @@ class MissingPrerequisite(Exception):
     """An upstream step has not run for this partition yet."""
 
 
+class DayExpired(MissingPrerequisite):
+    """Retention expired the day: its snapshot, answers and pseudonyms may be gone, so no step
+    builds, sends, requeues, validates or exports anything of it again (what it would make
+    from what is left would replace the day's outputs with less)."""
+
+    def __init__(self, spec: PipelineSpec, job: JobRecord) -> None:
+        at = job.retention_expired_at
+        assert at is not None
+        days = spec.retention.artifacts_days
+        rule = f"retention.artifacts_days: {days}" if days is not None else "retention"
+        again = (
+            "evaluate other days or another variant configuration (a new eval pipeline)"
+            if job.parent_pipeline is not None
+            else "its ids, states, counts and costs stay in the ledger (`llm-assets status`)"
+        )
+        super().__init__(
+            f"retention expired {spec.name} {job.partition_date} on {at:%Y-%m-%d %H:%M} UTC "
+            f"({rule} after its last item became terminal): its answers and pseudonyms are "
+            f"gone from the ledger and its {', '.join(spec.retention.artifacts)} from the "
+            f"artifacts, so nothing more is done with the day; {again}"
+        )
+
+
+def refuse_expired(spec: PipelineSpec, job: JobRecord | None) -> None:
+    """Raise DayExpired when retention expired the job's day."""
+    if job is not None and job.retention_expired_at is not None:
+        raise DayExpired(spec, job)
+
+
 def price_for(spec: PipelineSpec) -> ModelPrice:
     """The spec's model price from the price table, looked up by provider and model name."""
     return load_price_table().get(spec.model.provider, spec.model.name)
@@ -134,7 +163,9 @@ class StepContext:
         return job_for(self.spec, self.day, self.ledger, self.created_by)
 
     def snapshot_uri(self) -> str:
-        """The day's input snapshot, or MissingPrerequisite when none was taken."""
+        """The day's input snapshot, or MissingPrerequisite when none was taken; DayExpired
+        when retention expired the day (whatever is left of it is not worked on again)."""
+        refuse_expired(self.spec, self.ledger.get_job(self.job_id))
         return current_snapshot_uri(self.spec, self.day, self.storage)
 
     def price(self) -> ModelPrice:

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from llm_assets.resources.ledger import utcnow
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec import PipelineSpec
-from llm_assets.steps.context import StepContext, artifact_key
+from llm_assets.steps.context import StepContext, artifact_key, refuse_expired
 
 
 class GateRecord(BaseModel):
@@ -36,7 +36,9 @@ def gate_key(spec: PipelineSpec, day: dt.date) -> str:
 
 
 def record_gate(ctx: StepContext, job_id: str, blocked_by: list[str]) -> GateRecord:
-    """Write what the validation just said; an empty `blocked_by` opens the gate."""
+    """Write what the validation just said; an empty `blocked_by` opens the gate. Nothing is
+    written for a day retention expired (DayExpired): it is not validated again."""
+    refuse_expired(ctx.spec, ctx.ledger.get_job(job_id))
     record = GateRecord(job_id=job_id, validated_at=utcnow(), blocked_by=blocked_by)
     ctx.storage.write_bytes(gate_key(ctx.spec, ctx.day), record.model_dump_json().encode())
     return record

@@ -27,8 +27,9 @@ The rules, shard by shard:
 When no shard is open and no item either, the day is finished: validated (when it was not
 validated since its last import), then reported (dead letters and cost report, when not
 reported since its validation); an eval's day ends at its validation, a cancelled day is
-reported without validation. A paused pipeline blocks what would be sent; a spend breaker
-trip is a cancel (steps/breaker.py).
+reported without validation. A day retention expired is done, whatever is left of it. A
+paused pipeline blocks what would be sent; a spend breaker trip is a cancel
+(steps/breaker.py).
 """
 
 import dataclasses
@@ -170,6 +171,8 @@ class DayState:
     """Why the pipeline (the parent pipeline of an eval) is paused, if it is."""
     no_source_rows: str | None = None
     """Set on a day with no source rows: nothing to do."""
+    expired: bool = False
+    """Retention expired the day: nothing is done with it again (steps.DayExpired)."""
     is_eval: bool = False
     polls_do_work: bool = False
     """The provider works on a batch when it is polled (the local provider): poll at once."""
@@ -200,6 +203,7 @@ class DayState:
             job_id=job.job_id,
             validated_at=job.validated_at,
             reported_at=job.reported_at,
+            expired=job.retention_expired_at is not None,
             **flags,  # type: ignore[arg-type]
         )
 
@@ -394,7 +398,7 @@ def _finish(state: DayState) -> Decision:
 def decide(state: DayState, *, poll_every: float = 30.0) -> Decision:
     """The day's next actions (see the module docstring for the rules). `poll_every` is the
     longest a batch in flight goes without a status poll on this path."""
-    if state.no_source_rows:
+    if state.no_source_rows or state.expired:
         return Decision(done=True)
     if not state.has_job:
         if state.paused:

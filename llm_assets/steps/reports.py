@@ -16,7 +16,7 @@ from llm_assets.checks import case_table
 from llm_assets.resources.ledger import JobRecord, utcnow
 from llm_assets.resources.pricing import ModelPrice, load_price_table, zero_price_reason
 from llm_assets.spec import PipelineSpec
-from llm_assets.steps.context import StepContext, artifact_key
+from llm_assets.steps.context import StepContext, artifact_key, refuse_expired
 from llm_assets.steps.gate import publication_block
 from llm_assets.steps.validate import outputs_key
 
@@ -34,6 +34,7 @@ class DeadLetterResult(BaseModel):
 def export_dead_letters(ctx: StepContext) -> DeadLetterResult:
     """Every item that will not succeed, with its class and reason, as one JSONL file."""
     job = ctx.job()
+    refuse_expired(ctx.spec, job)  # its quality messages are gone from the ledger
     by_class: dict[str, int] = defaultdict(int)
     preview: list[dict[str, Any]] = []
 

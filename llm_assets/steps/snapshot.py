@@ -18,6 +18,7 @@ from llm_assets.steps.context import (
     StepContext,
     artifact_key,
     current_snapshot_uri,
+    refuse_expired,
     snapshot_dir,
 )
 from llm_assets.steps.residency import refuse_outside_regions
@@ -51,8 +52,10 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     rows reuses it; the CURRENT pointer names the snapshot the later steps read. The source
     files' versions are taken before their rows are read and written next to the snapshot
     (SOURCES_SUFFIX), so a file changed meanwhile shows as newer than the snapshot, never
-    older. Nothing is written where `compliance.allowed_regions` does not allow it.
+    older. Nothing is written where `compliance.allowed_regions` does not allow it, nor for a
+    day retention expired (DayExpired).
     """
+    refuse_expired(ctx.spec, ctx.ledger.get_job(ctx.job_id))
     refuse_outside_regions(ctx)
     spec, day, storage = ctx.spec, ctx.day, ctx.storage
     versions = {uri: storage.version(uri) for uri in list_source_files(source_uri, storage)}

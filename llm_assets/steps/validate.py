@@ -17,7 +17,7 @@ from llm_assets.failpoints import failpoint
 from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, JobCounts, JobRecord, utcnow
 from llm_assets.result_rows import ledger_text
 from llm_assets.spec import PipelineSpec
-from llm_assets.steps.context import StepContext, artifact_key
+from llm_assets.steps.context import StepContext, artifact_key, refuse_expired
 from llm_assets.validation import parse_output
 
 FRAME_ROWS = 10_000
@@ -243,6 +243,7 @@ def _validate_outputs(ctx: StepContext) -> ValidateResult:
 
     ledger = ctx.ledger
     job = ctx.job()
+    refuse_expired(ctx.spec, job)  # its answers are gone: the outputs would be replaced by none
     # The outputs replace the job's earlier ones once the day's failures are recorded.
     with tempfile.TemporaryDirectory() as tmp, ledger.replacing_outputs(job.job_id) as keep:
         path = Path(tmp) / "outputs.parquet"
