@@ -157,8 +157,9 @@ def resume(pipeline: str) -> None:
 @click.argument("pipeline")
 @click.option("--dry-run", is_flag=True, help="Print what would be deleted; delete nothing.")
 def retention(pipeline: str, dry_run: bool) -> None:
-    """Apply a pipeline's retention section now: delete the artifacts of days finished more
-    than artifacts_days ago, and provider files left after import."""
+    """Apply a pipeline's retention section now: expire the days (and eval data) finished
+    more than artifacts_days ago, delete provider files left after import; print, day by day,
+    what was deleted, what was kept and why."""
     from llm_assets.resources import build_resources
     from llm_assets.resources.providers import provider_resource_key
     from llm_assets.retention_jobs import apply_retention
@@ -179,15 +180,12 @@ def retention(pipeline: str, dry_run: bool) -> None:
         warn=lambda message: err.print(escape(message), highlight=False, soft_wrap=True),
         dry_run=dry_run,
     )
-    verb = "would delete" if dry_run else "deleted"
-    if spec.retention.artifacts_days is None:
-        say(f"{spec.name}: retention.artifacts_days is not set; artifacts are kept")
-    for day, why in sorted(run.artifacts.kept.items()):
-        say(f"{spec.name} {day}: kept ({why})")
+    verb = "would expire" if dry_run else "expired"
+    expiry = run.expiry
     say(
-        f"{spec.name}: {verb} {plural(run.artifacts.uris, 'artifact')} of "
-        f"{plural(len(run.artifacts.deleted), 'day')}; provider files of "
-        f"{plural(run.provider_files.shards, 'shard')}"
+        f"{spec.name}: {verb} {plural(len(expiry.expired), 'day')} "
+        f"({plural(expiry.uris, 'artifact')}), kept {plural(len(expiry.kept), 'day')}; "
+        f"provider files of {plural(run.provider_files.shards, 'shard')}"
         + (f", {len(run.provider_files.failed)} failed" if run.provider_files.failed else "")
     )
     if run.provider_files.failed:

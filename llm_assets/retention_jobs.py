@@ -1,8 +1,10 @@
 """`<pipeline>__retention`: the job, and its daily schedule, that apply a spec's `retention`
-section: the artifacts of days finished more than `retention.artifacts_days` ago are deleted
-(of the kinds `retention.artifacts` names), and imported shards whose provider files are still
-at the provider (a deletion after import failed) are deleted there. Built for the pipelines
-that set `retention.artifacts_days`; `llm-assets retention PIPELINE` runs the same work."""
+section: days finished more than `retention.artifacts_days` ago expire (their artifacts of the
+kinds `retention.artifacts` names, their answers, outputs and pseudonyms in the ledger, and
+the same of the pipeline's evals: compliance/expiry.py), and imported shards whose provider
+files are still at the provider (a deletion after import failed) are deleted there. Built for
+the pipelines that set `retention.artifacts_days`; `llm-assets retention PIPELINE` runs the
+same work and prints the same report."""
 
 import dataclasses
 import datetime as dt
@@ -11,12 +13,8 @@ from collections.abc import Callable
 import dagster as dg
 import pydantic
 
-from llm_assets.compliance.retention import (
-    ArtifactDeletions,
-    ProviderFileDeletions,
-    delete_provider_files,
-    expire_artifacts,
-)
+from llm_assets.compliance.expiry import Expiry, expire_days, ledger_words
+from llm_assets.compliance.retention import ProviderFileDeletions, delete_provider_files
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import BatchProvider
@@ -29,8 +27,28 @@ RETENTION_CRON = "17 3 * * *"
 
 @dataclasses.dataclass
 class RetentionRun:
-    artifacts: ArtifactDeletions
+    expiry: Expiry
     provider_files: ProviderFileDeletions
+
+    def report(self, dry_run: bool = False) -> str:
+        """The round as markdown: one row per day, what went, what stayed and why."""
+        rows = ["| pipeline | day | verdict | deleted | kept | why |", "|---|---|---|---|---|---|"]
+        for day in self.expiry.days:
+            deleted = [f"{k} ({len(u)})" for k, u in sorted(day.deleted.items()) if u]
+            if day.purged is not None and day.purged.deleted_anything:
+                deleted.append(f"ledger: {ledger_words(day.purged)}")
+            kept = sorted(day.kept) if day.expired else ["everything"]
+            verdict = ("would expire" if dry_run else "expired") if day.expired else "kept"
+            rows.append(
+                f"| {day.pipeline} | {day.day} | {verdict} | {', '.join(deleted) or '-'} | "
+                f"{', '.join(kept) or '-'} | {day.why} |"
+            )
+        for sample in self.expiry.samples:
+            verdict = "deleted" if sample.expired else "kept"
+            rows.append(f"| eval sample | {sample.uri} | {verdict} | | | {sample.why} |")
+        if self.expiry.unset:
+            return self.expiry.unset
+        return "\n".join(rows)
 
 
 def apply_retention(
@@ -44,8 +62,8 @@ def apply_retention(
     warn: Callable[[str], None] | None = None,
     dry_run: bool = False,
 ) -> RetentionRun:
-    """One retention round for a pipeline: pending provider-file deletions, then expired
-    artifacts."""
+    """One retention round for a pipeline: pending provider-file deletions, then the days
+    (and eval data) that expire."""
     pending = (
         ledger.provider_files_to_delete(pipeline=spec.name)
         if spec.retention.provider_files == "delete_after_import"
@@ -54,8 +72,8 @@ def apply_retention(
     files = delete_provider_files(
         spec, ledger, provider, pending, info=info, warn=warn, dry_run=dry_run
     )
-    artifacts = expire_artifacts(spec, ledger, storage, now=now, info=info, dry_run=dry_run)
-    return RetentionRun(artifacts=artifacts, provider_files=files)
+    expiry = expire_days(spec, ledger, storage, now=now, info=info, dry_run=dry_run)
+    return RetentionRun(expiry=expiry, provider_files=files)
 
 
 def retention_job_name(spec: PipelineSpec) -> str:
@@ -85,22 +103,28 @@ def build_retention_job(spec: PipelineSpec) -> dg.JobDefinition:
             warn=context.log.warning,
             dry_run=config.dry_run,
         )
+        purged = [d.purged for d in run.expiry.expired if d.purged is not None]
         context.add_output_metadata(
             {
                 "dry_run": config.dry_run,
-                "days_expired": len(run.artifacts.deleted),
-                "artifacts_deleted": run.artifacts.uris,
-                "days_kept": len(run.artifacts.kept),
+                "days_expired": len(run.expiry.expired),
+                "artifacts_deleted": run.expiry.uris,
+                "days_kept": len(run.expiry.kept),
+                "answers_deleted": sum(p.answers for p in purged),
+                "outputs_deleted": sum(p.outputs for p in purged),
+                "pseudonyms_deleted": sum(p.pseudonyms for p in purged),
                 "provider_files_deleted_shards": run.provider_files.shards,
                 "provider_file_failures": len(run.provider_files.failed),
+                "report": dg.MetadataValue.md(run.report(config.dry_run)),
             }
         )
 
     @dg.job(
         name=retention_job_name(spec),
-        description=f"Delete {spec.name}'s {', '.join(spec.retention.artifacts)} of days "
-        f"finished more than {spec.retention.artifacts_days} day(s) ago (days with open work "
-        "are never touched), and provider files left after import.",
+        description=f"Expire {spec.name}'s days finished more than "
+        f"{spec.retention.artifacts_days} day(s) ago: their {', '.join(spec.retention.artifacts)}, "
+        "the ledger's answers, outputs and pseudonyms, and their evals' data (days with open "
+        "work are never touched); and delete provider files left after import.",
         tags={"llm_assets/operator": "retention"},
     )
     def retention_job() -> None:

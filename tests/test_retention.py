@@ -417,9 +417,9 @@ def test_the_retention_job_deletes_old_days_snapshots_shards_and_qa_only(
     assert all("retention.artifacts_days: 7" in m and str(OLD) in m for m in deleted)
     # Run again: nothing left to delete, the other days still kept for their reasons.
     again = apply_retention(spec, harness.ledger, storage, harness.provider)
-    assert again.artifacts.deleted == {}
-    assert "open work" in again.artifacts.kept[OPEN]
-    assert "within 7 day(s)" in again.artifacts.kept[RECENT]
+    assert again.expiry.expired == []
+    assert "open work" in again.expiry.day(spec.name, OPEN).why
+    assert "within 7 day(s)" in again.expiry.day(spec.name, RECENT).why
 
 
 def cli(harness: Harness, *args: str) -> Any:

@@ -1,24 +1,41 @@
 """The spec's `retention` applied: a shard's files at the provider deleted once its results are
-imported, and the artifacts of days finished long enough ago deleted from the artifact storage.
+imported here; the expiry of finished days (artifacts, ledger payloads, eval data) in
+expiry.py. Every deletion is logged with what and why, on this module's logger.
 
-What the ledger still needs is never deleted. Provider files go only after the shard is
-recorded `imported` (its results are in the ledger; retry rounds read their request lines from
-our shard files, never the provider's). Artifacts go only for days whose every item is terminal
-and whose every batch is imported, `artifacts_days` after the last item became terminal; the
-kinds not named in `retention.artifacts` (by default validated outputs, published tables, dead
-letters, gate decisions and reports) stay. Every deletion is logged with what and why.
+Where a prompt, an answer, a reference or a pseudonym is kept, and the rule that deletes it
+("expires": the day's every item is terminal, every batch imported, and
+`retention.artifacts_days` have passed since its last item became terminal; see expiry.py):
+
+- The provider's copy of a shard (files, the batch, Bedrock's S3 objects; prompts and
+  answers): `provider_files: delete_after_import` (the default) deletes it once the shard is
+  imported.
+- `snapshots/`, `shards/`, `qa/` under `<pipeline>/<day>` (source rows with references,
+  rendered prompts, sampled answers): deleted when the day expires (the default
+  `retention.artifacts`).
+- `outputs/`, `published/`, `dead_letters/` (answers with their values restored, quoted
+  answers): the pipeline's product, kept unless named in `retention.artifacts`, then deleted
+  when the day expires. `gate/` and `reports/` hold no item's text: the same.
+- The ledger's `llm_batch_pseudonym` rows, `llm_batch_output` rows, `llm_batch_result.
+  result_json` and quality dead letters' messages (pseudonyms, answers): deleted when the day
+  expires (ledger/retention.py); ids, states, counts and costs stay.
+- An eval pipeline's days (`<kind>/<pipeline>__<variant>__<digest>/<day>` and its jobs: the
+  sample's rows, prompts, answers): expire by the evaluated pipeline's retention, every kind.
+- An eval's sample (`eval/<pipeline>/<eval_id>/sample.jsonl`: source rows and references):
+  deleted once every day it holds has expired, for the pipeline and for its evals.
+- Eval reports (`eval/<pipeline>/reports/`: scores, counts, costs): kept.
+
+Nothing the ledger still needs is deleted: provider files only after the shard is recorded
+`imported` (retry rounds read their request lines from our shard files, never the
+provider's), a day's data only once nothing of it is open and its dead letters have had
+`artifacts_days` to be requeued.
 """
 
 import dataclasses
-import datetime as dt
 import logging
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
-from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
-from llm_assets.resources.ledger.retention import DayState
+from llm_assets.resources.ledger import LedgerResource, ShardRecord
 from llm_assets.resources.providers.base import ONLINE_BATCH_PREFIX, BatchProvider, ShardFiles
-from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec import PipelineSpec
 
 _logger = logging.getLogger(__name__)
@@ -65,7 +82,7 @@ def delete_provider_files(
             continue  # its results are not in the ledger: the provider's copy is still needed
         reason = provider_files_reason(shard.shard_id)
         if dry_run:
-            _say(
+            say(
                 info,
                 f"would delete the provider files of batch {shard.provider_batch_id} ({reason})",
             )
@@ -90,13 +107,13 @@ def delete_provider_files(
                 "stands, and the deletion is tried again by the day's next import and the "
                 "retention job"
             )
-            _say(warn, message, logging.WARNING)
+            say(warn, message, logging.WARNING)
             done.failed[shard.shard_id] = message
             continue
         ledger.mark_provider_files_deleted(shard.shard_id)
         done.deleted[shard.shard_id] = deleted
         if deleted:
-            _say(
+            say(
                 info,
                 f"deleted at {spec.model.provider} for batch {shard.provider_batch_id}: "
                 f"{', '.join(deleted)} ({reason})",
@@ -104,106 +121,7 @@ def delete_provider_files(
     return done
 
 
-@dataclasses.dataclass
-class ArtifactDeletions:
-    """What one retention run did to the artifact storage."""
-
-    deleted: dict[dt.date, list[str]] = dataclasses.field(default_factory=dict)
-    kept: dict[dt.date, str] = dataclasses.field(default_factory=dict)
-    """Days with artifacts of the configured kinds that were kept, and why."""
-
-    @property
-    def uris(self) -> int:
-        return sum(len(uris) for uris in self.deleted.values())
-
-
-def artifacts_by_day(spec: PipelineSpec, storage: ArtifactStorage) -> dict[dt.date, list[str]]:
-    """The pipeline's artifacts of the kinds `retention.artifacts` names, by their day: keys
-    are `<kind>/<pipeline>/<day>/...` or `<kind>/<pipeline>/<day>.<ext>`."""
-    found: dict[dt.date, list[str]] = {}
-    for kind in spec.retention.artifacts:
-        folder = f"{kind}/{spec.name}"
-        root = storage.uri(folder).rstrip("/") + "/"
-        for uri in storage.list_uris(folder):
-            if not uri.startswith(root):
-                continue
-            first = uri[len(root) :].split("/", 1)[0]
-            try:
-                day = dt.date.fromisoformat(first.split(".", 1)[0])
-            except ValueError:
-                continue  # not a day's artifact
-            found.setdefault(day, []).append(uri)
-    return found
-
-
-def expire_artifacts(
-    spec: PipelineSpec,
-    ledger: LedgerResource,
-    storage: ArtifactStorage,
-    *,
-    now: dt.datetime | None = None,
-    info: Say | None = None,
-    dry_run: bool = False,
-) -> ArtifactDeletions:
-    """Delete the `retention.artifacts` kinds of every day that finished more than
-    `retention.artifacts_days` ago; nothing when artifacts_days is unset."""
-    done = ArtifactDeletions()
-    days = spec.retention.artifacts_days
-    if days is None:
-        return done
-    now = now or utcnow()
-    cutoff = now - dt.timedelta(days=days)
-    by_day = artifacts_by_day(spec, storage)
-    states = ledger.day_states(spec.name, by_day)
-    for day, uris in sorted(by_day.items()):
-        why_kept = _why_kept(states.get(day), cutoff, days)
-        if why_kept is not None:
-            done.kept[day] = why_kept
-            continue
-        state = states[day]
-        assert state.finished_at is not None
-        reason = (
-            f"retention.artifacts_days: {days}, {spec.name} {day} finished "
-            f"{state.finished_at:%Y-%m-%d %H:%M} UTC with every item terminal; kinds "
-            f"{', '.join(spec.retention.artifacts)}"
-        )
-        for uri in uris:
-            if not dry_run:
-                storage.delete(uri)
-            _say(info, f"{'would delete' if dry_run else 'deleted'} {uri} ({reason})")
-        done.deleted[day] = uris
-    if not storage.is_s3 and not dry_run:
-        roots = {Path(storage.uri(f"{kind}/{spec.name}")) for kind in spec.retention.artifacts}
-        _remove_empty_folders([uri for uris in done.deleted.values() for uri in uris], roots)
-    return done
-
-
-def _remove_empty_folders(uris: list[str], roots: set[Path]) -> None:
-    """On local storage, the day folders the deleted files leave empty (S3 has no folders)."""
-    for folder in sorted({Path(uri).parent for uri in uris}, key=lambda p: -len(p.parts)):
-        while folder not in roots and any(folder.is_relative_to(r) for r in roots):
-            try:
-                folder.rmdir()
-            except OSError:  # not empty, or gone already
-                break
-            folder = folder.parent
-
-
-def _why_kept(state: DayState | None, cutoff: dt.datetime, days: int) -> str | None:
-    if state is None:
-        return "no job in the ledger for this day"
-    if state.open:
-        return (
-            f"open work: {state.open_items} open item(s), {state.unimported_shards} batch(es) "
-            "not imported"
-        )
-    assert state.finished_at is not None
-    if state.finished_at > cutoff:
-        return f"finished {state.finished_at:%Y-%m-%d %H:%M} UTC, within {days} day(s)"
-    return None
-
-
-def _say(to: Say | None, message: str, level: int = logging.INFO) -> None:
+def say(to: Say | None, message: str, level: int = logging.INFO) -> None:
     """To the caller's log (Dagster's) when it gives one, always to Python logging."""
     _logger.log(level, message)
     if to is not None:
