@@ -83,7 +83,7 @@ and the word boundary is checked on the (few) matches."""
 _VERSION = re.compile(
     r"(?i:\b(?:version|ver|v|build|release|firmware|fw|rev|r|versión|versione|versie|wersja|"
     r"versão|версия|バージョン|版本)\.?(?:\s{1,3}(?:to|is|from|auf|von|à|a|de|naar|na|do))?)"
-    r"[ :#]{0,3}$"
+    r"[ :#=\"']{0,3}$"
 )
 """Words that make a dotted number after them a version, not an IP address."""
 
@@ -127,6 +127,14 @@ def _raw_findings(joined: str, phone_regions: Sequence[str]) -> Iterator[tuple[E
         yield "credential", start, end
 
 
+_ADDRESS_CONTEXT = re.compile(
+    r"(?i:\b(?:ip|ipv4|address|addr|adresse|dirección|indirizzo|адрес|host|server|client|"
+    r"from|src|dst|gateway|gw|dns|ping|connect\w*|remote|peer|inet|via|nameserver|proxy)"
+    r"[\s:=#]{0,4}$)"
+)
+"""Words that say a dotted quad after them is an address."""
+
+
 def _pinned(text: str, start: int) -> bool:
     """Whether a dotted quad is a version pinned by name: lib==8.3.24.210, or an image's tag,
     registry.example.com/shop/web:24.14.21.85."""
@@ -147,14 +155,56 @@ def _plausible(text: str, entity: Entity, start: int, end: int) -> bool:
     digits in a row are an SSN only after an SSN word; a dotted quad after "version" or "v" is
     a version. A label in front says otherwise."""
     if entity == "ip_address":
-        return _VERSION.search(text, max(0, start - 20), start) is None and not _pinned(text, start)
+        return _an_address(text, start, end)
+    if entity == "email":
+        return not _a_login(text, start, end)
     if entity not in ("phone", "national_id"):
         return True
     if labelled(text, entity, start):
         return True
-    if entity == "national_id" and text[start:end].isdigit():
-        return False
+    if text[start:end].isdigit():
+        return False  # bare digits: an id in a table, a CSV column, a form, unless labelled
     return not in_a_name(text, start, end)
+
+
+def _an_address(text: str, start: int, end: int) -> bool:
+    """Whether a dotted quad datafog-core found is a host's address, not a version, a section
+    number or a pinned release. One whose first part is under 10 and whose others are under
+    32 (4.2.1.3, 3.10.2.1) is a version unless an address word or a port says otherwise: a
+    public address has all four that small about once in 5,000."""
+    if _VERSION.search(text, max(0, start - 20), start) or _pinned(text, start):
+        return False
+    parts = text[start:end].split(".")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        return _an_ipv6(text, start, end)
+    small = int(parts[0]) < 10 and all(int(p) < 32 for p in parts[1:])
+    if not small:
+        return True
+    port = text[end : end + 2]
+    followed = len(port) == 2 and port[0] in ":/" and port[1].isdigit()
+    return followed or _ADDRESS_CONTEXT.search(text, max(0, start - 24), start) is not None
+
+
+def _an_ipv6(text: str, start: int, end: int) -> bool:
+    """Whether an IPv6-shaped finding is an address, not a MAC address, a certificate's serial
+    (F6:52:CC:81:8A:AD:3E:62: pairs of hex digits) or a C++ scope (ab::cd): an address has a
+    digit, groups that are not all pairs, and is not the tail of a longer colon sequence."""
+    value = text[start:end]
+    groups = [g for g in value.split(":") if g]
+    if not any(c.isdigit() for c in value):
+        return False
+    if "::" not in value and all(len(g) == 2 for g in groups):
+        return False
+    before = text[max(0, start - 3) : start]
+    return not (len(before) == 3 and before[2] == ":" and before[:2].isalnum())
+
+
+def _a_login(text: str, start: int, end: int) -> bool:
+    """Whether an e-mail-shaped finding is a login to a host: user@host in a URL
+    (postgresql://reporting@db…) or in an SSH remote (git@github.com:acme/infra.git)."""
+    if "/" in text[start:end] or text[max(0, start - 1) : start] == "/":
+        return True
+    return end < len(text) and text[end] == ":" and not text[end + 1 : end + 2].isdigit()
 
 
 def _resolved(text: str, found: list[tuple[Entity, int, int]]) -> list[tuple[Entity, int, int]]:

@@ -16,7 +16,13 @@ text is scanned in linear time whatever it holds.
 import re
 from collections.abc import Iterator
 
-_UNICODE_EMAIL = re.compile(r"(?<![\w.+\-])[\w.+\-]{1,64}@[\w\-]{1,63}(?:\.[\w\-]{1,63}){1,8}")
+_MARKS = "\u0300-\u036f\u0900-\u0dff\u0e00-\u0e7f\u1000-\u109f"
+"""Combining marks and the Indic, Thai and Myanmar blocks, whose vowel signs are marks: not
+word characters to `re`, but part of a name (राहुल@डाटामेल.भारत)."""
+_UNICODE_EMAIL = re.compile(
+    rf"(?<![\w.+\-{_MARKS}])[\w.+\-{_MARKS}]{{1,64}}@[\w\-{_MARKS}]{{1,63}}"
+    rf"(?:\.[\w\-{_MARKS}]{{1,63}}){{1,8}}"
+)
 
 _AT = (
     r"(?:\s{0,3}[\[\(\{<]\s{0,2}at\s{0,2}[\]\)\}>]\s{0,3}|\s{1,3}at\s{1,3}"
@@ -28,7 +34,7 @@ _OBFUSCATED = re.compile(
 )
 _BRACKETED = re.compile(r"(?i)[\[\(\{<]\s{0,2}(?:at|dot)\s{0,2}[\]\)\}>]")
 _NEEDLES = ("at)", "at]", "at}", "at>", "dot", " @", "@ ")
-_TLD = re.compile(r"[^\W\d_]{2,24}")
+_TLD = re.compile(rf"(?:[^\W\d_]|[{_MARKS}]){{2,24}}")
 
 
 def emails(joined: str, lowered: str) -> Iterator[tuple[int, int]]:

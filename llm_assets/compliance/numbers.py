@@ -25,7 +25,8 @@ prefix in brackets, which is dialled only from inside the country."""
 _DOTTED_CARD = re.compile(r"[2-6]\d{3}(?:\.\d{3,6}){2,4}+")
 """4111.1111.1111.1111: card groups joined by dots (datafog-core takes spaces and dashes)."""
 _SSN_LABELLED = re.compile(
-    r"(?i:ssn|ss#|social security(?: number| no\.?)?)[\s:#.\-]{0,4}(\d{3}[ \-]?\d{2}[ \-]?\d{4})"
+    r"(?i:ssn|ss#|social security(?: number| no\.?)?)[\s:#.\-\"'=]{0,6}"
+    r"(\d{3}[ \-]?\d{2}[ \-]?\d{4})"
 )
 """An SSN after its label, glued to it or not (SSN536228726, SSN: 536 22 8726)."""
 _DATE = re.compile(r"\d{1,4}[./\-]\d{1,2}[./\-]\d{1,4}")
@@ -38,22 +39,27 @@ _SSN_WORDS = ("ssn", "social security", "ss#")
 
 NOT_A_PHONE = re.compile(
     r"(?i:order|invoice|ticket|tracking|ref(?:erence)?|account|acct|case|sku|no\.|#|"
-    r"n\.?[°o]|no|nr\.?|n\.|commande|facture|bestell\w{0,8}|rechnung\w{0,8}|auftrag\w{0,8}|"
+    r"n\.?[°o]|no|nr\.?|n\.|commande|referen\w{0,6}|customer|client\w{0,2}|kunden\w{0,8}|"
+    r"klant\w{0,8}|artikel\w{0,8}|article|po|barcode|upc(?:-a)?|ean(?:-13)?|isbn|serial|seri no|"
+    r"serie|kod\w{0,2}|code|инн|кпп|бик|огрн|артикул|номер\w{0,2}(?: заказа)?|договор\w{0,2}|"
+    r"番号|संख्या|מספר(?: לקוח)?|رقم(?: العميل)?|facture|bestell?\w{0,8}|rechnung\w{0,8}|"
+    r"auftrag\w{0,8}|"
     r"kunden\w{0,8}|pedido|factura|ordine|fattura|bestelling|factuur|zamówieni[ae]|"
     r"faktur[ay]|encomenda|заказ|счёт|sipariş|fatura|注文番号|注文|订单号?|訂單|ऑर्डर नंबर|"
     r"ऑर्डर|(?:ال)?طلب(?: رقم)?|رقم (?:ال)?طلب|הזמנה(?: מספר)?|מספר הזמנה)"
     r"[\s:#.\-]{0,6}$"
 )
-"""Words that make a number in front of them an order, invoice or account number, not a
-phone, in the languages tickets are written in; matched in the normalized view, where "n.º"
-is "n.o" and "№" is "No"."""
+"""Words that make a number in front of them an order, invoice, customer, article or
+reference number, not a phone, in the languages tickets are written in; matched in the
+normalized view, where "n.º" is "n.o" and "№" is "No"."""
 _PHONE_LABEL = re.compile(
-    r"(?i:phone|tel|telephone|mobile|mobil|cell|fax|handy|call|ring|whatsapp|tél|téléfono|"
-    r"telefon|telefono|teléfono|telefoon|numéro|電話|携帯)"
-    r"[\s:#.\-]{0,3}(?:no\.?|nr\.?|number|num\.?|#)?[\s:#.\-]{0,4}$"
+    r"(?i:\b(?:phone|tel|telephone|mobile|mobil|cell|fax|handy|call|ring|whatsapp|tél|"
+    r"téléphone|telefon|telefono|teléfono|telefoon|numéro|телефон|тел|τηλ|טלפון|هاتف)|電話|携帯)"
+    r"[\s:#.\-]{0,3}(?:no\.?|nr\.?|number|nummer|numero|número|numéro|num\.?|#|番号)?"
+    r"[\s:#.\-]{0,4}$"
 )
 """A label that says the number after it is a phone, even after "no." or "#"."""
-_SSN_LABEL = re.compile(r"(?i:ssn|ss#|social security)[\w\s:#.\-]{0,16}$")
+_SSN_LABEL = re.compile(r"(?i:ssn|ss#|social security)[\w\s:#.\-\"',=]{0,20}$")
 _FILE_NAME = re.compile(r"[\w\-.]*\.[A-Za-z][A-Za-z0-9]{0,4}")
 _NAME_END = ")]}>,;:!?'\""
 
@@ -177,12 +183,16 @@ def _national_phones(joined: str, regions: Sequence[str]) -> Iterator[tuple[Enti
             start -= 1
         elif not _free(joined, start, "+.-/)"):
             continue
+        elif start >= 2 and joined[start - 1] == ":" and joined[start - 2].isdigit():
+            continue  # the seconds of a time: 14:22:09.123456
         elif start >= 2 and joined[start - 1] in " .-" and joined[start - 2].isdigit():
             continue  # a group of a longer number: 4246 8763 0185 5872
         if _runs_on(joined, match.end()) or _DATE.fullmatch(match.group()):
             continue
         if labelled(joined, "phone", start) or not (
-            is_order_number(joined, start) or in_a_name(joined, start, match.end())
+            is_order_number(joined, start)
+            or in_a_name(joined, start, match.end())
+            or match.group().isdigit()
         ):
             candidates.append((start, match.end()))
     if not candidates:

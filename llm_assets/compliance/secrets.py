@@ -5,6 +5,7 @@ are searched only in a chunk that holds their needle (lower-cased), as few do.""
 
 import bisect
 import re
+import unicodedata
 from collections.abc import Iterator
 
 # detect-secrets 1.5.0 (Apache-2.0), plugins/aws.py, openai.py, slack.py, private_key.py,
@@ -28,7 +29,7 @@ _PUTTY = re.compile(r"PuTTY-User-Key-File-[23]")
 # is searched for as a literal; the scheme in front is added to the finding). The password
 # runs to the last "@" before the host: people paste passwords with an unencoded "@".
 _URL_PASSWORD = re.compile(
-    r"://[^\s:/?#@]{1,256}:[^\s/?#]{1,256}@[^\s/?#@]{1,256}(?:[/?#][^\s]{0,2048}+)?"
+    r"://[^\s:/?#@]{0,256}:[^\s/?#]{1,256}@[^\s/?#@]{1,256}(?:[/?#][^\s]{0,2048}+)?"
 )
 _URL_TAIL = ".,;:!?)]}>'\""
 """What ends a sentence after a URL rather than the URL."""
@@ -72,18 +73,28 @@ _PREFIXED = tuple(
 )
 _PASSWORD_NEEDLES = (
     "pass", "pwd", "kennwort", "contrase", "senha", "wachtwoord", "hasło", "haslo", "parola",
-    "salasana", "senord", "パスワード", "密", "пароль",
+    "salasana", "senord", "パスワード", "密", "пароль", "पासवर्ड", "şifre", "sifre", "heslo",
+    "jelszó", "parool", "adgangskode", "κωδικ", "סיסמ", "كلمة", "비밀번호", "mật khẩu",
 )  # fmt: skip
 """What each password word holds (passwort, mot de passe: "pass"), looked for first."""
 _PASSWORD_WORDS = (
-    "password|passwd|passcode|pwd|passwort|kennwort|mot de passe|contraseña|contrasena|senha|"
-    "wachtwoord|hasło|haslo|parola|salasana|lösenord|losenord|パスワード|密码|密碼|пароль"
+    "password|passwd|passcode|passphrase|pwd|passwort|kennwort|mot de passe|contraseña|"
+    "contrasena|senha|wachtwoord|hasło|haslo|parola|salasana|lösenord|losenord|passord|"
+    "パスワード|密码|密碼|пароль|पासवर्ड|şifreniz|şifrem|şifre|sifrem|sifre|heslo|jelszó|parool|adgangskode|κωδικός|"
+    "סיסמה|كلمة المرور|كلمة السر|비밀번호|mật khẩu"
 )
 _WORDS = sorted(_PASSWORD_WORDS.split("|"), key=len, reverse=True)
 """Longest first: "passwort" is tried before "pass…" words it is not."""
+_NOT_IN_A_VALUE = "\\s,;\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef「」『』"
+"""What ends a password written out: a space, a comma, and in scripts without spaces the
+next ideograph, kana, Hangul or CJK punctuation (初期パスワードは「h4EWEgo_2WD-G」です)."""
 _PASSWORD_VALUE = re.compile(
-    r"(?i:(?:\s{1,4}(?:is|was|ist|war|est|es|é|è|è stata))?\s{0,4}[:=：]?\s{0,4})"
-    r"(?!@)(?=[^\s,;]{0,255}[\d!@#$%^&*])([^\s,;]{6,256})"
+    # A few words may stand between the word and its value ("the wifi password of the office
+    # is", "mot de passe provisoire pour l'intranet :", "初期パスワードは"), up to a colon, an
+    # equals sign or a verb that says what follows is the value.
+    r"(?i:(?:[^\n:=：]{0,48}?(?:[:=：]|\s(?:is|was|ist|war|est|es|era|é|è|är|er|jest|je|"
+    r"это|है|dır|dir)\s|は|是|为|為)|は|是|为|為|\s)?\s{0,4}[:=：]?\s{0,4}[「『\"'“‘]?)"
+    rf"(?!@)(?=[^{_NOT_IN_A_VALUE}]{{0,255}}[\d!@#$%^&*])([^{_NOT_IN_A_VALUE}]{{6,256}})"
 )
 _PASSWORD = re.compile(rf"(?i:\b(?:{_PASSWORD_WORDS}))" + _PASSWORD_VALUE.pattern)
 """A password written out: a value with a digit or a symbol after the word (and an optional
@@ -94,7 +105,10 @@ _ASSIGNED = re.compile(
 )
 """A value assigned to a name that says it is secret (SECRET_KEY_BASE: …, "api_key": "…",
 auth-token=…), matched where the word ends; gitleaks' generic-api-key rule, bounded."""
-_SECRET_NAMES = ("secret", "token", "api_key", "apikey", "api-key", "access_key", "auth_key")
+_SECRET_NAMES = (
+    "secret", "token", "api_key", "apikey", "api-key", "access_key", "auth_key", "privatekey",
+    "private_key", "private-key", "signing_key",
+)  # fmt: skip
 _URL_PLACEHOLDERS = frozenset(
     {"password", "pass", "passwd", "pwd", "pw", "secret", "changeme", "yourpassword"}
 )
@@ -136,17 +150,41 @@ def _passwords(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
         while at >= 0:
             for word, offset in words:
                 start = at - offset
-                # A word boundary before a word in Latin letters; scripts without spaces
-                # have none.
+                # "pwd" must start a word; the others also end compounds (Einmalpasswort,
+                # mypassword=) and scripts without spaces have no boundaries.
                 if start < 0 or not lowered.startswith(word, start):
                     continue
-                if word.isascii() and start and lowered[start - 1].isalnum():
+                if word == "pwd" and start and lowered[start - 1].isalnum():
                     continue
                 match = _PASSWORD_VALUE.match(joined, start + len(word))
-                if match:
-                    yield match.span(1)
+                if match and _a_value(match.group(1)):
+                    yield match.start(1), match.start(1) + len(_trimmed(match.group(1)))
                 break
             at = lowered.find(needle, at + len(needle))
+
+
+_AN_ADDRESS = re.compile(r"[^@\s]{1,64}@[^@\s]{1,255}\.[A-Za-z]{2,24}")
+_TRAILING = ".,;:!?)]}>'\"。、）"
+
+
+def _trimmed(value: str) -> str:
+    """A value without the sentence's punctuation after it."""
+    return value.rstrip(_TRAILING)
+
+
+def _a_value(value: str) -> bool:
+    """Whether what follows a password word or a secret's name is a value, not a placeholder
+    (${DB_PASSWORD}, !vault, ********, <password>), a code (PWD-0042) or the rest of a
+    sentence in a script without spaces: it has a letter and a digit or symbol, starts with
+    neither punctuation nor a sigil, holds no ideographs and is not an e-mail address."""
+    value = _trimmed(value)
+    if len(value) < 6 or value[0] in "$!<{[%*(-":
+        return False
+    if not any(c.isalpha() for c in value) or set(value) <= set("*x•#"):
+        return False
+    if _AN_ADDRESS.fullmatch(value):  # "password reset mails go to: ana@example.org"
+        return False
+    return not any(unicodedata.category(c) in ("Lo", "Po") and not c.isascii() for c in value)
 
 
 def _assigned(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
@@ -158,12 +196,13 @@ def _assigned(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
         at = lowered.find(name)
         while at >= 0:
             match = _ASSIGNED.match(joined, at + len(name))
-            if match:
+            public = "public" in lowered[max(0, at - 12) : at]  # PublicKeyToken: an id
+            if match and not public:
                 value = match.group(1)
                 letters_and_digits = any(c.isdigit() for c in value) and any(
                     c.isalpha() for c in value
                 )
-                if letters_and_digits and len(set(value)) >= 10:
+                if letters_and_digits and len(set(value)) >= 10 and _a_value(value):
                     yield match.span(1)
             at = lowered.find(name, at + len(name))
 
@@ -192,6 +231,25 @@ def _private_keys(text: str) -> Iterator[tuple[int, int]]:
         yield match.start(), len(text)
 
 
+_AUTHORIZATION = re.compile(
+    r"[:\s]{1,4}(?i:bearer|basic|token)\s{1,4}([A-Za-z0-9\-._~+/]{12,2048}=*)"
+)
+"""The credentials of an Authorization header, wherever the header is written."""
+_MYSQL_PASSWORD = re.compile(r"[^\n]{0,120}?\s-p([^\s'\"]{4,128})")
+"""mysql -u root -pSecret: the password glued to -p on a client's command line."""
+
+
+def _headers_and_commands(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
+    """Credentials after "Authorization", and a password glued to -p after mysql."""
+    for word, pattern in (("authorization", _AUTHORIZATION), ("mysql", _MYSQL_PASSWORD)):
+        at = lowered.find(word)
+        while at >= 0:
+            match = pattern.match(joined, at + len(word))
+            if match and len(set(match.group(1))) >= 8:
+                yield match.span(1)
+            at = lowered.find(word, at + len(word))
+
+
 def credentials(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
     """(start, end) of each credential found in `joined` (`lowered` is it in lower case)."""
     for token in _TOKEN.finditer(joined):
@@ -210,6 +268,7 @@ def credentials(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
             yield match.span(match.lastindex or 0)
     yield from _passwords(joined, lowered)
     yield from _assigned(joined, lowered)
+    yield from _headers_and_commands(joined, lowered)
     if "-----begin" in lowered or "putty-user-key" in lowered:
         yield from _private_keys(joined)
     for match in _URL_PASSWORD.finditer(joined):
