@@ -148,6 +148,15 @@ def _passwords(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
         words = [(word, word.index(needle)) for word in _WORDS if needle in word]
         at = lowered.find(needle)
         while at >= 0:
+            # The next digit or symbol: a word further than a value's reach before it has no
+            # value, and neither has any word up to there (a long run of "password" is
+            # passed over in one step, not a regex run per word).
+            value_char = _VALUE_CHAR.search(joined, at)
+            if value_char is None:
+                break
+            if value_char.start() - at > _VALUE_REACH:
+                at = lowered.find(needle, value_char.start() - _VALUE_REACH)
+                continue
             for word, offset in words:
                 start = at - offset
                 # "pwd" must start a word; the others also end compounds (Einmalpasswort,
@@ -163,6 +172,11 @@ def _passwords(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
             at = lowered.find(needle, at + len(needle))
 
 
+_VALUE_CHAR = re.compile(r"[\d!@#$%^&*]")
+_DIGIT = re.compile(r"\d")
+_VALUE_REACH = 340
+"""How far after a password word its value's digit or symbol can be: the longest word, the
+words between (48), spaces and a quote, and the value's own 256 characters."""
 _AN_ADDRESS = re.compile(r"[^@\s]{1,64}@[^@\s]{1,255}\.[A-Za-z]{2,24}")
 _TRAILING = ".,;:!?)]}>'\"。、）"
 
@@ -195,6 +209,12 @@ def _assigned(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
     for name in _SECRET_NAMES:
         at = lowered.find(name)
         while at >= 0:
+            digit = _DIGIT.search(joined, at)  # a key has one; see _passwords
+            if digit is None:
+                break
+            if digit.start() - at > _VALUE_REACH:
+                at = lowered.find(name, digit.start() - _VALUE_REACH)
+                continue
             match = _ASSIGNED.match(joined, at + len(name))
             public = "public" in lowered[max(0, at - 12) : at]  # PublicKeyToken: an id
             if match and not public:
