@@ -377,13 +377,13 @@ def _requeue_dead_letters(
     for index, shard_lines in enumerate(shards_for(ctx, lines())):
         written = round_.write_file(index, shard_lines)
         estimate = estimator.shard(sum(tokens[cid] for cid, _ in shard_lines), len(shard_lines))
-        ledger.add_pseudonyms(
-            job.job_id, {cid: pseudonyms[cid] for cid, _ in shard_lines if cid in pseudonyms}
-        )
+        # The lines are rendered anew (the row may have changed): their mappings replace the
+        # items' earlier ones as the items move to them.
         requeued += ledger.requeue_into_shard(
             job.job_id,
             round_.shard_row(index, written, len(shard_lines), estimate),
             line_offsets(shard_lines),
+            {cid: pseudonyms[cid] for cid, _ in shard_lines if cid in pseudonyms},
         )
         shards.append(round_.shard_id(index))
     ledger.refresh_job(job.job_id)

@@ -190,21 +190,21 @@ def write_shard(
     items: list[dict[str, Any]] | None,
     estimate: ShardEstimate,
     pseudonyms: dict[str, dict[str, str]] | None = None,
+    *,
+    stale_pseudonyms: bool = False,
 ) -> str:
-    """Write a shard's file, then record it: with its new `items`, or (None) taking over the
-    items of `lines` from their earlier shards. On the round's writer thread when it has one:
-    the file is always there before the ledger names it, and the items' pseudonyms before
-    the items."""
+    """Write a shard's file, then record it: with its new `items` and their `pseudonyms`,
+    or (None) taking over the items of `lines` from their earlier shards, whose lines and
+    so mappings they keep. On the round's writer thread when it has one: the file is always
+    there before the ledger names it."""
     ledger = round_.ctx.ledger
     written = round_.write_file(index, lines)
     failpoint("retry.after_file" if items is None else "shards.after_file")
     shard = round_.shard_row(index, written, len(lines), estimate)
 
     def record() -> None:
-        if pseudonyms:
-            ledger.add_pseudonyms(round_.job.job_id, pseudonyms)
         if items is not None:
-            ledger.add_shard_with_items(shard, items)
+            ledger.add_shard_with_items(shard, items, pseudonyms, stale_pseudonyms=stale_pseudonyms)
         else:
             ledger.reassign_items_to_shard(round_.job.job_id, shard, line_offsets(lines))
         failpoint("shards.after_record")
@@ -326,6 +326,9 @@ def _build_shards(ctx: StepContext) -> ShardsResult:
     )
     requests = intake.requests(prepare_items(preparer, ctx.storage.open_lines(snapshot_uri)))
     round_no = ledger.next_round(job.job_id)
+    # Mappings of items never recorded can only be left by versions that wrote them apart
+    # from their items; only a job with some has them dropped as its new items are recorded.
+    stale = ledger.has_pseudonyms(job.job_id)
     created: list[str] = []
     uris: list[str] = []
     # The database records shard k while shard k+1 is rendered, counted and written.
@@ -338,7 +341,17 @@ def _build_shards(ctx: StepContext) -> ShardsResult:
                 sum(i["estimated_input_tokens"] for i in items), len(items)
             )
             estimate.add(shard_estimate, len(items))
-            uris.append(write_shard(round_, index, shard_lines, items, shard_estimate, pseudonyms))
+            uris.append(
+                write_shard(
+                    round_,
+                    index,
+                    shard_lines,
+                    items,
+                    shard_estimate,
+                    pseudonyms,
+                    stale_pseudonyms=stale,
+                )
+            )
             created.append(shard_id)
             release_free_memory()
     ledger.add_items(intake.dead_rows)

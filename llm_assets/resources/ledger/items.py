@@ -12,6 +12,7 @@ from llm_assets.parallel import chunked
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.bulk import Bulk
 from llm_assets.resources.ledger.locks import check_fences
+from llm_assets.resources.ledger.pseudonyms import Mappings, record_pseudonyms
 from llm_assets.resources.ledger.records import JobCounts, utcnow
 from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import result_table, shard_table
@@ -128,10 +129,15 @@ def move_into_shard(
     shard: dict[str, Any],
     lines: Sequence[tuple[str, int]],
     from_status: str,
+    pseudonyms: Mappings | None = None,
 ) -> int:
     """Record a new shard and move its items (custom_id, request_offset in its file) from
     `from_status` into it, pending, atomically: all of them or, with ShardMismatch, none
-    (and no shard). Returns how many moved."""
+    (and no shard). Returns how many moved.
+
+    `pseudonyms` (lines rendered anew: a requeue): the mappings of the new lines, which
+    replace whatever the items had in the same transaction (pseudonyms.py). None: the
+    lines are the items' earlier lines again, and so are their mappings."""
     now = utcnow()
     # The last attempt's cost stays with the shard that paid it.
     sets = f"status = '{PENDING}', prior_cost_usd = r.prior_cost_usd + r.cost_usd, cost_usd = 0, "
@@ -169,6 +175,8 @@ def move_into_shard(
                 f"{from_status}, but only {moved} of them still were; nothing of it was "
                 "recorded and no item moved"
             )
+        if pseudonyms is not None:
+            record_pseudonyms(conn, job_id, pseudonyms, [cid for cid, _ in lines])
     return moved
 
 

@@ -3,7 +3,7 @@
 import contextlib
 import datetime as dt
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import dagster as dg
@@ -156,11 +156,16 @@ class LedgerResource(dg.ConfigurableResource):
         return items.move_into_shard(self.engine, job_id, shard, lines, RETRY)
 
     def requeue_into_shard(
-        self, job_id: str, shard: dict[str, Any], lines: Sequence[tuple[str, int]]
+        self,
+        job_id: str,
+        shard: dict[str, Any],
+        lines: Sequence[tuple[str, int]],
+        pseudonyms: Mapping[str, Mapping[str, str]],
     ) -> int:
-        """Send dead letters back: a new shard, the items pending in it, atomically."""
+        """Send dead letters back: a new shard, the items pending in it and the mappings of
+        their lines rendered anew (replacing their earlier ones), atomically."""
         shard = {**shard, "kind": REQUEUE_SHARD}
-        return items.move_into_shard(self.engine, job_id, shard, lines, DEAD_LETTER)
+        return items.move_into_shard(self.engine, job_id, shard, lines, DEAD_LETTER, pseudonyms)
 
     def count_new_attempt(self, shard_id: str) -> int:
         """A shard's items still `submitted` take one more attempt (a worker that died with
@@ -202,9 +207,19 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Shards
 
-    def add_shard_with_items(self, shard: dict[str, Any], items: Sequence[dict[str, Any]]) -> int:
-        """Record a new shard and its items in one transaction; returns items inserted."""
-        return shards.add_shard_with_items(self.engine, shard, items)
+    def add_shard_with_items(
+        self,
+        shard: dict[str, Any],
+        items: Sequence[dict[str, Any]],
+        pseudonyms: Mapping[str, Mapping[str, str]] | None = None,
+        *,
+        stale_pseudonyms: bool = False,
+    ) -> int:
+        """Record a new shard, its items and their pseudonyms in one transaction; returns
+        items inserted."""
+        return shards.add_shard_with_items(
+            self.engine, shard, items, pseudonyms, stale_pseudonyms=stale_pseudonyms
+        )
 
     def shards(self, job_id: str, statuses: Iterable[str] | None = None) -> list[ShardRecord]:
         return shards.shards(self.engine, job_id, statuses)
@@ -370,7 +385,7 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Compliance
 
-    add_pseudonyms = _on_engine(pseudonyms.add_pseudonyms)
+    has_pseudonyms = _on_engine(pseudonyms.has_pseudonyms)
     pseudonyms_of = _on_engine(pseudonyms.pseudonyms)
     compliance_counts = _on_engine(pseudonyms.compliance_counts)
 

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection, Engine
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.items import ShardMismatch, insert_items, record_new_shard
 from llm_assets.resources.ledger.locks import check_fences
+from llm_assets.resources.ledger.pseudonyms import Mappings, record_pseudonyms
 from llm_assets.resources.ledger.records import ShardRecord, utcnow
 from llm_assets.resources.ledger.schema import durable_begin
 from llm_assets.resources.ledger.tables import reservation_table, result_table, shard_table
@@ -21,18 +22,28 @@ BILLED = {"input_tokens", "cached_input_tokens", "output_tokens", "cost_usd"}
 
 
 def add_shard_with_items(
-    engine: Engine, shard: dict[str, Any], new_items: Sequence[dict[str, Any]]
+    engine: Engine,
+    shard: dict[str, Any],
+    new_items: Sequence[dict[str, Any]],
+    pseudonyms: Mappings | None = None,
+    *,
+    stale_pseudonyms: bool = False,
 ) -> int:
     """Record a new shard and exactly its items in one transaction; returns items inserted.
 
-    The shard and its items go in together or not at all (ShardMismatch when any of its
-    items is in the ledger already), so a crash between writing the shard file and this
-    call is repaired by running the step again.
+    The shard, its items and their `pseudonyms` go in together or not at all (ShardMismatch
+    when any of its items is in the ledger already), so a crash between writing the shard
+    file and this call is repaired by running the step again, and an item is never recorded
+    without the mapping of its line. `stale_pseudonyms`: the job holds mappings, some maybe
+    of items never recorded (left by versions that wrote them apart); the items' own are
+    dropped first.
     """
     now = utcnow()
     with engine.begin() as conn:
         check_fences(conn)
         record_new_shard(conn, shard, now)
+        rendered = [item["custom_id"] for item in new_items] if stale_pseudonyms else []
+        record_pseudonyms(conn, shard["job_id"], pseudonyms or {}, rendered)
         inserted = insert_items(conn, new_items, now)
         if inserted != len(new_items):
             raise ShardMismatch(
