@@ -4,12 +4,13 @@ Bad input never vanishes: every row becomes either a request or an `input` dead 
 a reason, under a custom_id that is stable across re-runs.
 """
 
+import dataclasses
 import datetime as dt
 import zoneinfo
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from llm_assets import parallel
+from llm_assets import ids, parallel
 from llm_assets.compliance.policy import (
     BLOCKED_CODE,
     COMPLIANCE,
@@ -19,7 +20,6 @@ from llm_assets.compliance.policy import (
     screen,
 )
 from llm_assets.fastjson import json_string
-from llm_assets.ids import custom_id
 from llm_assets.source import SourceRow, parse_date
 from llm_assets.spec import PipelineSpec
 from llm_assets.tokens import TokenCounter, counter_for
@@ -62,6 +62,16 @@ class TemplateEncoder:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class KnownIds:
+    """custom_ids the ledger gave a day's rows already, which they keep whatever the id key
+    is now (llm_assets/ids.py): by source id, and the ids of rows never sent (a legacy id is
+    kept where the ledger has one)."""
+
+    by_source: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    unsent: frozenset[str] = frozenset()
+
+
 def as_text(value: Any) -> str:
     """A record's value as the pipeline reads it into an id or a prompt (0 is not blank)."""
     if value is None:
@@ -83,11 +93,15 @@ class Preparer:
         partition_date: dt.date,
         context_window: int,
         encode: LineEncoder,
+        id_key: bytes,
+        known: KnownIds = KnownIds(),
     ) -> None:
         self.spec = spec
         self.partition_date = partition_date
         self.context_window = context_window
         self.encode = encode
+        self.id_key = id_key
+        self.known = known
         self._counter: TokenCounter | None = None
         self._framing = 0
         self._tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
@@ -104,6 +118,22 @@ class Preparer:
             self._framing = self._counter.request(self.spec.prompt.system, "")
         return self._counter, self._framing
 
+    def item_id(self, source_id: str, position: int) -> str:
+        """The custom_id of the item of `source_id`, the row at `position` of the day's
+        snapshot: the one the ledger gave it, else one derived with the id key."""
+        return self.known.by_source.get(source_id) or ids.custom_id(
+            self.id_key, self.spec.name, self.partition_date, source_id, position
+        )
+
+    def unsent_id(self, row_key: str, kind: str) -> str:
+        """The custom_id of a row never sent; its legacy id when the ledger holds that."""
+        made = ids.unsent_id(self.spec.name, self.partition_date, row_key, kind)
+        if self.known.unsent and made not in self.known.unsent:
+            legacy = ids.legacy_custom_id(self.spec.name, self.partition_date, row_key, kind)
+            if legacy in self.known.unsent:
+                return legacy
+        return made
+
     def dead(
         self,
         key: str,
@@ -111,19 +141,22 @@ class Preparer:
         code: str,
         message: str,
         kind: str = "id",
+        position: int = 0,
         **more: Any,
     ) -> PreparedItem:
+        """A dead letter; `position` (the row's in the snapshot) makes an item's id."""
         return PreparedItem(
-            custom_id=custom_id(self.spec.name, self.partition_date, key, kind),
+            custom_id=self.item_id(key, position) if kind == "id" else self.unsent_id(key, kind),
             source_id=source_id,
             error_code=code,
             error_message=message,
             **more,
         )
 
-    def check(self, row: SourceRow) -> tuple[str | None, str, PreparedItem | str]:
+    def check(self, row: SourceRow, position: int) -> tuple[str | None, str, PreparedItem | str]:
         """(the source id to check for duplicates or None, where the row is, its outcome or,
-        for a row fit to send, its rendered prompt: `finish` makes that the request)."""
+        for a row fit to send, its rendered prompt: `finish` makes that the request), of the
+        row at `position` of the snapshot."""
         spec = self.spec
         where = f"{row.file}:{row.line}"
         if row.record is None:
@@ -149,14 +182,16 @@ class Preparer:
                 f"{where}: no valid date in {spec.source.date_field!r} "
                 f"(got {as_text(record.get(spec.source.date_field))[:40]!r})"
             )
-            return source_id, where, self.dead(source_id, source_id, "missing_date", message)
+            dead = self.dead(source_id, source_id, "missing_date", message, position=position)
+            return source_id, where, dead
         blank = [f for f in spec.source.non_blank_fields if not as_text(record.get(f)).strip()]
         if blank:
             message = f"{where}: empty field(s) {blank}"
-            return source_id, where, self.dead(source_id, source_id, "empty_field", message)
+            dead = self.dead(source_id, source_id, "empty_field", message, position=position)
+            return source_id, where, dead
         return source_id, where, render(spec, record)
 
-    def finish(self, source_id: str, where: str, screened: Screened) -> PreparedItem:
+    def finish(self, source_id: str, where: str, screened: Screened, position: int) -> PreparedItem:
         """A rendered prompt after the personal-data policy: its request line, or a dead
         letter when the policy blocks it or it is over the context window."""
         spec = self.spec
@@ -165,7 +200,13 @@ class Preparer:
             message = f"{where}: {blocked_message(screened)}"
             code = UNSCANNED_CODE if screened.unscanned else BLOCKED_CODE
             return self.dead(
-                source_id, source_id, code, message, error_class=COMPLIANCE, found=found
+                source_id,
+                source_id,
+                code,
+                message,
+                position=position,
+                error_class=COMPLIANCE,
+                found=found,
             )
         user, tokens, over = self._fit(screened.text)
         if over:
@@ -173,8 +214,10 @@ class Preparer:
                 f"{where}: {over} input tokens; the model's context window is "
                 f"{self.context_window} with {spec.model.max_output_tokens} kept for output"
             )
-            return self.dead(source_id, source_id, "context_exceeded", message, found=found)
-        cid = custom_id(spec.name, self.partition_date, source_id)
+            return self.dead(
+                source_id, source_id, "context_exceeded", message, position=position, found=found
+            )
+        cid = self.item_id(source_id, position)
         return PreparedItem(
             cid,
             source_id,
@@ -183,6 +226,16 @@ class Preparer:
             found=found,
             pseudonyms=screened.pseudonyms or None,
         )
+
+    def over_by_length(self, user: str) -> bool:
+        """Whether a prompt is over the context window by its length alone, and is not cut to
+        fit: it becomes a `context_exceeded` dead letter and is never sent, so it is not
+        scanned for personal data either (20 million characters would be blocked unscanned
+        as too long, under the wrong reason)."""
+        counter, framing = self._count()
+        budget = self.context_window - self.spec.model.max_output_tokens
+        truncating = self.spec.prompt.truncate_to_context and budget > framing
+        return not truncating and framing + counter.fewest(len(user)) > budget
 
     def _fit(self, user: str) -> tuple[str, int, str]:
         """(the user text to send, its request's input tokens, "" or how far it is over the
@@ -203,22 +256,33 @@ class Preparer:
         return user, tokens, ""
 
 
-def assess_lines(preparer: Preparer, lines: list[bytes]) -> list[tuple[Any, ...]]:
-    """Snapshot lines → assessed rows: the unit of work of a worker process. Each is one
-    flat tuple, (source id, where, *PreparedItem): named tuples inside tuples cost several
-    times as much to pickle and unpickle as the flat ones."""
-    checked = [preparer.check(SourceRow.from_json(line)) for line in lines]
+def assess_lines(
+    preparer: Preparer, blocks: list[tuple[int, list[bytes]]]
+) -> list[tuple[Any, ...]]:
+    """Blocks of snapshot lines, each with the position of its first line in the snapshot →
+    assessed rows: the unit of work of a worker process. Each is one flat tuple, (source id,
+    where, *PreparedItem): named tuples inside tuples cost several times as much to pickle
+    and unpickle as the flat ones (and a position per block, not a tuple per line, goes to
+    the worker)."""
+    positions = [start + n for start, block in blocks for n in range(len(block))]
+    lines = [line for _, block in blocks for line in block]
+    checked = [
+        preparer.check(SourceRow.from_json(line), p)
+        for p, line in zip(positions, lines, strict=True)
+    ]
     # The prompts of a chunk are screened for personal data together: one scan, not one each.
-    prompts = [c for _, _, c in checked if isinstance(c, str)]
+    prompts = [c for _, _, c in checked if isinstance(c, str) and not preparer.over_by_length(c)]
     compliance = preparer.spec.compliance
     screened = iter(
         screen(prompts, preparer.policy, compliance.phone_regions, compliance.max_scanned_chars)
     )
     assessed = []
-    for source_id, where, outcome in checked:
+    for position, (source_id, where, outcome) in zip(positions, checked, strict=True):
         if isinstance(outcome, str):
             assert source_id is not None
-            outcome = preparer.finish(source_id, where, next(screened))
+            unsent = preparer.over_by_length(outcome)  # dead-lettered by finish, unscanned
+            screened_text = Screened(outcome) if unsent else next(screened)
+            outcome = preparer.finish(source_id, where, screened_text, position)
         assessed.append((source_id, where, *outcome))
     return assessed
 
@@ -232,7 +296,8 @@ def prepare_items(preparer: Preparer, lines: Iterable[bytes]) -> Iterator[Prepar
     first_seen: dict[str, int] = {}
     files: dict[str, int] = {}
     duplicates: dict[str, int] = {}
-    for assessed in parallel.ordered_map(assess_lines, preparer, lines):
+    blocks = parallel.numbered_blocks(lines)
+    for assessed in parallel.ordered_map(assess_lines, preparer, blocks, weight=_block_size):
         for source_id, where, *fields in assessed:
             item = PreparedItem(*fields)
             if source_id is None:
@@ -245,7 +310,7 @@ def prepare_items(preparer: Preparer, lines: Iterable[bytes]) -> Iterator[Prepar
                 yield preparer.dead(
                     f"{source_id}#{duplicates[source_id]}",
                     source_id,
-                    "duplicate_id",
+                    ids.DUPLICATE_ID,
                     f"{where}: id {source_id!r} already seen at {first}; the first row is kept",
                     kind="duplicate",
                 )
@@ -257,3 +322,7 @@ def prepare_items(preparer: Preparer, lines: Iterable[bytes]) -> Iterator[Prepar
 
 
 _LINE = (1 << 32) - 1
+
+
+def _block_size(block: tuple[int, list[bytes]]) -> int:
+    return len(block[1])

@@ -488,6 +488,8 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     from llm_assets import parallel
 
     submitted: list[tuple[Any, Any]] = []
+    # One id key for both ledgers, so their items have the same custom_ids.
+    monkeypatch.setenv("LLM_ASSETS_ID_KEY", "the id key both ledgers are given")
 
     def shards_and_rows(name: str, workers: str) -> tuple[list[bytes], list[tuple[Any, ...]]]:
         monkeypatch.setenv("LLM_ASSETS_WORKERS", workers)
@@ -549,6 +551,7 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     alone_shards, alone_rows = shards_and_rows("alone", "0")
     assert submitted == []
     monkeypatch.setattr(parallel, "CHUNK_ROWS", 5)
+    monkeypatch.setattr(parallel, "BLOCK_ROWS", 2)
     monkeypatch.setattr(parallel, "INLINE_ROWS", 10)
     spread_shards, spread_rows = shards_and_rows("spread", "2")
 
@@ -915,7 +918,7 @@ def test_an_import_worker_needs_none_of_the_heavy_packages(tmp_path: Path) -> No
 ASSESS_CHILD = """
 import pickle, sys
 work, context = pickle.loads(sys.stdin.buffer.read())
-rows = work(context, [sys.argv[1].encode()])
+rows = work(context, [(0, [sys.argv[1].encode()])])
 heavy = sorted({m.split(".")[0] for m in sys.modules} & {"dagster", "sqlalchemy", "openai",
     "anthropic", "boto3", "pandas", "pyarrow"})
 sys.stdout.buffer.write(pickle.dumps((rows, heavy)))
@@ -937,7 +940,7 @@ def test_a_shards_worker_needs_neither_dagster_nor_the_sdks() -> None:
 
     spec = PipelineSpec.model_validate(review_spec("openai", "gpt-4o-mini"))
     provider = OpenAIBatchProvider(api_key="test-key")
-    preparer = Preparer(spec, DAY, 128_000, provider.line_encoder(spec))
+    preparer = Preparer(spec, DAY, 128_000, provider.line_encoder(spec), b"k" * 32)
     record = {"review_id": "R-1", "created_at": DAY.isoformat(), "text": "Arrived broken."}
     row = json.dumps({"file": "reviews/a.jsonl", "line": 1, "record": record})  # a snapshot's
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -951,7 +954,7 @@ def test_a_shards_worker_needs_neither_dagster_nor_the_sdks() -> None:
     )
 
     rows, heavy = pickle.loads(done.stdout)
-    assert rows == assess_lines(preparer, [row.encode()])
+    assert rows == assess_lines(preparer, [(0, [row.encode()])])
     assert rows[0][4] and rows[0][5] > 0  # a request line, its tokens counted
     assert heavy == []
 
@@ -1038,13 +1041,14 @@ def test_shards_are_built_with_the_collector_paused(
     assert gc.isenabled()
 
 
-@pytest.mark.parametrize(
-    "key", ["T00000001", "", "a b/c?d", "日本語", "\ud800 lone", "x" * 100, "--a--", "A_b-9"]
-)
+ID_KEYS = ["T00000001", "", "a b/c?d", "日本語", "\ud800 lone", "x" * 100, "--a--", "A_b-9"]
+
+
+@pytest.mark.parametrize("key", ID_KEYS)
 @pytest.mark.parametrize("kind", ["id", "dup-1", "row"])
-def test_custom_ids_stay_what_earlier_versions_made(key: str, kind: str) -> None:
-    """A custom_id is the item's identity in ledgers written by earlier versions: however it
-    is computed, it stays the date, the readable part and the first 20 hex digits of the
+def test_legacy_custom_ids_stay_what_earlier_versions_made(key: str, kind: str) -> None:
+    """A legacy custom_id is an item's identity in ledgers written before keyed ids: however
+    it is computed, it stays the date, the readable part and the first 20 hex digits of the
     SHA-256 of pipeline, date, kind and key joined by U+001F."""
     from llm_assets import ids
 
@@ -1052,4 +1056,36 @@ def test_custom_ids_stay_what_earlier_versions_made(key: str, kind: str) -> None
     joined = "\x1f".join(("reviews", day.isoformat(), kind, key))
     digest = hashlib.sha256(joined.encode("utf-8", errors="surrogatepass")).hexdigest()[:20]
     readable = re.sub(r"[^A-Za-z0-9]+", "-", key).strip("-")[:30].strip("-") or "x"
-    assert ids.custom_id("reviews", day, key, kind) == f"20261102_{readable}_{digest}"
+    assert ids.legacy_custom_id("reviews", day, key, kind) == f"20261102_{readable}_{digest}"
+
+
+@pytest.mark.parametrize("key", ID_KEYS)
+def test_custom_ids_are_what_their_definition_says(key: str) -> None:
+    """An item's custom_id is the date, its row's position in the snapshot (8 hex digits)
+    and the first 32 hex digits of the HMAC-SHA256, under the id key, of pipeline, date,
+    `id` and source id joined by U+001F; a row never sent has the SHA-256 of pipeline, date,
+    kind and key instead. Both fit every provider's rule."""
+    import hmac
+
+    from llm_assets import ids
+
+    day = dt.date(2026, 11, 2)
+    secret = b"an id key of thirty-two bytes..."
+
+    def parts(kind: str) -> bytes:
+        return "\x1f".join(("reviews", day.isoformat(), kind, key)).encode(
+            "utf-8", errors="surrogatepass"
+        )
+
+    for other in (b"", b"a key longer than SHA-256's block of 64 bytes " * 3):
+        keyed = hmac.new(other, parts("id"), hashlib.sha256).hexdigest()[:32]
+        assert ids.custom_id(other, "reviews", day, key, 0) == f"20261102_00000000_{keyed}"
+    keyed = hmac.new(secret, parts("id"), hashlib.sha256).hexdigest()[:32]
+    plain = hashlib.sha256(parts("row")).hexdigest()[:32]
+    assert ids.custom_id(secret, "reviews", day, key, 300) == f"20261102_0000012c_{keyed}"
+    assert ids.unsent_id("reviews", day, key, "row") == f"20261102_{plain}"
+    made = [
+        ids.custom_id(secret, "reviews", day, key, 2**40),
+        ids.unsent_id("reviews", day, key, "row"),
+    ]
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", m) for m in made)

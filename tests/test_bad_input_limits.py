@@ -246,7 +246,12 @@ def test_nul_and_overlong_provider_strings_are_escaped_and_cut_to_their_columns(
     a batch's raw status cut to their columns' lengths; so is a quality rule that names a
     key of the model's answer."""
     write_source(lenient.home, day_of(good("A-nul", 10), good("Q-key", 11)))
-    cid = {key: ids.custom_id(lenient.spec.name, DAY, key) for key in ("G-001", "G-002")}
+    # An item's custom_id ends with the keyed hash of its source id (ids.custom_id).
+    secret = lenient.ledger.item_id_key()
+    hashed = {
+        key: ids.custom_id(secret, lenient.spec.name, DAY, key, 0).rsplit("_", 1)[1]
+        for key in ("G-001", "G-002")
+    }
     long_finish = "stop\x00" + "x" * 300
     long_key = "k\x00" + "y" * 300
 
@@ -259,7 +264,7 @@ def test_nul_and_overlong_provider_strings_are_escaped_and_cut_to_their_columns(
         return content
 
     def edit(line: dict[str, Any]) -> dict[str, Any]:
-        if line["custom_id"] == cid["G-001"]:
+        if line["custom_id"].endswith(hashed["G-001"]):
             error = {
                 "message": "bad\x00 request",
                 "type": "invalid",
@@ -268,7 +273,7 @@ def test_nul_and_overlong_provider_strings_are_escaped_and_cut_to_their_columns(
             }
             response = {"status_code": 400, "request_id": "req", "body": {"error": error}}
             return {**line, "response": response, "error": None}
-        if line["custom_id"] == cid["G-002"]:
+        if line["custom_id"].endswith(hashed["G-002"]):
             line["response"]["body"]["choices"][0]["finish_reason"] = long_finish
         return line
 

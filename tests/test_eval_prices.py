@@ -11,6 +11,7 @@ import pytest
 
 from llm_assets.evaluation.prices import ItemWork, rendered_work, what_if_prices
 from llm_assets.ids import custom_id
+from llm_assets.items import KnownIds
 from llm_assets.resources.pricing import load_price_table
 from llm_assets.spec import PipelineSpec
 from llm_assets.tokens import TokenCounter
@@ -20,6 +21,7 @@ SYSTEM = "You triage customer support tickets. Return JSON."
 MINI = "openai/gpt-4.1-mini"
 GPT_4O = "openai/gpt-4o"
 HAIKU = "anthropic/claude-haiku-4-5"
+KEY = b"the id key of this test, 32 bytes"
 
 
 @pytest.fixture(autouse=True)
@@ -169,15 +171,18 @@ def test_rendered_work_is_the_prompt_the_pipeline_sends_keyed_by_custom_id() -> 
         record("T-2", "Card 4111 1111 1111 1111 was charged twice.", "2026-03-03T09:00:00Z"),
         record("T-3", "The app does not load."),
     ]
-    first = custom_id(spec.name, dt.date(2026, 3, 2), "T-1")
+    # T-1's item has the id its job gave it (under an earlier key, say); the others' are
+    # derived with the key.
+    first = "20260302_given_by_the_ledger"
     measured = {first: (31, 6, '{"category": "billing"}')}
+    known = {dt.date(2026, 3, 2): KnownIds({"T-1": first})}
 
-    work = rendered_work(spec, records, measured)
+    work = rendered_work(spec, records, measured, id_key=KEY, known=known)
 
     assert [w.custom_id for w in work] == [
         first,
-        custom_id(spec.name, dt.date(2026, 3, 3), "T-2"),
-        custom_id(spec.name, dt.date(2026, 3, 2), "T-3"),
+        custom_id(KEY, spec.name, dt.date(2026, 3, 3), "T-2", 0),
+        custom_id(KEY, spec.name, dt.date(2026, 3, 2), "T-3", 1),  # the day's second record
     ]
     # The email is redacted as the policy sends it; the card blocks the item, so it is not sent.
     assert work[0].user == "Subject: help\n\nMail me at <EMAIL_1> about the refund."
@@ -193,7 +198,7 @@ def test_rendered_work_truncates_as_the_pipeline_does() -> None:
     spec = openai_spec("gpt-4o", truncate_to_context=True)
     long = "word " * 140_000  # past gpt-4o's context window of 128,000 tokens
 
-    (work,) = rendered_work(spec, [record("T-1", long)], {})
+    (work,) = rendered_work(spec, [record("T-1", long)], {}, id_key=KEY)
 
     window = load_price_table().get("openai", "gpt-4o").context_window
     budget = window - spec.model.max_output_tokens
@@ -203,4 +208,4 @@ def test_rendered_work_truncates_as_the_pipeline_does() -> None:
 
 def test_rendered_work_takes_dated_records_only() -> None:
     with pytest.raises(ValueError, match="sample record 0 has no valid date in 'created_at'"):
-        rendered_work(openai_spec(), [record("T-1", "body", created_at="soon")], {})
+        rendered_work(openai_spec(), [record("T-1", "body", created_at="soon")], {}, id_key=KEY)

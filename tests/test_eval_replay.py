@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from llm_assets import ids, steps
+from llm_assets import steps
 from llm_assets.eval_jobs import (
     EVAL_PARTITION,
     build_eval_job,
@@ -29,7 +29,7 @@ from llm_assets.evaluation.metrics import wilson_interval
 from llm_assets.evaluation.replay import Replay, eval_pipeline_spec, replay
 from llm_assets.evaluation.report import build_report
 from llm_assets.evaluation.report_store import EvalRequest, load_report, report_key, save_report
-from llm_assets.evaluation.sample import Sample, draw_sample
+from llm_assets.evaluation.sample import draw_sample
 from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource, result_table
@@ -265,14 +265,17 @@ def test_variants_answer_the_same_sample_once_each_and_a_rerun_sends_nothing(
     sample = result.sample
     assert list(result.variants) == ["baseline", "haiku", "terse"]
     for name, run in result.variants.items():
-        expected = sample.custom_ids(run.pipeline)
         assert [d.day for d in run.days] == DAYS
         for day_run in run.days:
-            assert day_run.custom_ids == expected[day_run.day]
             assert day_run.open_items == 0
-            # The variant's job holds exactly the sample's items of the day.
-            sources = sorted(r["source_id"] for r in world.rows(day_run.job_id or ""))
+            # The variant's job holds exactly the sample's items of the day, and the run
+            # names them by their ids there, in the sample's order.
+            rows = world.rows(day_run.job_id or "")
+            sources = sorted(r["source_id"] for r in rows)
             assert sources == sorted(sample.source_ids[day_run.day]), name
+            by_source = {r["source_id"]: r["custom_id"] for r in rows}
+            expected = [by_source[s] for s in sample.source_ids[day_run.day]]
+            assert day_run.custom_ids == expected
         assert run.items == SAMPLE
     sent_openai = Counter(world.openai.submitted_custom_ids())
     sent_anthropic = Counter(world.anthropic.submitted_custom_ids())
@@ -675,22 +678,6 @@ def test_cli_eval_prints_each_variant_and_exits_2_when_a_budget_blocks(
 
     assert blocked.returncode == 2, blocked.stderr
     assert "budget" in blocked.stderr
-
-
-def test_a_sampled_custom_id_is_the_eval_pipelines_own(world: World) -> None:
-    sample = Sample(
-        eval_id="x",
-        pipeline="reviews",
-        days=[DAYS[0]],
-        size=1,
-        seed=0,
-        uri="/nowhere",
-        source_ids={DAYS[0]: ["R-1"]},
-    )
-
-    assert sample.custom_ids("reviews__b__12345678") == {
-        DAYS[0]: [ids.custom_id("reviews__b__12345678", DAYS[0], "R-1")]
-    }
 
 
 def test_a_paused_pipeline_is_not_evaluated(world: World) -> None:

@@ -345,7 +345,7 @@ def test_add_shard_with_items_is_idempotent(ledger: LedgerResource, database_url
     for c, row in rows.items():
         assert (row["shard_id"], row["status"], row["attempts"]) == (sid, PENDING, 0)
         assert row["source_id"] == f"src-{c}"
-    assert ledger.known_custom_ids(JOB) == set(rows)
+    assert ledger.known_items(JOB) == ({f"src-{c}" for c in rows}, set())
 
     # The shard moves on; replaying the same call (a run that did not hold the day) is
     # refused and changes nothing.
@@ -591,7 +591,7 @@ def test_upsert_unknown_ids_are_counted_not_inserted(
     after = snapshot(database_url)
     assert len(after["llm_batch_result"]) == len(before["llm_batch_result"])
     assert items_by_id(database_url, "other-job")["only-in-other-job"]["status"] == SUBMITTED
-    assert ledger.known_custom_ids(JOB) == {cid(0)}
+    assert ledger.known_items(JOB) == ({f"src-{cid(0)}"}, set())
     assert ledger.upsert_results(JOB, []) == UpsertStats()
 
 
@@ -1335,7 +1335,7 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 10
+    assert schema_version(upgraded) == SCHEMA_VERSION == 11
     inspector = sa.inspect(upgraded.engine)
     columns = {c["name"] for c in inspector.get_columns("llm_batch_result")}
     assert "request_offset" in columns
@@ -1376,7 +1376,7 @@ def test_a_version_8_ledger_gains_the_lock_leases_and_the_lifecycle_columns(
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 10
+    assert schema_version(upgraded) == SCHEMA_VERSION == 11
     inspector = sa.inspect(upgraded.engine)
     assert "llm_lock_lease" in inspector.get_table_names()
     for table, columns in added.items():
@@ -1400,12 +1400,35 @@ def test_a_version_9_ledger_gains_when_retention_expired_a_day(database_url: str
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 10
+    assert schema_version(upgraded) == SCHEMA_VERSION == 11
     job = upgraded.get_job(JOB)
     assert job is not None and job.retention_expired_at is None
     assert upgraded.expire_jobs([JOB]).jobs_expired == 1
     expired = upgraded.get_job(JOB)
     assert expired is not None and expired.retention_expired_at is not None
+
+
+def test_a_version_10_ledger_gains_the_id_key_table_and_keeps_its_ids(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 11 derives custom_ids with a key, the ledger's own when none is configured;
+    a version 10 ledger gains its table, and its items stay known by their source ids."""
+    monkeypatch.delenv("LLM_ASSETS_ID_KEY", raising=False)
+    first = LedgerResource(database_url=database_url)
+    make_job(first)
+    first.add_items([item_row("20261102_R-1_0123456789abcdef0123", status=PENDING)])
+    with engine_of(database_url).begin() as conn:
+        conn.execute(sa.text("DROP TABLE llm_id_key"))
+        conn.execute(sa.delete(tables.schema_version))
+        conn.execute(sa.insert(tables.schema_version).values(version=10, applied_at=L.utcnow()))
+    schema.ensure_schema.cache_clear()
+
+    upgraded = LedgerResource(database_url=database_url)
+
+    assert schema_version(upgraded) == SCHEMA_VERSION == 11
+    key = upgraded.item_id_key()
+    assert len(key) == 64 and LedgerResource(database_url=database_url).item_id_key() == key
+    assert upgraded.known_items(JOB) == ({"src-20261102_R-1_0123456789abcdef0123"}, set())
 
 
 def test_a_version_6_ledger_gains_the_pipeline_state_table(database_url: str) -> None:
@@ -1420,7 +1443,7 @@ def test_a_version_6_ledger_gains_the_pipeline_state_table(database_url: str) ->
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 10
+    assert schema_version(upgraded) == SCHEMA_VERSION == 11
     assert "llm_batch_pipeline_state" in sa.inspect(upgraded.engine).get_table_names()
     assert upgraded.get_job(JOB) is not None
     assert upgraded.pipeline_pause("reviews") is None

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from llm_assets.evaluation.replay import VariantRun, eval_pipeline_spec
-from llm_assets.items import PreparedItem, Preparer, assess_lines
+from llm_assets.items import KnownIds, PreparedItem, Preparer, assess_lines
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.pricing import ModelPrice, load_price_table
 from llm_assets.source import SourceRow, parse_date
@@ -66,16 +66,22 @@ def rendered_work(
     spec: PipelineSpec,
     records: Sequence[Mapping[str, object]],
     measured: Mapping[str, tuple[int, int, str | None]],
+    *,
+    id_key: bytes,
+    known: Mapping[dt.date, KnownIds] | None = None,
 ) -> list[ItemWork]:
     """Each sample record as variant `spec` sends it, with its measured tokens and answer.
 
     Pass the spec the variant ran as (`replay.eval_pipeline_spec`): a record's item is its
     custom_id in that pipeline on the record's own day, the key of `measured`, whose values
-    are the ledger's (input_tokens, output_tokens, validated output text). A record missing
-    from `measured` was never sent. The prompt goes through the pipeline's own preparation
-    (`items.assess_lines`): rendering, the personal-data policy and truncation to the model's
-    context window; an item that preparation makes a dead letter (blocked, over the context
-    window) is sent as "". ValueError for a record without a valid date: samples hold none.
+    are the ledger's (input_tokens, output_tokens, validated output text). The custom_ids
+    are those the ledger gave the items (`known`, by day), else derived with `id_key` (at
+    the record's place among the day's records: such an item was never sent). A
+    record missing from `measured` was never sent. The prompt goes through the pipeline's
+    own preparation (`items.assess_lines`): rendering, the personal-data policy and
+    truncation to the model's context window; an item that preparation makes a dead letter
+    (blocked, over the context window) is sent as "". ValueError for a record without a
+    valid date: samples hold none.
     """
     tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
     by_day: dict[dt.date, list[int]] = {}
@@ -90,9 +96,11 @@ def rendered_work(
     context_window = load_price_table().get(spec.model.provider, spec.model.name).context_window
     prepared: dict[int, PreparedItem] = {}
     for day, indexes in by_day.items():
-        preparer = Preparer(spec, day, context_window, _user_text)
+        day_ids = (known or {}).get(day, KnownIds())
+        preparer = Preparer(spec, day, context_window, _user_text, id_key, day_ids)
         lines = [SourceRow("sample", i + 1, dict(records[i])).to_json() for i in indexes]
-        for index, (_, _, *fields) in zip(indexes, assess_lines(preparer, lines), strict=True):
+        assessed = assess_lines(preparer, [(0, lines)])
+        for index, (_, _, *fields) in zip(indexes, assessed, strict=True):
             prepared[index] = PreparedItem(*fields)
     return [_item_work(spec, prepared[i], measured) for i in range(len(records))]
 
@@ -208,13 +216,15 @@ def variant_what_if(
             "configuration changed since the eval; run the eval again"
         )
     measured: dict[str, tuple[int, int, str | None]] = {}
+    known: dict[dt.date, KnownIds] = {}
     columns = ["custom_id", "input_tokens", "output_tokens"]
     for day in run.days:
         if day.job_id is None:
             continue
+        known[day.day] = KnownIds(ledger.custom_ids_by_source(day.job_id))
         for item in ledger.iter_items(day.job_id, None, columns=columns):
             custom_id = item["custom_id"]
             tokens = (item["input_tokens"] or 0, item["output_tokens"] or 0)
             measured[custom_id] = (*tokens, outputs.get(custom_id))
-    work = rendered_work(ran_as, records, measured)
+    work = rendered_work(ran_as, records, measured, id_key=ledger.item_id_key(), known=known)
     return what_if_prices(spec.eval.price_as, work, measured_as=f"{run.provider}/{run.model}")

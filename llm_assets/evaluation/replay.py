@@ -263,10 +263,17 @@ def _drives(
     ]
 
 
+def _sample_ids(drive: steps.DayDriver, source_ids: list[str]) -> list[str]:
+    """The sampled items' custom_ids in the variant's job of the day, in the sample's order,
+    as the ledger gave them; "" for an item the job does not hold (yet)."""
+    given = drive.ledger.custom_ids_by_source(drive.ctx.job_id, source_ids)
+    return [given.get(source_id, "") for source_id in source_ids]
+
+
 def _variant_run(
     variant: str, eval_spec: PipelineSpec, drives: list[steps.DayDriver], sample: Sample
 ) -> VariantRun:
-    custom_ids = sample.custom_ids(eval_spec.name)
+    custom_ids = {d.ctx.day: _sample_ids(d, sample.source_ids[d.ctx.day]) for d in drives}
     return VariantRun(
         variant=variant,
         pipeline=eval_spec.name,

@@ -189,8 +189,13 @@ def _predictions(
     kind: Kind,
 ) -> list[Any]:
     """The variant's answers in the sample's order; None where it has no validated answer."""
-    by_item = result.sample.custom_ids(run.pipeline)
-    custom_ids = [cid for day in result.sample.days for cid in by_item[day]]
+    # The ids the replay recorded (the ledger's); "" (no answer) for a day it has none of.
+    by_day = {day.day: day.custom_ids for day in run.days}
+    custom_ids = [
+        cid
+        for day in result.sample.days
+        for cid in by_day.get(day) or [""] * len(result.sample.source_ids[day])
+    ]
     answers = [json.loads(outputs[c]).get(field) if c in outputs else None for c in custom_ids]
     return [_coerce(answer, spec, field, kind) for answer in answers]
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import orjson
 from pydantic import BaseModel
 
-from llm_assets import ids, steps
+from llm_assets import steps
 from llm_assets.items import as_text
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.source import SourceRow, parse_date
@@ -39,13 +39,6 @@ class Sample(BaseModel):
     @property
     def items(self) -> int:
         return sum(len(v) for v in self.source_ids.values())
-
-    def custom_ids(self, pipeline: str) -> dict[dt.date, list[str]]:
-        """The sampled items' custom_ids in `pipeline` (an eval pipeline), by day."""
-        return {
-            day: [ids.custom_id(pipeline, day, source_id) for source_id in source_ids]
-            for day, source_ids in self.source_ids.items()
-        }
 
 
 def eval_id_of(pipeline: str, days: list[dt.date], size: int, seed: int) -> str:

@@ -30,14 +30,16 @@ LEDGER_LIMIT_VARIABLES: dict[str, tuple[str, type[int] | type[float]]] = {
 
 def _ledger_settings(settings: "Settings") -> dict[str, Any]:
     """The ledger's URL, as dg.EnvVar when it is LLM_ASSETS_DATABASE_URL's value (the UI then
-    shows the variable's name, never a password; the default SQLite URL stays a value), and
-    the connection limits set in the environment."""
+    shows the variable's name, never a password; the default SQLite URL stays a value), the
+    id key (LLM_ASSETS_ID_KEY, as dg.EnvVar) and the connection limits set in the
+    environment."""
     import dagster as dg
 
     url: Any = settings.database_url
     if os.environ.get("LLM_ASSETS_DATABASE_URL") == url:
         url = dg.EnvVar("LLM_ASSETS_DATABASE_URL")
-    configured: dict[str, Any] = {"database_url": url}
+    # The key of custom_ids; unset, the ledger's own (LedgerResource.item_id_key).
+    configured: dict[str, Any] = {"database_url": url, "id_key": _secret("LLM_ASSETS_ID_KEY")}
     for field, (variable, kind) in LEDGER_LIMIT_VARIABLES.items():
         value = os.environ.get(variable)
         if value:

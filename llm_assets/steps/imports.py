@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from llm_assets import parallel
+from llm_assets import ids, parallel
 from llm_assets.compliance.retention import delete_provider_files
 from llm_assets.failpoints import failpoint
-from llm_assets.items import Preparer, prepare_items
+from llm_assets.items import KnownIds, Preparer, prepare_items
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
     RETRY,
@@ -324,6 +324,19 @@ class RequeueResult(BaseModel):
     shards: list[str]
 
 
+def _ids_of(dead_letters: Iterable[dict[str, Any]]) -> KnownIds:
+    """The custom_ids of dead letters as the ledger holds them, so they are rendered again
+    under the ids they have whatever the id key is now."""
+    by_source: dict[str, str] = {}
+    unsent: set[str] = set()
+    for row in dead_letters:
+        if row["source_id"] is None or row["error_code"] == ids.DUPLICATE_ID:
+            unsent.add(row["custom_id"])
+        else:
+            by_source[row["source_id"]] = row["custom_id"]
+    return KnownIds(by_source, frozenset(unsent))
+
+
 def requeue_dead_letters(
     ctx: StepContext, *, classes: set[str] | None = None, chosen_ids: set[str] | None = None
 ) -> RequeueResult:
@@ -346,12 +359,13 @@ def _requeue_dead_letters(
         # Sending items again is the operator taking the day back up: the cancel is lifted.
         ledger.update_job(job.job_id, cancelled_at=None, cancelled_by=None, cancel_reason=None)
         job = ctx.job()
-    chosen = {
-        row["custom_id"]
+    rows = [
+        row
         for row in ledger.iter_dead_letters(job.job_id)
         if (classes is None or row["error_class"] in classes)
         and (chosen_ids is None or row["custom_id"] in chosen_ids or row["source_id"] in chosen_ids)
-    }
+    ]
+    chosen = {row["custom_id"] for row in rows}
     still_invalid: dict[str, str] = {}
     estimator = Estimator(ctx)
     tokens: dict[str, int] = {}
@@ -359,7 +373,9 @@ def _requeue_dead_letters(
 
     def lines() -> Iterator[tuple[str, bytes]]:
         encoder = ctx.batch_provider.line_encoder(spec)
-        preparer = Preparer(spec, ctx.day, ctx.price().context_window, encoder)
+        preparer = Preparer(
+            spec, ctx.day, ctx.price().context_window, encoder, ledger.item_id_key(), _ids_of(rows)
+        )
         for item in prepare_items(preparer, ctx.storage.open_lines(ctx.snapshot_uri())):
             if item.custom_id not in chosen:
                 continue

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from llm_assets import ids
 from llm_assets.compliance.policy import COMPLIANCE
 from llm_assets.failpoints import failpoint
-from llm_assets.items import PreparedItem, Preparer, prepare_items
+from llm_assets.items import KnownIds, PreparedItem, Preparer, prepare_items
 from llm_assets.memory import collector_paused, release_free_memory
 from llm_assets.resources.ledger import DEAD_LETTER, PENDING, BackgroundWriter, JobRecord
 from llm_assets.resources.storage import WrittenArtifact
@@ -219,11 +219,15 @@ def write_shard(
 @dataclasses.dataclass
 class _Intake:
     """Snapshot rows on their way into shards: rows the ledger knows are counted and skipped,
-    bad input becomes dead letters, the rest become request lines of new items."""
+    bad input becomes dead letters, the rest become request lines of new items.
+
+    A row with a source id is known by it (whatever custom_id the ledger gave it: a new id
+    key derives other ids), a row never sent (no id, a repeated id) by its custom_id."""
 
     ctx: StepContext
     job: JobRecord
-    known: set[str]
+    known_sources: set[str]
+    known_unsent: frozenset[str]
     snapshot_rows: int = 0
     already: int = 0
     dead_letters: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
@@ -250,13 +254,18 @@ class _Intake:
             }
         )
 
+    def is_known(self, item: PreparedItem) -> bool:
+        if item.source_id is None or item.error_code == ids.DUPLICATE_ID:
+            return item.custom_id in self.known_unsent
+        return item.source_id in self.known_sources
+
     def requests(self, items: Iterable[PreparedItem]) -> Iterator[tuple[str, bytes]]:
         """(custom_id, request line) of the items to send; the items are kept until their
         shard takes them (`pending_rows`)."""
         limit = self.ctx.spec.sharding.max_bytes_per_shard
         for item in items:
             self.snapshot_rows += 1
-            if item.custom_id in self.known:
+            if self.is_known(item):
                 self.already += 1
                 continue
             for found, count in item.found or ():
@@ -320,9 +329,17 @@ def _build_shards(ctx: StepContext) -> ShardsResult:
     job = ctx.job_or_create()
     estimator = Estimator(ctx)
     estimate = estimator.empty()
-    intake = _Intake(ctx, job, ledger.known_custom_ids(job.job_id))
+    # What the ledger holds of the day, read once (not per chunk or item): the rows it knows
+    # are skipped, so only new items get ids derived with the current key.
+    sources, unsent = ledger.known_items(job.job_id)
+    intake = _Intake(ctx, job, sources, frozenset(unsent))
     preparer = Preparer(
-        spec, ctx.day, ctx.price().context_window, ctx.batch_provider.line_encoder(spec)
+        spec,
+        ctx.day,
+        ctx.price().context_window,
+        ctx.batch_provider.line_encoder(spec),
+        ledger.item_id_key(),
+        KnownIds(unsent=intake.known_unsent),
     )
     requests = intake.requests(prepare_items(preparer, ctx.storage.open_lines(snapshot_uri)))
     round_no = ledger.next_round(job.job_id)

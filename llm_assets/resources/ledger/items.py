@@ -8,6 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from llm_assets.ids import DUPLICATE_ID
 from llm_assets.parallel import chunked
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.bulk import Bulk
@@ -80,10 +81,50 @@ def add_items(engine: Engine, items: Iterable[dict[str, Any]]) -> int:
     return inserted
 
 
-def known_custom_ids(engine: Engine, job_id: str) -> set[str]:
-    query = sa.select(result_table.c.custom_id).where(result_table.c.job_id == job_id)
+def _by_source() -> sa.ColumnElement[bool]:
+    """Rows that are their source id's item (not a repeat of it, not a row without one):
+    what the ledger finds by source id (see llm_assets/ids.py)."""
+    r = result_table.c
+    return sa.and_(
+        r.source_id.is_not(None), sa.or_(r.error_code.is_(None), r.error_code != DUPLICATE_ID)
+    )
+
+
+def known_items(engine: Engine, job_id: str) -> tuple[set[str], set[str]]:
+    """What of a day the ledger holds, read in one query: (the source ids of its items, the
+    custom_ids of its rows without one or repeating one). An item is known by its source id
+    whatever custom_id it was given, so a changed id key never adds it again."""
+    r = result_table.c
+    keyed = _by_source()
+    query = sa.select(
+        sa.case((keyed, r.source_id), else_=sa.null()),
+        sa.case((keyed, sa.null()), else_=r.custom_id),
+    ).where(r.job_id == job_id)
+    sources: set[str] = set()
+    unsent: set[str] = set()
     with engine.connect() as conn:
-        return set(conn.execute(query).scalars())
+        for source_id, custom_id in conn.execute(query):
+            if custom_id is None:
+                sources.add(source_id)
+            else:
+                unsent.add(custom_id)
+    return sources, unsent
+
+
+def custom_ids_by_source(
+    engine: Engine, job_id: str, source_ids: Iterable[str] | None = None
+) -> dict[str, str]:
+    """Source id → custom_id of a day's items (of `source_ids` only, when given): the ids
+    they were given, which they keep whatever the id key is now."""
+    r = result_table.c
+    query = sa.select(r.source_id, r.custom_id).where(r.job_id == job_id, _by_source())
+    queries = (
+        [query]
+        if source_ids is None
+        else [query.where(r.source_id.in_(chunk)) for chunk in chunked(source_ids, limits.CHUNK)]
+    )
+    with engine.connect() as conn:
+        return {source_id: cid for q in queries for source_id, cid in conn.execute(q)}
 
 
 def set_item_errors(

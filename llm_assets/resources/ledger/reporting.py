@@ -325,7 +325,8 @@ def missing_results(engine: Engine, job_id: str, limit: int = 1000) -> list[str]
 
 
 def iter_dead_letters(engine: Engine, job_id: str) -> Iterator[dict[str, Any]]:
-    """Dead letters with the provider batch of their last attempt, in custom_id order."""
+    """Dead letters with the provider batch of their last attempt, in source id order (rows
+    without one last): custom_ids are hashes, in no order a reader would follow."""
     query = (
         sa.select(
             _r.custom_id,
@@ -338,7 +339,7 @@ def iter_dead_letters(engine: Engine, job_id: str) -> Iterator[dict[str, Any]]:
         )
         .select_from(result_table.outerjoin(shard_table, _s.shard_id == _r.shard_id))
         .where(_r.job_id == job_id, _r.status == DEAD_LETTER)
-        .order_by(_r.custom_id)
+        .order_by(_r.source_id.asc().nulls_last(), _r.custom_id)
     )
     with engine.connect() as conn:
         for row in conn.execution_options(yield_per=limits.CHUNK).execute(query):

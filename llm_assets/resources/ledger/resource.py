@@ -3,6 +3,7 @@
 import contextlib
 import datetime as dt
 import functools
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -10,8 +11,10 @@ import dagster as dg
 from pydantic import PrivateAttr
 from sqlalchemy.engine import Connection, Engine
 
+from llm_assets import ids
 from llm_assets.resources.ledger import (
     budget,
+    id_keys,
     items,
     jobs,
     locks,
@@ -71,8 +74,14 @@ class LedgerResource(dg.ConfigurableResource):
     keepalives_interval_seconds: int = schema.DEFAULT_LIMITS.keepalives_interval_seconds
     keepalives_count: int = schema.DEFAULT_LIMITS.keepalives_count
     """PostgreSQL: unanswered probes after which the connection counts as dead."""
+    id_key: str | None = None
+    """The key custom_ids are derived with (llm_assets/ids.py); given as
+    dg.EnvVar("LLM_ASSETS_ID_KEY"), so Dagster shows the variable's name, never the key.
+    Unset: LLM_ASSETS_ID_KEY when the environment has it (as the SDKs read their keys), else
+    the key this ledger made at random on first use."""
 
     _ready: bool = PrivateAttr(default=False)
+    _item_id_key: bytes | None = PrivateAttr(default=None)
 
     @property
     def url(self) -> str:
@@ -105,6 +114,23 @@ class LedgerResource(dg.ConfigurableResource):
     def begin(self) -> contextlib.AbstractContextManager[Connection]:
         return self.engine.begin()
 
+    def item_id_key(self) -> bytes:
+        """The key of the custom_ids this process derives: the configured one (id_key, else
+        LLM_ASSETS_ID_KEY), else the ledger's own. Read once per resource."""
+        if self._item_id_key is None:
+            configured = self.id_key
+            if isinstance(configured, dg.EnvVar):
+                configured = configured.get_value()
+            configured = configured or os.environ.get(ids.ID_KEY_VARIABLE)
+            if configured:
+                problem = ids.id_key_problem(configured, ids.ID_KEY_VARIABLE)
+                if problem:
+                    raise ValueError(problem)
+                self._item_id_key = configured.encode()
+            else:
+                self._item_id_key = id_keys.ledger_id_key(self.engine).encode()
+        return self._item_id_key
+
     # Jobs
 
     get_or_create_job = _on_engine(jobs.get_or_create_job)
@@ -127,8 +153,8 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Items
 
-    def known_custom_ids(self, job_id: str) -> set[str]:
-        return items.known_custom_ids(self.engine, job_id)
+    known_items = _on_engine(items.known_items)
+    custom_ids_by_source = _on_engine(items.custom_ids_by_source)
 
     def add_items(self, new_items: Iterable[dict[str, Any]]) -> int:
         """Insert item rows (e.g. input dead letters); existing (job_id, custom_id) are kept."""

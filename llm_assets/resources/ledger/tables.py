@@ -252,3 +252,13 @@ pseudonym_table = sa.Table(
     sa.Column("mapping_json", sa.Text, nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
 )
+
+id_key_table = sa.Table(
+    "llm_id_key",
+    metadata,
+    # The key custom_ids are derived with when LLM_ASSETS_ID_KEY is not set: made at random by
+    # the first process that needs one, so every run and process of this ledger agrees.
+    sa.Column("name", sa.String(32), primary_key=True),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+)
