@@ -22,8 +22,9 @@ from llm_assets.compliance.policy import redacted, screen
 from llm_assets.compliance.spec import DEFAULT_PII
 from llm_assets.secrecy import mask_url
 from llm_assets.spec import parse_spec
-from tests.fakes.openai_server import FakeOpenAI, user_text
-from tests.harness import DAY, Harness, make_harness, review_spec, truthful
+from tests import test_compliance
+from tests.fakes.openai_server import FakeOpenAI
+from tests.harness import DAY, Harness, make_harness, review_spec
 
 ZWSP, NBSP, THIN, SOFT_HYPHEN, NB_HYPHEN = "\u200b", "\u00a0", "\u2009", "\u00ad", "\u2011"
 CARD = "4111111111111111"
@@ -299,18 +300,6 @@ UNICODE_REVIEWS = {
 
 
 @pytest.fixture
-def sent(fake: FakeOpenAI) -> list[str]:
-    received: list[str] = []
-
-    def answer(body: dict[str, object]) -> str:
-        received.append(user_text(body))
-        return truthful(body)
-
-    fake.responder = answer
-    return received
-
-
-@pytest.fixture
 def harness(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> Iterator[Harness]:
     compliance = {
         "pii": {"email": "pseudonymize"},
@@ -329,6 +318,9 @@ def harness(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> Iterator[Har
 def _digits(text: str) -> str:
     return "".join(c for c in view(text).text if c.isdigit())
 
+
+sent = test_compliance.sent
+"""The fixture of what the provider received, as it received it."""
 
 pytestmark = [pytest.mark.fake_server("openai")]
 
