@@ -211,11 +211,15 @@ def test_dead_letter_csv_cells_never_run_as_spreadsheet_formulas(env: Env) -> No
     )
 
     assert listed.returncode == 0, listed.stderr
-    rows = list(csv.DictReader(io.StringIO(listed.stdout.decode(), newline="")))
-    assert [r["error_message"] for r in rows] == [f"'{reason}" for reason in reasons]
-    assert [r["source_id"] for r in rows] == [f"'-{d['source_id']}" for d in dead]
-    assert [r["custom_id"] for r in rows] == [d["custom_id"] for d in dead]
-    assert [r["attempts"] for r in rows] == [str(d["attempts"]) for d in dead]
+    # Listed by source id, which the renaming above changed: rows are matched by custom_id.
+    rows = {
+        r["custom_id"]: r for r in csv.DictReader(io.StringIO(listed.stdout.decode(), newline=""))
+    }
+    assert len(rows) == len(dead)
+    for d, reason in zip(dead, reasons, strict=True):
+        assert rows[d["custom_id"]]["error_message"] == f"'{reason}"
+        assert rows[d["custom_id"]]["source_id"] == f"'-{d['source_id']}"
+        assert rows[d["custom_id"]]["attempts"] == str(d["attempts"])
 
 
 def test_short_forms_tell_every_row_apart() -> None:
