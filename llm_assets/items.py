@@ -271,16 +271,19 @@ def assess_lines(
         for p, line in zip(positions, lines, strict=True)
     ]
     # The prompts of a chunk are screened for personal data together: one scan, not one each.
-    prompts = [c for _, _, c in checked if isinstance(c, str) and not preparer.over_by_length(c)]
+    # A prompt over the context window by its length alone is dead-lettered by finish, unscanned.
+    over = [isinstance(c, str) and preparer.over_by_length(c) for _, _, c in checked]
+    prompts = [
+        c for (_, _, c), o in zip(checked, over, strict=True) if isinstance(c, str) and not o
+    ]
     compliance = preparer.spec.compliance
     screened = iter(
         screen(prompts, preparer.policy, compliance.phone_regions, compliance.max_scanned_chars)
     )
     assessed = []
-    for position, (source_id, where, outcome) in zip(positions, checked, strict=True):
+    for position, (source_id, where, outcome), unsent in zip(positions, checked, over, strict=True):
         if isinstance(outcome, str):
             assert source_id is not None
-            unsent = preparer.over_by_length(outcome)  # dead-lettered by finish, unscanned
             screened_text = Screened(outcome) if unsent else next(screened)
             outcome = preparer.finish(source_id, where, screened_text, position)
         assessed.append((source_id, where, *outcome))
