@@ -1335,7 +1335,7 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 11
+    assert schema_version(upgraded) == SCHEMA_VERSION == 12
     inspector = sa.inspect(upgraded.engine)
     columns = {c["name"] for c in inspector.get_columns("llm_batch_result")}
     assert "request_offset" in columns
@@ -1376,7 +1376,7 @@ def test_a_version_8_ledger_gains_the_lock_leases_and_the_lifecycle_columns(
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 11
+    assert schema_version(upgraded) == SCHEMA_VERSION == 12
     inspector = sa.inspect(upgraded.engine)
     assert "llm_lock_lease" in inspector.get_table_names()
     for table, columns in added.items():
@@ -1400,7 +1400,7 @@ def test_a_version_9_ledger_gains_when_retention_expired_a_day(database_url: str
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 11
+    assert schema_version(upgraded) == SCHEMA_VERSION == 12
     job = upgraded.get_job(JOB)
     assert job is not None and job.retention_expired_at is None
     assert upgraded.expire_jobs([JOB]).jobs_expired == 1
@@ -1425,10 +1425,41 @@ def test_a_version_10_ledger_gains_the_id_key_table_and_keeps_its_ids(
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 11
+    assert schema_version(upgraded) == SCHEMA_VERSION == 12
     key = upgraded.item_id_key()
     assert len(key) == 64 and LedgerResource(database_url=database_url).item_id_key() == key
     assert upgraded.known_items(JOB) == ({"src-20261102_R-1_0123456789abcdef0123"}, set())
+
+
+def test_a_version_11_ledger_gains_the_learned_quotas_and_when_batches_started(
+    database_url: str,
+) -> None:
+    """Version 12 learns provider quotas (llm_quota) and records when a batch started; a
+    version 11 ledger keeps its shards, which have not started as far as it knows."""
+    from llm_assets.resources.ledger import QuotaKey
+    from llm_assets.steps import quota
+
+    first = LedgerResource(database_url=database_url)
+    make_job(first)
+    first.add_shard_with_items(shard_row(item_count=1), [item_row(cid(1), shard=shard_id(0, 0))])
+    with engine_of(database_url).begin() as conn:
+        conn.execute(sa.text("DROP TABLE llm_quota"))
+        conn.execute(sa.text("ALTER TABLE llm_batch_shard DROP COLUMN started_at"))
+        conn.execute(sa.delete(tables.schema_version))
+        conn.execute(sa.insert(tables.schema_version).values(version=11, applied_at=L.utcnow()))
+    schema.ensure_schema.cache_clear()
+
+    upgraded = LedgerResource(database_url=database_url)
+
+    assert schema_version(upgraded) == SCHEMA_VERSION == 12
+    shard = upgraded.get_shard(shard_id(0, 0))
+    assert shard is not None and shard.started_at is None
+    assert upgraded.mark_started(shard.shard_id) and not upgraded.mark_started(shard.shard_id)
+    key = QuotaKey(provider="openai", account="default", model_name="m", kind=quota.TOKENS)
+    learned = upgraded.learn_quota(
+        key, lambda r: quota.after_refusal(r, load=900, amount=300, stated=None, now=L.utcnow())
+    )
+    assert (learned.learned_limit, learned.refusals) == (900, 1)
 
 
 def test_a_version_6_ledger_gains_the_pipeline_state_table(database_url: str) -> None:
@@ -1443,7 +1474,7 @@ def test_a_version_6_ledger_gains_the_pipeline_state_table(database_url: str) ->
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 11
+    assert schema_version(upgraded) == SCHEMA_VERSION == 12
     assert "llm_batch_pipeline_state" in sa.inspect(upgraded.engine).get_table_names()
     assert upgraded.get_job(JOB) is not None
     assert upgraded.pipeline_pause("reviews") is None

@@ -231,6 +231,17 @@ def day_lock(
             yield
 
 
+@contextlib.contextmanager
+def quota_lock(engine: Engine, quota: str, *, holder: str, wait_seconds: float) -> Iterator[bool]:
+    """Hold the right to admit a shard under one provider quota (`quota` names it): runs
+    admit one shard at a time, each seeing what the one before it sent. Yields False when
+    another run kept it for `wait_seconds`. Not fenced: it orders admissions, and the writes
+    made under it are the shard's, fenced by the shard's and the day's locks."""
+    wait = (wait_seconds, lambda _who, _waited: None)
+    with _lock(engine, f"quota\0{quota}", wait=wait, holder=holder) as got:
+        yield got
+
+
 _Wait = tuple[float, Callable[[str, float], None]]
 
 

@@ -109,6 +109,8 @@ class ShardRecord(BaseModel):
     provider_files_deleted_at: UtcDatetime | None = None
     """When the shard's files at the provider were deleted after its import (retention)."""
     submitted_at: UtcDatetime | None
+    started_at: UtcDatetime | None = None
+    """When the provider was first seen working on the batch (or ended it, not for a quota)."""
     ended_at: UtcDatetime | None
     imported_at: UtcDatetime | None
     created_at: UtcDatetime | None = None
@@ -170,3 +172,45 @@ class UpsertStats(BaseModel):
         self.duplicates += 1
         if len(self.duplicate_ids) < 100 and custom_id not in self.duplicate_ids:
             self.duplicate_ids.append(custom_id)
+
+
+class QuotaKey(BaseModel):
+    """One quota a provider keeps: what it counts (`kind`: "tokens" enqueued or "batches" in
+    progress) of one model, for one account or endpoint."""
+
+    model_config = ConfigDict(frozen=True)
+
+    provider: str
+    account: str
+    model_name: str
+    kind: str
+
+
+class QuotaRecord(BaseModel):
+    """What the ledger learned of one quota (see steps/quota.py)."""
+
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+    provider: str
+    account: str
+    model_name: str
+    kind: str
+    learned_limit: int | None = None
+    admitted_peak: int = 0
+    refusals: int = 0
+    admissions: int = 0
+    probe_every: int = 8
+    stated_limit: int | None = None
+    how: str | None = None
+    learned_at: UtcDatetime | None = None
+    updated_at: UtcDatetime | None = None
+
+    @property
+    def key(self) -> QuotaKey:
+        return QuotaKey(
+            provider=self.provider, account=self.account, model_name=self.model_name, kind=self.kind
+        )
+
+    @classmethod
+    def new(cls, key: QuotaKey) -> "QuotaRecord":
+        return cls(**key.model_dump())

@@ -288,26 +288,6 @@ def recent_provider_batch_ids(engine: Engine, provider: str, since: dt.datetime)
         return frozenset(conn.execute(query).scalars())
 
 
-def in_flight_load(engine: Engine, provider: str, model: str) -> tuple[int, int]:
-    """(batches, estimated prompt tokens) of a provider's model in flight, every pipeline's:
-    what its quota counts."""
-    query = (
-        sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_s.estimated_input_tokens), 0))
-        .select_from(shard_table.join(job_table, _s.job_id == _j.job_id))
-        .where(
-            _s.provider == provider,
-            _j.model_name == model,
-            _s.status.in_(["submitted", "running"]),
-            _s.provider_batch_id.is_not(None),
-            # Shards sent request by request are no batches.
-            sa.not_(_s.provider_batch_id.startswith("online-")),
-        )
-    )
-    with engine.connect() as conn:
-        batches, tokens = conn.execute(query).one()
-    return int(batches), int(tokens)
-
-
 def missing_results(engine: Engine, job_id: str, limit: int = 1000) -> list[str]:
     """Items sent but never answered: dead letters that ran out of attempts without a result,
     and items still `submitted` although their shard was imported."""

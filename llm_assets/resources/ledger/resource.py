@@ -22,6 +22,7 @@ from llm_assets.resources.ledger import (
     outputs,
     pauses,
     pseudonyms,
+    quotas,
     reporting,
     results,
     retention,
@@ -262,6 +263,10 @@ class LedgerResource(dg.ConfigurableResource):
         """Compare-and-set on the shard's status; returns whether the row changed."""
         return shards.update_shard(self.engine, shard_id, expect_status=expect_status, **values)
 
+    def mark_started(self, shard_id: str) -> bool:
+        """Record that the provider began the shard's batch; True for the one call that did."""
+        return shards.mark_started(self.engine, shard_id)
+
     @contextlib.contextmanager
     def submission_lock(
         self, shard_id: str, *, holder: str = "", wait_seconds: float = 0.0
@@ -270,6 +275,12 @@ class LedgerResource(dg.ConfigurableResource):
         with locks.submission_lock(
             self.engine, shard_id, holder=holder, wait_seconds=wait_seconds
         ) as got:
+            yield got
+
+    @contextlib.contextmanager
+    def quota_lock(self, quota: str, *, holder: str, wait_seconds: float = 60.0) -> Iterator[bool]:
+        """Hold the right to admit a shard under one provider quota (see locks.quota_lock)."""
+        with locks.quota_lock(self.engine, quota, holder=holder, wait_seconds=wait_seconds) as got:
             yield got
 
     def submission_held(self, shard_id: str) -> bool:
@@ -376,9 +387,6 @@ class LedgerResource(dg.ConfigurableResource):
     def active_jobs(self, pipeline: str, since: dt.datetime) -> list[JobRecord]:
         return reporting.active_jobs(self.engine, pipeline, since)
 
-    def in_flight_load(self, provider: str, model: str) -> tuple[int, int]:
-        return reporting.in_flight_load(self.engine, provider, model)
-
     def recent_provider_batch_ids(self, provider: str, since: dt.datetime) -> frozenset[str]:
         return reporting.recent_provider_batch_ids(self.engine, provider, since)
 
@@ -402,6 +410,16 @@ class LedgerResource(dg.ConfigurableResource):
     claim_notification = _on_engine(notifications.claim_notification)
     record_delivery = _on_engine(notifications.record_delivery)
     sent_notifications = _on_engine(notifications.sent_notifications)
+
+    # Quotas
+
+    quota_record = _on_engine(quotas.quota_record)
+    learn_quota = _on_engine(quotas.learn_quota)
+    quota_records = _on_engine(quotas.quota_records)
+    reset_quotas = _on_engine(quotas.reset_quotas)
+    in_flight_load = _on_engine(quotas.in_flight_load)
+    model_freed_at = _on_engine(quotas.model_freed_at)
+    batch_history = _on_engine(quotas.batch_history)
 
     # Pauses
 

@@ -89,6 +89,18 @@ def update_shard(
         return conn.execute(query.values(**values, updated_at=utcnow())).rowcount > 0
 
 
+def mark_started(engine: Engine, shard_id: str) -> bool:
+    """Record that the provider began the shard's batch; True for the one call that did
+    (two runs polling it at once record it once)."""
+    query = (
+        sa.update(shard_table)
+        .where(shard_table.c.shard_id == shard_id, shard_table.c.started_at.is_(None))
+        .values(started_at=utcnow())
+    )
+    with engine.begin() as conn:
+        return conn.execute(query).rowcount > 0
+
+
 def record_submit_intent(engine: Engine, shard_id: str, price_json: str) -> None:
     """Record that the shard is about to be sent, and the price its results are charged at.
     The intent is what tells a later run to look for a batch the provider may have made

@@ -111,6 +111,10 @@ shard_table = sa.Table(
     # When the shard's files at the provider were deleted after its import (retention).
     sa.Column("provider_files_deleted_at", Timestamp, nullable=True),
     sa.Column("submitted_at", Timestamp, nullable=True),
+    # When the provider was first seen working on the batch (or ended it, not for a quota):
+    # how long batches wait to start, and, where a quota refuses batches after their
+    # creation (OpenAI's), that this one was admitted (steps/quota.py).
+    sa.Column("started_at", Timestamp, nullable=True),
     sa.Column("ended_at", Timestamp, nullable=True),
     sa.Column("imported_at", Timestamp, nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
@@ -261,4 +265,29 @@ id_key_table = sa.Table(
     sa.Column("name", sa.String(32), primary_key=True),
     sa.Column("key", sa.Text, nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
+)
+
+quota_table = sa.Table(
+    "llm_quota",
+    metadata,
+    # What a provider admits in flight for one model of one account, learned from what it
+    # did (steps/quota.py): every run, day and worker of this ledger admits shards by it.
+    sa.Column("provider", sa.String(32), primary_key=True),
+    sa.Column("account", sa.String(256), primary_key=True),
+    sa.Column("model_name", sa.String(size.MODEL_NAME), primary_key=True),
+    # What the quota counts: "tokens" (prompt tokens enqueued) or "batches" (in progress).
+    sa.Column("kind", sa.String(16), primary_key=True),
+    # The most in flight that is admitted; NULL until a refusal (or the provider) told it.
+    sa.Column("learned_limit", BigInt, nullable=True),
+    # The most seen admitted in flight at once: how far submission may go while unknown.
+    sa.Column("admitted_peak", BigInt, nullable=False, server_default="0"),
+    sa.Column("refusals", sa.Integer, nullable=False, server_default="0"),
+    # Admissions since the last refusal or probe: one shard above the limit is tried
+    # (a probe) after `probe_every` of them; a refused probe doubles it.
+    sa.Column("admissions", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("probe_every", sa.Integer, nullable=False, server_default="8"),
+    sa.Column("stated_limit", BigInt, nullable=True),
+    sa.Column("how", sa.Text, nullable=True),
+    sa.Column("learned_at", Timestamp, nullable=True),
+    sa.Column("updated_at", Timestamp, nullable=False),
 )
