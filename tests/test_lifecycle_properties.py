@@ -42,7 +42,7 @@ from llm_assets.steps.in_process import InProcessRuns
 from tests.fakes.memory_provider import OUTCOMES, MemoryProvider
 from tests.harness import review_spec
 
-EXAMPLES = 300
+EXAMPLES = 400
 """Interleavings tried in the normal suite."""
 STEPS = 12
 CRASH_POINTS = tuple(
@@ -119,6 +119,7 @@ def test_the_lifecycle_keeps_its_promises_under_any_interleaving(tmp_path: Path)
         def start(self, items: int, crash: str | None) -> None:
             self.day = FIRST_DAY + dt.timedelta(days=1 + next(world.days))
             world.provider = MemoryProvider()  # each interleaving meets a provider of its own
+            world.ledger.reset_quotas()  # and learns its quota afresh
             self.ctx = world.context(self.day)
             self.runs = InProcessRuns(world.source(self.day, items))
             self.driver = steps.DayDriver(self.ctx, runs=self.runs, poll_every=0.0)

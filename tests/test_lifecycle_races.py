@@ -21,7 +21,8 @@ import pytest
 import sqlalchemy as sa
 
 from llm_assets import steps
-from llm_assets.resources.ledger import TERMINAL
+from llm_assets.resources.ledger import TERMINAL, QuotaKey
+from llm_assets.steps import quota
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.common import Gate, held_call
 from tests.fakes.online_server import FakeOnline
@@ -390,6 +391,14 @@ def break_locks(harness: Harness) -> None:
         return
     names = [f"day\0{harness.job_id()}"]
     names += [f"shard\0{s.shard_id}" for s in harness.ledger.shards(harness.job_id())]
+    provider = harness.provider
+    admission = QuotaKey(
+        provider=harness.spec.model.provider,
+        account=provider.quota_account(),
+        model_name=harness.spec.model.name,
+        kind=provider.quota_kind,
+    )
+    names.append(f"quota\0{quota.key_name(admission)}")
     with engine.connect() as conn:
         killed = 0
         for name in names:

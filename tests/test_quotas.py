@@ -44,7 +44,7 @@ def openai_day(tmp_path: Path, database_url: str) -> Iterator[tuple[FakeOpenAI, 
         yield fake, tmp_path, database_url
 
 
-@pytest.mark.parametrize("kept_by_spec", [True, False], ids=["spec-limit", "refused"])
+@pytest.mark.parametrize("kept_by_spec", [True, False], ids=["spec-limit", "learned"])
 def test_an_enqueued_token_limit_is_waited_out_without_spending_attempts(
     openai_day: tuple[FakeOpenAI, Path, str], kept_by_spec: bool
 ) -> None:
@@ -65,8 +65,9 @@ def test_an_enqueued_token_limit_is_waited_out_without_spending_attempts(
             assert fake.peak_enqueued_tokens["gpt-4o-mini"] <= LIMIT
             assert len(shards) == REVIEWS // 10
         else:
-            # Refused batches ran nothing; their items went again in later rounds.
-            assert refused
+            # Submission started slowly and learned the limit from at most one refusal; a
+            # refused batch ran nothing, and its items went again in a later round.
+            assert len(refused) <= 1
             assert sum(s.item_count for s in shards if s.kind == "retry") >= sum(
                 s.item_count for s in refused
             )
@@ -107,7 +108,12 @@ def test_the_quota_wait_shows_in_the_ledger_and_the_step_metadata(
             metadata = {k: v.value for k, v in materialization.metadata.items()}
             assert metadata["submitted_shards"] == 1
             assert metadata["shards_waiting_for_quota"] == 2
-            assert "rate_limit_error" in metadata["quota"] or "exceeded" in metadata["quota"]
+            # What is in flight against what was learned, and how: here the provider said.
+            assert metadata["quota"].startswith(
+                "waiting for quota: 1 of ~1 batches of claude-haiku-4-5 in flight "
+                "(stated by the provider "
+            )
+            assert "exceeded your limit of 1" in metadata["quota"]
             waiting = [s for s in h.ledger.shards(h.job_id()) if s.provider_batch_id is None]
             assert {s.raw_status for s in waiting} == {WAITING_FOR_QUOTA}
             assert all(s.not_before is not None for s in waiting)

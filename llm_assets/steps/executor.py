@@ -21,18 +21,20 @@ from llm_assets.resources.ledger import (
     JobCounts,
     JobRecord,
     LedgerResource,
+    QuotaKey,
     ShardRecord,
     utcnow,
 )
 from llm_assets.resources.providers.base import (
     IN_FLIGHT_STATES,
     ONLINE_BATCH_PREFIX,
+    WAITING_FOR_QUOTA,
     BatchProvider,
     BatchStatus,
     ShardState,
 )
 from llm_assets.spec import PipelineSpec
-from llm_assets.steps import lifecycle
+from llm_assets.steps import lifecycle, quota
 from llm_assets.steps.context import StepContext
 from llm_assets.steps.lifecycle import Action, DayState, Decision, ShardView, Step
 from llm_assets.steps.pause import pause_reason
@@ -83,13 +85,63 @@ def poll_shards(
             "failed_requests": status.failed,
             "message": status.message,
         }
+        refused = status.ended and provider.ended_for_quota(status.raw_status, status.message)
         if status.ended:
             values["ended_at"] = utcnow()
-        ledger.update_shard(shard.shard_id, expect_status=IN_FLIGHT_STATES, **values)
+        ended = ledger.update_shard(shard.shard_id, expect_status=IN_FLIGHT_STATES, **values)
+        started = (
+            shard.started_at is None
+            and not refused
+            and _started(status)
+            and ledger.mark_started(shard.shard_id)
+        )
         refreshed = ledger.get_shard(shard.shard_id)
         assert refreshed is not None
         updated.append(refreshed)
+        if provider.refuses_after_create and ((ended and refused) or started):
+            _learn_from_poll(ledger, provider, refreshed, refused=refused, status=status)
     return updated
+
+
+def _started(status: BatchStatus) -> bool:
+    """Whether the provider has begun the batch's requests (or ran some before it ended)."""
+    if status.state in (ShardState.RUNNING, ShardState.COMPLETED, ShardState.EXPIRED):
+        return True
+    return status.ended and status.completed + status.failed > 0
+
+
+def _learn_from_poll(
+    ledger: LedgerResource,
+    provider: BatchProvider,
+    shard: ShardRecord,
+    *,
+    refused: bool,
+    status: BatchStatus,
+) -> None:
+    """A provider that refuses batches after creating them (OpenAI) tells at a poll whether
+    one was admitted under its quota: what the quota's learner hears (steps/quota.py)."""
+    job = ledger.get_job(shard.job_id)
+    if job is None:
+        return
+    key = QuotaKey(
+        provider=shard.provider,
+        account=provider.quota_account(),
+        model_name=job.model_name,
+        kind=provider.quota_kind,
+    )
+    load = quota.amount_of(
+        key.kind, *ledger.in_flight_load(shard.provider, job.model_name, started_only=True)
+    )
+    amount = quota.amount_of(key.kind, 1, shard.estimated_input_tokens)
+    now = utcnow()
+    if refused:
+        stated = quota.stated_limit(status.message or "")
+        ledger.learn_quota(
+            key,
+            lambda r: quota.after_refusal(r, load=load, amount=amount, stated=stated, now=now),
+        )
+    else:
+        ledger.learn_quota(key, lambda r: quota.after_admission(r, load=load, now=now))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +207,24 @@ def load_state(ctx: StepContext) -> DayState:
         if no_source_rows(spec, ctx.day, ctx.storage):
             flags["no_source_rows"] = no_source_rows_reason(ctx.day)
         return DayState.of(None, (), JobCounts(), now=now, paused=paused, **flags)
-    views = tuple(_view(ledger, shard) for shard in ledger.shards(job.job_id))
+    shards = ledger.shards(job.job_id)
+    views = tuple(_view(ledger, shard) for shard in shards)
+    model = (job.provider, job.model_name)
+    if any(s.raw_status == WAITING_FOR_QUOTA and s.status in lifecycle.WAITING for s in shards):
+        # Where the provider admits batches after their creation, a start frees room too:
+        # submission goes by what was seen started until the limit is known.
+        starts = ctx.provider is not None and ctx.provider.refuses_after_create
+        flags["quota_freed_at"] = ledger.model_freed_at(*model, starts=starts)
+    if any(s.status in IN_FLIGHT_STATES for s in shards):
+        flags["batch_seconds"] = _median([total for _, total in ledger.batch_history(*model)])
     return DayState.of(job, views, ledger.counts(job.job_id), now=now, paused=paused, **flags)
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def job_spec(spec: PipelineSpec, job: JobRecord) -> PipelineSpec:

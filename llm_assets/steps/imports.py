@@ -281,7 +281,8 @@ def _cancelled_shards(ctx: StepContext, job: JobRecord) -> set[str]:
 
 def plan_retries(ctx: StepContext, job: JobRecord) -> tuple[list[str], int]:
     """Dead-letter retryable items out of attempts; put the rest into a new round of shards,
-    submitted after a backoff. Returns the new shards and how many items were given up."""
+    submitted after a backoff (none for items of batches refused for quota). Returns the
+    new shards and how many items were given up."""
     ledger = ctx.ledger
     tokens: dict[str, int] = {}
     retry_by_shard, gave_up = _sort_retries(ctx, job, tokens)
@@ -298,7 +299,15 @@ def plan_retries(ctx: StepContext, job: JobRecord) -> tuple[list[str], int]:
                 ctx.storage, old.input_uri, retry_by_shard[old_shard_id], id_field=id_field
             )
 
-    not_before = utcnow() + dt.timedelta(seconds=retry_backoff(ctx.spec, round_no))
+    # Items of batches the provider refused for quota ran nothing and failed nothing: they
+    # go again without a backoff, as soon as the quota admits them (steps/quota.py).
+    olds = [ledger.get_shard(shard_id) for shard_id in retry_by_shard]
+    for_quota = all(
+        old is not None and ctx.batch_provider.ended_for_quota(old.raw_status, old.message)
+        for old in olds
+    )
+    backoff = None if for_quota else retry_backoff(ctx.spec, round_no)
+    not_before = None if backoff is None else utcnow() + dt.timedelta(seconds=backoff)
     round_ = ShardRound(ctx, job, round_no, not_before=not_before)
     estimator = Estimator(ctx)
     created: list[str] = []

@@ -9,14 +9,16 @@ the online worker before each send (`may_send`). No other module decides what a 
 
 The rules, shard by shard:
 
-- never sent (`created`): submitted when due (its retry backoff or quota wait over, a pause
-  lifted); a first-round shard is left to the run that built it for `FRESH_SHARD_GRACE`,
-  then submitted by whoever asks (that run died). When the day or the shard is cancelled
+- never sent (`created`): submitted when due (its retry backoff over, a pause lifted, or,
+  waiting for quota, a batch of its model ended since, or its quota wait over); a
+  first-round shard is left to the run that built it for `FRESH_SHARD_GRACE`, then
+  submitted by whoever asks (that run died). When the day or the shard is cancelled
   the shard is closed unsent, its items `cancelled` dead letters; while paused it waits. A
   shard whose submission began (an intent) but recorded no batch may have a live batch at
   the provider: before it is closed, or while it may not be sent, the batch is looked for
   (`reconcile`) and, if found, recorded, then cancelled or imported like any other.
-- in flight: polled on a schedule that backs off as the batch ages (`next_poll_at`); a
+- in flight: polled on a schedule that backs off as the batch ages and follows how long the
+  model's batches lately took (`next_poll_at`); a
   cancelled day's or shard's batch is cancelled at the provider once. A shard sent request
   by request (online) is worked by provider_batches: resumed when no worker holds it, ended
   as cancelled when the day is cancelled.
@@ -38,7 +40,12 @@ import hashlib
 from enum import StrEnum
 
 from llm_assets.resources.ledger import DEAD_LETTER, JobCounts, JobRecord, ShardRecord
-from llm_assets.resources.providers.base import ENDED_STATES, IN_FLIGHT_STATES, ShardState
+from llm_assets.resources.providers.base import (
+    ENDED_STATES,
+    IN_FLIGHT_STATES,
+    WAITING_FOR_QUOTA,
+    ShardState,
+)
 from llm_assets.result_rows import RETRY
 
 FRESH_SHARD_GRACE = dt.timedelta(minutes=5)
@@ -179,6 +186,13 @@ class DayState:
     job_id: str = ""
     validated_at: dt.datetime | None = None
     reported_at: dt.datetime | None = None
+    quota_freed_at: dt.datetime | None = None
+    """When a batch of the day's model last ended, any pipeline's (or, at a provider that
+    admits batches after creating them, was seen started): room freed under the provider's
+    quota, so shards waiting for it are sent again at once."""
+    batch_seconds: float | None = None
+    """How long the model's batches took from submission to end lately (the median), when
+    known: polls are spaced by it."""
 
     @classmethod
     def of(
@@ -189,7 +203,7 @@ class DayState:
         *,
         now: dt.datetime,
         paused: str | None,
-        **flags: bool | str | None,
+        **flags: bool | str | float | dt.datetime | None,
     ) -> "DayState":
         if job is None:
             return cls(now=now, has_job=False, paused=paused, **flags)  # type: ignore[arg-type]
@@ -249,14 +263,20 @@ class Decision:
         )
 
 
-def next_poll_at(shard: ShardView, now: dt.datetime, poll_every: float) -> dt.datetime:
+def next_poll_at(
+    shard: ShardView, now: dt.datetime, poll_every: float, expected: float | None = None
+) -> dt.datetime:
     """When a batch in flight is asked about next: a second after its last poll while it
-    is young, then a tenth of its age apart, never more than `poll_every` seconds."""
+    is young, then a tenth of its age apart, never more than `poll_every` seconds. When the
+    model's batches lately took `expected` seconds, a batch far from that is polled at half
+    the time left (up to `poll_every`), closer and closer as it falls due."""
     if poll_every <= 0 or shard.touched_at is None:
         return now
     age = (now - (shard.submitted_at or shard.touched_at)).total_seconds()
-    delay = min(max(age * POLL_AGE_SHARE, POLL_FIRST_SECONDS), poll_every)
-    return shard.touched_at + dt.timedelta(seconds=delay)
+    delay = max(age * POLL_AGE_SHARE, POLL_FIRST_SECONDS)
+    if expected is not None and age < expected:
+        delay = max(delay, (expected - age) / 2)
+    return shard.touched_at + dt.timedelta(seconds=min(delay, poll_every))
 
 
 def may_send(*, cancelled: bool, shard_cancelled: bool, paused: str | None) -> str | None:
@@ -319,6 +339,17 @@ class _Sorted:
     wake: list[dt.datetime] = dataclasses.field(default_factory=list)
 
 
+def _room_freed(s: ShardView, state: DayState) -> bool:
+    """Whether room freed under the quota (a batch of the model ended or started) since the
+    shard began to wait for it."""
+    return (
+        s.raw_status == WAITING_FOR_QUOTA
+        and state.quota_freed_at is not None
+        and s.touched_at is not None
+        and state.quota_freed_at > s.touched_at
+    )
+
+
 def _sort_waiting(s: ShardView, state: DayState, stop: bool, into: _Sorted) -> None:
     if stop or state.paused:
         if s.intent:
@@ -331,7 +362,7 @@ def _sort_waiting(s: ShardView, state: DayState, stop: bool, into: _Sorted) -> N
     if s.raw_status == GATED:
         into.gated.append(s)
         return
-    if s.not_before is not None and s.not_before > state.now:
+    if s.not_before is not None and s.not_before > state.now and not _room_freed(s, state):
         into.wake.append(s.not_before)  # a retry backoff or a quota wait
         return
     fresh_until = _fresh(s, state.now)
@@ -354,7 +385,11 @@ def _sort_in_flight(s: ShardView, state: DayState, stop: bool, poll_every: float
     if stop and not s.cancel_sent:
         into.cancel.append(s)
         return
-    due = state.now if state.polls_do_work else next_poll_at(s, state.now, poll_every)
+    due = (
+        state.now
+        if state.polls_do_work
+        else next_poll_at(s, state.now, poll_every, state.batch_seconds)
+    )
     if due <= state.now:
         into.poll.append(s)
     else:

@@ -15,6 +15,7 @@ from llm_assets.resources.ledger import (
     PENDING,
     JobRecord,
     LostLock,
+    QuotaKey,
     ShardMismatch,
     ShardRecord,
     utcnow,
@@ -26,7 +27,7 @@ from llm_assets.resources.providers.base import (
     ShardSubmission,
 )
 from llm_assets.resources.providers.retrying import QuotaRefused
-from llm_assets.steps import lifecycle
+from llm_assets.steps import lifecycle, quota
 from llm_assets.steps.budget import budget_gate, hold_for_gate, reserve_pipeline_budget
 from llm_assets.steps.compliance import compliance_gate
 from llm_assets.steps.context import GateBlocked, StepContext
@@ -147,27 +148,93 @@ class _Submitter:
             return
         if self.quota is None:
             try:
-                self.keep_quota(pending)
-                self.submitted[pending.shard_id] = self.submit_one(pending)
+                self.submitted[pending.shard_id] = self.admit(pending)
                 return
             except QuotaRefused as refused:
                 self.quota = refused
         self.wait_for_quota(pending, self.quota)
 
-    def keep_quota(self, shard: ShardRecord) -> None:
-        """Raise QuotaRefused when submitting the shard would go past the spec's quota for
-        its provider and model, counting every pipeline's batches in flight."""
-        quota, spec = self.ctx.spec.quota, self.ctx.spec
-        if quota.max_active_batches is None and quota.max_enqueued_tokens is None:
-            return
-        model = f"{spec.model.provider}/{spec.model.name}"
-        batches, tokens = self.ctx.ledger.in_flight_load(spec.model.provider, spec.model.name)
-        if quota.max_active_batches is not None and batches >= quota.max_active_batches:
-            raise QuotaRefused(
-                f"{batches} batches of {model} in flight; quota.max_active_batches is "
-                f"{quota.max_active_batches}"
+    def admit(self, shard: ShardRecord) -> str:
+        """Submit the shard if the provider's quota for its model has room for it, by the
+        spec's declared quota and by what the ledger learned (steps/quota.py); otherwise
+        raise QuotaRefused. Admissions of one quota are made one at a time, across runs."""
+        ctx, spec = self.ctx, self.ctx.spec
+        provider = ctx.batch_provider
+        key = QuotaKey(
+            provider=spec.model.provider,
+            account=provider.quota_account(),
+            model_name=spec.model.name,
+            kind=provider.quota_kind,
+        )
+        with ctx.ledger.quota_lock(quota.key_name(key), holder=ctx.created_by) as mine:
+            if not mine:
+                raise QuotaRefused("another run is admitting shards of this model", 1.0)
+            batches, tokens = ctx.ledger.in_flight_load(spec.model.provider, spec.model.name)
+            self.keep_declared(shard, batches, tokens)
+            record = ctx.ledger.quota_record(key)
+            load = quota.amount_of(key.kind, batches, tokens)
+            amount = quota.amount_of(key.kind, 1, shard.estimated_input_tokens)
+            declared = (
+                spec.quota.max_enqueued_tokens
+                if key.kind == quota.TOKENS
+                else spec.quota.max_active_batches
             )
-        limit = quota.max_enqueued_tokens
+            slow_start = provider.refuses_after_create and declared is None
+            if slow_start and record.learned_limit is None:
+                # Until a refusal shows the limit, go by what was seen started.
+                started = ctx.ledger.in_flight_load(
+                    spec.model.provider, spec.model.name, started_only=True
+                )
+                record = record.model_copy(
+                    update={
+                        "admitted_peak": max(
+                            record.admitted_peak, quota.amount_of(key.kind, *started)
+                        )
+                    }
+                )
+            gate = quota.admission(
+                record,
+                load=load,
+                amount=amount,
+                model=spec.model.name,
+                slow_start=slow_start,
+                now=utcnow(),
+                batches=batches,
+            )
+            if not gate.admit:
+                raise QuotaRefused(gate.reason)
+            try:
+                batch_id = self.submit_one(shard)
+            except QuotaRefused as refused:
+                stated = quota.stated_limit(str(refused))
+                learned = ctx.ledger.learn_quota(
+                    key,
+                    lambda r: quota.after_refusal(
+                        r, load=load, amount=amount, stated=stated, now=utcnow()
+                    ),
+                )
+                raise QuotaRefused(
+                    f"{quota.words(learned, load, spec.model.name)}; {spec.model.provider} "
+                    f"refused a batch: {refused}",
+                    refused.retry_after_seconds,
+                ) from None
+            if not provider.refuses_after_create:
+                ctx.ledger.learn_quota(
+                    key, lambda r: quota.after_admission(r, load=load + amount, now=utcnow())
+                )
+            return batch_id
+
+    def keep_declared(self, shard: ShardRecord, batches: int, tokens: int) -> None:
+        """Raise QuotaRefused when submitting the shard would go past the spec's declared
+        quota for its provider and model, counting every pipeline's batches in flight."""
+        declared, spec = self.ctx.spec.quota, self.ctx.spec
+        model = f"{spec.model.provider}/{spec.model.name}"
+        if declared.max_active_batches is not None and batches >= declared.max_active_batches:
+            raise QuotaRefused(
+                f"waiting for quota: {batches} of {declared.max_active_batches} batches of "
+                f"{spec.model.name} in flight (quota.max_active_batches in the spec)"
+            )
+        limit = declared.max_enqueued_tokens
         if limit is None or tokens + shard.estimated_input_tokens <= limit:
             return
         if batches == 0:
@@ -177,13 +244,15 @@ class _Submitter:
                 "could never be admitted; lower sharding.max_requests_per_shard"
             )
         raise QuotaRefused(
-            f"{tokens:,} prompt tokens of {model} in flight and {shard.estimated_input_tokens:,} "
-            f"in this shard; quota.max_enqueued_tokens is {limit:,}"
+            f"waiting for quota: {quota.short(tokens)} of {quota.short(limit)} enqueued tokens "
+            f"of {spec.model.name} in flight and {shard.estimated_input_tokens:,} in this "
+            "shard (quota.max_enqueued_tokens in the spec)"
         )
 
     def wait_for_quota(self, shard: ShardRecord, refused: QuotaRefused) -> None:
         """Leave a shard waiting, not sent, until the provider's quota has room: its items
-        spend no attempt. The batch-status sensor and `run --wait` submit it when due."""
+        spend no attempt. It is sent again as soon as a batch of its model ends (whoever
+        sees the end), or else after the provider's hint or `quota_wait_seconds`."""
         provider = self.ctx.batch_provider
         hint = refused.retry_after_seconds
         wait = provider.quota_wait_seconds if hint is None else min(hint, 3600.0)
@@ -191,7 +260,7 @@ class _Submitter:
             shard.shard_id,
             expect_status=list(lifecycle.WAITING),
             raw_status=WAITING_FOR_QUOTA,
-            message=f"{self.ctx.spec.model.provider} quota: {refused}"[:2000],
+            message=str(refused)[:2000],
             not_before=utcnow() + dt.timedelta(seconds=wait),
         )
 

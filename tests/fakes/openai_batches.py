@@ -237,6 +237,7 @@ class BatchLifecycle:
     edit_line: Callable[[JSON], JSON] | None
     cached_tokens: int
     enqueued_token_limit: int | None
+    token_limit_stated: bool
     peak_enqueued_tokens: dict[str, int]
     billed: Counter[str]
     dropped: Counter[str]
@@ -282,7 +283,8 @@ class BatchLifecycle:
         model = batch.get("model") or "the model"
         limit = self.enqueued_token_limit
         if outcome == "failed" or (limit is not None and not self._admit(batch, data, limit)):
-            error = _token_limit_error(model, None if outcome == "failed" else limit)
+            stated = limit if outcome != "failed" and self.token_limit_stated else None
+            error = _token_limit_error(model, stated)
             batch.update(status="failed", failed_at=now, errors={"object": "list", "data": [error]})
             return
         batch.update(status="in_progress", in_progress_at=now, _ran=True)

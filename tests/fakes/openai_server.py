@@ -68,6 +68,9 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
     """The fake server; behaviour knobs are plain attributes tests may change between calls.
 
     polls_per_state: how many GET /v1/batches/{id} each status lasts (0: done on the first).
+    seconds_per_state: when set, each status lasts this long instead (a batch whose four
+        statuses take 2 s each runs in about 8 s, however often it is polled): for benchmarks
+        that measure waiting, never for tests, which must not wait on a clock.
     line_fault: (custom_id, body) -> None | "4xx" | "429" | "5xx" | "missing" | "duplicate" |
         "expire".
     batch_outcome: (batch) -> "completed" | "expired" | "failed" | "cancelled_after_partial";
@@ -89,6 +92,9 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         (in_progress, finalizing, or cancelling after they started), exceed it ends `failed`
         with a `token_limit_exceeded` error naming the limit; its lines never run and nothing is
         billed. An admitted batch counts until it ends.
+    token_limit_stated: whether that error names the limit (OpenAI's messages have come both
+        ways: "Limit: 1,200 enqueued tokens", or only "try again once some in_progress
+        batches have been completed").
     peak_enqueued_tokens: model -> the most prompt tokens in flight at once, counting each
         admission while `enqueued_token_limit` is set.
     billed: custom_id -> how many times a batch ran its request to an answer (what OpenAI
@@ -113,6 +119,7 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         super().__init__(CallLog(self.state_dir / "calls.jsonl"), port=port, poll_interval=0.02)
         self.store = Store(self.state_dir)
         self.polls_per_state: int = 1
+        self.seconds_per_state: float | None = None
         self.line_fault: Callable[[str, JSON], str | None] | None = None
         self.batch_outcome: Callable[[JSON], str] | None = None
         self.shuffle_output: bool = True
@@ -123,6 +130,7 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         self.edit_line: Callable[[JSON], JSON] | None = None
         self.cached_tokens: int = 0
         self.enqueued_token_limit: int | None = None
+        self.token_limit_stated: bool = True
         self.peak_enqueued_tokens: dict[str, int] = {}
         self.billed: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
@@ -319,6 +327,7 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
             "metadata": body.get("metadata"),
             "_seq": (existing[-1]["_seq"] + 1) if existing else 1,
             "_served": 0,
+            "_stepped_at": time.time(),
             "_outcome": None,
             "_ran": False,
         }
@@ -421,7 +430,13 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
 
     def _retrieve_batch(self, batch_id: str, log: JSON) -> Reply:
         batch = self._batch_or_404(batch_id)
-        while batch["status"] in ACTIVE and batch["_served"] >= self.polls_per_state:
+        if self.seconds_per_state is not None:
+            self._step_by_clock(batch)
+        while (
+            self.seconds_per_state is None
+            and batch["status"] in ACTIVE
+            and batch["_served"] >= self.polls_per_state
+        ):
             self._step(batch)
             batch["_served"] = 0
             self.store.save_batch(batch)
@@ -429,6 +444,16 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         self.store.save_batch(batch)
         log.update(batch_id=batch_id, batch_status=batch["status"])
         return Reply(body=public_batch(batch))
+
+    def _step_by_clock(self, batch: JSON) -> None:
+        """Move a batch on by the time that passed: one status per `seconds_per_state`."""
+        assert self.seconds_per_state is not None
+        stepped = float(batch["_stepped_at"])
+        while batch["status"] in ACTIVE and time.time() - stepped >= self.seconds_per_state:
+            self._step(batch)
+            stepped += self.seconds_per_state
+            batch["_stepped_at"] = stepped
+            self.store.save_batch(batch)
 
     def _cancel_batch(self, batch_id: str, log: JSON) -> Reply:
         batch = self._batch_or_404(batch_id)

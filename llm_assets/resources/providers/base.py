@@ -150,12 +150,30 @@ class BatchProvider(dg.ConfigurableResource):
     """The key under which this provider's request lines carry the custom_id; each line
     starts with it, so retry rounds read a line's id without parsing the line."""
 
+    quota_kind: ClassVar[str] = "batches"
+    """What the provider's quota on creating batches counts: "batches" in progress, or
+    "tokens" (prompt tokens enqueued). Submission learns its limit (steps/quota.py)."""
+    refuses_after_create: ClassVar[bool] = False
+    """True when a batch over the quota is created and then refused (OpenAI fails it while
+    validating): its admission shows at a poll, not at the create."""
+
     quota_wait_seconds: float = pydantic.Field(
         default=60.0,
         ge=0,
         description="How long a shard refused for quota waits before it is submitted again, "
         "when the provider gives no Retry-After.",
     )
+
+    stuck_after_seconds: float = pydantic.Field(
+        default=3600.0,
+        ge=0,
+        description="The least time a batch created but not started counts as stuck (it "
+        "must also wait four times the longest start of the model's recent batches).",
+    )
+
+    def quota_account(self) -> str:
+        """Whose quota the batches count against: the endpoint or account (no secret)."""
+        return "default"
 
     def ended_for_quota(self, raw_status: str | None, message: str | None) -> bool:
         """Whether a batch that ended (as the ledger recorded it) was refused for a quota after

@@ -18,6 +18,7 @@ bedrock_records.py.
 import asyncio
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -136,6 +137,14 @@ class BedrockBatchProvider(BatchProvider):
     """On-demand requests: the longest a rate limit pauses the senders at a time."""
 
     _clients: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def quota_account(self) -> str:
+        region = (
+            self.region_name
+            or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION", "")
+        )
+        return f"{region} {self.endpoint_url or ''}".strip()[:256] or "default"
 
     def _client(self, service: str, timeout_seconds: float | None = None) -> Any:
         """A boto3 client of `service`, with botocore's timeouts unless `timeout_seconds`

@@ -8,7 +8,7 @@ before a crash can be found again instead of paid for twice.
 import datetime as dt
 import json
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from llm_assets.resources.ledger import as_utc
 from llm_assets.resources.providers.base import (
@@ -98,6 +98,9 @@ def chat_body(spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
 
 class OpenAIBatchProvider(RemoteBatchProvider):
     """Files + Batches; control-plane calls retried here, not inside the SDK."""
+
+    quota_kind: ClassVar[str] = "tokens"
+    refuses_after_create: ClassVar[bool] = True
 
     def make_client(self, api_key: str | None) -> Any:
         import openai

@@ -26,6 +26,7 @@ from llm_assets.resources.providers.retrying import (
     create_once,
     status_of,
 )
+from llm_assets.secrecy import mask_url
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -54,6 +55,9 @@ class RemoteBatchProvider(BatchProvider):
 
     _client: Any = PrivateAttr(default=None)
     _client_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    def quota_account(self) -> str:
+        return mask_url(self.base_url)[:256] if self.base_url else "default"
 
     def make_client(self, api_key: str | None) -> Any:
         raise NotImplementedError

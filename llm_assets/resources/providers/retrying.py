@@ -45,9 +45,10 @@ class QuotaRefused(Exception):
         self.retry_after_seconds = retry_after_seconds
 
 
-QUOTA_TRIES = 3
-"""How many 429s a create meets in a row, waited out in the step, before its shard goes back
-to waiting (QuotaRefused): a short rate limit passes in the step, a quota does not."""
+QUOTA_TRIES = 1
+"""How many 429s a create meets in a row before its shard goes back to waiting
+(QuotaRefused). One: a refusal is what submission learns the provider's limit from
+(steps/quota.py), and the shard waits for room rather than asking again at once."""
 
 
 def quota_refusal(exc: BaseException) -> QuotaRefused:
@@ -144,9 +145,9 @@ def create_once(
     """Create a paid resource at most once.
 
     A create whose answer was lost (reset, timeout, 5xx) may still have happened, so before
-    trying again we look for what it would have created; only a 429, which the provider
-    answers before doing anything, is retried blindly, QUOTA_TRIES times in a row at most:
-    then the create is refused for quota (QuotaRefused), and the caller waits.
+    trying again we look for what it would have created. A 429, which the provider answers
+    before doing anything, is a refusal for quota once QUOTA_TRIES of them came in a row
+    (QuotaRefused): the caller waits for room.
     """
     refusals = 0
     for attempt in range(1, attempts + 1):
