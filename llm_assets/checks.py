@@ -42,6 +42,29 @@ def source_rows_check(rows: int, no_rows_reason: str) -> dg.AssetCheckResult:
     )
 
 
+NO_STUCK_BATCHES = "no_stuck_batches"
+
+
+def stuck_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec(
+        NO_STUCK_BATCHES,
+        asset=key,
+        description="No batch of the day has waited to start far longer than the model's "
+        "recent batches did (WARN; the batch-status sensor reports it as it finds one).",
+    )
+
+
+def stuck_check(stuck_batches: int, words: str | None) -> dg.AssetCheckResult:
+    """Fails (WARN) while batches of the day wait to start far longer than usual."""
+    return _result(
+        NO_STUCK_BATCHES,
+        stuck_batches == 0,
+        dg.AssetCheckSeverity.WARN,
+        {"stuck_batches": stuck_batches},
+        words,
+    )
+
+
 def batch_results_check_specs(key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
     return [
         dg.AssetCheckSpec(

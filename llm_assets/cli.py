@@ -26,7 +26,7 @@ from llm_assets.cli_args import (
     register_provider_checks,
 )
 from llm_assets.cli_eval import eval_
-from llm_assets.cli_operator import cancel, pause, resume, retention
+from llm_assets.cli_operator import cancel, pause, quotas, resume, retention
 from llm_assets.cli_promote import promote
 from llm_assets.console import (
     console,
@@ -176,6 +176,7 @@ def _partition_days(spec: PipelineSpec, date_: str, to_: str | None) -> list[dt.
 def status(pipeline: str, date_: str, as_json: bool) -> None:
     """Jobs, shards and item counts of one partition, from the ledger."""
     from llm_assets.resources import build_resources
+    from llm_assets.resources.providers import provider_resource_key
 
     settings = load_settings()
     spec = pipeline_spec(settings, pipeline)
@@ -185,7 +186,11 @@ def status(pipeline: str, date_: str, as_json: bool) -> None:
 
     resources = build_resources(settings)
     ledger = resources["ledger"]
-    jobs = [_job_status(ledger, spec, job) for job in ledger.jobs_for_partition(spec.name, day)]
+    provider = resources.get(provider_resource_key(spec.model.provider))
+    floor = getattr(provider, "stuck_after_seconds", 3600.0)
+    jobs = [
+        _job_status(ledger, spec, job, floor) for job in ledger.jobs_for_partition(spec.name, day)
+    ]
     empty = steps.no_source_rows(spec, day, resources["storage"])
     no_data = steps.no_source_rows_reason(day) if empty else None
     # The gate that holds the day's publication, as a sentence; None when none does.
@@ -218,9 +223,15 @@ def _pause_json(pause: "PipelinePause") -> dict[str, Any]:
     }
 
 
-def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") -> dict[str, Any]:
-    """One job of `status --json`: its counts, whether it is the spec's current one, its shards."""
+def _job_status(
+    ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord", stuck_floor: float
+) -> dict[str, Any]:
+    """One job of `status --json`: its counts, whether it is the spec's current one, its
+    shards, and its batches stuck before they started (steps/stuck.py)."""
+    from llm_assets.steps import stuck
+
     counts = ledger.counts(job.job_id)
+    found = stuck.stuck_batches(ledger, job.job_id, job.provider, job.model_name, stuck_floor)
     return {
         "job_id": job.job_id,
         "prompt_version": job.prompt_version,
@@ -263,6 +274,18 @@ def _job_status(ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord") 
             }
             for s in ledger.shards(job.job_id)
         ],
+        "stuck": [
+            {
+                "shard_id": s.shard_id,
+                "provider_batch_id": s.provider_batch_id,
+                "provider_status": s.provider_status,
+                "waited_seconds": round(s.waited.total_seconds()),
+            }
+            for s in found
+        ],
+        "stuck_text": stuck.stuck_words(spec.name, job.partition_date, job.model_name, found)
+        if found
+        else None,
     }
 
 
@@ -455,7 +478,7 @@ def demo(days: int, per_day: int) -> None:
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
 
 
-for _command in (cancel, eval_, pause, resume, retention, promote):
+for _command in (cancel, eval_, pause, quotas, resume, retention, promote):
     main.add_command(_command)
 
 if __name__ == "__main__":

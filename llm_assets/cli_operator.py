@@ -20,7 +20,14 @@ import click
 from rich.markup import escape
 
 from llm_assets.cli_args import EXIT_ERROR, day_of, load_settings, pipeline_spec
-from llm_assets.console import console, count_words, err, plural, print_pause_change
+from llm_assets.console import (
+    console,
+    count_words,
+    err,
+    plural,
+    print_pause_change,
+    print_quotas,
+)
 
 if TYPE_CHECKING:
     from llm_assets import steps
@@ -190,3 +197,38 @@ def retention(pipeline: str, dry_run: bool) -> None:
     )
     if run.provider_files.failed:
         sys.exit(EXIT_ERROR)
+
+
+@click.command()
+@click.argument("pipeline", required=False)
+@click.option("--reset", is_flag=True, help="Forget what was learned; submission learns again.")
+@click.option("--json", "as_json", is_flag=True, help="The quotas as JSON.")
+def quotas(pipeline: str | None, reset: bool, as_json: bool) -> None:
+    """The provider quotas submission learned (of PIPELINE's model, or every one): how much
+    each admits in flight, how that was learned, and how much is in flight now. A spec's
+    `quota:` section caps them; `--reset` forgets them."""
+    import json
+
+    from llm_assets.resources import build_resources
+    from llm_assets.steps import quota
+
+    settings = load_settings()
+    ledger = build_resources(settings)["ledger"]
+    spec = pipeline_spec(settings, pipeline) if pipeline else None
+    provider = spec.model.provider if spec else None
+    model = spec.model.name if spec else None
+    if reset:
+        forgotten = ledger.reset_quotas(provider=provider, model=model)
+        console.print(
+            f"forgot {plural(forgotten, 'learned quota')}"
+            + (f" of {provider}/{model}" if spec else ""),
+            highlight=False,
+            markup=False,
+        )
+        return
+    records = [r for r in ledger.quota_records(provider) if model is None or r.model_name == model]
+    rows = [quota.as_row(r, ledger.in_flight_load(r.provider, r.model_name)) for r in records]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    print_quotas(rows)

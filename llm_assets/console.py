@@ -306,12 +306,15 @@ def print_status(
         # providers.base.WAITING_FOR_QUOTA (not imported: the console stays light).
         waiting = [s for s in shards if s["provider_status"] == "waiting_for_quota"]
         if waiting:
+            why = (waiting[0]["message"] or "").removeprefix("waiting for quota: ")
             console.print(
-                f"{plural(len(waiting), 'shard')} waiting for quota: {waiting[0]['message']}"
+                f"{plural(len(waiting), 'shard')} waiting for quota: {why}"
                 f"; next try {min(s['not_before'] or '' for s in waiting) or 'when due'}",
                 highlight=False,
                 markup=False,
             )
+        if job.get("stuck_text"):
+            console.print(job["stuck_text"], highlight=False, markup=False)
         if job["personal_data"]:
             console.print(
                 f"personal data in prompts: {personal_data_words(job['personal_data'])}",
@@ -326,6 +329,21 @@ def print_status(
             highlight=False,
             markup=False,
         )
+
+
+def print_quotas(rows: Sequence[Mapping[str, Any]]) -> None:
+    """The learned provider quotas (`llm-assets quotas`), one row each."""
+    if not rows:
+        console.print(
+            "no quota learned yet: no provider has refused a batch", highlight=False, markup=False
+        )
+        return
+    columns = ("provider", "model", "counts", "in flight", "limit", "how")
+    cells = [
+        [r["provider"], r["model"], r["kind"], r["in_flight"], r["limit"] or "not known", r["how"]]
+        for r in rows
+    ]
+    console.print(_table(columns, cells, numbers=("in flight", "limit")))
 
 
 def personal_data_words(found: dict[str, int]) -> str:

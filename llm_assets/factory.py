@@ -21,6 +21,7 @@ from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import AmbiguousSubmission
 from llm_assets.settings import Settings
 from llm_assets.spec import PipelineSpec
+from llm_assets.steps import stuck
 
 STEPS = (
     "input_snapshot",
@@ -311,12 +312,14 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
         kinds={pipe.spec.model.provider},
         pool=f"llm_provider_{pipe.spec.model.provider}",
         output_required=False,
+        check_specs=pipe.partitioned([checks.stuck_check_spec(pipe.key("provider_batches"))]),
     )
     def provider_batches(
         context: dg.AssetExecutionContext, config: BudgetApproval
-    ) -> Iterator[dg.MaterializeResult]:
+    ) -> Iterator[dg.MaterializeResult | dg.AssetObservation | dg.AssetCheckResult]:
         ctx = pipe.context(context, provider=True)
         if _empty_day(context, ctx):
+            yield checks.stuck_check(0, None)
             return
         approve, who = approval_of(context, config)
         try:
@@ -329,10 +332,23 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
             # An operator's choice, not an error: the day is not submitted (nor are the later
             # steps of this run); what is in flight is still imported by the sensor.
             yield _skipped(context, pipe.key("provider_batches"), str(paused))
+            yield _stuck_check(ctx)
             return
-        yield dg.MaterializeResult(metadata=asset_metadata.submit_metadata(pipe.spec, result))
+        yield dg.MaterializeResult(
+            metadata=asset_metadata.submit_metadata(pipe.spec, result),
+            check_results=[_stuck_check(ctx)],
+        )
 
     return provider_batches
+
+
+def _stuck_check(ctx: steps.StepContext) -> dg.AssetCheckResult:
+    """The day's batches stuck before they started, as provider_batches' WARN check."""
+    spec = ctx.spec
+    floor = ctx.batch_provider.stuck_after_seconds
+    found = stuck.stuck_batches(ctx.ledger, ctx.job_id, spec.model.provider, spec.model.name, floor)
+    words = stuck.stuck_words(spec.name, ctx.day, spec.model.name, found) if found else None
+    return checks.stuck_check(len(found), words)
 
 
 def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:

@@ -232,3 +232,44 @@ def announce(spec: PipelineSpec, summary: PartitionSummary, ledger: LedgerResour
     error = deliver(spec, summary)
     ledger.record_delivery(summary.pipeline, summary.date, fingerprint, error)
     return Announcement(first=True, error=error)
+
+
+def announce_stuck(
+    spec: PipelineSpec,
+    day: dt.date,
+    job_id: str,
+    counts: JobCounts,
+    words: str,
+    batch_ids: list[str],
+    ledger: LedgerResource,
+) -> Announcement:
+    """Tell the operator, once per set of stuck batches, that a day's batches have not
+    started far longer than usual (steps/stuck.py), with what to do."""
+    summary = PartitionSummary(
+        pipeline=spec.name,
+        date=day,
+        outcome="in progress",
+        job_id=job_id,
+        items=counts.total,
+        succeeded=counts.succeeded,
+        dead_letters=counts.dead_letters,
+        dead_letters_by_class=counts.dead_letters_by_class,
+        open_items=counts.open,
+        cost_usd=counts.cost_usd,
+        alerts=["batches not started"],
+        reason=words,
+    )
+    fingerprint = hashlib.sha256(("stuck\0" + "\0".join(sorted(batch_ids))).encode()).hexdigest()
+    first = ledger.claim_notification(
+        pipeline=spec.name,
+        partition_date=day,
+        fingerprint=fingerprint,
+        outcome="in progress",
+        text=words,
+        job_id=job_id,
+    )
+    if not first:
+        return Announcement(first=False)
+    error = deliver(spec, summary)
+    ledger.record_delivery(spec.name, day, fingerprint, error)
+    return Announcement(first=True, error=error)

@@ -47,7 +47,7 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from llm_assets import notify, steps
+from llm_assets import checks, notify, steps
 from llm_assets.asset_metadata import DAY_SUMMARY_JSON
 from llm_assets.factory import STEPS, asset_key
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
@@ -57,6 +57,7 @@ from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.runner import ASSETS_OF, step_failure_reason
 from llm_assets.settings import Settings, sensor_interval
 from llm_assets.spec import PipelineSpec
+from llm_assets.steps import stuck
 from llm_assets.steps.executor import PollLimits, job_spec, poll_many
 
 POLL_DEADLINE_SECONDS = 30.0
@@ -108,10 +109,55 @@ def build_batch_status_sensor(
                 run_requests += [
                     _request(keys, day, a) for a in decision.actions if a.step in _RUNS
                 ]
-        observations = [_observation(submit_key, shard, day) for shard, day in polled]
-        return dg.SensorResult(run_requests=run_requests, asset_events=observations)
+        events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = [
+            _observation(submit_key, shard, day) for shard, day in polled
+        ]
+        events += [
+            found for day in days if (found := _tell_stuck(context, day, provider, submit_key))
+        ]
+        return dg.SensorResult(run_requests=run_requests, asset_events=events)
 
     return batch_status
+
+
+def _tell_stuck(
+    context: dg.SensorEvaluationContext,
+    day: steps.DayDriver,
+    provider: BatchProvider,
+    submit_key: dg.AssetKey,
+) -> dg.AssetCheckEvaluation | None:
+    """Announce the day's batches stuck before they started (steps/stuck.py), once: a
+    notification, a warning in the tick's log, and provider_batches' WARN check failed."""
+    spec, ledger = day.ctx.spec, day.ctx.ledger
+    found = stuck.stuck_batches(
+        ledger, day.ctx.job_id, spec.model.provider, spec.model.name, provider.stuck_after_seconds
+    )
+    if not found:
+        return None
+    words = stuck.stuck_words(spec.name, day.ctx.day, spec.model.name, found)
+    told = notify.announce_stuck(
+        spec,
+        day.ctx.day,
+        day.ctx.job_id,
+        day.counts,
+        words,
+        [s.provider_batch_id for s in found],
+        ledger,
+    )
+    if not told.first:
+        return None
+    context.log.warning(words + (f" (webhook: {told.error})" if told.error else ""))
+    if day.ctx.spec.parent is not None:
+        return None  # an eval's day: its pipeline's assets are not the eval's
+    return dg.AssetCheckEvaluation(
+        asset_key=submit_key,
+        check_name=checks.NO_STUCK_BATCHES,
+        passed=False,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"stuck_batches": len(found)},
+        description=words,
+        partition=day.ctx.day.isoformat(),
+    )
 
 
 _CHEAP = frozenset({steps.Step.RECONCILE, steps.Step.CANCEL, steps.Step.CLOSE})

@@ -284,3 +284,28 @@ def test_status_names_the_gate_that_blocks_the_day_first() -> None:
         f"support_tickets {DAY}: {blocked} "
         f"support_tickets {DAY}: nothing has run for this partition yet"
     )
+
+
+def test_quotas_shows_what_was_learned_and_reset_forgets_it(env: Env) -> None:
+    from llm_assets.resources.ledger import QuotaKey, utcnow
+    from llm_assets.steps import quota
+
+    spec = yaml.safe_load((env.specs / "support_tickets.yaml").read_text())
+    model = spec["model"]["name"]
+    ledger = LedgerResource(database_url=env.database_url)
+    key = QuotaKey(provider="local", account="default", model_name=model, kind=quota.BATCHES)
+    ledger.learn_quota(
+        key, lambda r: quota.after_refusal(r, load=3, amount=1, stated=None, now=utcnow())
+    )
+
+    shown = env.run("quotas", "support_tickets")
+    assert shown.returncode == 0, shown.stderr
+    words = " ".join(shown.stdout.split())  # cells wrap at the console's width
+    assert model in words and "~3" in words and "from 1 refusal" in words
+    [row] = json.loads(env.run("quotas", "support_tickets", "--json").stdout)
+    assert (row["limit"], row["refusals"], row["kind"]) == ("~3", 1, "batches")
+
+    reset = env.run("quotas", "support_tickets", "--reset")
+    assert reset.returncode == 0 and "forgot 1 learned quota" in reset.stdout
+    assert ledger.quota_record(key).learned_limit is None
+    assert "no quota learned yet" in env.run("quotas", "support_tickets").stdout
