@@ -405,3 +405,28 @@ def test_five_days_at_once_share_one_learned_bedrock_job_quota(
         assert len(fake.jobs()) == shards  # one job per shard: nothing sent twice
         learned = _learned(h, provider, spec["model"]["name"])
         assert learned.learned_limit == 2 and learned.how == quota.STATED
+
+
+@pytest.mark.one_database
+def test_a_shard_waiting_for_quota_is_submitted_when_a_batch_ends_before_its_wait_is_over(
+    tmp_path: Path, database_url: str
+) -> None:
+    with FakeAnthropic(tmp_path / "fake") as fake:
+        fake.max_processing_batches = 1
+        fake.quota_retry_after = 3600  # the provider's hint: an hour
+        fake.polls_per_state = 1000  # the first batch runs until let go
+        spec = review_spec("anthropic", "claude-haiku-4-5")
+        with open_harness(tmp_path, database_url, spec, provider_for(fake), reviews=20) as h:
+            assert h.materialize("input_snapshot", "request_shards", "provider_batches").success
+            first, second = h.ledger.shards(h.job_id())
+            assert first.provider_batch_id is not None and second.provider_batch_id is None
+            assert second.not_before is not None and second.not_before > utcnow()
+
+            fake.polls_per_state = 0  # the first batch ends at its next poll
+            h.wait_for_batches()
+            ctx = steps.StepContext(h.spec, DAY, h.ledger, h.storage, h.provider)
+            result = steps.submit_shards(ctx)
+
+            assert list(result.submitted) == [second.shard_id]  # not an hour later
+            refusals = _refusals_of(fake.calls.entries(), 429)
+            assert refusals == 1

@@ -339,15 +339,21 @@ class _Sorted:
     wake: list[dt.datetime] = dataclasses.field(default_factory=list)
 
 
-def _room_freed(s: ShardView, state: DayState) -> bool:
-    """Whether room freed under the quota (a batch of the model ended or started) since the
-    shard began to wait for it."""
+def room_freed(
+    raw_status: str | None, waiting_since: dt.datetime | None, freed_at: dt.datetime | None
+) -> bool:
+    """Whether room freed under the quota (a batch of the model ended or started) since a
+    shard began to wait for it: it is tried again, its timed wait over or not."""
     return (
-        s.raw_status == WAITING_FOR_QUOTA
-        and state.quota_freed_at is not None
-        and s.touched_at is not None
-        and state.quota_freed_at > s.touched_at
+        raw_status == WAITING_FOR_QUOTA
+        and freed_at is not None
+        and waiting_since is not None
+        and freed_at > waiting_since
     )
+
+
+def _room_freed(s: ShardView, state: DayState) -> bool:
+    return room_freed(s.raw_status, s.touched_at, state.quota_freed_at)
 
 
 def _sort_waiting(s: ShardView, state: DayState, stop: bool, into: _Sorted) -> None:

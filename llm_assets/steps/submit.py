@@ -301,6 +301,15 @@ class _Submitter:
             )
 
 
+def _quota_freed_at(ctx: StepContext, shards: list[ShardRecord]) -> dt.datetime | None:
+    """When room last freed under the model's quota, if a shard waits for it."""
+    if not any(s.raw_status == WAITING_FOR_QUOTA for s in shards):
+        return None
+    spec = ctx.spec
+    starts = ctx.batch_provider.refuses_after_create
+    return ctx.ledger.model_freed_at(spec.model.provider, spec.model.name, starts=starts)
+
+
 def _cancelled_words(ctx: StepContext, job: JobRecord) -> str:
     assert job.cancelled_at is not None
     return (
@@ -407,7 +416,14 @@ def submit_shards(
         if not screened.passed:
             raise hold_for_gate(ctx, GateBlocked("compliance", screened.reason), to_submit)
     now = utcnow()
-    waiting = [s for s in to_submit if s.not_before is not None and s.not_before > now]
+    freed = _quota_freed_at(ctx, to_submit)
+    waiting = [
+        s
+        for s in to_submit
+        if s.not_before is not None
+        and s.not_before > now
+        and not lifecycle.room_freed(s.raw_status, s.updated_at, freed)
+    ]
     to_submit = [s for s in to_submit if s not in waiting]
     run = _Submitter(ctx, job, ctx.price().model_dump_json(), progress)
     try:
