@@ -158,71 +158,73 @@ class _Submitter:
         """Submit the shard if the provider's quota for its model has room for it, by the
         spec's declared quota and by what the ledger learned (steps/quota.py); otherwise
         raise QuotaRefused. Admissions of one quota are made one at a time, across runs."""
-        ctx, spec = self.ctx, self.ctx.spec
-        provider = ctx.batch_provider
-        key = QuotaKey(
-            provider=spec.model.provider,
-            account=provider.quota_account(),
-            model_name=spec.model.name,
-            kind=provider.quota_kind,
-        )
+        ctx = self.ctx
+        key = quota_key(ctx)
         with ctx.ledger.quota_lock(quota.key_name(key), holder=ctx.created_by) as mine:
             if not mine:
                 raise QuotaRefused("another run is admitting shards of this model", 1.0)
-            batches, tokens = ctx.ledger.in_flight_load(spec.model.provider, spec.model.name)
-            self.keep_declared(shard, batches, tokens)
-            record = ctx.ledger.quota_record(key)
-            load = quota.amount_of(key.kind, batches, tokens)
-            amount = quota.amount_of(key.kind, 1, shard.estimated_input_tokens)
-            declared = (
-                spec.quota.max_enqueued_tokens
-                if key.kind == quota.TOKENS
-                else spec.quota.max_active_batches
-            )
-            slow_start = provider.refuses_after_create and declared is None
-            if slow_start and record.learned_limit is None:
-                # Until a refusal shows the limit, go by what was seen started.
-                started = ctx.ledger.in_flight_load(
-                    spec.model.provider, spec.model.name, started_only=True
-                )
-                record = record.model_copy(
-                    update={
-                        "admitted_peak": max(
-                            record.admitted_peak, quota.amount_of(key.kind, *started)
-                        )
-                    }
-                )
-            gate = quota.admission(
-                record,
-                load=load,
-                amount=amount,
-                model=spec.model.name,
-                slow_start=slow_start,
-                now=utcnow(),
-                batches=batches,
-            )
-            if not gate.admit:
-                raise QuotaRefused(gate.reason)
+            load, amount = self.room_for(shard, key)
             try:
                 batch_id = self.submit_one(shard)
             except QuotaRefused as refused:
-                stated = quota.stated_limit(str(refused))
-                learned = ctx.ledger.learn_quota(
-                    key,
-                    lambda r: quota.after_refusal(
-                        r, load=load, amount=amount, stated=stated, now=utcnow()
-                    ),
-                )
-                raise QuotaRefused(
-                    f"{quota.words(learned, load, spec.model.name)}; {spec.model.provider} "
-                    f"refused a batch: {refused}",
-                    refused.retry_after_seconds,
-                ) from None
-            if not provider.refuses_after_create:
+                raise self.learn_refusal(key, load, amount, refused) from None
+            if not ctx.batch_provider.refuses_after_create:
                 ctx.ledger.learn_quota(
                     key, lambda r: quota.after_admission(r, load=load + amount, now=utcnow())
                 )
             return batch_id
+
+    def room_for(self, shard: ShardRecord, key: QuotaKey) -> tuple[int, int]:
+        """The load in flight and the shard's amount, when the quota has room for it; raises
+        QuotaRefused, saying why, when it has not."""
+        ctx, spec = self.ctx, self.ctx.spec
+        batches, tokens = ctx.ledger.in_flight_load(spec.model.provider, spec.model.name)
+        self.keep_declared(shard, batches, tokens)
+        record = ctx.ledger.quota_record(key)
+        declared = (
+            spec.quota.max_enqueued_tokens
+            if key.kind == quota.TOKENS
+            else spec.quota.max_active_batches
+        )
+        slow_start = ctx.batch_provider.refuses_after_create and declared is None
+        if slow_start and record.learned_limit is None:
+            # Until a refusal shows the limit, go by what was seen started.
+            started = ctx.ledger.in_flight_load(
+                spec.model.provider, spec.model.name, started_only=True
+            )
+            peak = max(record.admitted_peak, quota.amount_of(key.kind, *started))
+            record = record.model_copy(update={"admitted_peak": peak})
+        load = quota.amount_of(key.kind, batches, tokens)
+        amount = quota.amount_of(key.kind, 1, shard.estimated_input_tokens)
+        gate = quota.admission(
+            record,
+            load=load,
+            amount=amount,
+            model=spec.model.name,
+            slow_start=slow_start,
+            now=utcnow(),
+            batches=batches,
+        )
+        if not gate.admit:
+            raise QuotaRefused(gate.reason)
+        return load, amount
+
+    def learn_refusal(
+        self, key: QuotaKey, load: int, amount: int, refused: QuotaRefused
+    ) -> QuotaRefused:
+        """Teach the ledger what a provider's refusal says; the refusal in the learner's
+        words, for the shard's wait."""
+        stated = quota.stated_limit(str(refused))
+        learned = self.ctx.ledger.learn_quota(
+            key,
+            lambda r: quota.after_refusal(r, load=load, amount=amount, stated=stated, now=utcnow()),
+        )
+        spec = self.ctx.spec
+        return QuotaRefused(
+            f"{quota.words(learned, load, spec.model.name)}; {spec.model.provider} refused a "
+            f"batch: {refused}",
+            refused.retry_after_seconds,
+        )
 
     def keep_declared(self, shard: ShardRecord, batches: int, tokens: int) -> None:
         """Raise QuotaRefused when submitting the shard would go past the spec's declared
@@ -299,6 +301,17 @@ class _Submitter:
                 f"{shard.shard_id}: cancelled batch {batch_id}, created after this run lost "
                 f"its hold on the shard; the shard's batch is {recorded}"
             )
+
+
+def quota_key(ctx: StepContext) -> QuotaKey:
+    """The provider quota the day's batches count against."""
+    provider = ctx.batch_provider
+    return QuotaKey(
+        provider=ctx.spec.model.provider,
+        account=provider.quota_account(),
+        model_name=ctx.spec.model.name,
+        kind=provider.quota_kind,
+    )
 
 
 def _quota_freed_at(ctx: StepContext, shards: list[ShardRecord]) -> dt.datetime | None:
