@@ -49,8 +49,8 @@ def stuck_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
     return dg.AssetCheckSpec(
         NO_STUCK_BATCHES,
         asset=key,
-        description="No batch of the day has waited to start far longer than the model's "
-        "recent batches did (WARN; the batch-status sensor reports it as it finds one).",
+        description="No batch of the day waits to start far longer than the model's recent "
+        "batches did (WARN; the batch-status sensor reports one as it finds it).",
     )
 
 

@@ -312,14 +312,12 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
         kinds={pipe.spec.model.provider},
         pool=f"llm_provider_{pipe.spec.model.provider}",
         output_required=False,
-        check_specs=pipe.partitioned([checks.stuck_check_spec(pipe.key("provider_batches"))]),
     )
     def provider_batches(
         context: dg.AssetExecutionContext, config: BudgetApproval
-    ) -> Iterator[dg.MaterializeResult | dg.AssetObservation | dg.AssetCheckResult]:
+    ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
         ctx = pipe.context(context, provider=True)
         if _empty_day(context, ctx):
-            yield checks.stuck_check(0, None)
             return
         approve, who = approval_of(context, config)
         try:
@@ -332,18 +330,14 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
             # An operator's choice, not an error: the day is not submitted (nor are the later
             # steps of this run); what is in flight is still imported by the sensor.
             yield _skipped(context, pipe.key("provider_batches"), str(paused))
-            yield _stuck_check(ctx)
             return
-        yield dg.MaterializeResult(
-            metadata=asset_metadata.submit_metadata(pipe.spec, result),
-            check_results=[_stuck_check(ctx)],
-        )
+        yield dg.MaterializeResult(metadata=asset_metadata.submit_metadata(pipe.spec, result))
 
     return provider_batches
 
 
 def _stuck_check(ctx: steps.StepContext) -> dg.AssetCheckResult:
-    """The day's batches stuck before they started, as provider_batches' WARN check."""
+    """The day's batches stuck before they started, as batch_results' WARN check."""
     spec = ctx.spec
     floor = ctx.batch_provider.stuck_after_seconds
     found = stuck.stuck_batches(ctx.ledger, ctx.job_id, spec.model.provider, spec.model.name, floor)
@@ -358,7 +352,12 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
         provider=True,
         description="Imports ended batches by custom_id and plans retries of what is still open.",
         kinds={pipe.spec.model.provider},
-        check_specs=pipe.partitioned(checks.batch_results_check_specs(pipe.key("batch_results"))),
+        check_specs=pipe.partitioned(
+            [
+                *checks.batch_results_check_specs(pipe.key("batch_results")),
+                checks.stuck_check_spec(pipe.key("batch_results")),
+            ]
+        ),
     )
     def batch_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context, provider=True)
@@ -371,6 +370,7 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
             check_results=[
                 checks.missing_results_check(missing, counts),
                 checks.duplicate_results_check(result.lines.duplicates, result.lines.duplicate_ids),
+                _stuck_check(ctx),
             ],
             metadata=asset_metadata.import_metadata(pipe.spec, result),
         )

@@ -81,6 +81,7 @@ def build_batch_status_sensor(
     provider_key = provider_resource_key(spec.model.provider)
     keys = {step: [asset_key(spec, name) for name in names] for step, names in ASSETS_OF.items()}
     submit_key = asset_key(spec, "provider_batches")
+    results_key = asset_key(spec, "batch_results")
 
     @dg.sensor(
         name=batch_status_sensor_name(spec),
@@ -113,7 +114,7 @@ def build_batch_status_sensor(
             _observation(submit_key, shard, day) for shard, day in polled
         ]
         events += [
-            found for day in days if (found := _tell_stuck(context, day, provider, submit_key))
+            found for day in days if (found := _tell_stuck(context, day, provider, results_key))
         ]
         return dg.SensorResult(run_requests=run_requests, asset_events=events)
 
@@ -124,10 +125,10 @@ def _tell_stuck(
     context: dg.SensorEvaluationContext,
     day: steps.DayDriver,
     provider: BatchProvider,
-    submit_key: dg.AssetKey,
+    results_key: dg.AssetKey,
 ) -> dg.AssetCheckEvaluation | None:
     """Announce the day's batches stuck before they started (steps/stuck.py), once: a
-    notification, a warning in the tick's log, and provider_batches' WARN check failed."""
+    notification, a warning in the tick's log, and batch_results' WARN check failed."""
     spec, ledger = day.ctx.spec, day.ctx.ledger
     found = stuck.stuck_batches(
         ledger, day.ctx.job_id, spec.model.provider, spec.model.name, provider.stuck_after_seconds
@@ -150,7 +151,7 @@ def _tell_stuck(
     if day.ctx.spec.parent is not None:
         return None  # an eval's day: its pipeline's assets are not the eval's
     return dg.AssetCheckEvaluation(
-        asset_key=submit_key,
+        asset_key=results_key,
         check_name=checks.NO_STUCK_BATCHES,
         passed=False,
         severity=dg.AssetCheckSeverity.WARN,

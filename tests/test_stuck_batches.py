@@ -114,10 +114,12 @@ def test_the_sensor_announces_stuck_batches_once_and_status_lists_them(
 
     fake.polls_per_state = 1  # the provider starts them
     tick(h)
-    # The next submission run checks the day again: nothing is stuck now.
-    checked = h.materialize("provider_batches")
-    [result] = checked.get_asset_check_evaluations()
-    assert result.check_name == "no_stuck_batches" and result.passed
+    # The next import checks the day again: nothing is stuck now.
+    checked = h.materialize("batch_results")
+    [result] = [
+        c for c in checked.get_asset_check_evaluations() if c.check_name == "no_stuck_batches"
+    ]
+    assert result.passed
     job = h.ledger.get_job(h.job_id())
     assert job is not None
     assert cli._job_status(h.ledger, h.spec, job, 0.0)["stuck"] == []

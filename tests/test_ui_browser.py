@@ -67,7 +67,11 @@ SCREENSHOTS_ENV = "LLM_ASSETS_SAVE_SCREENSHOTS"
 CHECKS_BY_STEP = {
     "input_snapshot": [checks.SOURCE_ROWS],
     "request_shards": [checks.BUDGET, checks.COMPLIANCE],
-    "batch_results": [checks.NO_MISSING_RESULTS, checks.NO_DUPLICATE_RESULTS],
+    "batch_results": [
+        checks.NO_MISSING_RESULTS,
+        checks.NO_DUPLICATE_RESULTS,
+        checks.NO_STUCK_BATCHES,
+    ],
     "validated_outputs": [
         checks.OUTPUT_SCHEMA,
         checks.QUALITY_FAILURE_RATE,

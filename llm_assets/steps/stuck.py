@@ -6,7 +6,7 @@ should say so, with the operator's options, instead of looking merely slow.
 A batch counts as stuck once it has waited `STUCK_FACTOR` times the longest start of the
 model's recent batches, and never before the provider resource's `stuck_after_seconds`.
 The batch-status sensor announces a day's stuck batches once (notification), the
-provider_batches check `no_stuck_batches` warns, and `llm-assets status` lists them.
+batch_results check `no_stuck_batches` warns, and `llm-assets status` lists them.
 """
 
 import dataclasses

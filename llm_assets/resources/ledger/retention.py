@@ -64,6 +64,7 @@ KEPT_TEXT = {
     "llm_batch_pipeline_state.reason": "the operator's words",
     "llm_lock_lease.holder": "the name of a run",
     "llm_id_key.key": "the key custom_ids are derived with",
+    "llm_quota.how": "how a provider quota was learned (a fixed phrase)",
 }
 """The ledger's text that holds no prompt, answer, reference or pseudonym: kept."""
 
