@@ -28,7 +28,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import PrivateAttr
 
@@ -189,6 +189,9 @@ def _failure(custom_id: str, fault: str, n: int) -> dict[str, Any]:
 
 class InstantOpenAIProvider(OpenAIBatchProvider):
     """OpenAI request lines; batches that end the moment they are submitted."""
+
+    refuses_after_create: ClassVar[bool] = False
+    """No quota: nothing is refused, so submission need not start slowly."""
 
     output_dir: str
 
