@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llm_assets import steps
-from llm_assets.resources.ledger import LedgerResource, QuotaKey, QuotaRecord, utcnow
+from llm_assets.resources.ledger import LedgerResource, QuotaKey, QuotaRecord, shard_table, utcnow
 from llm_assets.resources.providers.base import WAITING_FOR_QUOTA, BatchProvider
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
@@ -430,3 +430,52 @@ def test_a_shard_waiting_for_quota_is_submitted_when_a_batch_ends_before_its_wai
             assert list(result.submitted) == [second.shard_id]  # not an hour later
             refusals = _refusals_of(fake.calls.entries(), 429)
             assert refusals == 1
+
+
+@pytest.mark.one_database
+def test_room_that_frees_goes_to_the_older_day_first(tmp_path: Path, database_url: str) -> None:
+    with FakeAnthropic(tmp_path / "fake") as fake:
+        fake.max_processing_batches = 2
+        fake.quota_retry_after = 0
+        fake.polls_per_state = 1000  # batches run until let go
+        spec = review_spec("anthropic", "claude-haiku-4-5")
+        with open_harness(tmp_path, database_url, spec, provider_for(fake), reviews=30) as h:
+            assert h.materialize("input_snapshot", "request_shards", "provider_batches").success
+            first, _, waiting = h.ledger.shards(h.job_id())
+            assert waiting.raw_status == WAITING_FOR_QUOTA
+            later = DAY + dt.timedelta(days=1)
+            write_day(h.home, later, 10)
+            ctx = steps.StepContext(h.spec, later, h.ledger, h.storage, h.provider)
+            steps.take_snapshot(ctx, h.settings.resolve_source_uri(h.spec.source.uri))
+            steps.build_shards(ctx)
+            fake.polls_per_state = 0
+            steps.poll_shards(h.ledger, h.provider, [first])  # one place frees
+
+            held = steps.submit_shards(ctx)
+            assert held.submitted == {} and "older days" in (held.quota_reason or "")
+            older = steps.submit_shards(
+                steps.StepContext(h.spec, DAY, h.ledger, h.storage, h.provider)
+            )
+            assert list(older.submitted) == [waiting.shard_id]
+
+            # A waiting shard no run has looked at for long holds nothing back.
+            assert h.ledger.shards(ctx.job_id)[0].raw_status == WAITING_FOR_QUOTA
+            h.wait_for_batches()  # the provider ends the older day's batches
+            write_day(h.home, DAY - dt.timedelta(days=1), 10)
+            stale = steps.StepContext(
+                h.spec, DAY - dt.timedelta(days=1), h.ledger, h.storage, h.provider
+            )
+            steps.take_snapshot(stale, h.settings.resolve_source_uri(h.spec.source.uri))
+            steps.build_shards(stale)
+            [old] = h.ledger.shards(stale.job_id)
+            long_ago = utcnow() - dt.timedelta(hours=1)
+            h.ledger.update_shard(old.shard_id, raw_status=WAITING_FOR_QUOTA, not_before=long_ago)
+            with h.ledger.engine.begin() as conn:
+                conn.execute(
+                    sa.update(shard_table)
+                    .where(shard_table.c.shard_id == old.shard_id)
+                    .values(updated_at=long_ago)
+                )
+            assert list(steps.submit_shards(ctx).submitted) == [
+                h.ledger.shards(ctx.job_id)[0].shard_id
+            ]

@@ -23,9 +23,10 @@ rules, pure functions of the record and what was observed:
 - **An admission above the limit** (a probe, or a limit that grew) raises it to what is in
   flight now: additive, one shard at a time.
 
-Shards wait for room in a stable order (the day's shards in order; a run stops at the first
-that does not fit) and are admitted again as soon as a batch of the model ends
-(lifecycle: `quota_freed_at`), not after a fixed wait.
+Shards wait for room in a stable order (oldest day first, then the day's shards in order: a
+run stops at the first that does not fit, and gives way while an older day's shards wait) and
+are admitted again as soon as a batch of the model ends (lifecycle: `quota_freed_at`), not
+after a fixed wait.
 """
 
 import dataclasses

@@ -36,7 +36,10 @@ from llm_assets.steps.online import OnlineInterrupted, run_online_shard, stop_on
 from llm_assets.steps.pause import refuse_if_paused
 from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.steps.shards import ShardRound, line_offsets
+from llm_assets.words import plural
 
+OLDER_WAITER_SECONDS = 300.0
+"""How recently a shard of an older day must have been looked at to go first."""
 SUBMISSION_LOCK_WAIT_SECONDS = 0.5
 """How long a submission waits for a shard's lock that another run holds for a moment (a
 look at whether it is busy) before it counts the shard as another run's."""
@@ -207,7 +210,28 @@ class _Submitter:
         )
         if not gate.admit:
             raise QuotaRefused(gate.reason)
+        self.after_older_days(load)
         return load, amount
+
+    def after_older_days(self, load: int) -> None:
+        """Raise QuotaRefused while shards of older days of the model wait for the same room
+        (a backfill's runs take it oldest day first); a waiting shard nobody looked at for
+        OLDER_WAITER_SECONDS belongs to no live run and holds nothing back."""
+        if load == 0:
+            return
+        ctx, spec = self.ctx, self.ctx.spec
+        live = max(OLDER_WAITER_SECONDS, 2 * ctx.batch_provider.quota_wait_seconds)
+        older = ctx.ledger.older_waiting(
+            spec.model.provider,
+            spec.model.name,
+            before=ctx.day,
+            since=utcnow() - dt.timedelta(seconds=live),
+        )
+        if older:
+            raise QuotaRefused(
+                f"waiting for quota: {plural(older, 'shard')} of older days of "
+                f"{spec.model.name} wait for the same room and go first"
+            )
 
     def learn_refusal(
         self, key: QuotaKey, load: int, amount: int, refused: QuotaRefused

@@ -152,3 +152,29 @@ def batch_history(
         )
         for r in rows
     ]
+
+
+def older_waiting(
+    engine: Engine,
+    provider: str,
+    model: str,
+    *,
+    before: dt.date,
+    since: dt.datetime,
+) -> int:
+    """Shards of the model's days older than `before` (any pipeline's) that wait for quota
+    and were looked at since `since` (a run still waits for them): they go first."""
+    query = (
+        sa.select(sa.func.count())
+        .select_from(shard_table.join(job_table, _s.job_id == _j.job_id))
+        .where(
+            _s.provider == provider,
+            _j.model_name == model,
+            _j.partition_date < before,
+            _s.status.in_(("created", "uploaded")),
+            _s.raw_status == "waiting_for_quota",
+            _s.updated_at >= since,
+        )
+    )
+    with engine.connect() as conn:
+        return int(conn.execute(query).scalar() or 0)

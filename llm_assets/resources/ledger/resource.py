@@ -420,6 +420,7 @@ class LedgerResource(dg.ConfigurableResource):
     in_flight_load = _on_engine(quotas.in_flight_load)
     model_freed_at = _on_engine(quotas.model_freed_at)
     batch_history = _on_engine(quotas.batch_history)
+    older_waiting = _on_engine(quotas.older_waiting)
 
     # Pauses
 
