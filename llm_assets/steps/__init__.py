@@ -9,6 +9,9 @@ and converges on the same ledger state. One module per stage:
 - snapshot: input_snapshot
 - shards: request_shards, the estimator and shard writing
 - submit: provider_batches
+- admission: a shard admitted under the provider's quota, what refusals teach, the wait
+- quota: the pure rules by which a provider's quota is learned
+- stuck: batches that wait to start far longer than the model's recent ones
 - budget: the budget gates of a submission, and the hold a refusing gate puts on shards
 - compliance: the day's share of items the personal-data policy blocked, as a gate
 - residency: the residency gate (compliance.allowed_regions) of the steps that write or send

@@ -21,7 +21,6 @@ from llm_assets.resources.ledger import (
     JobCounts,
     JobRecord,
     LedgerResource,
-    QuotaKey,
     ShardRecord,
     utcnow,
 )
@@ -34,7 +33,7 @@ from llm_assets.resources.providers.base import (
     ShardState,
 )
 from llm_assets.spec import PipelineSpec
-from llm_assets.steps import lifecycle, quota
+from llm_assets.steps import admission, lifecycle
 from llm_assets.steps.context import StepContext
 from llm_assets.steps.lifecycle import Action, DayState, Decision, ShardView, Step
 from llm_assets.steps.pause import pause_reason
@@ -99,7 +98,7 @@ def poll_shards(
         assert refreshed is not None
         updated.append(refreshed)
         if provider.refuses_after_create and ((ended and refused) or started):
-            _learn_from_poll(ledger, provider, refreshed, refused=refused, status=status)
+            admission.learn_from_poll(ledger, provider, refreshed, refused=refused, status=status)
     return updated
 
 
@@ -108,40 +107,6 @@ def _started(status: BatchStatus) -> bool:
     if status.state in (ShardState.RUNNING, ShardState.COMPLETED, ShardState.EXPIRED):
         return True
     return status.ended and status.completed + status.failed > 0
-
-
-def _learn_from_poll(
-    ledger: LedgerResource,
-    provider: BatchProvider,
-    shard: ShardRecord,
-    *,
-    refused: bool,
-    status: BatchStatus,
-) -> None:
-    """A provider that refuses batches after creating them (OpenAI) tells at a poll whether
-    one was admitted under its quota: what the quota's learner hears (steps/quota.py)."""
-    job = ledger.get_job(shard.job_id)
-    if job is None:
-        return
-    key = QuotaKey(
-        provider=shard.provider,
-        account=provider.quota_account(),
-        model_name=job.model_name,
-        kind=provider.quota_kind,
-    )
-    load = quota.amount_of(
-        key.kind, *ledger.in_flight_load(shard.provider, job.model_name, started_only=True)
-    )
-    amount = quota.amount_of(key.kind, 1, shard.estimated_input_tokens)
-    now = utcnow()
-    if refused:
-        stated = quota.stated_limit(status.message or "")
-        ledger.learn_quota(
-            key,
-            lambda r: quota.after_refusal(r, load=load, amount=amount, stated=stated, now=now),
-        )
-    else:
-        ledger.learn_quota(key, lambda r: quota.after_admission(r, load=load, now=now))
 
 
 @dataclasses.dataclass(frozen=True)

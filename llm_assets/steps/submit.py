@@ -15,7 +15,6 @@ from llm_assets.resources.ledger import (
     PENDING,
     JobRecord,
     LostLock,
-    QuotaKey,
     ShardMismatch,
     ShardRecord,
     utcnow,
@@ -27,7 +26,7 @@ from llm_assets.resources.providers.base import (
     ShardSubmission,
 )
 from llm_assets.resources.providers.retrying import QuotaRefused
-from llm_assets.steps import lifecycle, quota
+from llm_assets.steps import admission, lifecycle, quota
 from llm_assets.steps.budget import budget_gate, hold_for_gate, reserve_pipeline_budget
 from llm_assets.steps.compliance import compliance_gate
 from llm_assets.steps.context import GateBlocked, StepContext
@@ -36,10 +35,7 @@ from llm_assets.steps.online import OnlineInterrupted, run_online_shard, stop_on
 from llm_assets.steps.pause import refuse_if_paused
 from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.steps.shards import ShardRound, line_offsets
-from llm_assets.words import plural
 
-OLDER_WAITER_SECONDS = 300.0
-"""How recently a shard of an older day must have been looked at to go first."""
 SUBMISSION_LOCK_WAIT_SECONDS = 0.5
 """How long a submission waits for a shard's lock that another run holds for a moment (a
 look at whether it is busy) before it counts the shard as another run's."""
@@ -155,140 +151,27 @@ class _Submitter:
                 return
             except QuotaRefused as refused:
                 self.quota = refused
-        self.wait_for_quota(pending, self.quota)
+        admission.wait_for_quota(self.ctx, pending, self.quota)
 
     def admit(self, shard: ShardRecord) -> str:
         """Submit the shard if the provider's quota for its model has room for it, by the
         spec's declared quota and by what the ledger learned (steps/quota.py); otherwise
         raise QuotaRefused. Admissions of one quota are made one at a time, across runs."""
         ctx = self.ctx
-        key = quota_key(ctx)
+        key = admission.quota_key(ctx)
         with ctx.ledger.quota_lock(quota.key_name(key), holder=ctx.created_by) as mine:
             if not mine:
                 raise QuotaRefused("another run is admitting shards of this model", 1.0)
-            load, amount = self.room_for(shard, key)
+            load, amount = admission.room_for(ctx, shard, key)
             try:
                 batch_id = self.submit_one(shard)
             except QuotaRefused as refused:
-                raise self.learn_refusal(key, load, amount, refused) from None
+                raise admission.learn_refusal(ctx, key, load, amount, refused) from None
             if not ctx.batch_provider.refuses_after_create:
                 ctx.ledger.learn_quota(
                     key, lambda r: quota.after_admission(r, load=load + amount, now=utcnow())
                 )
             return batch_id
-
-    def room_for(self, shard: ShardRecord, key: QuotaKey) -> tuple[int, int]:
-        """The load in flight and the shard's amount, when the quota has room for it; raises
-        QuotaRefused, saying why, when it has not."""
-        ctx, spec = self.ctx, self.ctx.spec
-        batches, tokens = ctx.ledger.in_flight_load(spec.model.provider, spec.model.name)
-        self.keep_declared(shard, batches, tokens)
-        record = ctx.ledger.quota_record(key)
-        declared = (
-            spec.quota.max_enqueued_tokens
-            if key.kind == quota.TOKENS
-            else spec.quota.max_active_batches
-        )
-        slow_start = ctx.batch_provider.refuses_after_create and declared is None
-        if slow_start and record.learned_limit is None:
-            # Until a refusal shows the limit, go by what was seen started.
-            started = ctx.ledger.in_flight_load(
-                spec.model.provider, spec.model.name, started_only=True
-            )
-            peak = max(record.admitted_peak, quota.amount_of(key.kind, *started))
-            record = record.model_copy(update={"admitted_peak": peak})
-        load = quota.amount_of(key.kind, batches, tokens)
-        amount = quota.amount_of(key.kind, 1, shard.estimated_input_tokens)
-        gate = quota.admission(
-            record,
-            load=load,
-            amount=amount,
-            model=spec.model.name,
-            slow_start=slow_start,
-            now=utcnow(),
-            batches=batches,
-        )
-        if not gate.admit:
-            raise QuotaRefused(gate.reason)
-        self.after_older_days(load)
-        return load, amount
-
-    def after_older_days(self, load: int) -> None:
-        """Raise QuotaRefused while shards of older days of the model wait for the same room
-        (a backfill's runs take it oldest day first); a waiting shard nobody looked at for
-        OLDER_WAITER_SECONDS belongs to no live run and holds nothing back."""
-        if load == 0:
-            return
-        ctx, spec = self.ctx, self.ctx.spec
-        live = max(OLDER_WAITER_SECONDS, 2 * ctx.batch_provider.quota_wait_seconds)
-        older = ctx.ledger.older_waiting(
-            spec.model.provider,
-            spec.model.name,
-            before=ctx.day,
-            since=utcnow() - dt.timedelta(seconds=live),
-        )
-        if older:
-            raise QuotaRefused(
-                f"waiting for quota: {plural(older, 'shard')} of older days of "
-                f"{spec.model.name} wait for the same room and go first"
-            )
-
-    def learn_refusal(
-        self, key: QuotaKey, load: int, amount: int, refused: QuotaRefused
-    ) -> QuotaRefused:
-        """Teach the ledger what a provider's refusal says; the refusal in the learner's
-        words, for the shard's wait."""
-        stated = quota.stated_limit(str(refused))
-        learned = self.ctx.ledger.learn_quota(
-            key,
-            lambda r: quota.after_refusal(r, load=load, amount=amount, stated=stated, now=utcnow()),
-        )
-        spec = self.ctx.spec
-        return QuotaRefused(
-            f"{quota.words(learned, load, spec.model.name)}; {spec.model.provider} refused a "
-            f"batch: {refused}",
-            refused.retry_after_seconds,
-        )
-
-    def keep_declared(self, shard: ShardRecord, batches: int, tokens: int) -> None:
-        """Raise QuotaRefused when submitting the shard would go past the spec's declared
-        quota for its provider and model, counting every pipeline's batches in flight."""
-        declared, spec = self.ctx.spec.quota, self.ctx.spec
-        model = f"{spec.model.provider}/{spec.model.name}"
-        if declared.max_active_batches is not None and batches >= declared.max_active_batches:
-            raise QuotaRefused(
-                f"waiting for quota: {batches} of {declared.max_active_batches} batches of "
-                f"{spec.model.name} in flight (quota.max_active_batches in the spec)"
-            )
-        limit = declared.max_enqueued_tokens
-        if limit is None or tokens + shard.estimated_input_tokens <= limit:
-            return
-        if batches == 0:
-            raise ValueError(
-                f"shard {shard.shard_id} alone holds about {shard.estimated_input_tokens:,} "
-                f"prompt tokens, over quota.max_enqueued_tokens {limit:,} for {model}: it "
-                "could never be admitted; lower sharding.max_requests_per_shard"
-            )
-        raise QuotaRefused(
-            f"waiting for quota: {quota.short(tokens)} of {quota.short(limit)} enqueued tokens "
-            f"of {spec.model.name} in flight and {shard.estimated_input_tokens:,} in this "
-            "shard (quota.max_enqueued_tokens in the spec)"
-        )
-
-    def wait_for_quota(self, shard: ShardRecord, refused: QuotaRefused) -> None:
-        """Leave a shard waiting, not sent, until the provider's quota has room: its items
-        spend no attempt. It is sent again as soon as a batch of its model ends (whoever
-        sees the end), or else after the provider's hint or `quota_wait_seconds`."""
-        provider = self.ctx.batch_provider
-        hint = refused.retry_after_seconds
-        wait = provider.quota_wait_seconds if hint is None else min(hint, 3600.0)
-        self.ctx.ledger.update_shard(
-            shard.shard_id,
-            expect_status=list(lifecycle.WAITING),
-            raw_status=WAITING_FOR_QUOTA,
-            message=str(refused)[:2000],
-            not_before=utcnow() + dt.timedelta(seconds=wait),
-        )
 
     def submit_one(self, shard: ShardRecord) -> str:
         """Submit one shard under its submission lock; returns the provider batch id."""
@@ -325,26 +208,6 @@ class _Submitter:
                 f"{shard.shard_id}: cancelled batch {batch_id}, created after this run lost "
                 f"its hold on the shard; the shard's batch is {recorded}"
             )
-
-
-def quota_key(ctx: StepContext) -> QuotaKey:
-    """The provider quota the day's batches count against."""
-    provider = ctx.batch_provider
-    return QuotaKey(
-        provider=ctx.spec.model.provider,
-        account=provider.quota_account(),
-        model_name=ctx.spec.model.name,
-        kind=provider.quota_kind,
-    )
-
-
-def _quota_freed_at(ctx: StepContext, shards: list[ShardRecord]) -> dt.datetime | None:
-    """When room last freed under the model's quota, if a shard waits for it."""
-    if not any(s.raw_status == WAITING_FOR_QUOTA for s in shards):
-        return None
-    spec = ctx.spec
-    starts = ctx.batch_provider.refuses_after_create
-    return ctx.ledger.model_freed_at(spec.model.provider, spec.model.name, starts=starts)
 
 
 def _cancelled_words(ctx: StepContext, job: JobRecord) -> str:
@@ -453,7 +316,7 @@ def submit_shards(
         if not screened.passed:
             raise hold_for_gate(ctx, GateBlocked("compliance", screened.reason), to_submit)
     now = utcnow()
-    freed = _quota_freed_at(ctx, to_submit)
+    freed = admission.quota_freed_at(ctx, to_submit)
     waiting = [
         s
         for s in to_submit
