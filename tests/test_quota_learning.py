@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from llm_assets import steps
 from llm_assets.resources.ledger import LedgerResource, QuotaKey, QuotaRecord, shard_table, utcnow
 from llm_assets.resources.providers.base import WAITING_FOR_QUOTA, BatchProvider
-from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.steps import lifecycle, quota
 from llm_assets.steps.in_process import InProcessRuns
@@ -29,6 +28,7 @@ from tests.fakes.gemini_server import FakeGemini
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, open_harness, provider_for, review_spec, truthful
 from tests.harness import write_reviews as write_day
+from tests.test_quotas import bedrock_jobs_of_30
 
 NOW = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
 KEY = QuotaKey(provider="openai", account="default", model_name="m", kind=quota.TOKENS)
@@ -379,18 +379,7 @@ def test_the_learned_limit_is_shown_and_can_be_reset(tmp_path: Path, database_ur
 def test_five_days_at_once_share_one_learned_bedrock_job_quota(
     tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
 ) -> None:
-    from tests.test_bedrock_provider import ROLE, bedrock_spec
-    from tests.test_bedrock_provider import truthful as bedrock_truthful
-
-    fake.responder = bedrock_truthful
-    provider = BedrockBatchProvider(
-        role_arn=ROLE,
-        endpoint_url=fake.endpoint_url,
-        retry_base_seconds=0.01,
-        quota_wait_seconds=0.05,
-    )
-    spec = bedrock_spec() | {"bedrock": {"min_records_per_job": 30}}
-    spec["sharding"] = {"max_requests_per_shard": 30}
+    provider, spec = bedrock_jobs_of_30(fake)
     with open_harness(tmp_path, database_url, spec, provider, REVIEWS) as h:
         h.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
         run_days_together(h, DAYS)

@@ -120,10 +120,9 @@ def test_the_quota_wait_shows_in_the_ledger_and_the_step_metadata(
             assert {r["attempts"] for r in h.rows().values()} == {0, 1}
 
 
-@pytest.mark.fake_server("bedrock", min_records=30, max_active_jobs=1)
-def test_a_bedrock_active_job_quota_is_waited_out(
-    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
-) -> None:
+def bedrock_jobs_of_30(fake: FakeBedrock) -> tuple[BedrockBatchProvider, dict[str, Any]]:
+    """The Bedrock adapter pointed at `fake` (answering truthfully), with short waits, and
+    the review spec in jobs of 30 records: a day of 90 reviews is three jobs."""
     from tests.test_bedrock_provider import ROLE, bedrock_spec
     from tests.test_bedrock_provider import truthful as bedrock_truthful
 
@@ -136,6 +135,14 @@ def test_a_bedrock_active_job_quota_is_waited_out(
     )
     spec = bedrock_spec() | {"bedrock": {"min_records_per_job": 30}}
     spec["sharding"] = {"max_requests_per_shard": 30}
+    return provider, spec
+
+
+@pytest.mark.fake_server("bedrock", min_records=30, max_active_jobs=1)
+def test_a_bedrock_active_job_quota_is_waited_out(
+    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
+) -> None:
+    provider, spec = bedrock_jobs_of_30(fake)
     (tmp_path / "dagster").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
         h = Harness(tmp_path, database_url, instance, spec, provider, reviews=90)
