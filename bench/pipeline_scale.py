@@ -207,6 +207,9 @@ def spec_dict(source_uri: str) -> dict[str, Any]:
         "quality": {"max_failure_rate": 0.05, "min_confidence": 0.3},
         "retry": {"max_attempts": 3, "backoff_seconds": 0},
         "partitions": {"start_date": "2026-11-01", "timezone": "UTC"},
+        # The instant provider's files are the bench's own, read again by the re-import;
+        # its parent's deletion would go to OpenAI's API.
+        "retention": {"provider_files": "keep"},
     }
 
 
