@@ -214,16 +214,24 @@ class Announcement(BaseModel):
     """Why the webhook did not take it, when this call sent it."""
 
 
-def announce(spec: PipelineSpec, summary: PartitionSummary, ledger: LedgerResource) -> Announcement:
-    """Send the summary once per day state: claim its fingerprint in the ledger, and deliver
-    it only when this call made the claim."""
-    fingerprint = summary.fingerprint()
+def announce(
+    spec: PipelineSpec,
+    summary: PartitionSummary,
+    ledger: LedgerResource,
+    *,
+    fingerprint: str | None = None,
+    text: str | None = None,
+) -> Announcement:
+    """Send the summary once per day state (or per `fingerprint` given): claim the
+    fingerprint in the ledger, and deliver it only when this call made the claim. `text` is
+    what the ledger keeps of it (the summary's text unless given)."""
+    fingerprint = fingerprint or summary.fingerprint()
     first = ledger.claim_notification(
         pipeline=summary.pipeline,
         partition_date=summary.date,
         fingerprint=fingerprint,
         outcome=summary.outcome,
-        text=summary.text(),
+        text=text or summary.text(),
         job_id=summary.job_id,
         run_id=summary.run_id,
     )
@@ -260,16 +268,4 @@ def announce_stuck(
         reason=words,
     )
     fingerprint = hashlib.sha256(("stuck\0" + "\0".join(sorted(batch_ids))).encode()).hexdigest()
-    first = ledger.claim_notification(
-        pipeline=spec.name,
-        partition_date=day,
-        fingerprint=fingerprint,
-        outcome="in progress",
-        text=words,
-        job_id=job_id,
-    )
-    if not first:
-        return Announcement(first=False)
-    error = deliver(spec, summary)
-    ledger.record_delivery(spec.name, day, fingerprint, error)
-    return Announcement(first=True, error=error)
+    return announce(spec, summary, ledger, fingerprint=fingerprint, text=words)
