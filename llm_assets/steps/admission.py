@@ -28,11 +28,13 @@ def quota_key(ctx: StepContext) -> QuotaKey:
 
 
 def quota_freed_at(ctx: StepContext, shards: list[ShardRecord]) -> dt.datetime | None:
-    """When room last freed under the model's quota, if a shard waits for it."""
-    if not any(s.raw_status == WAITING_FOR_QUOTA for s in shards):
+    """When room last freed under the model's quota, if one of `shards` waits for it. Where
+    the provider admits batches after creating them, a start frees room too: submission goes
+    by what was seen started until the limit is known."""
+    if not any(s.raw_status == WAITING_FOR_QUOTA and s.status in lifecycle.WAITING for s in shards):
         return None
     spec = ctx.spec
-    starts = ctx.batch_provider.refuses_after_create
+    starts = ctx.provider is not None and ctx.provider.refuses_after_create
     return ctx.ledger.model_freed_at(spec.model.provider, spec.model.name, starts=starts)
 
 

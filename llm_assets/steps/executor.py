@@ -11,6 +11,7 @@ between rounds until what they wait for falls due; nothing else sleeps for a day
 
 import concurrent.futures
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,6 @@ from llm_assets.resources.ledger import (
 from llm_assets.resources.providers.base import (
     IN_FLIGHT_STATES,
     ONLINE_BATCH_PREFIX,
-    WAITING_FOR_QUOTA,
     BatchProvider,
     BatchStatus,
     ShardState,
@@ -174,22 +174,11 @@ def load_state(ctx: StepContext) -> DayState:
         return DayState.of(None, (), JobCounts(), now=now, paused=paused, **flags)
     shards = ledger.shards(job.job_id)
     views = tuple(_view(ledger, shard) for shard in shards)
-    model = (job.provider, job.model_name)
-    if any(s.raw_status == WAITING_FOR_QUOTA and s.status in lifecycle.WAITING for s in shards):
-        # Where the provider admits batches after their creation, a start frees room too:
-        # submission goes by what was seen started until the limit is known.
-        starts = ctx.provider is not None and ctx.provider.refuses_after_create
-        flags["quota_freed_at"] = ledger.model_freed_at(*model, starts=starts)
+    flags["quota_freed_at"] = admission.quota_freed_at(ctx, shards)
     if any(s.status in IN_FLIGHT_STATES for s in shards):
-        flags["batch_seconds"] = _median([total for _, total in ledger.batch_history(*model)])
+        took = [total for _, total in ledger.batch_history(job.provider, job.model_name)]
+        flags["batch_seconds"] = statistics.median_low(took) if took else None
     return DayState.of(job, views, ledger.counts(job.job_id), now=now, paused=paused, **flags)
-
-
-def _median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
 
 
 def job_spec(spec: PipelineSpec, job: JobRecord) -> PipelineSpec:

@@ -76,7 +76,7 @@ def stuck_batches(
     shards = ledger.shards(job_id, [ShardState.SUBMITTED.value])
     if not shards:
         return []
-    starts = [start for start, _ in ledger.batch_history(provider, model) if start is not None]
+    starts = [start for start, _ in ledger.batch_history(provider, model)]
     return find_stuck(shards, starts, floor_seconds, now or utcnow())
 
 

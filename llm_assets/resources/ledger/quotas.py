@@ -122,15 +122,14 @@ def model_freed_at(
         found = [moment for moment in conn.execute(sa.select(*columns)).one() if moment]
     if not found:
         return None
-    latest = max(m if m.tzinfo else m.replace(tzinfo=dt.UTC) for m in found)
-    return latest
+    return max(m if m.tzinfo else m.replace(tzinfo=dt.UTC) for m in found)
 
 
 def batch_history(
     engine: Engine, provider: str, model: str, limit: int = 20
-) -> list[tuple[float | None, float]]:
-    """The latest batches of the model that ran to their end: (seconds before the provider
-    began them, or None when never seen waiting, and seconds from submission to end)."""
+) -> list[tuple[float, float]]:
+    """The latest batches of the model that were seen started and ran to their end: (seconds
+    from submission to their start, seconds from submission to their end)."""
     query = (
         _of_model(
             provider,
