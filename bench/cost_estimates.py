@@ -26,16 +26,16 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llm_assets import steps  # noqa: E402
-from llm_assets.demo_data import generate_demo_data  # noqa: E402
+from llm_assets.defs.runner import PartitionRunner, StepFailed
+from llm_assets.demo.data import generate_demo_data
 from llm_assets.resources.ledger import LedgerResource  # noqa: E402
 from llm_assets.resources.providers import provider_resource_key  # noqa: E402
 from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider  # noqa: E402
 from llm_assets.resources.providers.local import LocalProvider  # noqa: E402
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider  # noqa: E402
 from llm_assets.resources.storage import ArtifactStorage  # noqa: E402
-from llm_assets.runner import PartitionRunner, StepFailed  # noqa: E402
-from llm_assets.settings import Settings  # noqa: E402
-from llm_assets.spec import PipelineSpec  # noqa: E402
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.settings import Settings
 from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
 

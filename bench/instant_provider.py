@@ -41,7 +41,7 @@ from llm_assets.resources.providers.base import (
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.providers.openai_lines import normalize_line, read_line
 from llm_assets.resources.storage import line_blocks
-from llm_assets.result_rows import Answered, block_lines
+from llm_assets.results.rows import Answered, block_lines
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage

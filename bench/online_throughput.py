@@ -31,7 +31,7 @@ from llm_assets import steps  # noqa: E402
 from llm_assets.resources.ledger import LedgerResource  # noqa: E402
 from llm_assets.resources.providers.online import OnlineProvider  # noqa: E402
 from llm_assets.resources.storage import ArtifactStorage  # noqa: E402
-from llm_assets.spec import PipelineSpec  # noqa: E402
+from llm_assets.spec.model import PipelineSpec
 from tests.fakes.online_server import FakeOnline  # noqa: E402
 from tests.harness import review_spec  # noqa: E402
 

@@ -98,7 +98,7 @@ def day_seconds(with_long_row: bool) -> dict[str, float]:
     from llm_assets import steps
     from llm_assets.resources.ledger import LedgerResource
     from llm_assets.resources.storage import ArtifactStorage
-    from llm_assets.spec import parse_spec
+    from llm_assets.spec.load import parse_spec
 
     with tempfile.TemporaryDirectory() as folder:
         home = Path(folder)

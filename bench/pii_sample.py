@@ -3,7 +3,7 @@
 Three kinds of case, all made from one seed, so the same seed and the same demo corpus give the
 same texts and labels:
 
-- `ticket`: support tickets put together by the demo generator (llm_assets/demo_data.py) from
+- `ticket`: support tickets put together by the demo generator (llm_assets/demo/data.py) from
   its corpus. About one in five gets one or two sentences with a value inserted (an e-mail
   address, a phone number, a card, an IBAN, a US SSN, an IP address or a credential) in the
   formats customers really write them; the rest are clean, as most real tickets are. Their
@@ -43,8 +43,8 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llm_assets.compliance.spec import ENTITIES  # noqa: E402
-from llm_assets.demo_corpus import CATEGORIES, TONES, Slots, corpus  # noqa: E402
-from llm_assets.demo_data import _add_typos, _body_sentences  # noqa: E402
+from llm_assets.demo.corpus import CATEGORIES, TONES, Slots, corpus
+from llm_assets.demo.data import _add_typos, _body_sentences
 
 SEED = 20261203
 TICKETS = 3000

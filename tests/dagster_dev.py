@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from llm_assets.settings import REPO_ROOT
+from llm_assets.util.settings import REPO_ROOT
 from tests.fakes.common import free_port
 
 T = TypeVar("T")

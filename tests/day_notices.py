@@ -11,8 +11,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from llm_assets.factory import asset_key
-from llm_assets.sensors import build_notification_sensors
+from llm_assets.defs.factory import asset_key
+from llm_assets.defs.sensors import build_notification_sensors
 from tests.harness import Harness
 
 

@@ -14,7 +14,8 @@ import dagster as dg
 import sqlalchemy as sa
 
 from llm_assets import steps
-from llm_assets.factory import asset_key, build_pipeline_assets
+from llm_assets.defs.factory import asset_key, build_pipeline_assets
+from llm_assets.defs.runner import DayOutcome, PartitionRunner
 from llm_assets.resources.ledger import LedgerResource, result_table
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
@@ -23,9 +24,8 @@ from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.runner import DayOutcome, PartitionRunner
-from llm_assets.settings import Settings
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.settings import Settings
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.gemini_server import FakeGemini
 from tests.fakes.openai_server import FakeOpenAI, user_text

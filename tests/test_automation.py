@@ -24,10 +24,10 @@ import sqlalchemy as sa
 import yaml
 
 from llm_assets import steps
-from llm_assets.factory import asset_key
+from llm_assets.defs.factory import asset_key
 from llm_assets.resources.ledger import LedgerResource, job_table
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 from tests.dagster_dev import DagsterDev, dagster_dev
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import review_spec, truthful, write_reviews

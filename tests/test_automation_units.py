@@ -12,16 +12,17 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from llm_assets import notify, steps
-from llm_assets.factory import asset_key, build_pipeline_assets
-from llm_assets.new_data_sensor import build_new_data_sensor
+from llm_assets import steps
+from llm_assets.defs.factory import asset_key, build_pipeline_assets
+from llm_assets.defs.new_data_sensor import build_new_data_sensor
+from llm_assets.defs.runner import SUBMIT_STEPS
+from llm_assets.defs.schedules import build_schedule, build_submit_job
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.providers import provider_resource_key
-from llm_assets.runner import SUBMIT_STEPS
-from llm_assets.schedules import build_schedule, build_submit_job
-from llm_assets.settings import Settings
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps import notify
+from llm_assets.util.settings import Settings
 from tests.harness import review_spec
 
 

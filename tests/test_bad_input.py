@@ -29,9 +29,9 @@ import pytest
 import sqlalchemy as sa
 
 from llm_assets import steps
-from llm_assets.factory import asset_key
+from llm_assets.defs.factory import asset_key
+from llm_assets.items.source import SourceRow, SourceRowModel
 from llm_assets.resources.ledger import TERMINAL, metadata, output_table, result_table
-from llm_assets.source import SourceRow, SourceRowModel
 from tests import test_openai_provider as openai_tests
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, open_harness, provider_for, review_spec, truthful
@@ -462,10 +462,10 @@ def test_parquet_integer_ids_next_to_a_missing_id_keep_their_value(
 
 
 def ready_pool(sent: list[tuple[Any, Any]]) -> type:
-    """A ProcessPoolExecutor for llm_assets.parallel whose workers are ready before its first
+    """A ProcessPoolExecutor for llm_assets.util.parallel whose workers are ready before its first
     chunk is sent (so chunks do go to them, not all worked here while one starts); each
     chunk's call (partial(_call, work, ...)) and future are appended to `sent`."""
-    from llm_assets import parallel
+    from llm_assets.util import parallel
 
     class ReadyPool(parallel.concurrent.futures.ProcessPoolExecutor):
         def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -485,7 +485,7 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
     """A large day's rows are assessed, and its result lines parsed, in worker processes;
     small chunks and a low threshold make this day one, with duplicates of an id in other
     chunks than its first row, and transient failures among the results."""
-    from llm_assets import parallel
+    from llm_assets.util import parallel
 
     submitted: list[tuple[Any, Any]] = []
     # One id key for both ledgers, so their items have the same custom_ids.
@@ -583,7 +583,7 @@ def test_worker_processes_give_the_same_shards_dead_letters_and_results_as_one_p
 def test_ordered_map_keeps_order_raises_worker_errors_and_keeps_unpicklable_work_here(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from llm_assets import parallel
+    from llm_assets.util import parallel
 
     monkeypatch.setattr(parallel, "CHUNK_ROWS", 3)
     monkeypatch.setattr(parallel, "INLINE_ROWS", 3)
@@ -608,7 +608,7 @@ def test_ordered_map_keeps_order_raises_worker_errors_and_keeps_unpicklable_work
 
 
 def _spill_root() -> Path:
-    """Where worker processes leave their results (llm_assets.parallel._spill_dir)."""
+    """Where worker processes leave their results (llm_assets.util.parallel._spill_dir)."""
     return Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
 
 
@@ -622,7 +622,7 @@ def test_worker_results_come_back_in_files_that_are_removed(
     import subprocess
     import sys
 
-    from llm_assets import parallel
+    from llm_assets.util import parallel
 
     monkeypatch.setattr(parallel, "CHUNK_ROWS", 3)
     monkeypatch.setattr(parallel, "INLINE_ROWS", 3)
@@ -679,7 +679,7 @@ def test_odd_entries_where_result_folders_go_never_stop_workers_from_starting(
     import subprocess
     import sys
 
-    from llm_assets import parallel
+    from llm_assets.util import parallel
 
     gone = int(
         subprocess.run(
@@ -798,7 +798,7 @@ def test_snapshot_lines_are_written_as_pydantic_writes_them(record: Any) -> None
     ],
 )
 def test_source_lines_orjson_cannot_read_are_read_as_json_reads_them(text: str) -> None:
-    from llm_assets.fastjson import json_loads
+    from llm_assets.util.fastjson import json_loads
 
     assert repr(json_loads(text)) == repr(json.loads(text))
     with pytest.raises(json.JSONDecodeError, match="Expecting value"):
@@ -808,7 +808,7 @@ def test_source_lines_orjson_cannot_read_are_read_as_json_reads_them(text: str) 
 WORKER_PARENT = """
 import itertools
 
-from llm_assets import parallel
+from llm_assets.util import parallel
 from tests.test_bad_input import _pid_then_block
 
 if __name__ == "__main__":  # spawned workers import this module again
@@ -866,7 +866,7 @@ def test_a_worker_ends_when_the_process_that_started_it_is_killed(tmp_path: Path
         os.close(exited)
     # Its workers' results folder stays behind, for the next run that starts workers to
     # remove once it is old (test_worker_results_come_back_in_files_that_are_removed).
-    from llm_assets import parallel
+    from llm_assets.util import parallel
 
     [left] = _spill_root().glob(f"{parallel.SPILLS_PREFIX}{parent.pid}-*")
     shutil.rmtree(left)
@@ -892,7 +892,7 @@ def test_an_import_worker_needs_none_of_the_heavy_packages(tmp_path: Path) -> No
 
     from llm_assets.resources.pricing import load_price_table
     from llm_assets.resources.providers.openai_lines import normalize_line
-    from llm_assets.result_rows import ResultStager, RowMaker, staged_results
+    from llm_assets.results.rows import ResultStager, RowMaker, staged_results
 
     price = load_price_table().get("openai", "gpt-4o-mini")
     assert price is not None
@@ -934,9 +934,9 @@ def test_a_shards_worker_needs_neither_dagster_nor_the_sdks() -> None:
     import subprocess
     import sys
 
-    from llm_assets.items import Preparer, assess_lines
+    from llm_assets.items.prepare import Preparer, assess_lines
     from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
     spec = PipelineSpec.model_validate(review_spec("openai", "gpt-4o-mini"))
     provider = OpenAIBatchProvider(api_key="test-key")
@@ -961,7 +961,7 @@ def test_a_shards_worker_needs_neither_dagster_nor_the_sdks() -> None:
 
 RELEASE_CHILD = """
 import os
-from llm_assets.memory import release_free_memory
+from llm_assets.util.memory import release_free_memory
 
 def rss_mb():
     with open("/proc/self/status") as status:
@@ -996,7 +996,7 @@ def test_memory_freed_between_shards_goes_back_to_the_operating_system(tmp_path:
 def test_the_collector_is_paused_in_the_block_and_left_as_it_was() -> None:
     import gc
 
-    from llm_assets.memory import collector_paused
+    from llm_assets.util.memory import collector_paused
 
     assert gc.isenabled()
     with collector_paused():
@@ -1050,7 +1050,7 @@ def test_legacy_custom_ids_stay_what_earlier_versions_made(key: str, kind: str) 
     """A legacy custom_id is an item's identity in ledgers written before keyed ids: however
     it is computed, it stays the date, the readable part and the first 20 hex digits of the
     SHA-256 of pipeline, date, kind and key joined by U+001F."""
-    from llm_assets import ids
+    from llm_assets.items import ids
 
     day = dt.date(2026, 11, 2)
     joined = "\x1f".join(("reviews", day.isoformat(), kind, key))
@@ -1067,7 +1067,7 @@ def test_custom_ids_are_what_their_definition_says(key: str) -> None:
     kind and key instead. Both fit every provider's rule."""
     import hmac
 
-    from llm_assets import ids
+    from llm_assets.items import ids
 
     day = dt.date(2026, 11, 2)
     secret = b"an id key of thirty-two bytes..."

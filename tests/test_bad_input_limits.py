@@ -23,15 +23,16 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from llm_assets import ids
+from llm_assets.defs.runner import DayOutcome
+from llm_assets.items import ids
+from llm_assets.items.source import read_file_rows
+from llm_assets.items.source_lines import LineTooLong, bounded_lines
+from llm_assets.items.tokens import EXACT_ENCODINGS, MAX_TOKEN_BYTES, bundled_ranks
 from llm_assets.resources.providers.base import BatchStatus, ShardState
 from llm_assets.resources.storage import ArtifactStorage, split_lines
-from llm_assets.runner import DayOutcome
-from llm_assets.settings import Settings
-from llm_assets.source import read_file_rows
-from llm_assets.source_lines import LineTooLong, bounded_lines
-from llm_assets.spec import PipelineSpec, parse_spec
-from llm_assets.tokens import EXACT_ENCODINGS, MAX_TOKEN_BYTES, bundled_ranks
+from llm_assets.spec.load import parse_spec
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.settings import Settings
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, review_spec, truthful
 from tests.test_automation_units import inbox_spec, tick

@@ -16,7 +16,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from llm_assets import sensors
+from llm_assets.defs import sensors
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource, dispose_engines
 from llm_assets.resources.providers import retrying
@@ -31,8 +31,8 @@ from llm_assets.resources.providers.realtime import (
     RateLimited,
     run_requests,
 )
-from llm_assets.settings import Settings
 from llm_assets.steps.online import stop_on_sigterm
+from llm_assets.util.settings import Settings
 from tests import test_sensors
 from tests.conftest import DATABASES
 from tests.fakes.anthropic_server import FakeAnthropic

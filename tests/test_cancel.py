@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from llm_assets import steps
-from llm_assets.cancel_job import build_cancel_job
+from llm_assets.defs.cancel_job import build_cancel_job
 from llm_assets.resources.ledger import TERMINAL
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.gemini_server import FakeGemini
@@ -112,7 +112,7 @@ def test_cancel_mid_day_keeps_what_ran_and_requeue_finishes_the_day(
 def test_a_cancel_from_a_dagster_run_closes_unsent_shards_and_sensors_leave_the_day(
     day: tuple[Harness, Any],
 ) -> None:
-    from llm_assets.runner import REPORT_STEPS
+    from llm_assets.defs.runner import REPORT_STEPS
     from tests.test_automation_units import tick as new_data_tick
     from tests.test_sensors import tick as status_tick
 

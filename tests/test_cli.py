@@ -13,7 +13,7 @@ import pytest
 import yaml
 from dagster._core.instance.ref import InstanceRef
 
-from llm_assets.console import (
+from llm_assets.cli.console import (
     console,
     count_words,
     home_relative,
@@ -22,9 +22,9 @@ from llm_assets.console import (
     stream_width,
     usd,
 )
-from llm_assets.demo_data import generate_demo_data
+from llm_assets.demo.data import generate_demo_data
 from llm_assets.resources.ledger import DEAD_LETTER, LedgerResource
-from llm_assets.settings import REPO_ROOT
+from llm_assets.util.settings import REPO_ROOT
 from tests.harness import CLI
 from tests.ledger_helpers import set_item_status
 

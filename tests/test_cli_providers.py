@@ -135,7 +135,7 @@ def test_keys_never_reach_metadata_or_logs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, resource: str
 ) -> None:
     from llm_assets.resources import build_resources
-    from llm_assets.settings import Settings
+    from llm_assets.util.settings import Settings
 
     for name in ("GOOGLE_API_KEY", "GEMINI_API_KEY"):
         monkeypatch.delenv(name, raising=False)

@@ -15,11 +15,11 @@ from llm_assets import steps
 from llm_assets.compliance.detect import scan
 from llm_assets.compliance.policy import restore, screen
 from llm_assets.compliance.spec import DEFAULT_PII, ENTITIES, ComplianceSpec
-from llm_assets.factory import asset_key
+from llm_assets.defs.factory import asset_key
+from llm_assets.defs.runner import StepFailed
+from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import metadata, output_table
-from llm_assets.runner import StepFailed
-from llm_assets.spec import parse_spec
-from llm_assets.tokens import counter_for
+from llm_assets.spec.load import parse_spec
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, Harness, make_harness, review_spec, truthful
 

@@ -20,14 +20,14 @@ import yaml
 from click.testing import CliRunner
 
 from llm_assets import steps
-from llm_assets.checks import BUDGET, COST_DRIFT, budget_check
-from llm_assets.cli import main as cli_main
-from llm_assets.factory import asset_key
+from llm_assets.cli.main import main as cli_main
+from llm_assets.defs.checks import BUDGET, COST_DRIFT, budget_check
+from llm_assets.defs.factory import asset_key
+from llm_assets.defs.runner import PartitionRunner, StepFailed
+from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import SCHEMA_VERSION, LedgerResource, result_table, shard_table
 from llm_assets.resources.pricing import load_price_table, zero_price_reason
-from llm_assets.runner import PartitionRunner, StepFailed
-from llm_assets.spec import PipelineSpec
-from llm_assets.tokens import counter_for
+from llm_assets.spec.model import PipelineSpec
 from tests.fakes.openai_server import FakeOpenAI, prompt_tokens_of, user_text
 from tests.harness import DAY, Harness, make_harness, review_spec, truthful, write_reviews
 from tests.ledger_helpers import schema_version, spend
@@ -198,8 +198,8 @@ def test_the_fast_encoder_is_tiktoken_with_its_own_rules_and_counts_like_the_ref
     import tiktoken
     import tiktoken_ext.openai_public as openai_public
 
-    from llm_assets import tokens
-    from llm_assets.demo_data import generate_demo_data
+    from llm_assets.demo.data import generate_demo_data
+    from llm_assets.items import tokens
 
     generate_demo_data(tmp_path, dt.date(2026, 11, 2), days=1, tickets_per_day=300)
     [inbox] = [p for p in tmp_path.rglob("*.jsonl") if p.name != "truth.jsonl"]

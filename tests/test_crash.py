@@ -1,6 +1,6 @@
 """Crash safety: SIGKILL a real `llm-assets run --wait` at every failpoint, then re-run.
 
-Each run dies at the next named point (LLM_ASSETS_FAILPOINT, see llm_assets/failpoints.py),
+Each run dies at the next named point (LLM_ASSETS_FAILPOINT, see llm_assets/util/failpoints.py),
 so one partition is killed at every step boundary and inside submission, import and retry
 planning; a last run without a failpoint finishes it. The fake provider's own records are
 the witness: nothing is sent again after success and no paid batch is orphaned.
@@ -19,9 +19,9 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from llm_assets.failpoints import POINTS
 from llm_assets.resources.ledger import LedgerResource, result_table, shard_table
 from llm_assets.steps import UNFINISHED, GateRecord
+from llm_assets.util.failpoints import POINTS
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import CLI, DAY, review_spec, truthful, write_reviews

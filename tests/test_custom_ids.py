@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from llm_assets import ids, steps
+from llm_assets import steps
+from llm_assets.items import ids
 from llm_assets.resources.ledger import LedgerResource, result_table
 from llm_assets.resources.ledger.tables import id_key_table
 from tests.fakes.openai_server import FakeOpenAI, user_text

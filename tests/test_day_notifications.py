@@ -9,8 +9,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from llm_assets.factory import asset_key
-from llm_assets.runner import SUBMIT_STEPS
+from llm_assets.defs.factory import asset_key
+from llm_assets.defs.runner import SUBMIT_STEPS
 from tests.day_notices import announce, loopback_webhook
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, make_harness

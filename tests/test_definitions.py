@@ -8,8 +8,8 @@ from pathlib import Path
 import dagster as dg
 
 from llm_assets.definitions import build_definitions
-from llm_assets.factory import STEPS
-from llm_assets.settings import REPO_ROOT, Settings
+from llm_assets.defs.factory import STEPS
+from llm_assets.util.settings import REPO_ROOT, Settings
 
 
 def test_every_spec_becomes_a_partitioned_group_of_the_design_steps(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from stdnum import iban, luhn
 
-from llm_assets import demo_corpus
 from llm_assets.compliance.detect import scan
-from llm_assets.demo_data import (
+from llm_assets.demo import corpus as demo_corpus
+from llm_assets.demo.data import (
     BAD_ROW_REASONS,
     BLOCKED_EVERY,
     CATEGORIES,

@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 import yaml
 
-import llm_assets.resources.providers.registry  # noqa: F401  (registers the provider checks)
-from llm_assets.demo import DEMO_PIPELINE, DEMO_START
-from llm_assets.demo_data import generate_demo_data
+from llm_assets.demo.data import generate_demo_data
+from llm_assets.demo.run import DEMO_PIPELINE, DEMO_START
 from llm_assets.evaluation.variants import resolve_variants
-from llm_assets.items import render
+from llm_assets.items.prepare import render
 from llm_assets.resources.providers.base import RequestItem
 from llm_assets.resources.providers.local import LocalProvider
-from llm_assets.settings import REPO_ROOT
-from llm_assets.spec import PipelineSpec, check_specs
+from llm_assets.spec.load import check_specs
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.settings import REPO_ROOT
 
 DEMO_SPEC = REPO_ROOT / "pipelines" / f"{DEMO_PIPELINE}.yaml"
 FILED = "filed-by-the-agent"

@@ -28,10 +28,10 @@ import sqlalchemy as sa
 import yaml
 from dagster._core.instance.ref import InstanceRef
 
-from llm_assets.demo import DEMO_START
-from llm_assets.demo_data import BAD_ROW_REASONS, BLOCKED_EVERY
+from llm_assets.demo.data import BAD_ROW_REASONS, BLOCKED_EVERY
+from llm_assets.demo.run import DEMO_START
 from llm_assets.resources.ledger import metadata
-from llm_assets.settings import REPO_ROOT
+from llm_assets.util.settings import REPO_ROOT
 from tests.harness import CLI
 
 PER_DAY = 2 * BLOCKED_EVERY

@@ -9,8 +9,9 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from llm_assets import checks, steps
-from llm_assets.factory import STEPS
+from llm_assets import steps
+from llm_assets.defs import checks
+from llm_assets.defs.factory import STEPS
 from llm_assets.resources.ledger import job_table
 from tests.test_cli import Env
 from tests.test_pipeline import DAY, Platform

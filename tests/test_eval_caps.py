@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from llm_assets import steps
-from llm_assets.factory import build_pipeline_assets
+from llm_assets.defs.factory import build_pipeline_assets
+from llm_assets.defs.sensors import build_batch_status_sensor
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
-from llm_assets.sensors import build_batch_status_sensor
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 from tests import test_eval_replay as replay_tests
 from tests.harness import CLI, provider_for, review_spec
 from tests.test_eval_replay import DAYS, World

@@ -10,11 +10,11 @@ from decimal import Decimal
 import pytest
 
 from llm_assets.evaluation.prices import ItemWork, rendered_work, what_if_prices
-from llm_assets.ids import custom_id
-from llm_assets.items import KnownIds
+from llm_assets.items.ids import custom_id
+from llm_assets.items.prepare import KnownIds
+from llm_assets.items.tokens import TokenCounter
 from llm_assets.resources.pricing import load_price_table
-from llm_assets.spec import PipelineSpec
-from llm_assets.tokens import TokenCounter
+from llm_assets.spec.model import PipelineSpec
 from tests.test_spec import good_spec
 
 SYSTEM = "You triage customer support tickets. Return JSON."

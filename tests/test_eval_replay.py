@@ -18,7 +18,7 @@ import sqlalchemy as sa
 import yaml
 
 from llm_assets import steps
-from llm_assets.eval_jobs import (
+from llm_assets.defs.eval_jobs import (
     EVAL_PARTITION,
     build_eval_job,
     build_eval_report_asset,
@@ -28,6 +28,7 @@ from llm_assets.eval_jobs import (
 from llm_assets.evaluation.metrics import wilson_interval
 from llm_assets.evaluation.replay import Replay, eval_pipeline_spec, replay
 from llm_assets.evaluation.report import build_report
+from llm_assets.evaluation.report_markdown import render_markdown
 from llm_assets.evaluation.report_store import EvalRequest, load_report, report_key, save_report
 from llm_assets.evaluation.sample import draw_sample
 from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
@@ -37,8 +38,8 @@ from llm_assets.resources.pricing import load_price_table
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.settings import Settings
-from llm_assets.spec import PIPELINE_NAME, PipelineSpec
+from llm_assets.spec.model import PIPELINE_NAME, PipelineSpec
+from llm_assets.util.settings import Settings
 from tests.conftest import MotoS3
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.bedrock_server import FakeBedrock
@@ -407,7 +408,7 @@ def test_the_report_scores_every_variant_against_the_human_labels_and_recommends
         "terse": "fails score and failure rate",
     }
     assert recommendation.indistinguishable_from == ("haiku",)
-    markdown = report.markdown()
+    markdown = render_markdown(report)
     assert "| baseline | openai/gpt-4o-mini (v1) |" in markdown
     assert "passes **recommended** |" in markdown
     assert "Not distinguishable at this sample size from: haiku" in markdown
@@ -418,7 +419,7 @@ def test_the_report_scores_every_variant_against_the_human_labels_and_recommends
     key = report_key(result)
     save_report(report, request, key, world.storage)
     loaded, _ = load_report(world.spec.name, key, world.storage)
-    assert loaded == report and loaded.markdown() == markdown
+    assert loaded == report and render_markdown(loaded) == markdown
     # The reference column reached no provider.
     received = [p for p in tmp_path.glob("fake_*/**/*") if p.is_file()]
     assert received and not any(HUMAN_LABEL.encode() in p.read_bytes() for p in received)

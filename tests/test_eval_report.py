@@ -17,12 +17,13 @@ import pytest
 from llm_assets import steps
 from llm_assets.evaluation.replay import Replay, replay
 from llm_assets.evaluation.report import EvalReport, build_report
+from llm_assets.evaluation.report_markdown import render_markdown
 from llm_assets.evaluation.similarity import similarities
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.settings import Settings
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.settings import Settings
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import provider_for, review_spec, write_reviews
 
@@ -245,7 +246,7 @@ def test_a_number_scores_one_minus_its_mean_absolute_error_over_the_declared_spa
     # Both pass (no eval.min_score); the baseline's shorter prompt costs less.
     assert report.recommendation is not None and report.recommendation.chosen is not None
     assert report.recommendation.chosen.name == "baseline"
-    assert "`stars` (number) scored against human_stars as 1 − MAE/span" in report.markdown()
+    assert "`stars` (number) scored against human_stars as 1 − MAE/span" in render_markdown(report)
 
 
 def test_similarities_are_cosines_of_the_local_model_none_where_a_side_is_missing() -> None:
@@ -320,7 +321,7 @@ def test_items_without_a_reference_are_not_scored_and_the_report_names_them(
         assert variant.score == pytest.approx(1 - min(1.0, expected / 3))
     [note] = report.notes
     assert note.startswith(f"2 of {REVIEWS} sampled items have no 'human_stars'")
-    assert f"- {note}" in report.markdown()
+    assert f"- {note}" in render_markdown(report)
 
 
 def test_open_items_leave_the_report_without_a_recommendation_until_they_are_in(
@@ -341,7 +342,7 @@ def test_open_items_leave_the_report_without_a_recommendation_until_they_are_in(
     [note] = report.notes
     assert note.startswith("items still open (")
     assert "no recommendation until every answer is in" in note
-    assert "**Recommendation:**" not in report.markdown()
+    assert "**Recommendation:**" not in render_markdown(report)
 
     # Carried on: every answer in, the same eval recommends.
     world.openai.polls_per_state = 0

@@ -14,18 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-import llm_assets.resources.providers.registry  # noqa: F401  (registers the provider checks)
 from llm_assets.evaluation.promote import PREVIOUS, ChangedSince, plan_promotion
-from llm_assets.evaluation.spec import (
-    ModelPatch,
-    PromptPatch,
-    diff_patch,
-    failure_rate_limit,
-    merge_patch,
-    scored_field,
-    variant_spec,
-)
-from llm_assets.spec import ModelSpec, PipelineSpec, PromptSpec, check_specs
+from llm_assets.evaluation.spec import ModelPatch, PromptPatch, diff_patch, merge_patch
+from llm_assets.evaluation.variants import failure_rate_limit, scored_field, variant_spec
+from llm_assets.spec.load import check_specs
+from llm_assets.spec.model import ModelSpec, PipelineSpec, PromptSpec
 from tests.harness import CLI
 from tests.test_spec import good_spec, write_spec
 

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from google import genai
 
-from llm_assets.factory import asset_key
+from llm_assets.defs.factory import asset_key
+from llm_assets.defs.runner import IMPORT_STEPS
 from llm_assets.resources.ledger import LedgerResource, ShardRecord
 from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
-from llm_assets.runner import IMPORT_STEPS
 from tests import test_gemini_provider as gemini_tests
 from tests.fakes.gemini_server import FakeGemini
 from tests.harness import CLI, DAY, Harness, provider_for, review_spec, write_reviews

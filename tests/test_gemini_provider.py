@@ -14,7 +14,7 @@ from llm_assets.resources.ledger import TERMINAL, utcnow
 from llm_assets.resources.providers.base import ShardSubmission
 from llm_assets.resources.providers.gemini_lines import normalize_line
 from llm_assets.resources.providers.registry import provider_spec_problems
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 from tests.fakes.common import ControlFault
 from tests.fakes.gemini_model import request_text
 from tests.fakes.gemini_server import FakeGemini, LostResponseFault

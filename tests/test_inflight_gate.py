@@ -9,18 +9,11 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from llm_assets.asset_metadata import DAY_SUMMARY_JSON
-from llm_assets.checks import OUTPUTS_COMPLETE, QUALITY_FAILURE_RATE
-from llm_assets.factory import (
-    SKIPPED as SKIPPED_KEY,
-)
-from llm_assets.factory import (
-    STEPS,
-    asset_key,
-    build_pipeline_assets,
-    in_flight_reason,
-)
-from llm_assets.runner import GATED_STEPS, REPORT_STEPS
+from llm_assets.defs.checks import OUTPUTS_COMPLETE, QUALITY_FAILURE_RATE
+from llm_assets.defs.factory import SKIPPED as SKIPPED_KEY
+from llm_assets.defs.factory import STEPS, asset_key, build_pipeline_assets, in_flight_reason
+from llm_assets.defs.metadata import DAY_SUMMARY_JSON
+from llm_assets.defs.runner import GATED_STEPS, REPORT_STEPS
 from tests.day_notices import announce, loopback_webhook
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, make_harness, truthful

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from llm_assets.parallel import chunked
 from llm_assets.resources import ledger as L
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
@@ -33,6 +32,7 @@ from llm_assets.resources.ledger import (
 from llm_assets.resources.ledger import items as items_module
 from llm_assets.resources.ledger.bulk import Bulk
 from llm_assets.resources.ledger.results import RESULT_DEFAULTS
+from llm_assets.util.parallel import chunked
 from tests.conftest import DATABASES
 from tests.ledger_helpers import schema_version, set_item_status, shards_in_states
 

@@ -33,12 +33,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from llm_assets import failpoints, steps
+from llm_assets import steps
 from llm_assets.resources.ledger import TERMINAL, LedgerResource
 from llm_assets.resources.providers.base import ShardSubmission
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.in_process import InProcessRuns
+from llm_assets.util import failpoints
 from tests.fakes.memory_provider import OUTCOMES, MemoryProvider
 from tests.harness import review_spec
 

@@ -234,7 +234,7 @@ def test_an_approved_day_is_not_tripped_by_the_breaker_within_what_was_approved(
 ) -> None:
     """The operator approved a day whose upper bound is over the partition budget; its
     answers cost five times what the estimate expected but stay within the approval."""
-    from llm_assets.runner import SUBMIT_STEPS, PartitionRunner
+    from llm_assets.defs.runner import SUBMIT_STEPS, PartitionRunner
 
     earlier = DAY - dt.timedelta(days=1)
     with FakeOpenAI(tmp_path / "fake") as fake:

@@ -13,8 +13,8 @@ from llm_assets.resources.providers.local import BatchNotEndedError, LocalProvid
 from llm_assets.resources.providers.local_engine import ELLIPSIS, LocalEngine
 from llm_assets.resources.providers.local_plans import local_spec_problems
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.spec import PipelineSpec
-from llm_assets.validation import parse_output
+from llm_assets.results.validation import parse_output
+from llm_assets.spec.model import PipelineSpec
 
 LABELS = ["billing", "technical_issue", "account_access", "shipping", "product_feedback"]
 

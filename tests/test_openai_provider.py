@@ -12,12 +12,12 @@ import dagster as dg
 import pytest
 
 from llm_assets import steps
-from llm_assets.factory import asset_key
+from llm_assets.defs.factory import asset_key
+from llm_assets.defs.runner import StepFailed
+from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import TERMINAL, utcnow
 from llm_assets.resources.providers.base import ShardState, ShardSubmission
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
-from llm_assets.runner import StepFailed
-from llm_assets.tokens import counter_for
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import Harness, first_time, make_harness, truthful
@@ -621,7 +621,7 @@ def test_an_import_makes_the_same_ledger_rows_from_answered_lines_as_from_their_
 
     from llm_assets.resources.pricing import load_price_table
     from llm_assets.resources.providers import openai_lines
-    from llm_assets.result_rows import Answered, ResultStager, RowMaker, staged_results
+    from llm_assets.results.rows import Answered, ResultStager, RowMaker, staged_results
 
     price = load_price_table().get("openai", "gpt-4o-mini")
     assert price is not None
@@ -655,11 +655,11 @@ def test_an_import_worker_reads_blocks_of_whole_lines_as_the_lines_they_hold() -
     in chunks weighing CHUNK_ROWS lines."""
     import orjson
 
-    from llm_assets import parallel
     from llm_assets.resources.pricing import load_price_table
     from llm_assets.resources.providers import openai_lines
     from llm_assets.resources.storage import line_blocks
-    from llm_assets.result_rows import ResultStager, RowMaker, block_lines, staged_results
+    from llm_assets.results.rows import ResultStager, RowMaker, block_lines, staged_results
+    from llm_assets.util import parallel
 
     price = load_price_table().get("openai", "gpt-4o-mini")
     assert price is not None

@@ -15,9 +15,9 @@ from typing import Any
 import sqlalchemy as sa
 import yaml
 
-from llm_assets.factory import asset_key
+from llm_assets.defs.factory import asset_key
+from llm_assets.defs.runner import IMPORT_STEPS
 from llm_assets.resources.ledger import output_table
-from llm_assets.runner import IMPORT_STEPS
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, first_time, open_harness, provider_for, review_spec, truthful
 from tests.test_sensors import tick

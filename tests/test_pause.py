@@ -13,13 +13,13 @@ import yaml
 from click.testing import CliRunner
 
 from llm_assets import steps
-from llm_assets.cli import main as cli_main
+from llm_assets.cli.main import main as cli_main
 from llm_assets.definitions import build_definitions
-from llm_assets.factory import SKIPPED, asset_key, build_pipeline_assets
-from llm_assets.new_data_sensor import build_new_data_sensor
+from llm_assets.defs.factory import SKIPPED, asset_key, build_pipeline_assets
+from llm_assets.defs.new_data_sensor import build_new_data_sensor
+from llm_assets.defs.runner import GATED_STEPS, IMPORT_STEPS, REPORT_STEPS, SUBMIT_STEPS
+from llm_assets.defs.sensors import build_batch_status_sensor
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
-from llm_assets.runner import GATED_STEPS, IMPORT_STEPS, REPORT_STEPS, SUBMIT_STEPS
-from llm_assets.sensors import build_batch_status_sensor
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import (
     CLI,

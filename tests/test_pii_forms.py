@@ -14,14 +14,14 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llm_assets.checks import case_table
-from llm_assets.cli import main
+from llm_assets.cli.main import main
 from llm_assets.compliance.detect import scan
 from llm_assets.compliance.normalize import view
 from llm_assets.compliance.policy import redacted, screen
 from llm_assets.compliance.spec import DEFAULT_PII
-from llm_assets.secrecy import mask_url
-from llm_assets.spec import parse_spec
+from llm_assets.spec.load import parse_spec
+from llm_assets.steps.tables import case_table
+from llm_assets.util.secrecy import mask_url
 from tests import test_compliance
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, make_harness, review_spec

@@ -12,13 +12,14 @@ import pytest
 import sqlalchemy as sa
 
 from llm_assets import steps
-from llm_assets.demo_data import generate_demo_data
-from llm_assets.factory import STEPS, asset_key, build_pipeline_assets
+from llm_assets.defs.factory import STEPS, asset_key, build_pipeline_assets
+from llm_assets.demo.data import generate_demo_data
 from llm_assets.resources.ledger import TERMINAL, LedgerResource, result_table
 from llm_assets.resources.providers.local import LocalProvider
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.settings import REPO_ROOT, Settings
-from llm_assets.spec import PipelineSpec, load_specs
+from llm_assets.spec.load import load_specs
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.settings import REPO_ROOT, Settings
 from tests.ledger_helpers import set_item_status
 
 DAY = dt.date(2026, 11, 2)

@@ -20,11 +20,11 @@ import sqlalchemy as sa
 import yaml
 from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage
 
-from llm_assets.factory import asset_key
+from llm_assets.defs.factory import asset_key
 from llm_assets.resources.ledger import shard_table
 from llm_assets.resources.providers.local import LocalProvider
 from llm_assets.resources.providers.local_engine import MODEL_NAME
-from llm_assets.settings import REPO_ROOT
+from llm_assets.util.settings import REPO_ROOT
 from tests.conftest import PG_URL
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, Harness, provider_for, review_spec, truthful

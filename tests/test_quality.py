@@ -13,12 +13,14 @@ import pandas as pd
 import pytest
 import yaml
 
-from llm_assets import quality, steps
-from llm_assets.checks import case_table, validated_outputs_checks
-from llm_assets.factory import asset_key
-from llm_assets.runner import StepFailed
-from llm_assets.spec import PipelineSpec
-from llm_assets.validation import parse_output
+from llm_assets import steps
+from llm_assets.defs.checks import validated_outputs_checks
+from llm_assets.defs.factory import asset_key
+from llm_assets.defs.runner import StepFailed
+from llm_assets.results import quality
+from llm_assets.results.validation import parse_output
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps.tables import case_table
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, Harness, make_harness, review_spec, truthful
 

@@ -9,7 +9,7 @@ from llm_assets.resources.providers.base import BatchProvider, RequestItem
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.providers.online import OnlineProvider
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 from tests.harness import review_spec
 
 HARD_TEXTS = ["plain", 'a "quote", a \\ backslash\nand 日本語 \u0000 \ue000', ""]
@@ -46,7 +46,7 @@ def test_json_strings_are_the_bytes_json_writes_for_every_character() -> None:
     """Request lines fill their template with orjson: for every character (in a string with
     neighbours, so escapes are not at an edge) the bytes json.dumps(ensure_ascii=False)
     wrote before, and a lone surrogate fails as it did there."""
-    from llm_assets.fastjson import json_string
+    from llm_assets.util.fastjson import json_string
 
     every = [chr(cp) for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
     for start in range(0, len(every), 4096):

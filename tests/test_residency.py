@@ -15,9 +15,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-import llm_assets.resources.providers.registry  # noqa: F401  (registers the provider checks)
 from llm_assets import steps
-from llm_assets.cli import main
+from llm_assets.cli.main import main
 from llm_assets.compliance import residency
 from llm_assets.compliance.residency import (
     Place,
@@ -30,6 +29,7 @@ from llm_assets.compliance.residency import (
     region_allowed,
     residency_problems,
 )
+from llm_assets.defs.runner import StepFailed
 from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
@@ -38,8 +38,7 @@ from llm_assets.resources.providers.online import OnlineProvider
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.runner import StepFailed
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 from tests.conftest import MotoS3
 from tests.fakes.bedrock_server import FakeBedrock
 from tests.fakes.openai_server import FakeOpenAI

@@ -16,18 +16,18 @@ import sqlalchemy as sa
 import yaml
 
 from llm_assets.definitions import build_definitions
-from llm_assets.factory import asset_key, build_pipeline_assets
-from llm_assets.resources.ledger import ShardRecord, result_table, utcnow
-from llm_assets.resources.providers.bedrock import BedrockBatchProvider
-from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.retention_jobs import (
+from llm_assets.defs.factory import asset_key, build_pipeline_assets
+from llm_assets.defs.retention_jobs import (
     apply_retention,
     build_retention_job,
     build_retention_schedule,
     retention_job_name,
 )
-from llm_assets.runner import SUBMIT_STEPS
-from llm_assets.spec import PipelineSpec
+from llm_assets.defs.runner import SUBMIT_STEPS
+from llm_assets.resources.ledger import ShardRecord, result_table, utcnow
+from llm_assets.resources.providers.bedrock import BedrockBatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.spec.model import PipelineSpec
 from tests.conftest import MotoS3
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.bedrock_server import FakeBedrock
@@ -426,7 +426,7 @@ def cli(harness: Harness, *args: str) -> Any:
     """`llm-assets *args` in process, on the harness's ledger, storage and spec."""
     from click.testing import CliRunner
 
-    from llm_assets.cli import main
+    from llm_assets.cli.main import main
 
     folder = harness.settings.pipelines_dir
     folder.mkdir(parents=True, exist_ok=True)
@@ -452,7 +452,7 @@ def test_the_retention_schedule_exists_only_when_artifacts_days_is_set(tmp_path:
     assert schedule.job_name == retention_job_name(spec()) == "reviews_openai__retention"
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
 
-    from llm_assets.settings import Settings
+    from llm_assets.util.settings import Settings
 
     settings = Settings(
         home=tmp_path,

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from llm_assets import steps
 from llm_assets.compliance.expiry import ALL_KINDS
+from llm_assets.defs.retention_jobs import apply_retention, build_retention_job
 from llm_assets.evaluation.replay import replay
 from llm_assets.evaluation.report import build_report
 from llm_assets.evaluation.report_store import EvalRequest, report_key, save_report
@@ -31,9 +32,8 @@ from llm_assets.resources.ledger.retention import KEPT_TEXT, PAYLOADS
 from llm_assets.resources.ledger.tables import pseudonym_table
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.retention_jobs import apply_retention, build_retention_job
-from llm_assets.settings import Settings
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.settings import Settings
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, Harness, open_harness, provider_for, review_spec, truthful
 from tests.harness import write_reviews as write_plain_reviews

@@ -25,14 +25,15 @@ from dagster_graphql.test.utils import (
     infer_repository_selector,
 )
 
-from llm_assets import notify
-from llm_assets.demo import _where_things_are
+from llm_assets.defs.sensors import build_notification_sensors
+from llm_assets.demo.run import _where_things_are
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource
-from llm_assets.secrecy import mask_url
-from llm_assets.sensors import build_notification_sensors
-from llm_assets.settings import REPO_ROOT, Settings
-from llm_assets.spec import PipelineSpec, check_specs
+from llm_assets.spec.load import check_specs
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps import notify
+from llm_assets.util.secrecy import mask_url
+from llm_assets.util.settings import REPO_ROOT, Settings
 from tests.harness import CLI, review_spec
 
 PASSWORD = "pw-e63a00efb4f3477f88bb27f256cd6d72"

@@ -3,10 +3,10 @@
 import dagster as dg
 import pytest
 
-from llm_assets import sensors
-from llm_assets.factory import asset_key, build_pipeline_assets
-from llm_assets.runner import GATED_STEPS, IMPORT_STEPS, REPORT_STEPS
-from llm_assets.sensors import build_batch_status_sensor
+from llm_assets.defs import sensors
+from llm_assets.defs.factory import asset_key, build_pipeline_assets
+from llm_assets.defs.runner import GATED_STEPS, IMPORT_STEPS, REPORT_STEPS
+from llm_assets.defs.sensors import build_batch_status_sensor
 from tests import test_anthropic_provider as anthropic_tests
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.harness import DAY, Harness, first_time

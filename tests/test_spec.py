@@ -18,10 +18,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-import llm_assets.resources.providers.registry  # noqa: F401  (registers the provider checks)
-from llm_assets.cli import main
-from llm_assets.settings import REPO_ROOT
-from llm_assets.spec import PipelineSpec, SpecError, SpecProblem, check_specs, load_specs
+from llm_assets.cli.main import main
+from llm_assets.spec.load import SpecError, SpecProblem, check_specs, load_specs
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.settings import REPO_ROOT
 
 PIPELINES = REPO_ROOT / "pipelines"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -37,12 +37,13 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.wait import WebDriverWait
 
-from llm_assets import checks
-from llm_assets.demo import DEMO_START
-from llm_assets.demo_data import generate_demo_data
-from llm_assets.factory import SKIPPED, STEPS
-from llm_assets.settings import REPO_ROOT
-from llm_assets.spec import PipelineSpec, load_specs
+from llm_assets.defs import checks
+from llm_assets.defs.factory import SKIPPED, STEPS
+from llm_assets.demo.data import generate_demo_data
+from llm_assets.demo.run import DEMO_START
+from llm_assets.spec.load import load_specs
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.settings import REPO_ROOT
 from tests.dagster_dev import DagsterDev, dagster_dev
 
 T = TypeVar("T")

@@ -30,12 +30,12 @@ import orjson
 
 from llm_assets.compliance.retention import Say, say
 from llm_assets.compliance.spec import ArtifactKind
+from llm_assets.items.source import parse_date
 from llm_assets.resources.ledger import DayBusy, LedgerResource, utcnow
 from llm_assets.resources.ledger.retention import DayState, PayloadPurge
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.source import parse_date
-from llm_assets.spec import PipelineSpec
-from llm_assets.words import plural
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.words import plural
 
 ALL_KINDS: tuple[str, ...] = get_args(ArtifactKind)
 """Every kind of a day's artifacts, each under `<kind>/<pipeline>/<day>`."""

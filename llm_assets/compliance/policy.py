@@ -17,7 +17,7 @@ from llm_assets.compliance.detect import Finding, scan
 from llm_assets.compliance.spec import MAX_SCANNED_CHARS, PHONE_REGIONS, Action, Entity
 
 if TYPE_CHECKING:
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 BLOCKED_CODE = "personal_data_blocked"
 UNSCANNED_CODE = "too_long_to_scan"

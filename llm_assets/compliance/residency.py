@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 JURISDICTION_PREFIXES: tuple[tuple[str, str], ...] = (
     ("us-", "us"),  # AWS us-east-1, us-gov-west-1; Google us-central1

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 
 from llm_assets.resources.ledger import LedgerResource, ShardRecord
 from llm_assets.resources.providers.base import ONLINE_BATCH_PREFIX, BatchProvider, ShardFiles
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 
 _logger = logging.getLogger(__name__)
 Say = Callable[[str], None]

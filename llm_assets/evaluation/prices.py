@@ -15,12 +15,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from llm_assets.evaluation.replay import VariantRun, eval_pipeline_spec
-from llm_assets.items import KnownIds, PreparedItem, Preparer, assess_lines
+from llm_assets.items.prepare import KnownIds, PreparedItem, Preparer, assess_lines
+from llm_assets.items.source import SourceRow, parse_date
+from llm_assets.items.tokens import TokenCounter
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.pricing import ModelPrice, load_price_table
-from llm_assets.source import SourceRow, parse_date
-from llm_assets.spec import PipelineSpec
-from llm_assets.tokens import TokenCounter
+from llm_assets.spec.model import PipelineSpec
 
 NOT_MEASURED = (0, 0, None)
 """An item the ledger holds nothing for: never sent."""

@@ -27,7 +27,8 @@ import yaml
 from llm_assets.evaluation.spec import VARIANT_SECTIONS, diff_patch, merge_patch
 
 if TYPE_CHECKING:
-    from llm_assets.spec import PipelineSpec, SpecProblem
+    from llm_assets.spec.load import SpecProblem
+    from llm_assets.spec.model import PipelineSpec
 
 PREVIOUS = "previous"
 """The variant the old baseline becomes when another is promoted."""
@@ -66,7 +67,7 @@ class Promotion:
         """What spec validation finds in the promoted file (named by the real file)."""
         temporary = self._temporary()
         try:
-            from llm_assets.spec import parse_spec
+            from llm_assets.spec.load import parse_spec
 
             _, problems = parse_spec(temporary)
         finally:

@@ -28,9 +28,9 @@ from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, LedgerResource
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.runner import ProgressFn
-from llm_assets.spec import PIPELINE_NAME, AutomationSpec, NotifySpec, PipelineSpec
+from llm_assets.spec.model import PIPELINE_NAME, AutomationSpec, NotifySpec, PipelineSpec
 from llm_assets.steps.in_process import InProcessRuns
+from llm_assets.util.progress import ProgressFn
 
 EVAL_SEPARATOR = "__"
 """Between the pipeline's name, the variant's and the configuration digest in an eval

@@ -32,16 +32,14 @@ from llm_assets.evaluation import metrics, similarity
 from llm_assets.evaluation.prices import WhatIfPrice, variant_what_if
 from llm_assets.evaluation.recommend import Recommendation, VariantScore, recommend
 from llm_assets.evaluation.replay import Replay, VariantRun
-from llm_assets.evaluation.report_markdown import render_markdown
-from llm_assets.evaluation.spec import failure_rate_limit, scored_field
-from llm_assets.evaluation.variants import BASELINE
-from llm_assets.items import as_text
+from llm_assets.evaluation.variants import BASELINE, failure_rate_limit, scored_field
+from llm_assets.items.prepare import as_text
+from llm_assets.items.source import parse_date
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.pricing import load_price_table
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.source import parse_date
-from llm_assets.spec import PipelineSpec
-from llm_assets.words import class_words
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util.words import class_words
 
 Kind = Literal["label", "number", "text"]
 NEVER_SENT = ("input", COMPLIANCE)
@@ -124,9 +122,6 @@ class EvalReport(BaseModel):
 
     def variant(self, name: str) -> VariantReport:
         return next(v for v in self.variants if v.name == name)
-
-    def markdown(self) -> str:
-        return render_markdown(self)
 
 
 def _kind(spec: PipelineSpec, field: str) -> Kind:

@@ -2,13 +2,10 @@
 confusion matrices, for the asset's page, the CLI and the saved report."""
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from llm_assets.evaluation import metrics
-from llm_assets.words import class_words, duration_words
-
-if TYPE_CHECKING:
-    from llm_assets.evaluation.report import EvalReport, VariantReport
+from llm_assets.evaluation.report import EvalReport, VariantReport
+from llm_assets.util.words import class_words, duration_words
 
 
 def _usd(amount: float) -> str:
@@ -23,13 +20,13 @@ def _interval(interval: metrics.Interval | None) -> str:
     return "" if interval is None else f" ({interval.low:.3f}–{interval.high:.3f})"
 
 
-def _verdicts(report: "EvalReport") -> Mapping[str, str]:
+def _verdicts(report: EvalReport) -> Mapping[str, str]:
     if report.recommendation is None:
         return {}
     return {v.name: v.verdict for v in report.recommendation.verdicts}
 
 
-def _comparison_table(report: "EvalReport") -> list[str]:
+def _comparison_table(report: EvalReport) -> list[str]:
     verdicts = _verdicts(report)
     chosen = report.recommendation.chosen if report.recommendation else None
     lines = [
@@ -53,7 +50,7 @@ def _comparison_table(report: "EvalReport") -> list[str]:
     return lines
 
 
-def _confusion(v: "VariantReport") -> list[str]:
+def _confusion(v: VariantReport) -> list[str]:
     if v.categorical is None or not v.categorical.confusion:
         return []
     labels = list(v.categorical.confusion)
@@ -72,7 +69,7 @@ def _confusion(v: "VariantReport") -> list[str]:
     return lines
 
 
-def _what_if_table(report: "EvalReport") -> list[str]:
+def _what_if_table(report: EvalReport) -> list[str]:
     if not any(v.what_if for v in report.variants):
         return []
     lines = [
@@ -92,7 +89,7 @@ def _what_if_table(report: "EvalReport") -> list[str]:
     return [*lines, ""]
 
 
-def render_markdown(report: "EvalReport") -> str:
+def render_markdown(report: EvalReport) -> str:
     days = report.days
     span = f"{days[0]}..{days[-1]}" if len(days) > 1 else str(days[0])
     scoring = report.scoring

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from llm_assets.evaluation.replay import Replay
 from llm_assets.evaluation.report import EvalReport
+from llm_assets.evaluation.report_markdown import render_markdown
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.steps.context import artifact_key
 
@@ -47,7 +48,7 @@ def save_report(
     """The report as markdown and JSON, and the request that made it; their URIs by kind."""
     files = _report_files(report.pipeline, key)
     contents = {
-        "markdown": report.markdown().encode(),
+        "markdown": render_markdown(report).encode(),
         "json": report.model_dump_json(indent=2).encode(),
         "request": request.model_dump_json().encode(),
     }

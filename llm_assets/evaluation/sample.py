@@ -16,10 +16,10 @@ import orjson
 from pydantic import BaseModel
 
 from llm_assets import steps
-from llm_assets.items import as_text
+from llm_assets.items.prepare import as_text
+from llm_assets.items.source import SourceRow, parse_date
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.source import SourceRow, parse_date
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.context import artifact_key
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from llm_assets.resources.providers import provider_resource_key
 
 if TYPE_CHECKING:
-    from llm_assets.settings import Settings
+    from llm_assets.util.settings import Settings
 
 
 def _secret(name: str) -> Any:

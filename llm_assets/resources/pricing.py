@@ -17,7 +17,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from llm_assets.result_rows import scaled_cost_usd
+from llm_assets.results.rows import scaled_cost_usd
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.yaml")
 

@@ -19,7 +19,7 @@ import dagster as dg
 import pydantic
 
 from llm_assets.resources.storage_s3 import S3Location, S3Objects, parse_s3
-from llm_assets.secrecy import mask_url
+from llm_assets.util.secrecy import mask_url
 
 _STAGING_SUFFIX = ".partial"
 _COPY_CHUNK_BYTES = 1024 * 1024

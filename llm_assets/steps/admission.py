@@ -10,7 +10,7 @@ from llm_assets.resources.providers.base import WAITING_FOR_QUOTA, BatchProvider
 from llm_assets.resources.providers.retrying import QuotaRefused
 from llm_assets.steps import lifecycle, quota
 from llm_assets.steps.context import StepContext
-from llm_assets.words import plural
+from llm_assets.util.words import plural
 
 OLDER_WAITER_SECONDS = 300.0
 """How recently a shard of an older day must have been looked at to go first."""

@@ -13,8 +13,8 @@ An eval's days count in the month of the pipeline they evaluate.
 
 import datetime as dt
 
-from llm_assets import notify
 from llm_assets.resources.ledger import JobCounts, JobRecord, ShardRecord
+from llm_assets.steps import notify
 from llm_assets.steps.cancel import cancel_day
 from llm_assets.steps.context import StepContext
 

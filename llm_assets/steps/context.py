@@ -11,13 +11,13 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 
-from llm_assets import ids
+from llm_assets.items import ids
 from llm_assets.resources.ledger import JobRecord, LedgerResource
 from llm_assets.resources.ledger.locks import holder_name
 from llm_assets.resources.pricing import ModelPrice, load_price_table
 from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 
 _logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from llm_assets.resources.providers.base import (
     BatchStatus,
     ShardState,
 )
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import admission, lifecycle
 from llm_assets.steps.context import StepContext
 from llm_assets.steps.lifecycle import Action, DayState, Decision, ShardView, Step

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from llm_assets.resources.ledger import utcnow
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.context import StepContext, artifact_key, refuse_expired
 
 

@@ -11,10 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from llm_assets import ids, parallel
 from llm_assets.compliance.retention import delete_provider_files
-from llm_assets.failpoints import failpoint
-from llm_assets.items import KnownIds, Preparer, prepare_items
+from llm_assets.items import ids
+from llm_assets.items.prepare import KnownIds, Preparer, prepare_items
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
     RETRY,
@@ -34,14 +33,16 @@ from llm_assets.resources.providers.base import (
     ONLINE_BATCH_PREFIX,
     ShardState,
 )
-from llm_assets.result_rows import ResultStager, RowMaker, StagedResults, staged_results
-from llm_assets.spec import PipelineSpec
+from llm_assets.results.rows import ResultStager, RowMaker, StagedResults, staged_results
+from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.breaker import trip_if_over
 from llm_assets.steps.context import StepContext
 from llm_assets.steps.executor import poll_shards
 from llm_assets.steps.lifecycle import cancelled_item
 from llm_assets.steps.line_ids import request_lines
 from llm_assets.steps.shards import Estimator, ShardRound, line_offsets, shards_for, write_shard
+from llm_assets.util import parallel
+from llm_assets.util.failpoints import failpoint
 
 RETRY_READ_AT_ONCE = 100_000
 """Items to retry read by one query (PostgreSQL spreads it over parallel workers) before the

@@ -46,7 +46,7 @@ from llm_assets.resources.providers.base import (
     WAITING_FOR_QUOTA,
     ShardState,
 )
-from llm_assets.result_rows import RETRY
+from llm_assets.results.rows import RETRY
 
 FRESH_SHARD_GRACE = dt.timedelta(minutes=5)
 """How long a new first-round shard is left to the run that built it (which submits it in

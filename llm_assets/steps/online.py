@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from llm_assets.failpoints import failpoint
-from llm_assets.progress import report as report_progress
 from llm_assets.resources.ledger import (
     RESULT_COLUMNS,
     SUBMITTED,
@@ -22,10 +20,12 @@ from llm_assets.resources.pricing import ModelPrice
 from llm_assets.resources.providers.base import ONLINE_BATCH_PREFIX, ItemResult, ShardState
 from llm_assets.resources.providers.realtime import OnlineWork
 from llm_assets.resources.providers.retrying import allow_waits, stop_waits
-from llm_assets.result_rows import ledger_values
+from llm_assets.results.rows import ledger_values
 from llm_assets.steps import lifecycle
 from llm_assets.steps.context import StepContext
 from llm_assets.steps.pause import PipelinePaused
+from llm_assets.util.failpoints import failpoint
+from llm_assets.util.progress import report as report_progress
 
 if TYPE_CHECKING:
     from llm_assets.resources.providers.online import OnlineStats

@@ -22,7 +22,7 @@ from llm_assets.resources.ledger import LedgerResource, PipelinePause, ShardReco
 from llm_assets.resources.providers.base import ShardState
 from llm_assets.steps.context import StepContext
 from llm_assets.steps.lifecycle import PAUSED
-from llm_assets.words import plural
+from llm_assets.util.words import plural
 
 
 def pause_job_name(pipeline: str) -> str:

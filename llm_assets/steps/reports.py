@@ -11,13 +11,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from llm_assets import notify, quality
-from llm_assets.checks import case_table
 from llm_assets.resources.ledger import JobRecord, utcnow
 from llm_assets.resources.pricing import ModelPrice, load_price_table, zero_price_reason
-from llm_assets.spec import PipelineSpec
+from llm_assets.results import quality
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps import notify
 from llm_assets.steps.context import StepContext, artifact_key, refuse_expired
 from llm_assets.steps.gate import publication_block
+from llm_assets.steps.tables import case_table
 from llm_assets.steps.validate import outputs_key
 
 DEAD_LETTER_PREVIEW = 20

@@ -11,17 +11,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from llm_assets import ids
 from llm_assets.compliance.policy import COMPLIANCE
-from llm_assets.failpoints import failpoint
-from llm_assets.items import KnownIds, PreparedItem, Preparer, prepare_items
-from llm_assets.memory import collector_paused, release_free_memory
+from llm_assets.items import ids
+from llm_assets.items.prepare import KnownIds, PreparedItem, Preparer, prepare_items
+from llm_assets.items.sharding import split_shards
+from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import DEAD_LETTER, PENDING, BackgroundWriter, JobRecord
 from llm_assets.resources.storage import WrittenArtifact
-from llm_assets.sharding import split_shards
 from llm_assets.steps.context import StepContext, artifact_key
 from llm_assets.steps.residency import refuse_outside_regions
-from llm_assets.tokens import counter_for
+from llm_assets.util.failpoints import failpoint
+from llm_assets.util.memory import collector_paused, release_free_memory
 
 
 class ShardEstimate(BaseModel):

@@ -9,10 +9,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from llm_assets.failpoints import failpoint
+from llm_assets.items.source import list_source_files, rows_for_partition
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.source import list_source_files, rows_for_partition
-from llm_assets.spec import PipelineSpec
+from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.context import (
     MissingPrerequisite,
     StepContext,
@@ -22,6 +21,7 @@ from llm_assets.steps.context import (
     snapshot_dir,
 )
 from llm_assets.steps.residency import refuse_outside_regions
+from llm_assets.util.failpoints import failpoint
 
 SOURCES_SUFFIX = ".sources.json"
 """Next to each snapshot `<hash>.jsonl`, `<hash>.sources.json` maps the source files it holds

@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from llm_assets.failpoints import failpoint
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
     PENDING,
@@ -35,6 +34,7 @@ from llm_assets.steps.online import OnlineInterrupted, run_online_shard, stop_on
 from llm_assets.steps.pause import refuse_if_paused
 from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.steps.shards import ShardRound, line_offsets
+from llm_assets.util.failpoints import failpoint
 
 SUBMISSION_LOCK_WAIT_SECONDS = 0.5
 """How long a submission waits for a shard's lock that another run holds for a moment (a

@@ -11,14 +11,15 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from llm_assets import column_sizes, quality
 from llm_assets.compliance.policy import restore
-from llm_assets.failpoints import failpoint
 from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, JobCounts, JobRecord, utcnow
-from llm_assets.result_rows import ledger_text
-from llm_assets.spec import PipelineSpec
+from llm_assets.results import quality
+from llm_assets.results.rows import ledger_text
+from llm_assets.results.validation import parse_output
+from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.context import StepContext, artifact_key, refuse_expired
-from llm_assets.validation import parse_output
+from llm_assets.util import column_sizes
+from llm_assets.util.failpoints import failpoint
 
 FRAME_ROWS = 10_000
 """Parsed results checked as one frame by pandera and written as one Parquet row group."""

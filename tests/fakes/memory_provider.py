@@ -31,7 +31,7 @@ from llm_assets.resources.providers.retrying import QuotaRefused
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 LIVE = (ShardState.SUBMITTED, ShardState.RUNNING)
 OUTCOMES = ("completed", "partial", "expired", "failed", "cancelled")

@@ -48,7 +48,7 @@ from llm_assets.resources.ledger.tables import (
     result_table,
     shard_table,
 )
-from llm_assets.result_rows import (
+from llm_assets.results.rows import (
     DEAD_LETTER,
     PENDING,
     RESULT_COLUMNS,

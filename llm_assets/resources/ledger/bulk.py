@@ -22,7 +22,7 @@ from psycopg.copy import LibpqWriter
 from sqlalchemy.engine import Connection
 
 from llm_assets.resources.ledger.tables import Timestamp
-from llm_assets.result_rows import COPY_BINARY_HEADER, COPY_BINARY_TRAILER
+from llm_assets.results.rows import COPY_BINARY_HEADER, COPY_BINARY_TRAILER
 
 COPY_BUFFER = 1 << 22
 """Bytes of COPY data psycopg queues in libpq before it waits for them to reach the server

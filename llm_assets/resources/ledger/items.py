@@ -8,8 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from llm_assets.ids import DUPLICATE_ID
-from llm_assets.parallel import chunked
+from llm_assets.items.ids import DUPLICATE_ID
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.bulk import Bulk
 from llm_assets.resources.ledger.locks import check_fences
@@ -17,7 +16,8 @@ from llm_assets.resources.ledger.pseudonyms import Mappings, record_pseudonyms
 from llm_assets.resources.ledger.records import JobCounts, utcnow
 from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import result_table, shard_table
-from llm_assets.result_rows import DEAD_LETTER, PENDING, RETRY, SUBMITTED, SUCCEEDED
+from llm_assets.results.rows import DEAD_LETTER, PENDING, RETRY, SUBMITTED, SUCCEEDED
+from llm_assets.util.parallel import chunked
 
 _TABLE = result_table.name
 
@@ -83,7 +83,7 @@ def add_items(engine: Engine, items: Iterable[dict[str, Any]]) -> int:
 
 def _by_source() -> sa.ColumnElement[bool]:
     """Rows that are their source id's item (not a repeat of it, not a row without one):
-    what the ledger finds by source id (see llm_assets/ids.py)."""
+    what the ledger finds by source id (see llm_assets/items/ids.py)."""
     r = result_table.c
     return sa.and_(
         r.source_id.is_not(None), sa.or_(r.error_code.is_(None), r.error_code != DUPLICATE_ID)

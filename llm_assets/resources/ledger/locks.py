@@ -33,10 +33,10 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from llm_assets import file_lock
 from llm_assets.resources.ledger.records import utcnow
 from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import lock_lease_table
+from llm_assets.util import file_lock
 
 DAY_LOCK_WAIT_SECONDS = 1800.0
 """How long a run waits for another run's hold on the same day before it gives up."""

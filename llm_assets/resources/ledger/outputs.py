@@ -11,11 +11,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from llm_assets.parallel import chunked
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.bulk import BackgroundWriter, Bulk
 from llm_assets.resources.ledger.records import utcnow
 from llm_assets.resources.ledger.tables import job_table, output_table
+from llm_assets.util.parallel import chunked
 
 OUTPUT_KEYS = ("custom_id", "source_id", "prompt_version", "model_name", "output_json")
 """The values of an output row, in the order replacing_outputs takes them."""

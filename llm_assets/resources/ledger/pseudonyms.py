@@ -24,11 +24,11 @@ from collections.abc import Mapping, Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from llm_assets.parallel import chunked
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.records import utcnow
 from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import pseudonym_table, result_table
+from llm_assets.util.parallel import chunked
 
 _p = pseudonym_table.c
 _r = result_table.c

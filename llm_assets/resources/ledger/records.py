@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from llm_assets.resources.ledger.tables import FIRST
-from llm_assets.result_rows import DEAD_LETTER, SUCCEEDED
+from llm_assets.results.rows import DEAD_LETTER, SUCCEEDED
 
 
 def utcnow() -> dt.datetime:

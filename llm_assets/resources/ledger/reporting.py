@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.records import JobRecord, ShardRecord, as_utc
 from llm_assets.resources.ledger.tables import FIRST, job_table, result_table, shard_table
-from llm_assets.result_rows import DEAD_LETTER, SUBMITTED, SUCCEEDED
+from llm_assets.results.rows import DEAD_LETTER, SUBMITTED, SUCCEEDED
 
 _r = result_table.c
 _s = shard_table.c

@@ -11,7 +11,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 from sqlalchemy.engine import Connection, Engine
 
-from llm_assets import ids
+from llm_assets.items import ids
 from llm_assets.resources.ledger import (
     budget,
     id_keys,
@@ -37,7 +37,7 @@ from llm_assets.resources.ledger.records import (
     UpsertStats,
 )
 from llm_assets.resources.ledger.tables import REQUEUE_SHARD, RETRY_SHARD, result_table
-from llm_assets.result_rows import DEAD_LETTER, RETRY, SUBMITTED, ResultStager, StagedResults
+from llm_assets.results.rows import DEAD_LETTER, RETRY, SUBMITTED, ResultStager, StagedResults
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -76,7 +76,7 @@ class LedgerResource(dg.ConfigurableResource):
     keepalives_count: int = schema.DEFAULT_LIMITS.keepalives_count
     """PostgreSQL: unanswered probes after which the connection counts as dead."""
     id_key: str | None = None
-    """The key custom_ids are derived with (llm_assets/ids.py); given as
+    """The key custom_ids are derived with (llm_assets/items/ids.py); given as
     dg.EnvVar("LLM_ASSETS_ID_KEY"), so Dagster shows the variable's name, never the key.
     Unset: LLM_ASSETS_ID_KEY when the environment has it (as the SDKs read their keys), else
     the key this ledger made at random on first use."""

@@ -14,13 +14,12 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from llm_assets.parallel import chunked
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.bulk import BackgroundWriter, Bulk
 from llm_assets.resources.ledger.locks import check_fences
 from llm_assets.resources.ledger.records import UpsertStats, utcnow
 from llm_assets.resources.ledger.tables import result_table
-from llm_assets.result_rows import (
+from llm_assets.results.rows import (
     RESULT_COLUMNS,
     SUBMITTED,
     SUCCEEDED,
@@ -28,6 +27,7 @@ from llm_assets.result_rows import (
     ResultStager,
     StagedResults,
 )
+from llm_assets.util.parallel import chunked
 
 RESULT_DEFAULTS = {"input_tokens": 0, "cached_input_tokens": 0, "output_tokens": 0, "cost_usd": 0}
 """The values of result columns a normalized result may leave out."""

@@ -25,7 +25,7 @@ from llm_assets.resources.ledger.tables import (
     result_table,
     shard_table,
 )
-from llm_assets.result_rows import DEAD_LETTER, TERMINAL
+from llm_assets.results.rows import DEAD_LETTER, TERMINAL
 
 IMPORTED = "imported"
 UNIMPORTED_BATCH_STATES = (

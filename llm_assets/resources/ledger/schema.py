@@ -21,7 +21,7 @@ from llm_assets.resources.ledger.tables import (
     result_table,
     schema_version,
 )
-from llm_assets.secrecy import mask_url
+from llm_assets.util.secrecy import mask_url
 
 SCHEMA_VERSION = 12
 TEMP_BUFFERS = "64MB"

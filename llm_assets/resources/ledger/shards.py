@@ -15,7 +15,7 @@ from llm_assets.resources.ledger.pseudonyms import Mappings, record_pseudonyms
 from llm_assets.resources.ledger.records import ShardRecord, utcnow
 from llm_assets.resources.ledger.schema import durable_begin
 from llm_assets.resources.ledger.tables import reservation_table, result_table, shard_table
-from llm_assets.result_rows import PENDING, SUBMITTED
+from llm_assets.results.rows import PENDING, SUBMITTED
 
 BILLED = {"input_tokens", "cached_input_tokens", "output_tokens", "cost_usd"}
 """The columns of an item's bill."""

@@ -3,7 +3,7 @@ reservations, the day summaries sent and the pipelines an operator paused."""
 
 import sqlalchemy as sa
 
-from llm_assets import column_sizes as size
+from llm_assets.util import column_sizes as size
 
 RESULT_FILLFACTOR = 36
 """Percent of each llm_batch_result page filled on insert; the rest is room for in-place

@@ -27,7 +27,7 @@ from llm_assets.resources.providers.retrying import status_of
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 MAX_REQUESTS = 100_000
 MAX_BYTES = 256 * 1024 * 1024

@@ -14,13 +14,13 @@ import dagster as dg
 import pydantic
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from llm_assets import column_sizes
-from llm_assets.items import TemplateEncoder
-from llm_assets.result_rows import Answered, ItemResult, block_lines, ledger_text
+from llm_assets.items.prepare import TemplateEncoder
+from llm_assets.results.rows import Answered, ItemResult, block_lines, ledger_text
+from llm_assets.util import column_sizes
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 
 ONLINE_BATCH_PREFIX = "online-"

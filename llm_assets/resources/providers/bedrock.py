@@ -58,7 +58,7 @@ from llm_assets.resources.providers.retrying import (
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 MAX_RECORDS = 50_000
 MAX_NAME = 63

@@ -4,11 +4,11 @@ batch job, or an on-demand answer) normalized to an ItemResult."""
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from llm_assets.result_rows import ItemResult
+from llm_assets.results.rows import ItemResult
 
 if TYPE_CHECKING:
     from llm_assets.resources.providers.base import RequestItem
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
 

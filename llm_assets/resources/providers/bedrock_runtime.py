@@ -20,10 +20,10 @@ from llm_assets.resources.providers.online import (
     RateLimited,
     Transient,
 )
-from llm_assets.result_rows import ItemResult
+from llm_assets.results.rows import ItemResult
 
 if TYPE_CHECKING:
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 CUSTOM_ID_HEADER = "X-Llm-Assets-Custom-Id"
 """Sent with every bedrock-runtime call, so a call can be traced back to its item."""

@@ -37,11 +37,11 @@ from llm_assets.resources.providers.gemini_requests import (
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.providers.retrying import is_transient
 from llm_assets.resources.storage import line_blocks
-from llm_assets.result_rows import Answered
+from llm_assets.results.rows import Answered
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 API_VERSION = "v1beta"
 """Batch Mode's API version (the SDK's default, v1, has no batches)."""

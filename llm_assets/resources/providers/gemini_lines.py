@@ -1,5 +1,5 @@
 """Gemini Batch Mode result lines → ItemResult: the parser an import's worker processes run
-(see llm_assets.result_rows), importable without Dagster or an SDK.
+(see llm_assets.results.rows), importable without Dagster or an SDK.
 
 A responses file line is `{"key": custom_id, "response": GenerateContentResponse}` (or an
 EmbedContentResponse for an embeddings batch) or `{"key": custom_id, "error": Status}`.
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import orjson
 
-from llm_assets.result_rows import Answered, ItemResult
+from llm_assets.results.rows import Answered, ItemResult
 
 TRANSIENT_CODES = frozenset({408, 429, 499, 500, 502, 503, 504})
 TRANSIENT_STATUSES = frozenset(

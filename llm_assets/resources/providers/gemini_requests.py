@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from llm_assets.resources.providers.base import RequestItem
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 MAX_REQUESTS = 200_000
 """Requests per batch job."""
@@ -98,7 +98,7 @@ def request_line(spec: "PipelineSpec", item: "RequestItem") -> dict[str, Any]:
     if "thinking_budget" in spec.model.options:
         config["thinkingConfig"] = {"thinkingBudget": spec.model.options["thinking_budget"]}
     if spec.output.format == "json":
-        from llm_assets.validation import output_json_schema
+        from llm_assets.results.validation import output_json_schema
 
         config["responseMimeType"] = "application/json"
         config["responseSchema"] = response_schema(output_json_schema(spec))

@@ -65,7 +65,7 @@ from llm_assets.resources.providers.local_plans import local_spec_problems
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 MAX_REPORTED_PROBLEMS = 20
 STATE_OF: dict[str, ShardState] = {
@@ -125,7 +125,7 @@ class LocalProvider(BatchProvider):
         if descriptions:
             extras["label_descriptions"] = dict(descriptions)
         if spec.output.format == "json":
-            from llm_assets.validation import chat_response_format
+            from llm_assets.results.validation import chat_response_format
 
             body["response_format"] = chat_response_format(spec)
         else:

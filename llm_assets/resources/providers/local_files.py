@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from llm_assets import file_lock
+from llm_assets.util import file_lock
 
 ENDPOINT = "/v1/chat/completions"
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from llm_assets.resources.providers.local_engine import EMBEDDING_DIM, MODEL_NAME
 
 if TYPE_CHECKING:
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 DEFAULT_SUMMARY_CHARS = 400
 CAPABILITIES = (
@@ -198,7 +198,7 @@ def local_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
 
 def _output_problems(spec: "PipelineSpec") -> tuple[set[str], list[tuple[str, str]]]:
     """The labels the output schema asks for, and the output fields the engine cannot make."""
-    from llm_assets.validation import output_json_schema
+    from llm_assets.results.validation import output_json_schema
 
     if spec.output.format != "json":
         text_field = spec.output.output_schema.get("text")

@@ -35,7 +35,7 @@ from llm_assets.resources.providers.realtime import (
 from llm_assets.resources.providers.retrying import MAX_RETRY_AFTER_SECONDS
 
 if TYPE_CHECKING:
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 
 def online_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:

@@ -24,11 +24,11 @@ from llm_assets.resources.providers.openai_lines import read_line
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.providers.retrying import is_transient
 from llm_assets.resources.storage import line_blocks
-from llm_assets.result_rows import Answered
+from llm_assets.results.rows import Answered
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
-    from llm_assets.spec import PipelineSpec
+    from llm_assets.spec.model import PipelineSpec
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/responses", "/v1/embeddings")
 MAX_REQUESTS = 50_000
@@ -80,7 +80,7 @@ def openai_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
 
 def chat_body(spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
     """A Chat Completions request body, for batch lines and online requests alike."""
-    from llm_assets.validation import chat_response_format
+    from llm_assets.results.validation import chat_response_format
 
     messages = [{"role": "user", "content": item.user}]
     if item.system:
@@ -114,7 +114,7 @@ class OpenAIBatchProvider(RemoteBatchProvider):
         return openai_spec_problems(spec)
 
     def request_line(self, spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
-        from llm_assets.validation import output_json_schema
+        from llm_assets.results.validation import output_json_schema
 
         endpoint = endpoint_of(spec)
         body: dict[str, Any]

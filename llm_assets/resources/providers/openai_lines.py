@@ -1,5 +1,5 @@
 """OpenAI batch output and error lines → ItemResult: the parser an import's worker
-processes run (see llm_assets.result_rows), importable without Dagster or an SDK."""
+processes run (see llm_assets.results.rows), importable without Dagster or an SDK."""
 
 import json
 from typing import Any, Literal
@@ -7,7 +7,7 @@ from typing import Any, Literal
 import msgspec
 import orjson
 
-from llm_assets.result_rows import Answered, ItemResult
+from llm_assets.results.rows import Answered, ItemResult
 
 
 def classify_error(

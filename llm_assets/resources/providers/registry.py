@@ -1,9 +1,9 @@
 """Every provider adapter by the name a spec gives in `model.provider`.
 
-Adding a provider is one adapter module and one entry in `ADAPTERS`. Importing this module
-registers the provider checks with spec validation (`llm_assets.spec.register_check`), so the
-spec model never imports an adapter. It imports every adapter (and with them Dagster and the
-SDK wrappers): import processes that only parse result lines never need it.
+Adding a provider is one adapter module and one entry in `ADAPTERS`. `provider_spec_problems`
+is one of the spec checks (spec/load.py lists it), so the spec model never imports an
+adapter. This module imports every adapter (and with them Dagster and the SDK wrappers):
+import processes that only parse result lines never need it.
 """
 
 from llm_assets.resources.pricing import load_price_table
@@ -14,7 +14,7 @@ from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
 from llm_assets.resources.providers.local import LocalProvider
 from llm_assets.resources.providers.online import OnlineProvider
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
-from llm_assets.spec import PipelineSpec, register_check
+from llm_assets.spec.model import PipelineSpec
 
 ADAPTERS: dict[str, type[BatchProvider]] = {
     "local": LocalProvider,
@@ -50,6 +50,3 @@ def provider_spec_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
         )
     problems.extend(adapter.model_construct().spec_problems(spec))
     return problems
-
-
-register_check(provider_spec_problems)

@@ -26,7 +26,7 @@ from llm_assets.resources.providers.retrying import (
     create_once,
     status_of,
 )
-from llm_assets.secrecy import mask_url
+from llm_assets.util.secrecy import mask_url
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage

@@ -1,0 +1,484 @@
+"""`llm-assets`: the command line for scripts and cron (exit 0 done, 2 gate, 1 error).
+
+Commands import Dagster, the runner, the steps and the resources inside their bodies: those
+imports take seconds, and `--help` or `validate-spec` need none of them. What the commands
+print is laid out in console.py.
+"""
+
+import datetime as dt
+import getpass
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.markup import escape
+
+from llm_assets.cli.args import (
+    EXIT_ERROR,
+    EXIT_GATE,
+    current_job,
+    exit_for_failed_run,
+    load_settings,
+    parse_date,
+    pipeline_spec,
+)
+from llm_assets.cli.console import (
+    console,
+    err,
+    home_relative,
+    print_costs,
+    print_csv,
+    print_dead_letters,
+    print_error,
+    print_outcomes,
+    print_status,
+    progress_bar,
+)
+from llm_assets.cli.evaluate import eval_
+from llm_assets.cli.operator import cancel, pause, quotas, resume, retention
+from llm_assets.cli.promote import promote
+from llm_assets.spec.load import SpecError, check_specs
+from llm_assets.spec.model import PipelineSpec
+
+if TYPE_CHECKING:
+    from llm_assets.resources.ledger import JobRecord, LedgerResource, PipelinePause
+
+
+class _Cli(click.Group):
+    """Exit 2 means "blocked by a gate" here, so usage errors exit 1 like other errors. A
+    ledger that cannot be opened is one line naming its URL with the password masked."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(EXIT_ERROR)
+        except click.exceptions.Abort:
+            err.print("aborted")
+            sys.exit(EXIT_ERROR)
+        except Exception as exc:
+            # Raised only once the ledger was used, so this import is already done.
+            from llm_assets.resources.ledger import LedgerUnavailable
+
+            if not isinstance(exc, LedgerUnavailable):
+                raise
+            print_error(str(exc))
+            sys.exit(EXIT_ERROR)
+
+
+@click.group(cls=_Cli)
+def main() -> None:
+    """Offline LLM batch work as Dagster assets."""
+
+
+@main.command("validate-spec")
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+def validate_spec(path: Path | None) -> None:
+    """Check pipeline specs (a file or folder; default LLM_ASSETS_PIPELINES)."""
+    target = path or load_settings().pipelines_dir
+    try:
+        specs, problems = check_specs(target)
+    except SpecError as exc:
+        specs, problems = [], exc.problems
+    for problem in problems:
+        print_error(str(problem))
+    if problems:
+        err.print(f"{len(problems)} problem(s) in {target}")
+        sys.exit(EXIT_ERROR)
+    for spec in specs:
+        console.print(
+            escape(f"ok {spec.path}: pipeline {spec.name}"), highlight=False, soft_wrap=True
+        )
+
+
+@main.command()
+@click.argument("pipeline")
+@click.option("--date", "date_", required=True, help="Partition date, e.g. 2026-11-01.")
+@click.option("--to", "to_", default=None, help="Last date of a range (inclusive).")
+@click.option("--wait", is_flag=True, help="Drive each day until every item is terminal.")
+@click.option("--approve-budget", is_flag=True, help="Submit even above the budget gate.")
+@click.option(
+    "--poll-interval",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="Longest wait between status polls of remote batches with --wait.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def run(
+    pipeline: str,
+    date_: str,
+    to_: str | None,
+    wait: bool,
+    approve_budget: bool,
+    poll_interval: float,
+    as_json: bool,
+) -> None:
+    """Materialize a pipeline for a day or a range of days through Dagster."""
+    from llm_assets.defs.runner import StepFailed, run_days
+
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
+    days = _partition_days(spec, date_, to_)
+    try:
+        outcomes = run_days(
+            settings,
+            spec,
+            days,
+            wait=wait,
+            approve_budget=approve_budget,
+            display=progress_bar(),
+            poll_interval=poll_interval,
+        )
+    except StepFailed as exc:
+        exit_for_failed_run(exc, settings.home)
+    if as_json:
+        click.echo(json.dumps([o.model_dump(mode="json") for o in outcomes], indent=2))
+    else:
+        print_outcomes(outcomes, settings.home)
+    if wait and any(not o.done for o in outcomes):
+        err.print("some items are still open; see `llm-assets status`")
+        sys.exit(EXIT_ERROR)
+
+
+def _partition_days(spec: PipelineSpec, date_: str, to_: str | None) -> list[dt.date]:
+    """The days from --date to --to, each a partition of the pipeline."""
+    from llm_assets.defs.factory import partitions_for
+    from llm_assets.defs.runner import date_range
+
+    start = parse_date(date_)
+    assert start is not None
+    try:
+        days = date_range(start, parse_date(to_))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    partitions = partitions_for(spec)
+    outside = [d for d in days if not partitions.has_partition_key(d.isoformat())]
+    if outside:
+        raise click.BadParameter(
+            f"{outside[0]} is not a partition of {spec.name}: partitions run from "
+            f"{spec.partitions.start_date} to today in {spec.partitions.timezone}"
+        )
+    return days
+
+
+@main.command()
+@click.argument("pipeline")
+@click.option("--date", "date_", required=True)
+@click.option("--json", "as_json", is_flag=True)
+def status(pipeline: str, date_: str, as_json: bool) -> None:
+    """Jobs, shards and item counts of one partition, from the ledger."""
+    from llm_assets.resources import build_resources
+    from llm_assets.resources.providers import provider_resource_key
+
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
+    day = parse_date(date_)
+    assert day is not None
+    from llm_assets import steps
+
+    resources = build_resources(settings)
+    ledger = resources["ledger"]
+    provider = resources.get(provider_resource_key(spec.model.provider))
+    floor = getattr(provider, "stuck_after_seconds", 3600.0)
+    jobs = [
+        _job_status(ledger, spec, job, floor) for job in ledger.jobs_for_partition(spec.name, day)
+    ]
+    empty = steps.no_source_rows(spec, day, resources["storage"])
+    no_data = steps.no_source_rows_reason(day) if empty else None
+    # The gate that holds the day's publication, as a sentence; None when none does.
+    blocked = steps.publication_block(spec, day, resources["storage"])
+    pause = ledger.pipeline_pause(spec.name)
+    if as_json:
+        report = {
+            "pipeline": spec.name,
+            "date": day.isoformat(),
+            "paused": None if pause is None else _pause_json(pause),
+            "no_data": no_data,
+            "blocked": blocked,
+            "jobs": jobs,
+        }
+        click.echo(json.dumps(report, indent=2))
+        return
+    paused = steps.paused_text(pause) if pause is not None else None
+    print_status(spec.name, day, jobs, no_data, blocked=blocked, paused=paused, home=settings.home)
+
+
+def _pause_json(pause: "PipelinePause") -> dict[str, Any]:
+    """The pipeline's pause in `status --json`: who, when, why and the sentence `run` prints."""
+    from llm_assets import steps
+
+    return {
+        "paused_by": pause.paused_by,
+        "paused_at": pause.paused_at.astimezone(dt.UTC).isoformat(),
+        "reason": pause.reason,
+        "text": steps.paused_text(pause),
+    }
+
+
+def _job_status(
+    ledger: "LedgerResource", spec: PipelineSpec, job: "JobRecord", stuck_floor: float
+) -> dict[str, Any]:
+    """One job of `status --json`: its counts, whether it is the spec's current one, its
+    shards, and its batches stuck before they started (steps/stuck.py)."""
+    from llm_assets.steps import stuck
+
+    counts = ledger.counts(job.job_id)
+    found = stuck.stuck_batches(ledger, job.job_id, job.provider, job.model_name, stuck_floor)
+    return {
+        "job_id": job.job_id,
+        "prompt_version": job.prompt_version,
+        "provider": job.provider,
+        "model": job.model_name,
+        "status": "cancelled"
+        if job.cancelled_at is not None
+        else "completed"
+        if counts.total and counts.open == 0
+        else job.status,
+        "cancelled": (
+            {
+                "at": job.cancelled_at.isoformat(),
+                "by": job.cancelled_by,
+                "reason": job.cancel_reason,
+            }
+            if job.cancelled_at is not None
+            else None
+        ),
+        "current": job.prompt_version == spec.prompt.version and job.model_name == spec.model.name,
+        "items": counts.total,
+        "by_status": counts.by_status,
+        "dead_letters_by_class": counts.dead_letters_by_class,
+        "personal_data": job.personal_data,
+        "input_tokens": counts.input_tokens,
+        "output_tokens": counts.output_tokens,
+        "cost_usd": round(counts.cost_usd, 6),
+        "shards": [
+            {
+                "shard_id": s.shard_id,
+                "status": s.status,
+                "provider_status": s.raw_status,
+                "provider_batch_id": s.provider_batch_id,
+                "cancelled": s.cancelled_at is not None,
+                "requests": s.item_count,
+                "completed_requests": s.completed_requests,
+                "failed_requests": s.failed_requests,
+                "message": s.message,
+                "not_before": s.not_before.isoformat() if s.not_before else None,
+            }
+            for s in ledger.shards(job.job_id)
+        ],
+        "stuck": [
+            {
+                "shard_id": s.shard_id,
+                "provider_batch_id": s.provider_batch_id,
+                "provider_status": s.provider_status,
+                "waited_seconds": round(s.waited.total_seconds()),
+            }
+            for s in found
+        ],
+        "stuck_text": stuck.stuck_words(spec.name, job.partition_date, job.model_name, found)
+        if found
+        else None,
+    }
+
+
+_COST_SUMS = ("items", "succeeded", "dead_letters", "input_tokens", "output_tokens")
+_COST_MONEY = ("cost_usd", "retry_cost_usd", "estimated_cost_usd", "estimated_cost_upper_usd")
+
+
+@main.command()
+@click.argument("pipeline")
+@click.option("--from", "from_", default=None, help="First partition date (inclusive).")
+@click.option("--to", "to_", default=None, help="Last partition date (inclusive).")
+@click.option("--json", "as_json", is_flag=True, help="Rows and totals as JSON.")
+def costs(pipeline: str, from_: str | None, to_: str | None, as_json: bool) -> None:
+    """Tokens and cost per day and model, with retry overhead and the estimate."""
+    from llm_assets.resources import build_resources
+
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
+    start, end = parse_date(from_), parse_date(to_)
+    if start and end and end < start:
+        raise click.BadParameter(f"--to {end} is before --from {start}")
+    resources = build_resources(settings)
+    ledger = resources["ledger"]
+    rows = ledger.job_cost_rows(spec.name, start, end)
+    no_data = _no_data_days(spec, resources["storage"], start, end, rows)
+    total: dict[str, Any] = {k: sum(r[k] for r in rows) for k in _COST_SUMS}
+    total |= {k: round(sum(r[k] for r in rows), 6) for k in _COST_MONEY}
+    months: dict[str, float] = {}
+    for row in rows:
+        months[row["date"][:7]] = months.get(row["date"][:7], 0.0) + row["cost_usd"]
+    as_of = rows[-1]["date"] if rows else None
+    notes = _zero_cost_notes(rows)
+    if not as_json:
+        print_costs(spec.name, rows, total, months, no_data, as_of=as_of, zero_cost_notes=notes)
+        return
+    report = {
+        "pipeline": spec.name,
+        "from": start.isoformat() if start else None,
+        "to": end.isoformat() if end else None,
+        "rows": [{**r, **{k: round(r[k], 6) for k in _COST_MONEY}} for r in rows],
+        "months": {m: round(v, 6) for m, v in months.items()},
+        "months_as_of": as_of,
+        "total": total,
+        "zero_cost_reasons": notes,
+        "no_data": no_data,
+    }
+    click.echo(json.dumps(report, indent=2))
+
+
+def _zero_cost_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """Why each $0 cost of `rows` is zero: the price table's entry of a model priced at $0
+    (once per model, with the date of its prices), or nothing billed yet."""
+    from llm_assets.resources.pricing import load_price_table, zero_price_reason
+
+    table = load_price_table()
+    notes: list[str] = []
+    for row in rows:
+        if row["cost_usd"]:
+            continue
+        model = f"{row['provider']}/{row['model']}"
+        price = table.find(row["provider"], row["model"])
+        reason = zero_price_reason(price) if price else None
+        if reason and price:
+            note = f"{reason} (prices as of {price.as_of or table.prices_as_of})"
+        elif row["input_tokens"] or row["output_tokens"]:
+            note = f"{row['date']} {model}: billed at the $0 price in force when it was sent"
+        else:
+            still_open = row["items"] - row["succeeded"] - row["dead_letters"]
+            why = f"{still_open:,} items still open" if still_open else "no item reached it"
+            note = f"{row['date']} {model}: no tokens billed yet ({why})"
+        if note not in notes:
+            notes.append(note)
+    return notes
+
+
+def _no_data_days(
+    spec: PipelineSpec,
+    storage: Any,
+    start: dt.date | None,
+    end: dt.date | None,
+    rows: list[dict[str, Any]],
+) -> list[str]:
+    """The days from `start` (else the first costed day) to `end` (else the last) with no
+    job whose snapshot has no source rows: `costs` names them as "no data", not as zero."""
+    from llm_assets import steps
+
+    dates = sorted(r["date"] for r in rows)
+    first = start or (dt.date.fromisoformat(dates[0]) if dates else None)
+    last = end or (dt.date.fromisoformat(dates[-1]) if dates else None)
+    if first is None or last is None:
+        return []
+    costed = set(dates)
+    days = (first + dt.timedelta(days=n) for n in range((last - first).days + 1))
+    return [
+        d.isoformat()
+        for d in days
+        if d.isoformat() not in costed and steps.no_source_rows(spec, d, storage)
+    ]
+
+
+@main.command("dead-letter")
+@click.argument("pipeline")
+@click.option("--date", "date_", required=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON array.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header row.")
+def dead_letter(pipeline: str, date_: str, as_json: bool, as_csv: bool) -> None:
+    """Items of a partition that will not succeed, with class, code, reason and attempts."""
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
+    day = parse_date(date_)
+    assert day is not None
+    resources, job = current_job(settings, spec, day)
+    rows = list(resources["ledger"].iter_dead_letters(job.job_id))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        return
+    if as_csv:
+        columns = ["custom_id", "source_id", "error_class", "error_code", "error_message"]
+        columns += ["attempts", "last_provider_batch"]
+        print_csv(columns, rows)
+        return
+    print_dead_letters(spec.name, day, job.job_id, rows, settings.home)
+
+
+@main.command()
+@click.argument("pipeline")
+@click.option("--date", "date_", required=True)
+@click.option(
+    "--class",
+    "classes",
+    multiple=True,
+    type=click.Choice(
+        ["input", "deterministic", "transient", "expired", "quality", "cancelled", "compliance"]
+    ),
+    help="Requeue dead letters of this class (repeatable).",
+)
+@click.option("--ids", default=None, help="Comma-separated source ids or custom_ids.")
+def requeue(pipeline: str, date_: str, classes: tuple[str, ...], ids: str | None) -> None:
+    """Send chosen dead letters back (after fixing the prompt or the data); `run` submits them."""
+    from llm_assets import steps
+    from llm_assets.resources.providers import provider_resource_key
+
+    if not classes and not ids:
+        raise click.UsageError("choose what to requeue with --class and/or --ids")
+    settings = load_settings()
+    spec = pipeline_spec(settings, pipeline)
+    day = parse_date(date_)
+    assert day is not None
+    resources, job = current_job(settings, spec, day)
+    if job.retention_expired_at is not None:
+        # Asked before the requeue takes the day up (it lifts a cancel first).
+        print_error(str(steps.DayExpired(spec, job)))
+        sys.exit(EXIT_ERROR)
+    chosen = {i.strip() for i in ids.split(",") if i.strip()} if ids else None
+    result = steps.requeue_dead_letters(
+        steps.StepContext(
+            spec,
+            day,
+            resources["ledger"],
+            resources["storage"],
+            resources[provider_resource_key(spec.model.provider)],
+            created_by=f"cli:{getpass.getuser()} requeue",
+            log=lambda message: err.print(escape(message), highlight=False),
+        ),
+        classes=set(classes) or None,
+        chosen_ids=chosen,
+    )
+    for custom_id, reason in sorted(result.still_invalid.items()):
+        reason = escape(home_relative(reason, settings.home))
+        err.print(f"still invalid, not requeued: {custom_id}: {reason}", highlight=False)
+    console.print(
+        f"requeued {result.requeued} dead letters into {len(result.shards)} shard(s); "
+        f"`llm-assets run {spec.name} --date {day} --wait` sends them",
+        highlight=False,
+    )
+
+
+@main.command()
+@click.option("--days", default=3, show_default=True, help="How many days of tickets.")
+@click.option("--per-day", default=120, show_default=True, help="Tickets per day.")
+def demo(days: int, per_day: int) -> None:
+    """Generate support tickets and run the demo pipeline end to end on the local provider."""
+    from llm_assets.defs.runner import StepFailed
+    from llm_assets.demo.run import run_demo
+
+    try:
+        run_demo(load_settings(), days=days, per_day=per_day, console=console)
+    except StepFailed as exc:
+        err.print(f"[red]failed[/red]: {exc}", highlight=False)
+        sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
+
+
+for _command in (cancel, eval_, pause, quotas, resume, retention, promote):
+    main.add_command(_command)
+
+if __name__ == "__main__":
+    main()

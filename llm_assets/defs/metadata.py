@@ -1,0 +1,222 @@
+"""What the step assets report: a step's result as Dagster materialization metadata, with
+the lineage every materialization carries (pipeline, prompt version, model, provider)."""
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps import (
+    BudgetGate,
+    CostReport,
+    DeadLetterResult,
+    ImportResult,
+    PublishResult,
+    SampleResult,
+    ShardsResult,
+    SnapshotResult,
+    SubmitResult,
+    ValidateResult,
+    no_source_rows_reason,
+)
+from llm_assets.steps.tables import case_table
+
+DAY_SUMMARY_JSON = "day_summary_json"
+"""cost_report's metadata key of the day's summary as data: the notification sensor sends it."""
+
+
+def lineage(spec: PipelineSpec) -> dict[str, Any]:
+    return {
+        "pipeline": spec.name,
+        "prompt_version": spec.prompt.version,
+        "model": spec.model.name,
+        "provider": spec.model.provider,
+    }
+
+
+def file_metadata(
+    spec: PipelineSpec, rows: int, uri: str, *, job_id: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """A step that writes one file: its rows and path (and the job, where it has one), then
+    the step's own keys."""
+    head = {} if job_id is None else {"job_id": job_id}
+    return {
+        **lineage(spec),
+        **head,
+        "dagster/row_count": rows,
+        "uri": dg.MetadataValue.path(uri),
+        **extra,
+    }
+
+
+def preview(rows: Sequence[dict[str, Any]]) -> dg.MetadataValue:
+    """The first rows of a step's output as a markdown table."""
+    return dg.MetadataValue.md(case_table(rows))
+
+
+def snapshot_metadata(spec: PipelineSpec, result: SnapshotResult, day: dt.date) -> dict[str, Any]:
+    """input_snapshot: the snapshot file, its hash and what could not be read; a day with no
+    source rows says so (`no_source_rows`)."""
+    empty = {"no_source_rows": no_source_rows_reason(day)} if result.empty else {}
+    return empty | file_metadata(
+        spec,
+        result.rows,
+        result.uri,
+        content_sha256=result.sha256,
+        unreadable_rows=result.unreadable_rows,
+        source_files=result.files,
+        reused_existing_snapshot=result.reused,
+    )
+
+
+def submit_metadata(spec: PipelineSpec, result: SubmitResult) -> dict[str, Any]:
+    """provider_batches: what was submitted, what is in flight, what waits for the provider's
+    quota and why, and when the next submission goes (left out when nothing waits)."""
+    next_at = result.next_submission_at
+    return {
+        **lineage(spec),
+        "job_id": result.job_id,
+        "submitted_shards": len(result.submitted),
+        "provider_batch_ids": list(result.submitted.values())[:20],
+        "in_flight_shards": result.in_flight,
+        "retry_shards_waiting_for_backoff": result.waiting_for_backoff,
+        "shards_waiting_for_quota": result.waiting_for_quota,
+        **({"quota": result.quota_reason} if result.quota_reason else {}),
+        **({"next_submission_at": next_at.isoformat()} if next_at else {}),
+        "day_upper_bound_usd": result.committed_cost_usd,
+    }
+
+
+def validated_metadata(spec: PipelineSpec, result: ValidateResult) -> dict[str, Any]:
+    """validated_outputs: the rows that passed, the quality failures and a preview."""
+    return file_metadata(
+        spec,
+        result.valid_rows,
+        result.uri,
+        job_id=result.job_id,
+        quality_dead_letters=sum(result.quality_failures.values()),
+        quality_dead_letters_total=result.quality_dead_letters,
+        quality_failure_rate=result.failure_rate,
+        quality_failures_by_rule=result.quality_failures,
+        open_items=result.open_items,
+        label_distribution=result.label_distribution,
+        preview=preview(result.preview),
+    )
+
+
+def published_metadata(spec: PipelineSpec, result: PublishResult) -> dict[str, Any]:
+    """published_outputs: the published file and its hash."""
+    return file_metadata(spec, result.rows, result.uri, content_sha256=result.sha256)
+
+
+def sample_metadata(spec: PipelineSpec, result: SampleResult) -> dict[str, Any]:
+    """qa_sample: the sample file and a preview of it."""
+    return file_metadata(spec, result.rows, result.uri, preview=preview(result.preview))
+
+
+def dead_letter_metadata(spec: PipelineSpec, result: DeadLetterResult) -> dict[str, Any]:
+    """dead_letter: the dead-letter file, its counts by class and a preview."""
+    return file_metadata(
+        spec,
+        result.rows,
+        result.uri,
+        job_id=result.job_id,
+        by_class=result.by_class,
+        preview=preview(result.preview),
+    )
+
+
+def shards_metadata(spec: PipelineSpec, result: ShardsResult, gate: BudgetGate) -> dict[str, Any]:
+    """request_shards: new items, input dead letters, shards, the estimate and the day's bound."""
+    estimate = result.estimate
+    return {
+        **lineage(spec),
+        "job_id": result.job_id,
+        "code_version": spec.prompt_code_version,
+        "snapshot_rows": result.snapshot_rows,
+        "new_items": result.new_items,
+        "already_in_ledger": result.already_known,
+        "input_dead_letters": sum(result.input_dead_letters.values()),
+        "input_dead_letters_by_reason": result.input_dead_letters,
+        "compliance_dead_letters": result.compliance_dead_letters,
+        "personal_data_found": result.personal_data,
+        "shards_created": len(result.shards_created),
+        "shard_uris": result.shard_uris[:20],
+        "estimated_input_tokens": estimate.input_tokens,
+        "input_tokens_exact": estimate.input_tokens_exact,
+        "token_counter": estimate.token_counter,
+        "expected_output_tokens_per_item": estimate.expected_output_tokens_per_item,
+        "output_estimate_basis": estimate.output_basis,
+        "estimated_cost_usd": estimate.cost_usd,
+        "estimated_cost_upper_bound_usd": estimate.cost_upper_usd,
+        "day_upper_bound_usd": gate.committed_usd,
+    }
+
+
+def import_metadata(spec: PipelineSpec, result: ImportResult) -> dict[str, Any]:
+    """batch_results: the lines imported, retries planned and the job's counts after them."""
+    counts = result.counts
+    return {
+        **lineage(spec),
+        "job_id": result.job_id,
+        "imported_shards": len(result.imported_shards),
+        "in_flight_shards": result.in_flight_shards,
+        "result_lines": result.lines.received,
+        "applied": result.lines.applied,
+        "duplicate_lines": result.lines.duplicates,
+        "unknown_custom_ids": result.lines.unknown,
+        "already_terminal": result.lines.already_terminal,
+        "missing_results": result.missing,
+        "retry_shards_planned": len(result.retry_shards),
+        "gave_up": result.gave_up,
+        "provider_files_deleted_shards": result.provider_files_deleted,
+        "dagster/row_count": counts.total,
+        "succeeded": counts.succeeded,
+        "dead_letters": counts.dead_letters,
+        "open_items": counts.open,
+        "input_tokens": counts.input_tokens,
+        "output_tokens": counts.output_tokens,
+        "cost_usd": counts.cost_usd,
+        **({"spend_breaker": result.breaker} if result.breaker else {}),
+    }
+
+
+def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[str, Any]:
+    """cost_report: billed tokens and cost, why it is $0 when the model is priced at zero,
+    the estimate's error and the month so far, as of when the report was made; the day's
+    outcome and summary, as the notification sensor announces them (`day_summary_json`)."""
+    month = report.pipeline_months[-1] if report.pipeline_months else {}
+    errors = (
+        ("cost_estimate_error", report.cost_estimate_error),
+        ("input_token_estimate_error", report.input_token_estimate_error),
+    )
+    return {
+        **lineage(spec),
+        "job_id": report.job_id,
+        "uri": dg.MetadataValue.path(report.uri),
+        "markdown_uri": dg.MetadataValue.path(report.markdown_uri),
+        "items": report.items,
+        "succeeded": report.succeeded,
+        "dead_letters": report.dead_letters,
+        "open_items": report.open_items,
+        "input_tokens": report.input_tokens,
+        "output_tokens": report.output_tokens,
+        "input_tokens_per_item": report.input_tokens_per_item,
+        "output_tokens_per_item": report.output_tokens_per_item,
+        "cost_usd": report.cost_usd,
+        **({"zero_cost_reason": report.zero_cost_reason} if report.zero_cost_reason else {}),
+        "retry_cost_usd": report.retry_cost_usd,
+        "cost_per_1k_items_usd": report.cost_per_1k_items_usd,
+        "estimated_cost_usd": report.estimated_cost_usd,
+        "estimated_cost_upper_bound_usd": report.estimated_cost_upper_usd,
+        **{name: value for name, value in errors if value is not None},
+        "pipeline_month_cost_usd": month.get("cost_usd", 0.0),
+        "pipeline_totals_as_of": dg.MetadataValue.timestamp(report.computed_at),
+        "prices_as_of": report.prices_as_of,
+        "report": dg.MetadataValue.md(report.markdown(spec, day)),
+        "outcome": report.day_summary.outcome,
+        "day_summary": dg.MetadataValue.md(report.day_summary.markdown()),
+        DAY_SUMMARY_JSON: dg.MetadataValue.json(report.day_summary.model_dump(mode="json")),
+    }

@@ -1,0 +1,357 @@
+"""Drive a partition through Dagster from a script: what `llm-assets run --wait` does.
+
+Every step runs as a real Dagster run on a persistent instance, so it shows in the UI. What
+the day does next, and the waiting between runs, is the lifecycle's (steps.drive): this
+module only says how its heavy steps run here (as Dagster runs of the assets in `ASSETS_OF`).
+`run_days` drives a range of days one after another with a progress line each, for
+`llm-assets run` and the demo.
+"""
+
+import datetime as dt
+import getpass
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import dagster as dg
+from pydantic import BaseModel
+from rich.progress import Progress, TaskID
+
+from llm_assets import steps
+from llm_assets.defs.checks import CHECK_GATES
+from llm_assets.defs.factory import (
+    APPROVE_BUDGET_TAG,
+    CREATED_BY_TAG,
+    asset_key,
+    build_pipeline_assets,
+)
+from llm_assets.resources import build_resources
+from llm_assets.resources.ledger import LedgerResource
+from llm_assets.resources.providers import provider_resource_key
+from llm_assets.resources.providers.base import BatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.util import file_lock
+from llm_assets.util.failpoints import failpoint
+from llm_assets.util.progress import ProgressFn, listening
+from llm_assets.util.settings import Settings
+
+SUBMIT_STEPS = ("input_snapshot", "request_shards", "provider_batches")
+IMPORT_STEPS = ("batch_results",)
+GATED_STEPS = ("validated_outputs", "published_outputs", "qa_sample")
+REPORT_STEPS = ("dead_letter", "cost_report")
+ASSETS_OF: dict[steps.Step, tuple[str, ...]] = {
+    steps.Step.BUILD: SUBMIT_STEPS,
+    steps.Step.SUBMIT: ("provider_batches",),
+    steps.Step.IMPORT: IMPORT_STEPS,
+    steps.Step.VALIDATE: GATED_STEPS,
+    steps.Step.REPORT: REPORT_STEPS,
+}
+"""The assets a run materializes to carry out each of the lifecycle's heavy actions."""
+
+
+class StepFailed(Exception):
+    """A Dagster run failed; `gate` is set when a gate blocked it (CLI exit code 2)."""
+
+    def __init__(self, message: str, gate: str | None = None) -> None:
+        self.gate = gate
+        super().__init__(message)
+
+
+class DayOutcome(BaseModel):
+    pipeline: str
+    date: dt.date
+    job_id: str | None = None
+    run_ids: list[str] = []
+    total: int = 0
+    succeeded: int = 0
+    dead_letters: int = 0
+    dead_letters_by_class: dict[str, int] = {}
+    personal_data: dict[str, int] = {}
+    """What the personal-data policy found in the day's prompts, by "entity:action"."""
+    open_items: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    done: bool = False
+    no_data: str | None = None
+    """Set on a day with no source rows (why): nothing was requested and nothing is open."""
+
+
+def failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
+    failed_checks = [
+        e
+        for e in result.get_asset_check_evaluations()
+        if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR
+    ]
+    if failed_checks:
+        gate = next(
+            (CHECK_GATES[e.check_name] for e in failed_checks if e.check_name in CHECK_GATES),
+            "quality",
+        )
+        reasons = "; ".join(
+            f"{e.asset_key.to_user_string()} check {e.check_name} failed"
+            + (f": {e.description}" if e.description else "")
+            for e in failed_checks
+        )
+        return StepFailed(f"{gate} gate: {reasons}", gate=gate)
+    for event in result.all_events:
+        if not event.is_step_failure:
+            continue
+        data = event.step_failure_data
+        gate = None
+        if data.user_failure_data is not None:
+            gate_value = data.user_failure_data.metadata.get("gate")
+            gate = getattr(gate_value, "value", None) if gate_value is not None else None
+        return StepFailed(f"{event.step_key}: {step_failure_reason(event)}", gate=gate)
+    return StepFailed(f"run {result.run_id} failed")
+
+
+def step_failure_reason(event: dg.DagsterEvent) -> str:
+    """What a failed step says went wrong: our Failure's description, else the real error."""
+    data = event.step_failure_data
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        return data.user_failure_data.description
+    if data.error is not None:
+        # The step error wraps the real one; the cause says what went wrong.
+        return (data.error.cause or data.error).message.strip()
+    return event.message or "failed"
+
+
+class PartitionRunner:
+    def __init__(
+        self,
+        settings: Settings,
+        spec: PipelineSpec,
+        instance: dg.DagsterInstance,
+        *,
+        approve_budget: bool = False,
+        resources: dict[str, object] | None = None,
+        poll_interval: float = 5.0,
+        log_level: str = "INFO",
+    ) -> None:
+        self.log_level = log_level
+        self.settings = settings
+        self.spec = spec
+        self.instance = instance
+        self.approve_budget = approve_budget
+        self.resources = resources if resources is not None else build_resources(settings)
+        self.assets = build_pipeline_assets(spec, settings)
+        self.poll_interval = poll_interval
+
+    @property
+    def ledger(self) -> LedgerResource:
+        ledger = self.resources["ledger"]
+        assert isinstance(ledger, LedgerResource)
+        return ledger
+
+    @property
+    def storage(self) -> ArtifactStorage:
+        storage = self.resources["storage"]
+        assert isinstance(storage, ArtifactStorage)
+        return storage
+
+    @property
+    def provider(self) -> BatchProvider:
+        provider = self.resources[provider_resource_key(self.spec.model.provider)]
+        assert isinstance(provider, BatchProvider)
+        return provider
+
+    def materialize(
+        self, day: dt.date, step_names: Sequence[str], progress: ProgressFn | None = None
+    ) -> str:
+        tags = {CREATED_BY_TAG: f"cli:{getpass.getuser()}"}
+        if self.approve_budget:
+            tags[APPROVE_BUDGET_TAG] = "true"
+        with listening(progress):
+            result = self._materialize(day, step_names, tags)
+        if not result.success:
+            raise failure_of(result)
+        failpoint("runner.between_runs")
+        return result.run_id
+
+    def _materialize(
+        self, day: dt.date, step_names: Sequence[str], tags: dict[str, str]
+    ) -> dg.ExecuteInProcessResult:
+        return dg.materialize(
+            self.assets,
+            run_config={"loggers": {"console": {"config": {"log_level": self.log_level}}}},
+            instance=self.instance,
+            resources=self.resources,
+            partition_key=day.isoformat(),
+            selection=[asset_key(self.spec, s) for s in step_names],
+            tags=tags,
+            raise_on_error=False,
+        )
+
+    def outcome(self, day: dt.date, run_ids: list[str]) -> DayOutcome:
+        job = steps.existing_job(self.spec, day, self.ledger)
+        counts = self.ledger.refresh_job(job.job_id)
+        return DayOutcome(
+            pipeline=self.spec.name,
+            date=day,
+            job_id=job.job_id,
+            run_ids=run_ids,
+            total=counts.total,
+            succeeded=counts.succeeded,
+            dead_letters=counts.dead_letters,
+            dead_letters_by_class=counts.dead_letters_by_class,
+            personal_data=job.personal_data,
+            open_items=counts.open,
+            input_tokens=counts.input_tokens,
+            output_tokens=counts.output_tokens,
+            cost_usd=counts.cost_usd,
+            done=counts.open == 0,
+        )
+
+    def driver(
+        self, day: dt.date, run_ids: list[str], progress: ProgressFn | None
+    ) -> steps.DayDriver:
+        """The day on this path: its heavy steps run as Dagster runs, polled at most
+        `poll_interval` apart."""
+        ctx = steps.StepContext(
+            self.spec,
+            day,
+            self.ledger,
+            self.storage,
+            self.provider,
+            created_by=f"cli:{getpass.getuser()}",
+        )
+        return steps.DayDriver(
+            ctx, runs=_DagsterRuns(self, run_ids, progress), poll_every=self.poll_interval
+        )
+
+    def run_day(
+        self,
+        day: dt.date,
+        *,
+        wait: bool,
+        progress: ProgressFn | None = None,
+        max_rounds: int = 50,
+    ) -> DayOutcome:
+        """Submit the day; with `wait`, drive it (steps.drive: import, retry, finish) until
+        every item is terminal. A paused pipeline is blocked (also one paused while this
+        runs, once what is in flight has come back)."""
+        paused = steps.pause_reason(self.ledger, self.spec.governing_pipeline)
+        if paused:
+            raise StepFailed(paused, gate="paused")
+        run_ids: list[str] = []
+        day_driver = self.driver(day, run_ids, progress)
+        run_ids.append(self.materialize(day, SUBMIT_STEPS, progress))
+        if steps.no_source_rows(self.spec, day, self.storage):
+            # request_shards made no job: there is nothing to wait for, import or report.
+            return DayOutcome(
+                pipeline=self.spec.name,
+                date=day,
+                run_ids=run_ids,
+                done=True,
+                no_data=steps.no_source_rows_reason(day),
+            )
+        if progress is not None:
+            progress("submitted", 1, 1)
+        if not wait:
+            return self.outcome(day, run_ids)
+        # Other runs of the same day (a sensor's, a backfill's) may import, plan and submit
+        # some of its work meanwhile: the lifecycle reads the ledger, whoever did it.
+        [decision] = steps.drive(
+            [day_driver], progress=_progress_of(progress), max_imports=max_rounds
+        ).values()
+        if decision.blocked is not None:
+            raise StepFailed(decision.blocked, gate=decision.gate)
+        blocked = steps.publication_block(self.spec, day, self.storage)
+        if blocked is not None:
+            raise StepFailed(f"quality gate: publication {blocked}", gate="quality")
+        return self.outcome(day, run_ids)
+
+
+class _DagsterRuns:
+    """The CLI's way to run a day's heavy steps: Dagster runs on the persistent instance."""
+
+    def __init__(
+        self, runner: PartitionRunner, run_ids: list[str], progress: ProgressFn | None
+    ) -> None:
+        self.runner, self.run_ids, self.progress = runner, run_ids, progress
+
+    def run(self, day: steps.DayDriver, action: steps.Action) -> None:
+        shown = self.progress if action.step in (steps.Step.BUILD, steps.Step.SUBMIT) else None
+        self.run_ids.append(self.runner.materialize(day.ctx.day, ASSETS_OF[action.step], shown))
+
+
+def _progress_of(
+    progress: ProgressFn | None,
+) -> "Callable[[steps.DayDriver, steps.Decision], None] | None":
+    """The drive's rounds as the CLI's progress line: items answered of the day's items."""
+    if progress is None:
+        return None
+
+    def show(day: steps.DayDriver, decision: steps.Decision) -> None:
+        counts = day.counts
+        stage = "waiting" if decision.wait_until or decision.others else "working"
+        progress(stage, counts.terminal, counts.total)
+
+    return show
+
+
+def date_range(start: dt.date, end: dt.date | None) -> list[dt.date]:
+    end = end or start
+    if end < start:
+        raise ValueError(f"--to {end} is before --date {start}")
+    return [start + dt.timedelta(days=n) for n in range((end - start).days + 1)]
+
+
+def persistent_instance(settings: Settings) -> dg.DagsterInstance:
+    """The Dagster instance under DAGSTER_HOME (default: the settings' home), so script runs
+    show in the UI."""
+    os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))
+    home = Path(os.environ["DAGSTER_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    # Runs started together on a new home would each create the instance's SQLite storage
+    # and stamp its schema twice; one at a time, the later ones find it made.
+    fd = os.open(home / ".instance.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        with file_lock.exclusive(fd, blocking=True):
+            config = home / "dagster.yaml"
+            if not config.exists():
+                # A local instance on SQLite under the home; production uses the repo's
+                # dagster.yaml.
+                config.write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
+            return dg.DagsterInstance.get()
+    finally:
+        os.close(fd)
+
+
+def run_days(
+    settings: Settings,
+    spec: PipelineSpec,
+    days: list[dt.date],
+    *,
+    wait: bool,
+    approve_budget: bool,
+    display: Progress,
+    poll_interval: float = 30.0,
+) -> list[DayOutcome]:
+    """Run the days one after another on the persistent instance, a progress line per day."""
+    runner = PartitionRunner(
+        settings,
+        spec,
+        persistent_instance(settings),
+        approve_budget=approve_budget,
+        poll_interval=poll_interval,
+    )
+    outcomes = []
+    with display:
+        for day in days:
+            task = display.add_task(f"{spec.name} {day}", total=None)
+
+            def report(
+                stage: str, done: int, total: int, task: TaskID = task, day: dt.date = day
+            ) -> None:
+                display.update(
+                    task, description=f"{spec.name} {day} {stage}", completed=done, total=total
+                )
+
+            outcome = runner.run_day(day, wait=wait, progress=report)
+            outcomes.append(outcome)
+            done = f"no data ({outcome.no_data})" if outcome.no_data else "done"
+            display.update(task, description=f"{spec.name} {day} {done}")
+    return outcomes

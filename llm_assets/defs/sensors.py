@@ -1,0 +1,447 @@
+"""Sensors: what makes a dropped file end in validated outputs and a cost report.
+
+- `<pipeline>__new_data` watches the source files and submits every day a new or changed
+  file touches, unless the day's ledger job was planned from that very file version
+  (new_data_sensor.py).
+- `<pipeline>__batch_status` asks the lifecycle (steps/lifecycle.py) what each open day of
+  the pipeline, and of its evals, does next, and does it: it polls in-flight provider
+  batches with cheap status calls (in parallel, each one try with a short timeout, under a
+  deadline well inside Dagster's sensor time limit that bounds the calls still running
+  too), cancels, reconciles and closes what a cancel left, and requests the runs the
+  lifecycle names for the pipeline's days: imports of ended batches, submissions of due
+  shards (retry rounds, quota waits over, shards a pause held back once it is lifted, a
+  first-round shard its own run never sent), the gated run (validation, publication) and
+  then the report run (dead letters, cost report), so the report is written also when the
+  quality gate stops publication. An eval's days are polled and cancelled here; their
+  steps are the eval run's.
+- `llm_assets__partition_finished` / `llm_assets__partition_failed` announce a day's outcome
+  once (notify.py): the summary is claimed in the ledger by its fingerprint before it is
+  sent, so repeated report runs of the same day state (the CLI's and the sensor's), sensor
+  ticks and daemons send it once; a day that changes (a requeue finishes it again) is
+  announced again.
+
+When a day is announced:
+
+- finished: a successful run wrote the day's cost report and no item is open. The summary
+  is the one on the cost report (its `day_summary`), so the UI and the webhook say the same;
+  when the quality gate stopped publication, that summary says so.
+- failed, finally: a run of the day failed and nothing already under way finishes the day.
+  A failed run is not the day's outcome, and is only logged, when
+  - Dagster retries it (its worker crashed: `dagster/will_retry`);
+  - every failed step found the day held by another run (`day_busy`): that run's outcome
+    is the day's;
+  - the day still has items on their way: shards in flight at the provider, or retry
+    shards waiting for their backoff; the batch-status sensor finishes the day.
+  The quality gate fails no run (publication is skipped, see checks.BLOCKING_CHECKS): the
+  day's finished summary says the gate blocked publication.
+  Every other failure is final: an error in a run that nothing follows (the snapshot, a
+  submission, an import, the report run itself), or a gate that waits for an operator (the
+  budget).
+"""
+
+import datetime as dt
+import functools
+import hashlib
+import time
+from collections.abc import Callable
+
+import dagster as dg
+
+from llm_assets import steps
+from llm_assets.defs import checks
+from llm_assets.defs.factory import STEPS, asset_key
+from llm_assets.defs.metadata import DAY_SUMMARY_JSON
+from llm_assets.defs.runner import ASSETS_OF, step_failure_reason
+from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
+from llm_assets.resources.providers import provider_resource_key
+from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps import notify, stuck
+from llm_assets.steps.executor import PollLimits, job_spec, poll_many
+from llm_assets.util.settings import Settings, sensor_interval
+
+POLL_DEADLINE_SECONDS = 30.0
+"""How long a batch-status tick polls, calls still running included (Dagster's sensor time
+limit is 60 s)."""
+POLL_CALL_TIMEOUT_SECONDS = 10.0
+"""The longest one status call of a tick may take; it is not retried within the tick."""
+FINISH_LOOKBACK = dt.timedelta(days=3)
+"""Days whose last import is older than this are not looked at again by the sensor."""
+SENSOR = "sensor"
+"""Who the batch-status sensor's own writes (cancels, closes, reconciliations) are by."""
+
+
+def batch_status_sensor_name(spec: PipelineSpec) -> str:
+    return f"{spec.name}__batch_status"
+
+
+def build_batch_status_sensor(
+    spec: PipelineSpec, settings: Settings | None = None
+) -> dg.SensorDefinition:
+    provider_key = provider_resource_key(spec.model.provider)
+    keys = {step: [asset_key(spec, name) for name in names] for step, names in ASSETS_OF.items()}
+    submit_key = asset_key(spec, "provider_batches")
+    results_key = asset_key(spec, "batch_results")
+
+    @dg.sensor(
+        name=batch_status_sensor_name(spec),
+        description=f"Asks the lifecycle what each open day of {spec.name} (and of its evals) "
+        "does next: polls in-flight provider batches, cancels and closes what a cancel left, "
+        "and requests the runs that import, submit retries and finish days.",
+        minimum_interval_seconds=sensor_interval(settings, 60),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        required_resource_keys={"ledger", "storage", provider_key},
+        asset_selection=sorted({key for selected in keys.values() for key in selected}),
+    )
+    def batch_status(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        ledger: LedgerResource = context.resources.ledger
+        provider: BatchProvider = getattr(context.resources, provider_key)
+        days = _open_days(spec, ledger, context.resources.storage, provider, context.log.info)
+        polled = _poll(context, days, provider)
+        run_requests = []
+        for day in days:
+            decision = day.advance(only=_CHEAP)
+            if decision.blocked is not None and decision.gate == steps.lifecycle.PAUSED:
+                context.log.info(
+                    f"{day.ctx.spec.name} {day.ctx.day}: {decision.blocked}; shards due for "
+                    "submission wait for it"
+                )
+            if day.ctx.spec.parent is None:
+                run_requests += [
+                    _request(keys, day, a) for a in decision.actions if a.step in _RUNS
+                ]
+        events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = [
+            _observation(submit_key, shard, day) for shard, day in polled
+        ]
+        events += [
+            found for day in days if (found := _tell_stuck(context, day, provider, results_key))
+        ]
+        return dg.SensorResult(run_requests=run_requests, asset_events=events)
+
+    return batch_status
+
+
+def _tell_stuck(
+    context: dg.SensorEvaluationContext,
+    day: steps.DayDriver,
+    provider: BatchProvider,
+    results_key: dg.AssetKey,
+) -> dg.AssetCheckEvaluation | None:
+    """Announce the day's batches stuck before they started (steps/stuck.py), once: a
+    notification, a warning in the tick's log, and batch_results' WARN check failed."""
+    spec, ledger = day.ctx.spec, day.ctx.ledger
+    found = stuck.stuck_batches(
+        ledger, day.ctx.job_id, spec.model.provider, spec.model.name, provider.stuck_after_seconds
+    )
+    if not found:
+        return None
+    words = stuck.stuck_words(spec.name, day.ctx.day, spec.model.name, found)
+    told = notify.announce_stuck(
+        spec,
+        day.ctx.day,
+        day.ctx.job_id,
+        day.counts,
+        words,
+        [s.provider_batch_id for s in found],
+        ledger,
+    )
+    if not told.first:
+        return None
+    context.log.warning(words + (f" (webhook: {told.error})" if told.error else ""))
+    if day.ctx.spec.parent is not None:
+        return None  # an eval's day: its pipeline's assets are not the eval's
+    return dg.AssetCheckEvaluation(
+        asset_key=results_key,
+        check_name=checks.NO_STUCK_BATCHES,
+        passed=False,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"stuck_batches": len(found)},
+        description=words,
+        partition=day.ctx.day.isoformat(),
+    )
+
+
+_CHEAP = frozenset({steps.Step.RECONCILE, steps.Step.CANCEL, steps.Step.CLOSE})
+"""What a tick carries out itself besides its polls; the other actions become run requests."""
+_RUNS = frozenset({steps.Step.SUBMIT, steps.Step.IMPORT, steps.Step.VALIDATE, steps.Step.REPORT})
+
+
+def _open_days(
+    spec: PipelineSpec,
+    ledger: LedgerResource,
+    storage: ArtifactStorage,
+    provider: BatchProvider,
+    log: Callable[[str], None],
+) -> list[steps.DayDriver]:
+    """The pipeline's days (and its evals' days on the same provider) with something left
+    to do, each polled as often as the sensor ticks."""
+    limits = PollLimits(
+        deadline=time.monotonic() + POLL_DEADLINE_SECONDS,
+        call_timeout_seconds=POLL_CALL_TIMEOUT_SECONDS,
+        report=log,
+    )
+    days = []
+    for job in ledger.active_jobs(spec.name, utcnow() - FINISH_LOOKBACK):
+        if job.provider != spec.model.provider:
+            continue  # an eval variant on another provider: its own eval run polls it
+        ctx = steps.StepContext(
+            job_spec(spec, job), job.partition_date, ledger, storage, provider, created_by=SENSOR
+        )
+        days.append(steps.DayDriver(ctx, poll_every=0.0, poll_limits=limits))
+    return days
+
+
+def _poll(
+    context: dg.SensorEvaluationContext, days: list[steps.DayDriver], provider: BatchProvider
+) -> list[tuple[ShardRecord, dt.date]]:
+    """Every day's due polls in one pool, bounded by the tick's deadline (see PollLimits);
+    shards left for the next tick are least recently polled first then."""
+    due: list[tuple[ShardRecord, dt.date]] = []
+    for day in days:
+        wanted = {
+            shard_id
+            for action in day.decide().actions
+            if action.step == steps.Step.POLL
+            for shard_id in action.shard_ids
+        }
+        if wanted:
+            shards = day.ledger.shards(day.ctx.job_id, IN_FLIGHT_STATES)
+            due += [(s, day.ctx.day) for s in shards if s.shard_id in wanted]
+    if not due:
+        return []
+    due.sort(key=lambda item: (item[0].updated_at or utcnow(), item[0].shard_id))
+    limits = days[0].poll_limits
+    polled = poll_many(days[0].ledger, provider, [shard for shard, _ in due], limits)
+    if len(polled) < len(due):
+        context.log.info(f"{len(due) - len(polled)} shards left for the next tick")
+    day_of = {shard.shard_id: day for shard, day in due}
+    return [(shard, day_of[shard.shard_id]) for shard in polled]
+
+
+def _request(
+    keys: dict[steps.Step, list[dg.AssetKey]], day: steps.DayDriver, action: steps.Action
+) -> dg.RunRequest:
+    """The run that carries out a heavy action of a day, keyed by what it does in which
+    state, so each is requested once."""
+    tags = {}
+    if action.step == steps.Step.IMPORT and action.shard_ids:
+        tags["llm_assets/provider_batches"] = action.key[:200]
+    return dg.RunRequest(
+        run_key=_run_key(action.key),
+        partition_key=day.ctx.day.isoformat(),
+        asset_selection=keys[action.step],
+        tags=tags,
+    )
+
+
+def _observation(submit_key: dg.AssetKey, shard: ShardRecord, day: dt.date) -> dg.AssetObservation:
+    """A polled shard's provider status, shown on the day's provider_batches in the UI."""
+    return dg.AssetObservation(
+        asset_key=submit_key,
+        partition=day.isoformat(),
+        metadata={
+            "shard_id": shard.shard_id,
+            "provider_batch_id": shard.provider_batch_id or "",
+            "status": shard.status,
+            "provider_status": shard.raw_status or "",
+            "requests": shard.item_count,
+            "completed_requests": shard.completed_requests,
+            "failed_requests": shard.failed_requests,
+        },
+    )
+
+
+def _run_key(key: str) -> str:
+    """A run key: the key itself while short, else its hash."""
+    if len(key) <= 200:
+        return key
+    return f"{key.split(':', 1)[0]}-set:{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+
+
+def _partition_of(
+    run: dg.DagsterRun, specs: dict[str, PipelineSpec]
+) -> tuple[PipelineSpec, dt.date] | None:
+    """The pipeline and day a run worked on, from its asset selection and partition tag."""
+    partition = run.tags.get("dagster/partition")
+    keys = run.asset_selection or set()
+    names = {key.path[0] for key in keys if len(key.path) == 2 and key.path[1] in STEPS}
+    if partition is None or len(names) != 1:
+        return None
+    spec = specs.get(names.pop())
+    if spec is None:
+        return None
+    try:
+        return spec, dt.date.fromisoformat(partition)
+    except ValueError:
+        return None
+
+
+def _failed_checks(context: dg.RunFailureSensorContext) -> list[dg.AssetCheckEvaluation]:
+    """The run's checks that failed with ERROR severity (a gate)."""
+    records = context.instance.get_records_for_run(
+        context.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    ).records
+    evaluations = [record.event_log_entry.dagster_event.event_specific_data for record in records]
+    return [e for e in evaluations if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR]
+
+
+def _failure_reason(context: dg.RunFailureSensorContext) -> str | None:
+    """The failed checks and what they said, else the failed steps and why, else the run's
+    own failure message."""
+    checks = _failed_checks(context)
+    if checks:
+        return "; ".join(
+            f"{e.asset_key.to_user_string()} check {e.check_name} failed"
+            + (f": {e.description[:300]}" if e.description else "")
+            for e in checks
+        )
+    step_failures = context.get_step_failure_events()
+    if step_failures:
+        return "; ".join(f"{e.step_key}: {step_failure_reason(e)[:300]}" for e in step_failures)
+    return context.failure_event.message if context.failure_event else None
+
+
+def _cost_report_of(
+    context: dg.RunStatusSensorContext, key: dg.AssetKey
+) -> dg.EventLogRecord | None:
+    """The cost report the run wrote, if it wrote one: a run of a day still in flight skips
+    its cost report and succeeds without finishing the day."""
+    if key not in (context.dagster_run.asset_selection or set()):
+        return None
+    records = context.instance.get_records_for_run(
+        context.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+    ).records
+    return next((record for record in records if record.asset_key == key), None)
+
+
+def _reported_summary(record: dg.EventLogRecord) -> notify.PartitionSummary | None:
+    """The day's summary the cost report carries as metadata (None for a report without)."""
+    materialization = record.asset_materialization
+    value = materialization.metadata.get(DAY_SUMMARY_JSON) if materialization else None
+    if value is None:
+        return None
+    return notify.PartitionSummary.model_validate(value.value)
+
+
+WILL_RETRY_TAG = "dagster/will_retry"
+"""Set on a failed run by Dagster: "true" when run retries will launch it again."""
+
+
+def _failure_data(event: dg.DagsterEvent) -> dict[str, object]:
+    """The metadata a step's dg.Failure carried (empty for an error)."""
+    data = event.step_failure_data
+    if data is None or data.user_failure_data is None:
+        return {}
+    return {
+        name: getattr(value, "value", value)
+        for name, value in data.user_failure_data.metadata.items()
+    }
+
+
+def _carried_on(
+    context: dg.RunFailureSensorContext, spec: PipelineSpec, day: dt.date, ledger: LedgerResource
+) -> str | None:
+    """Why the failed run is not the day's outcome (something under way finishes the day),
+    or None when the failure is final. The rules are in the module docstring."""
+    run = context.dagster_run
+    if run.tags.get(WILL_RETRY_TAG) == "true":
+        return "Dagster retries the run"
+    failures = context.get_step_failure_events()
+    if failures and all(_failure_data(event).get("day_busy") for event in failures):
+        return "another run holds the day; its outcome is the day's"
+    try:
+        job = steps.existing_job(spec, day, ledger)
+    except steps.MissingPrerequisite:
+        return None
+    waiting = [s for s in ledger.shards(job.job_id, ["created"]) if s.round > 0]
+    if ledger.shards(job.job_id, IN_FLIGHT_STATES) or waiting:
+        return "items are still on their way; the batch-status sensor finishes the day"
+    return None
+
+
+def _notify_partition(
+    context: dg.RunStatusSensorContext,
+    by_name: dict[str, PipelineSpec],
+    ledger: LedgerResource,
+) -> None:
+    """Announce the day of a run that wrote a finished day's cost report, or whose failure is
+    final; log the summary once (a warning when it alerts or the day failed)."""
+    found = _partition_of(context.dagster_run, by_name)
+    if found is None:
+        return
+    spec, day = found
+    run_id = context.dagster_run.run_id
+    if isinstance(context, dg.RunFailureSensorContext):
+        carried_on = _carried_on(context, spec, day, ledger)
+        if carried_on:
+            context.log.info(f"{spec.name} {day}: run {run_id} failed; {carried_on}")
+            return
+        summary = notify.summarize(
+            spec, day, ledger, outcome="failed", reason=_failure_reason(context), run_id=run_id
+        )
+    else:
+        record = _cost_report_of(context, asset_key(spec, "cost_report"))
+        if record is None:
+            return
+        summary = _reported_summary(record) or notify.summarize(
+            spec, day, ledger, outcome="finished", run_id=run_id
+        )
+        if summary.open_items:
+            context.log.info(
+                f"{spec.name} {day}: run {run_id} reported the day with {summary.open_items} "
+                "items still open; the day is announced when it finishes"
+            )
+            return
+    announced = notify.announce(spec, summary, ledger)
+    if not announced.first:
+        context.log.info(
+            f"{spec.name} {day}: this day's {summary.outcome} summary was sent before "
+            f"(run {run_id} found it unchanged)"
+        )
+        return
+    alarming = summary.alerts or summary.outcome == "failed"
+    (context.log.warning if alarming else context.log.info)(summary.text())
+    if announced.error:
+        context.log.warning(f"{spec.name} {day}: notification not delivered: {announced.error}")
+
+
+_NOTIFICATIONS = (
+    (
+        "finished",
+        functools.partial(dg.run_status_sensor, run_status=dg.DagsterRunStatus.SUCCESS),
+        "When a run writes the cost report of a day with no open item: the day's summary (items, "
+        "dead letters by class, cost, duration, alerts), once per day state, to the log and the "
+        "spec's webhook.",
+    ),
+    (
+        "failed",
+        dg.run_failure_sensor,
+        "When a run of a day fails and nothing under way finishes the day: the day's summary "
+        "with the reason, once per day state, to the log and the spec's webhook.",
+    ),
+)
+"""Per outcome: the sensor decorator of the runs it summarizes and the sensor's description."""
+
+
+def build_notification_sensors(specs: list[PipelineSpec]) -> list[dg.SensorDefinition]:
+    """Summaries when a run finishes a day's cost report, or a run's failure is final."""
+    by_name = {spec.name: spec for spec in specs}
+    return [_notification_sensor(by_name, *notification) for notification in _NOTIFICATIONS]
+
+
+def _notification_sensor(
+    by_name: dict[str, PipelineSpec],
+    outcome: str,
+    sensor: Callable[..., Callable[..., dg.SensorDefinition]],
+    description: str,
+) -> dg.SensorDefinition:
+    @sensor(
+        name=f"llm_assets__partition_{outcome}",
+        description=description,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+    )
+    def notify_partition(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:
+        _notify_partition(context, by_name, ledger)
+
+    return notify_partition
