@@ -12,10 +12,9 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.defs.factory import asset_key, build_pipeline_assets
 from llm_assets.defs.new_data_sensor import build_new_data_sensor
-from llm_assets.defs.runner import SUBMIT_STEPS
 from llm_assets.defs.schedules import build_schedule, build_submit_job
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource
@@ -89,7 +88,7 @@ def test_the_new_data_sensor_fans_out_each_new_file_version_by_day(
         requests = sorted(first.run_requests, key=lambda r: r.partition_key or "")
         assert [r.partition_key for r in requests] == ["2026-11-03", "2026-11-04"]
         for request in requests:
-            assert set(request.asset_selection) == {asset_key(spec, s) for s in SUBMIT_STEPS}
+            assert set(request.asset_selection) == {asset_key(spec, s) for s in names.SUBMIT_ASSETS}
             assert request.run_key.startswith(f"{two_days}@")
             assert request.run_key.endswith(f":{request.partition_key}")
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.defs.cancel_job import build_cancel_job
 from llm_assets.resources.ledger import TERMINAL
 from tests.fakes.anthropic_server import FakeAnthropic
@@ -112,7 +112,6 @@ def test_cancel_mid_day_keeps_what_ran_and_requeue_finishes_the_day(
 def test_a_cancel_from_a_dagster_run_closes_unsent_shards_and_sensors_leave_the_day(
     day: tuple[Harness, Any],
 ) -> None:
-    from llm_assets.defs.runner import REPORT_STEPS
     from tests.test_automation_units import tick as new_data_tick
     from tests.test_sensors import tick as status_tick
 
@@ -144,8 +143,8 @@ def test_a_cancel_from_a_dagster_run_closes_unsent_shards_and_sensors_leave_the_
     requests = new_data_tick(harness.spec, harness.settings, harness.instance, None).run_requests
     assert DAY.isoformat() not in {r.partition_key for r in requests}
     [report] = status_tick(harness).run_requests
-    assert {key.path[-1] for key in report.asset_selection or []} == set(REPORT_STEPS)
-    assert harness.materialize(*REPORT_STEPS).success
+    assert {key.path[-1] for key in report.asset_selection or []} == set(names.REPORT_ASSETS)
+    assert harness.materialize(*names.REPORT_ASSETS).success
     assert status_tick(harness).run_requests == []
 
     requeued = steps.requeue_dead_letters(context(harness), classes={"cancelled"})

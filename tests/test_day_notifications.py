@@ -9,8 +9,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from llm_assets import names
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.runner import SUBMIT_STEPS
 from tests.day_notices import announce, loopback_webhook
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, make_harness
@@ -50,9 +50,9 @@ def test_a_day_blocked_by_the_quality_gate_is_announced_once_as_finished(
     harness: Harness, fake: FakeOpenAI, webhook: list[dict[str, Any]]
 ) -> None:
     fake.responder = garbage_for(GARBAGE)
-    submitted = harness.materialize(*SUBMIT_STEPS)
+    submitted = harness.materialize(*names.SUBMIT_ASSETS)
     assert submitted.success
-    announce(harness, submitted, SUBMIT_STEPS)
+    announce(harness, submitted, names.SUBMIT_ASSETS)
 
     runs = drive(harness)
 
@@ -97,9 +97,9 @@ def test_a_failure_that_waits_for_an_operator_is_announced_as_failed_once(
         tmp_path, database_url, fake, budget={"max_usd_per_partition": 0.000001}
     ):
         for _ in range(2):
-            run = harness.materialize(*SUBMIT_STEPS)
+            run = harness.materialize(*names.SUBMIT_ASSETS)
             assert not run.success
-            announce(harness, run, SUBMIT_STEPS)
+            announce(harness, run, names.SUBMIT_ASSETS)
 
         [post] = webhook
         summary = post["llm_assets"]

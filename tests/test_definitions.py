@@ -7,8 +7,8 @@ from pathlib import Path
 
 import dagster as dg
 
+from llm_assets import names
 from llm_assets.definitions import build_definitions
-from llm_assets.defs.factory import STEPS
 from llm_assets.util.settings import REPO_ROOT, Settings
 
 
@@ -18,8 +18,8 @@ def test_every_spec_becomes_a_partitioned_group_of_the_design_steps(tmp_path: Pa
 
     graph = defs.resolve_asset_graph()
     keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
-    assert {f"support_tickets/{step}" for step in STEPS} <= keys
-    for step in STEPS:
+    assert {f"support_tickets/{step}" for step in names.ASSETS} <= keys
+    for step in names.ASSETS:
         node = graph.get(dg.AssetKey(["support_tickets", step]))
         assert node.group_name == "support_tickets"
         assert isinstance(node.partitions_def, dg.DailyPartitionsDefinition)

@@ -9,9 +9,8 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.defs import checks
-from llm_assets.defs.factory import STEPS
 from llm_assets.resources.ledger import job_table
 from tests.test_cli import Env
 from tests.test_pipeline import DAY, Platform
@@ -39,7 +38,7 @@ def test_an_empty_day_is_snapshotted_and_skipped_and_a_day_with_rows_runs(
     assert empty.success
     assert materialized(empty) == {"input_snapshot"}
     skipped = {e.step_key for e in empty.all_events if e.event_type_value == "STEP_SKIPPED"}
-    assert skipped == {f"{spec.name}__{s}" for s in STEPS[2:]}
+    assert skipped == {f"{spec.name}__{s}" for s in names.ASSETS[2:]}
     assert not [e for e in empty.all_events if e.is_step_failure]
     [snapshot] = empty.asset_materializations_for_node(f"{spec.name}__input_snapshot")
     assert snapshot.metadata["no_source_rows"].value == "no source rows for 2026-11-08"
@@ -59,7 +58,7 @@ def test_an_empty_day_is_snapshotted_and_skipped_and_a_day_with_rows_runs(
     full = platform.materialize()
 
     assert full.success
-    assert materialized(full) == set(STEPS)
+    assert materialized(full) == set(names.ASSETS)
     [snapshot] = full.asset_materializations_for_node(f"{spec.name}__input_snapshot")
     assert "no_source_rows" not in snapshot.metadata
     [rows_check] = [
@@ -82,7 +81,7 @@ def test_rows_that_arrive_later_run_the_once_empty_day(platform: Platform) -> No
     result = platform.materialize(day=EMPTY)
 
     assert result.success
-    assert materialized(result) == set(STEPS)
+    assert materialized(result) == set(names.ASSETS)
     assert not steps.no_source_rows(spec, EMPTY, platform.storage)
     assert platform.ledger.get_job(steps.job_id_of(spec, EMPTY)) is not None
 

@@ -17,12 +17,11 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.defs.eval_jobs import (
     EVAL_PARTITION,
     build_eval_job,
     build_eval_report_asset,
-    eval_op_name,
     eval_report_key,
 )
 from llm_assets.evaluation.metrics import wilson_interval
@@ -572,7 +571,7 @@ def test_the_eval_job_runs_the_replay_and_records_the_report_as_a_partition(
         refreshed = instance.get_latest_materialization_event(key)
 
     [output] = [e.step_output_data.metadata for e in run.all_events if e.is_successful_output]
-    assert run.output_for_node(eval_op_name(world.spec), EVAL_PARTITION) == partition
+    assert run.output_for_node(names.eval_op(world.spec.name), EVAL_PARTITION) == partition
     sample = draw_sample(world.spec, DAYS, world.storage, size=9, seed=3)
     assert output["eval_id"].value == sample.eval_id
     assert output["sampled_items"].value == 9

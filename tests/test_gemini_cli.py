@@ -18,8 +18,8 @@ import pytest
 import yaml
 from google import genai
 
+from llm_assets import names
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.runner import IMPORT_STEPS
 from llm_assets.resources.ledger import LedgerResource, ShardRecord
 from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
 from tests import test_gemini_provider as gemini_tests
@@ -205,7 +205,7 @@ def test_the_sensor_records_gemini_progress_then_requests_the_import_of_ended_jo
     batch_ids = sorted(str(s.provider_batch_id) for s in shards)
     assert request.run_key == ",".join(batch_ids)
     assert request.partition_key == DAY.isoformat()
-    assert set(request.asset_selection) == {asset_key(harness.spec, s) for s in IMPORT_STEPS}
+    assert set(request.asset_selection) == {asset_key(harness.spec, s) for s in names.IMPORT_ASSETS}
     # The ticks asked for status alone, keyed and on Batch Mode's version: no download, no
     # list, no create.
     polls = fake.calls.entries()[submitted:]

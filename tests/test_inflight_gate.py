@@ -9,18 +9,18 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from llm_assets import names
 from llm_assets.defs.checks import OUTPUTS_COMPLETE, QUALITY_FAILURE_RATE
 from llm_assets.defs.factory import SKIPPED as SKIPPED_KEY
-from llm_assets.defs.factory import STEPS, asset_key, build_pipeline_assets, in_flight_reason
+from llm_assets.defs.factory import asset_key, build_pipeline_assets, in_flight_reason
 from llm_assets.defs.metadata import DAY_SUMMARY_JSON
-from llm_assets.defs.runner import GATED_STEPS, REPORT_STEPS
 from tests.day_notices import announce, loopback_webhook
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, make_harness, truthful
 from tests.test_sensors import tick
 
 pytestmark = [pytest.mark.one_database, pytest.mark.fake_server("openai", responder=truthful)]
-SKIPPED = (*GATED_STEPS, *REPORT_STEPS)
+SKIPPED = (*names.GATED_ASSETS, *names.REPORT_ASSETS)
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_reports_alone_while_in_flight_are_skipped_with_the_reason(
     open_items = harness.ledger.counts(harness.job_id()).open
     assert open_items == 24
 
-    for step in REPORT_STEPS:
+    for step in names.REPORT_ASSETS:
         result = harness.materialize(step)
 
         assert result.success, step
@@ -74,7 +74,7 @@ def test_materialize_all_while_in_flight_skips_validation_and_the_sensor_finishe
 ) -> None:
     fake.polls_per_state = 1000
 
-    result = harness.materialize(*STEPS)
+    result = harness.materialize(*names.ASSETS)
 
     assert result.success
     assert not [e for e in result.all_events if e.is_step_failure]
@@ -96,7 +96,7 @@ def test_materialize_all_while_in_flight_skips_validation_and_the_sensor_finishe
     ).records
     assert observed.asset_observation.metadata[SKIPPED_KEY].value == in_flight_reason(24)
     # The run succeeded without writing the cost report: the day is not announced as finished.
-    announce(harness, result, STEPS)
+    announce(harness, result, names.ASSETS)
     assert webhook == []
     # Publishing by hand before validation fails; the day goes on, so that is not its outcome.
     early = harness.materialize("published_outputs")
@@ -142,9 +142,9 @@ def test_materialize_all_while_in_flight_skips_validation_and_the_sensor_finishe
     assert metadata["day_summary"].value == post["text"].replace("\n", "\n\n")
 
     # The CLI reports the same day again: the same day state, not announced twice.
-    again = harness.materialize(*REPORT_STEPS)
+    again = harness.materialize(*names.REPORT_ASSETS)
     assert again.success
-    announce(harness, again, REPORT_STEPS)
+    announce(harness, again, names.REPORT_ASSETS)
     assert len(webhook) == 1
     [sent] = harness.ledger.sent_notifications(harness.spec.name, DAY)
     assert sent["run_id"] == summary["run_id"] and sent["delivery_error"] is None

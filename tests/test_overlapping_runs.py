@@ -15,8 +15,8 @@ from typing import Any
 import sqlalchemy as sa
 import yaml
 
+from llm_assets import names
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.runner import IMPORT_STEPS
 from llm_assets.resources.ledger import output_table
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, first_time, open_harness, provider_for, review_spec, truthful
@@ -86,9 +86,9 @@ def test_three_runs_and_the_sensor_on_one_day_send_and_bill_each_item_once(
         while sensor_imports == 0 and any(run.poll() is None for run in runs):
             for request in tick(harness).run_requests:
                 if set(request.asset_selection) == {
-                    asset_key(harness.spec, s) for s in IMPORT_STEPS
+                    asset_key(harness.spec, s) for s in names.IMPORT_ASSETS
                 }:
-                    assert harness.materialize(*IMPORT_STEPS).success
+                    assert harness.materialize(*names.IMPORT_ASSETS).success
                     sensor_imports += 1
         said = [run.communicate(timeout=600) for run in runs]
         creates = [

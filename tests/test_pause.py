@@ -12,12 +12,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.cli.main import main as cli_main
 from llm_assets.definitions import build_definitions
 from llm_assets.defs.factory import SKIPPED, asset_key, build_pipeline_assets
 from llm_assets.defs.new_data_sensor import build_new_data_sensor
-from llm_assets.defs.runner import GATED_STEPS, IMPORT_STEPS, REPORT_STEPS, SUBMIT_STEPS
 from llm_assets.defs.sensors import build_batch_status_sensor
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from tests.fakes.openai_server import FakeOpenAI
@@ -111,7 +110,7 @@ def test_a_run_that_meets_the_pause_submits_nothing_and_loses_no_day(
     pause(harness)
     status = build_batch_status_sensor(harness.spec)
 
-    run = harness.materialize(*SUBMIT_STEPS)
+    run = harness.materialize(*names.SUBMIT_ASSETS)
 
     assert run.success
     assert materialized(run) == {"input_snapshot", "request_shards"}
@@ -136,13 +135,13 @@ def test_a_run_that_meets_the_pause_submits_nothing_and_loses_no_day(
 def test_a_day_in_flight_when_paused_is_imported_and_finished(
     harness: Harness, fake: FakeOpenAI
 ) -> None:
-    assert harness.materialize(*SUBMIT_STEPS).success
+    assert harness.materialize(*names.SUBMIT_ASSETS).success
     sent = fake.submitted_custom_ids()
     assert len(sent) == len(harness.truth)
     pause(harness)
     status = build_batch_status_sensor(harness.spec)
 
-    for steps_of_run in (IMPORT_STEPS, GATED_STEPS, REPORT_STEPS):
+    for steps_of_run in (names.IMPORT_ASSETS, names.GATED_ASSETS, names.REPORT_ASSETS):
         [request] = tick(harness, status).run_requests
         assert {key.path[-1] for key in request.asset_selection or []} == set(steps_of_run)
         assert execute(harness, request).success
@@ -155,7 +154,7 @@ def test_a_day_in_flight_when_paused_is_imported_and_finished(
 
 def test_retries_wait_for_the_resume(harness: Harness, fake: FakeOpenAI) -> None:
     fake.line_fault = first_time({3: "5xx"})
-    assert harness.materialize(*SUBMIT_STEPS, *IMPORT_STEPS).success
+    assert harness.materialize(*names.SUBMIT_ASSETS, *names.IMPORT_ASSETS).success
     [retry] = harness.ledger.shards(harness.job_id(), ["created"])
     pause(harness)
     status = build_batch_status_sensor(harness.spec)
@@ -185,7 +184,7 @@ def test_a_pause_between_shards_stops_the_rest(
         return batch_id
 
     monkeypatch.setattr(OpenAIBatchProvider, "submit", submit_then_pause)
-    run = harness.materialize(*SUBMIT_STEPS)
+    run = harness.materialize(*names.SUBMIT_ASSETS)
 
     assert run.success
     assert "(1 shard submitted before the pause)" in skip_reason(harness, run, "provider_batches")

@@ -11,8 +11,8 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from llm_assets import steps
-from llm_assets.defs.factory import STEPS, asset_key, build_pipeline_assets
+from llm_assets import names, steps
+from llm_assets.defs.factory import asset_key, build_pipeline_assets
 from llm_assets.demo.data import generate_demo_data
 from llm_assets.resources.ledger import TERMINAL, LedgerResource, result_table
 from llm_assets.resources.providers.local import LocalProvider
@@ -59,7 +59,7 @@ class Platform:
 
     def materialize(
         self,
-        step_names: tuple[str, ...] = STEPS,
+        step_names: tuple[str, ...] = names.ASSETS,
         spec: PipelineSpec | None = None,
         day: dt.date = DAY,
     ) -> dg.ExecuteInProcessResult:
@@ -125,7 +125,7 @@ def test_a_day_end_to_end_leaves_one_terminal_row_per_snapshot_item(platform: Pl
     assert report["items"] == counts.total
     assert report["input_tokens"] == counts.input_tokens > 0
     assert report["output_tokens"] == counts.output_tokens > 0
-    for step in STEPS:
+    for step in names.ASSETS:
         metadata = platform.metadata(result, step)
         assert metadata["prompt_version"] == "v1"
         assert metadata["model"] == "all-MiniLM-L6-v2"
@@ -234,7 +234,7 @@ def test_rematerializing_any_step_changes_nothing(platform: Platform) -> None:
     batches = platform.provider_batches()
     shards = platform.ledger.shards(job.job_id)
 
-    for step in STEPS:
+    for step in names.ASSETS:
         result = platform.materialize((step,))
 
         after = sorted(

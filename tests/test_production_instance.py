@@ -20,6 +20,7 @@ import sqlalchemy as sa
 import yaml
 from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage
 
+from llm_assets import names
 from llm_assets.defs.factory import asset_key
 from llm_assets.resources.ledger import shard_table
 from llm_assets.resources.providers.local import LocalProvider
@@ -30,8 +31,7 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, Harness, provider_for, review_spec, truthful
 
 PARTITION = DAY.isoformat()
-SUBMIT_STEPS = ("input_snapshot", "request_shards", "provider_batches")
-WILL_RETRY_TAG = "dagster/will_retry"
+names.SUBMIT_ASSETS = ("input_snapshot", "request_shards", "provider_batches")
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_a_day_materializes_on_the_shipped_production_instance(
         reviews=12,
     )
 
-    result = harness.materialize(*SUBMIT_STEPS, "batch_results")
+    result = harness.materialize(*names.SUBMIT_ASSETS, "batch_results")
 
     assert result.success
     with reread(production_home) as stored:
@@ -108,7 +108,7 @@ def test_a_day_materializes_on_the_shipped_production_instance(
         assert record.dagster_run.run_id == result.run_id
         assert record.dagster_run.status == dg.DagsterRunStatus.SUCCESS
         assert record.dagster_run.tags["dagster/partition"] == PARTITION
-        for step in (*SUBMIT_STEPS, "batch_results"):
+        for step in (*names.SUBMIT_ASSETS, "batch_results"):
             key = asset_key(harness.spec, step)
             assert stored.get_materialized_partitions(key) == {PARTITION}, step
         submitted = metadata_of(stored, asset_key(harness.spec, "provider_batches"), result.run_id)
@@ -160,7 +160,7 @@ def test_a_failed_step_is_not_retried(
         assert run is not None
         assert run.status == dg.DagsterRunStatus.FAILURE
         assert run.tags["dagster/failure_reason"] == "STEP_FAILURE"
-        assert run.tags[WILL_RETRY_TAG] == "false"
+        assert run.tags[names.WILL_RETRY_TAG] == "false"
 
 
 def test_a_run_killed_after_paying_for_a_batch_is_retried_without_paying_again(
@@ -215,7 +215,7 @@ def test_a_run_killed_after_paying_for_a_batch_is_retried_without_paying_again(
         failed = instance.get_run_by_id(crashed.run_id)
         assert failed is not None
         assert failed.status == dg.DagsterRunStatus.FAILURE
-        assert failed.tags[WILL_RETRY_TAG] == "true"
+        assert failed.tags[names.WILL_RETRY_TAG] == "true"
         # Run monitoring then gives the dead run's pool slot back (free_slots_after_run_end_
         # seconds later); with one slot per provider the retry waits for exactly that.
         instance.event_log_storage.free_concurrency_slots_for_run(crashed.run_id)

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
+from llm_assets import names
 from llm_assets.definitions import build_definitions
 from llm_assets.defs.factory import asset_key, build_pipeline_assets
 from llm_assets.defs.retention_jobs import (
@@ -23,7 +24,6 @@ from llm_assets.defs.retention_jobs import (
     build_retention_schedule,
     retention_job_name,
 )
-from llm_assets.defs.runner import SUBMIT_STEPS
 from llm_assets.resources.ledger import ShardRecord, result_table, utcnow
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
@@ -207,7 +207,7 @@ def test_an_anthropic_batch_still_processing_is_not_deleted(
     spec = review_spec("anthropic", "claude-haiku-4-5")
     fake.polls_per_state = 1000
     with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
-        assert harness.materialize(*SUBMIT_STEPS).success
+        assert harness.materialize(*names.SUBMIT_ASSETS).success
         [shard, *_] = harness.ledger.shards(harness.job_id())
         files = shard_files(shard)
 
@@ -371,7 +371,7 @@ def three_days(
             instance=harness.instance,
             resources=harness.resources,
             partition_key=OPEN.isoformat(),
-            selection=[asset_key(harness.spec, s) for s in SUBMIT_STEPS],
+            selection=[asset_key(harness.spec, s) for s in names.SUBMIT_ASSETS],
         )
         assert submitted.success
         age_day(harness, OLD, 30)

@@ -3,9 +3,9 @@
 import dagster as dg
 import pytest
 
+from llm_assets import names
 from llm_assets.defs import sensors
 from llm_assets.defs.factory import asset_key, build_pipeline_assets
-from llm_assets.defs.runner import GATED_STEPS, IMPORT_STEPS, REPORT_STEPS
 from llm_assets.defs.sensors import build_batch_status_sensor
 from tests import test_anthropic_provider as anthropic_tests
 from tests.fakes.anthropic_server import FakeAnthropic
@@ -62,7 +62,7 @@ def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
     [request] = result.run_requests
     assert request.partition_key == DAY.isoformat()
     assert request.run_key == ",".join(sorted(s.provider_batch_id for s in shards))
-    assert set(request.asset_selection) == {asset_key(harness.spec, s) for s in IMPORT_STEPS}
+    assert set(request.asset_selection) == {asset_key(harness.spec, s) for s in names.IMPORT_ASSETS}
 
     retrieves = [c for c in fake.calls.entries() if c["method"] == "GET"]
     assert all("/results" not in c["path"] for c in retrieves)
@@ -70,15 +70,15 @@ def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
     assert harness.materialize("batch_results").success
     [finish] = tick(harness).run_requests
     assert finish.run_key.startswith(f"finish:{harness.job_id()}:3:")
-    assert set(finish.asset_selection) == {asset_key(harness.spec, s) for s in GATED_STEPS}
+    assert set(finish.asset_selection) == {asset_key(harness.spec, s) for s in names.GATED_ASSETS}
     assert [r.run_key for r in tick(harness).run_requests] == [finish.run_key]
     # The report follows once validation has run for the day, whatever its checks said;
     # then the day is done and asks for nothing more.
-    assert harness.materialize(*GATED_STEPS).success
+    assert harness.materialize(*names.GATED_ASSETS).success
     [report] = tick(harness).run_requests
     assert report.run_key == finish.run_key.replace("finish:", "report:", 1)
-    assert set(report.asset_selection) == {asset_key(harness.spec, s) for s in REPORT_STEPS}
-    assert harness.materialize(*REPORT_STEPS).success
+    assert set(report.asset_selection) == {asset_key(harness.spec, s) for s in names.REPORT_ASSETS}
+    assert harness.materialize(*names.REPORT_ASSETS).success
     assert tick(harness).run_requests == []
     ended = {
         e.metadata["shard_id"].value: e.metadata["completed_requests"].value

@@ -37,8 +37,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.wait import WebDriverWait
 
+from llm_assets import names
 from llm_assets.defs import checks
-from llm_assets.defs.factory import SKIPPED, STEPS
+from llm_assets.defs.factory import SKIPPED
 from llm_assets.demo.data import generate_demo_data
 from llm_assets.demo.run import DEMO_START
 from llm_assets.spec.load import load_specs
@@ -383,13 +384,15 @@ def open_check(
 
 def test_asset_graph_shows_every_step_with_its_checks(browser: WebDriver, ui: Ui) -> None:
     open_page(browser, ui, f"/locations/__repository__@llm_assets/asset-groups/{PIPELINE}", 820)
-    wait_for(browser, ui, "every step in the graph", lambda b: [graph_node(b, s) for s in STEPS])
+    wait_for(
+        browser, ui, "every step in the graph", lambda b: [graph_node(b, s) for s in names.ASSETS]
+    )
     wait_for(browser, ui, "the graph to settle", Settled(lambda b: graph_node(b, "cost_report")))
 
     def loaded_nodes(b: WebDriver) -> dict[str, tuple[str, set[str]]] | None:
         """Each node's text and linked runs, once every node shows its latest run."""
         nodes = {}
-        for step in STEPS:
+        for step in names.ASSETS:
             node = graph_node(b, step)
             nodes[step] = (node.text, linked_runs(node))
         return nodes if all(runs for _, runs in nodes.values()) else None

@@ -7,7 +7,7 @@ import datetime as dt
 import dagster as dg
 import pydantic
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.spec.model import PipelineSpec
 
@@ -22,15 +22,11 @@ class CancelConfig(dg.Config):
     reason: str = pydantic.Field(default="cancelled from the Dagster UI")
 
 
-def cancel_job_name(spec: PipelineSpec) -> str:
-    return f"{spec.name}__cancel"
-
-
 def build_cancel_job(spec: PipelineSpec) -> dg.JobDefinition:
     provider_key = provider_resource_key(spec.model.provider)
 
     @dg.op(
-        name=f"{spec.name}__cancel_day",
+        name=names.cancel_op(spec.name),
         required_resource_keys={"ledger", "storage", provider_key},
     )
     def cancel_day(context: dg.OpExecutionContext, config: CancelConfig) -> None:
@@ -64,11 +60,11 @@ def build_cancel_job(spec: PipelineSpec) -> dg.JobDefinition:
         )
 
     @dg.job(
-        name=cancel_job_name(spec),
+        name=names.cancel_job(spec.name),
         description=f"Cancel a day of {spec.name} (or some of its shards): provider batches "
         "in flight are cancelled, unsent shards closed; what the batches answered is kept and "
         "the rest become `cancelled` dead letters that `llm-assets requeue` can send again.",
-        tags={"llm_assets/operator": "cancel"},
+        tags={names.OPERATOR_TAG: "cancel"},
     )
     def cancel_job() -> None:
         cancel_day()

@@ -23,8 +23,8 @@ import dagster as dg
 import pydantic
 from rich.progress import Progress
 
-from llm_assets import steps
-from llm_assets.defs.factory import APPROVE_BUDGET_TAG, CREATED_BY_TAG, started_by
+from llm_assets import names, steps
+from llm_assets.defs.factory import started_by
 from llm_assets.defs.runner import failure_of, persistent_instance
 from llm_assets.evaluation.replay import Replay, replay
 from llm_assets.evaluation.report import EvalReport, build_report
@@ -69,14 +69,6 @@ EVAL_PARTITION = "eval_report_partition"
 """The eval job's output: the partition of eval_report it recorded."""
 
 
-def eval_job_name(spec: PipelineSpec) -> str:
-    return f"{spec.name}__eval"
-
-
-def eval_op_name(spec: PipelineSpec) -> str:
-    return f"{spec.name}__eval_replay"
-
-
 def eval_days(spec: PipelineSpec, start: str, end: str) -> list[dt.date]:
     """The days from `start` to `end`, or ValueError saying what is wrong with them."""
     try:
@@ -111,11 +103,11 @@ def variant_table(result: Replay) -> str:
 
 
 def eval_partitions(spec: PipelineSpec) -> dg.DynamicPartitionsDefinition:
-    return dg.DynamicPartitionsDefinition(name=f"{spec.name}__evals")
+    return dg.DynamicPartitionsDefinition(name=names.evals(spec.name))
 
 
 def eval_report_key(spec: PipelineSpec) -> dg.AssetKey:
-    return dg.AssetKey([spec.name, "eval_report"])
+    return dg.AssetKey(names.asset_path(spec.name, names.EVAL_REPORT))
 
 
 def report_metadata(report: EvalReport, uris: dict[str, str]) -> dict[str, Any]:
@@ -205,12 +197,12 @@ def build_eval_report_asset(spec: PipelineSpec) -> dg.AssetsDefinition:
         key=eval_report_key(spec),
         # A group of its own: the pipeline's group stays daily-partitioned throughout, so
         # "Materialize all" there launches the day's steps and not an eval.
-        group_name=f"{spec.name}__evals",
+        group_name=names.evals(spec.name),
         partitions_def=eval_partitions(spec),
         required_resource_keys={"ledger", "storage", *provider_keys},
         description=f"Evaluations of {spec.name}'s variants: each scored on the same sample "
         "of past items, costed, and the cheapest that meets the bar recommended. A partition "
-        f"is one eval, added by the {eval_job_name(spec)} job.",
+        f"is one eval, added by the {names.eval_job(spec.name)} job.",
         tags=spec.tags,
     )
     def eval_report(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
@@ -219,7 +211,7 @@ def build_eval_report_asset(spec: PipelineSpec) -> dg.AssetsDefinition:
         if request is None:
             raise dg.Failure(
                 description=f"no eval {key!r} of {spec.name} was run; launch "
-                f"{eval_job_name(spec)} to run one",
+                f"{names.eval_job(spec.name)} to run one",
                 allow_retries=False,
             )
         _, report, ran_as, uris = _evaluate(
@@ -228,7 +220,7 @@ def build_eval_report_asset(spec: PipelineSpec) -> dg.AssetsDefinition:
         if ran_as != key:
             raise dg.Failure(
                 description=f"a variant of eval {key} is configured differently now, so it "
-                f"would be eval {ran_as}; launch {eval_job_name(spec)} to run that one",
+                f"would be eval {ran_as}; launch {names.eval_job(spec.name)} to run that one",
                 allow_retries=False,
             )
         return dg.MaterializeResult(metadata=report_metadata(report, uris))
@@ -242,7 +234,7 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
     provider_keys = {provider_resource_key(name) for name in ADAPTERS}
 
     @dg.op(
-        name=eval_op_name(spec),
+        name=names.eval_op(spec.name),
         required_resource_keys={"ledger", "storage", *provider_keys},
         description=f"Replay a seeded sample of {spec.name}'s days through its variants.",
         out={EVAL_PARTITION: dg.Out(str, description="The eval's partition of eval_report.")},
@@ -258,7 +250,7 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
             seed=spec.eval.seed if config.seed is None else config.seed,
             variants=config.variants,
         )
-        tagged = context.run.tags.get(APPROVE_BUDGET_TAG, "").lower() in ("1", "true", "yes")
+        tagged = context.run.tags.get(names.APPROVE_BUDGET_TAG, "").lower() in ("1", "true", "yes")
         result, report, key, uris = _evaluate(
             context,
             spec,
@@ -289,12 +281,12 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
         )
 
     @dg.job(
-        name=eval_job_name(spec),
+        name=names.eval_job(spec.name),
         description=f"Evaluate {spec.name}: a seeded sample of its days' input snapshots, the "
         "same items for the baseline and every variant named, each run through the normal "
         "steps as its own eval pipeline, scored and recorded as a partition of eval_report. "
         "Nothing is published. Run config: from, to, sample, seed, variants.",
-        tags={"llm_assets/operator": "eval"},
+        tags={names.OPERATOR_TAG: "eval"},
     )
     def eval_job() -> None:
         eval_replay()
@@ -316,14 +308,14 @@ def run_eval_job(
     is in the UI as when the job is launched there; `config` is its run config. Returns the
     eval's partition of eval_report and the run id; StepFailed (its gate set when a gate
     blocked the eval) when the run fails. `display` shows the eval's progress."""
-    tags = {CREATED_BY_TAG: created_by}
+    tags = {names.CREATED_BY_TAG: created_by}
     if approve_budget:
-        tags[APPROVE_BUDGET_TAG] = "true"
+        tags[names.APPROVE_BUDGET_TAG] = "true"
     with _showing(display, spec):
         result = _execute(settings, spec, config, tags, resources)
     if not result.success:
         raise failure_of(result)
-    return result.output_for_node(eval_op_name(spec), EVAL_PARTITION), result.run_id
+    return result.output_for_node(names.eval_op(spec.name), EVAL_PARTITION), result.run_id
 
 
 @contextlib.contextmanager
@@ -351,7 +343,7 @@ def _execute(
 ) -> dg.ExecuteInProcessResult:
     return build_eval_job(spec).execute_in_process(
         run_config={
-            "ops": {eval_op_name(spec): {"config": config}},
+            "ops": {names.eval_op(spec.name): {"config": config}},
             "loggers": {"console": {"config": {"log_level": "INFO"}}},
         },
         instance=persistent_instance(settings),

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import dagster as dg
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.defs import checks
 from llm_assets.defs import metadata as asset_metadata
 from llm_assets.resources.ledger import DayBusy, LostLock, ShardMismatch
@@ -25,19 +25,6 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import stuck
 from llm_assets.util.settings import Settings
 
-STEPS = (
-    "input_snapshot",
-    "request_shards",
-    "provider_batches",
-    "batch_results",
-    "validated_outputs",
-    "published_outputs",
-    "qa_sample",
-    "dead_letter",
-    "cost_report",
-)
-APPROVE_BUDGET_TAG = "llm_assets/approve_budget"
-CREATED_BY_TAG = "llm_assets/created_by"
 _R = TypeVar("_R")
 _OWNER = re.compile(r"^(team:[A-Za-z0-9_-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
 
@@ -50,17 +37,17 @@ class BudgetApproval(dg.Config):
 
 def started_by(context: dg.AssetExecutionContext | dg.OpExecutionContext) -> str:
     """Who started the run, for the ledger: its created_by tag, else the run itself."""
-    return context.run.tags.get(CREATED_BY_TAG) or f"dagster run {context.run_id}"
+    return context.run.tags.get(names.CREATED_BY_TAG) or f"dagster run {context.run_id}"
 
 
 def approval_of(context: dg.AssetExecutionContext, config: BudgetApproval) -> tuple[bool, str]:
     """Approved by the run config or the run tag, and by whom (for the ledger)."""
-    tagged = context.run.tags.get(APPROVE_BUDGET_TAG, "").lower() in ("1", "true", "yes")
+    tagged = context.run.tags.get(names.APPROVE_BUDGET_TAG, "").lower() in ("1", "true", "yes")
     return config.approve_budget or tagged, started_by(context)
 
 
 def asset_key(spec: PipelineSpec, step: str) -> dg.AssetKey:
-    return dg.AssetKey([spec.name, step])
+    return dg.AssetKey(names.asset_path(spec.name, step))
 
 
 def partitions_for(spec: PipelineSpec) -> dg.DailyPartitionsDefinition:
@@ -200,7 +187,7 @@ class _Pipeline:
                     **{k: v for k, v in self.common.items() if k != "partitions_def"},
                 )
             ],
-            name=f"{self.spec.name}__{step}",
+            name=names.asset_op(self.spec.name, step),
             partitions_def=self.common["partitions_def"],
             required_resource_keys={"ledger", "storage"},
             check_specs=self.partitioned(check_specs),
@@ -225,11 +212,13 @@ class _Pipeline:
 
 def _input_snapshot(pipe: _Pipeline) -> dg.AssetsDefinition:
     @pipe.asset(
-        "input_snapshot",
+        names.INPUT_SNAPSHOT,
         description=f"Immutable, content-hashed snapshot of {pipe.spec.name}'s source rows "
         "for the day.",
         kinds={"jsonl"},
-        check_specs=pipe.partitioned([checks.source_rows_check_spec(pipe.key("input_snapshot"))]),
+        check_specs=pipe.partitioned(
+            [checks.source_rows_check_spec(pipe.key(names.INPUT_SNAPSHOT))]
+        ),
     )
     def input_snapshot(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context)
@@ -251,8 +240,8 @@ def _input_snapshot(pipe: _Pipeline) -> dg.AssetsDefinition:
 
 def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
     @pipe.asset(
-        "request_shards",
-        after=["input_snapshot"],
+        names.REQUEST_SHARDS,
+        after=[names.INPUT_SNAPSHOT],
         provider=True,
         description="JSONL request shards with stable custom_ids, a token and cost estimate and "
         "the budget gate; bad input is dead-lettered here. A day with no source rows gets no "
@@ -261,8 +250,8 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
         code_version=pipe.spec.prompt_code_version,
         check_specs=pipe.partitioned(
             [
-                checks.budget_check_spec(pipe.key("request_shards")),
-                checks.compliance_check_spec(pipe.key("request_shards")),
+                checks.budget_check_spec(pipe.key(names.REQUEST_SHARDS)),
+                checks.compliance_check_spec(pipe.key(names.REQUEST_SHARDS)),
             ]
         ),
         output_required=False,
@@ -270,7 +259,7 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
     def request_shards(
         context: dg.AssetExecutionContext, config: BudgetApproval
     ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
-        created_by = context.run.tags.get(CREATED_BY_TAG, "dagster")
+        created_by = context.run.tags.get(names.CREATED_BY_TAG, "dagster")
         ctx = pipe.context(context, provider=True, created_by=created_by)
         if _empty_day(context, ctx):
             yield checks.empty_day_budget_check(steps.no_source_rows_reason(ctx.day))
@@ -306,8 +295,8 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
 
 def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
     @pipe.asset(
-        "provider_batches",
-        after=["request_shards"],
+        names.PROVIDER_BATCHES,
+        after=[names.REQUEST_SHARDS],
         provider=True,
         description="Submits shards to the provider (never twice, never over budget); returns "
         "without waiting. Skipped, with who paused it and why, while the pipeline is paused.",
@@ -331,7 +320,7 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
         except steps.PipelinePaused as paused:
             # An operator's choice, not an error: the day is not submitted (nor are the later
             # steps of this run); what is in flight is still imported by the sensor.
-            yield _skipped(context, pipe.key("provider_batches"), str(paused))
+            yield _skipped(context, pipe.key(names.PROVIDER_BATCHES), str(paused))
             return
         yield dg.MaterializeResult(metadata=asset_metadata.submit_metadata(pipe.spec, result))
 
@@ -349,15 +338,15 @@ def _stuck_check(ctx: steps.StepContext) -> dg.AssetCheckResult:
 
 def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
     @pipe.asset(
-        "batch_results",
-        after=["provider_batches"],
+        names.BATCH_RESULTS,
+        after=[names.PROVIDER_BATCHES],
         provider=True,
         description="Imports ended batches by custom_id and plans retries of what is still open.",
         kinds={pipe.spec.model.provider},
         check_specs=pipe.partitioned(
             [
-                *checks.batch_results_check_specs(pipe.key("batch_results")),
-                checks.stuck_check_spec(pipe.key("batch_results")),
+                *checks.batch_results_check_specs(pipe.key(names.BATCH_RESULTS)),
+                checks.stuck_check_spec(pipe.key(names.BATCH_RESULTS)),
             ]
         ),
     )
@@ -386,12 +375,14 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
     day once every item is terminal."""
 
     @pipe.skippable(
-        "validated_outputs",
-        after=["batch_results"],
+        names.VALIDATED_OUTPUTS,
+        after=[names.BATCH_RESULTS],
         description="Results that pass the pydantic and pandera gate, as Parquet with "
         "lineage; skipped while items are still in flight.",
         kinds={"parquet", "pandera"},
-        check_specs=checks.validated_outputs_check_specs(pipe.spec, pipe.key("validated_outputs")),
+        check_specs=checks.validated_outputs_check_specs(
+            pipe.spec, pipe.key(names.VALIDATED_OUTPUTS)
+        ),
     )
     def validated_outputs(
         context: dg.AssetExecutionContext,
@@ -399,7 +390,7 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
         ctx = pipe.context(context)
         reason = _still_in_flight(ctx)
         if reason:
-            yield _skipped(context, pipe.key("validated_outputs"), reason)
+            yield _skipped(context, pipe.key(names.VALIDATED_OUTPUTS), reason)
             return
         _run_step(lambda: steps.record_gate(ctx, ctx.job().job_id, [steps.UNFINISHED]))
         result: steps.ValidateResult = _run_step(lambda: steps.validate_outputs(ctx))
@@ -408,7 +399,7 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
         steps.record_gate(ctx, result.job_id, checks.publication_blockers(evaluated))
         yield from _selected_results(
             context,
-            pipe.key("validated_outputs"),
+            pipe.key(names.VALIDATED_OUTPUTS),
             evaluated,
             asset_metadata.validated_metadata(pipe.spec, result),
         )
@@ -475,7 +466,7 @@ class _ReportingStep(Generic[_R]):
     description: str
     kinds: frozenset[str]
     skip: Callable[[steps.StepContext], str | None]
-    after: tuple[str, ...] = ("validated_outputs",)
+    after: tuple[str, ...] = (names.VALIDATED_OUTPUTS,)
 
     def __call__(self, pipe: _Pipeline) -> dg.AssetsDefinition:
         @pipe.asset(
@@ -501,13 +492,13 @@ class _ReportingStep(Generic[_R]):
 
 def _cost_report(pipe: _Pipeline) -> dg.AssetsDefinition:
     @pipe.skippable(
-        "cost_report",
-        after=["validated_outputs", "dead_letter"],
+        names.COST_REPORT,
+        after=[names.VALIDATED_OUTPUTS, names.DEAD_LETTER],
         description="Tokens and cost per item, shard, job and the pipeline's days and months, "
         "with the batch discount, retry overhead, estimate error and drift; written once "
         "every item of the day is terminal.",
         kinds={"json", "markdown"},
-        check_specs=[checks.cost_drift_check_spec(pipe.key("cost_report"))],
+        check_specs=[checks.cost_drift_check_spec(pipe.key(names.COST_REPORT))],
     )
     def cost_report(
         context: dg.AssetExecutionContext,
@@ -515,12 +506,12 @@ def _cost_report(pipe: _Pipeline) -> dg.AssetsDefinition:
         ctx = pipe.context(context)
         reason = _still_in_flight(ctx)
         if reason:
-            yield _skipped(context, pipe.key("cost_report"), reason)
+            yield _skipped(context, pipe.key(names.COST_REPORT), reason)
             return
         report: steps.CostReport = _run_step(lambda: steps.cost_report(ctx))
         yield from _selected_results(
             context,
-            pipe.key("cost_report"),
+            pipe.key(names.COST_REPORT),
             [checks.cost_drift_check(report.drift)],
             asset_metadata.cost_metadata(pipe.spec, report, ctx.day),
         )
@@ -535,7 +526,7 @@ _BUILDERS: tuple[Callable[[_Pipeline], dg.AssetsDefinition], ...] = (
     _batch_results,
     _validated_outputs,
     _ReportingStep(
-        "published_outputs",
+        names.PUBLISHED_OUTPUTS,
         steps.publish_outputs,
         asset_metadata.published_metadata,
         "The hand-off to consumers; skipped, with the reason, while the quality gate "
@@ -544,7 +535,7 @@ _BUILDERS: tuple[Callable[[_Pipeline], dg.AssetsDefinition], ...] = (
         _publication_blocked,
     ),
     _ReportingStep(
-        "qa_sample",
+        names.QA_SAMPLE,
         steps.qa_sample,
         asset_metadata.sample_metadata,
         "Validated rows drawn with a fixed seed per partition, for spot checks.",
@@ -552,21 +543,21 @@ _BUILDERS: tuple[Callable[[_Pipeline], dg.AssetsDefinition], ...] = (
         _publication_blocked,
     ),
     _ReportingStep(
-        "dead_letter",
+        names.DEAD_LETTER,
         steps.export_dead_letters,
         asset_metadata.dead_letter_metadata,
         "Every item that will not succeed, with its class and reason; written once every "
         "item of the day is terminal.",
         frozenset({"jsonl"}),
         _still_in_flight,
-        after=("request_shards", "batch_results", "validated_outputs"),
+        after=(names.REQUEST_SHARDS, names.BATCH_RESULTS, names.VALIDATED_OUTPUTS),
     ),
     _cost_report,
 )
 
 
 def build_pipeline_assets(spec: PipelineSpec, settings: Settings) -> list[dg.AssetsDefinition]:
-    """The nine step assets of one spec (STEPS, in graph order): snapshot, shards,
+    """The nine step assets of one spec (names.ASSETS, in graph order): snapshot, shards,
     submission, import, validation, then publishing, QA sample, dead letters and cost."""
     pipe = _Pipeline(spec=spec, source_uri=settings.resolve_source_uri(spec.source.uri))
     return [build(pipe) for build in _BUILDERS]

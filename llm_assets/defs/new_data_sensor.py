@@ -8,18 +8,13 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.defs.factory import asset_key, partitions_for
-from llm_assets.defs.runner import SUBMIT_STEPS
 from llm_assets.items.source import FileDays, file_days, list_source_files
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings, sensor_interval
-
-
-def new_data_sensor_name(spec: PipelineSpec) -> str:
-    return f"{spec.name}__new_data"
 
 
 def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDefinition:
@@ -35,11 +30,11 @@ def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDe
     and keeps its cursor, so the files that came meanwhile are requested after the resume.
     """
     source = settings.resolve_source_uri(spec.source.uri)
-    submit_keys = [asset_key(spec, step) for step in SUBMIT_STEPS]
+    submit_keys = [asset_key(spec, step) for step in names.SUBMIT_ASSETS]
     partitions = partitions_for(spec)
 
     @dg.sensor(
-        name=new_data_sensor_name(spec),
+        name=names.new_data_sensor(spec.name),
         description=f"Watches {spec.source.uri} and submits each day a new or changed file has "
         "rows for (run key: file, version and day).",
         minimum_interval_seconds=sensor_interval(settings, 30),
@@ -143,10 +138,10 @@ def _file_requests(
         )
     return [
         dg.RunRequest(
-            run_key=f"{uri}@{version}:{day.isoformat()}",
+            run_key=names.new_file_run_key(uri, version, day.isoformat()),
             partition_key=day.isoformat(),
-            asset_selection=[asset_key(spec, step) for step in SUBMIT_STEPS],
-            tags={"llm_assets/source_file": uri[-200:]},
+            asset_selection=[asset_key(spec, step) for step in names.SUBMIT_ASSETS],
+            tags={names.SOURCE_FILE_TAG: uri[-200:]},
         )
         for day in due
     ]

@@ -3,7 +3,7 @@ UI's Launchpad, do what `llm-assets pause` and `resume` do (see steps/pause.py).
 
 import dagster as dg
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.defs.factory import started_by
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.spec.model import PipelineSpec
@@ -31,7 +31,7 @@ def build_pause_jobs(spec: PipelineSpec) -> list[dg.JobDefinition]:
     pipeline = spec.name
 
     @dg.op(
-        name=f"pause_{pipeline}",
+        name=names.pause_op(pipeline),
         required_resource_keys={"ledger"},
         description=f"Pause {pipeline}: nothing new is submitted until it is resumed.",
     )
@@ -44,7 +44,7 @@ def build_pause_jobs(spec: PipelineSpec) -> list[dg.JobDefinition]:
         return dg.Output(None, metadata={**metadata, "already_paused": not made})
 
     @dg.op(
-        name=f"resume_{pipeline}",
+        name=names.resume_op(pipeline),
         required_resource_keys={"ledger"},
         description=f"Resume {pipeline}: submissions go on.",
     )
@@ -55,7 +55,7 @@ def build_pause_jobs(spec: PipelineSpec) -> list[dg.JobDefinition]:
         return dg.Output(None, metadata={"paused": False, "was_paused": ended is not None})
 
     @dg.job(
-        name=steps.pause_job_name(pipeline),
+        name=names.pause_job(pipeline),
         description=f"Pause {pipeline}: no sensor, schedule, backfill or CLI run submits "
         "anything for it until it is resumed; batches in flight are still imported and their "
         "days finished. Run config: reason (and by).",
@@ -64,7 +64,7 @@ def build_pause_jobs(spec: PipelineSpec) -> list[dg.JobDefinition]:
         pause()
 
     @dg.job(
-        name=steps.resume_job_name(pipeline),
+        name=names.resume_job(pipeline),
         description=f"Resume {pipeline}: the sensors submit what waited while it was paused.",
     )
     def resume_job() -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import dagster as dg
 import pydantic
 
+from llm_assets import names
 from llm_assets.compliance.expiry import Expiry, expire_days, ledger_words
 from llm_assets.compliance.retention import ProviderFileDeletions, delete_provider_files
 from llm_assets.resources.ledger import LedgerResource
@@ -76,10 +77,6 @@ def apply_retention(
     return RetentionRun(expiry=expiry, provider_files=files)
 
 
-def retention_job_name(spec: PipelineSpec) -> str:
-    return f"{spec.name}__retention"
-
-
 class RetentionConfig(dg.Config):
     dry_run: bool = pydantic.Field(
         default=False, description="Log what would be deleted, delete nothing."
@@ -90,7 +87,7 @@ def build_retention_job(spec: PipelineSpec) -> dg.JobDefinition:
     provider_key = provider_resource_key(spec.model.provider)
 
     @dg.op(
-        name=f"{spec.name}__apply_retention",
+        name=names.retention_op(spec.name),
         required_resource_keys={"ledger", "storage", provider_key},
     )
     def apply(context: dg.OpExecutionContext, config: RetentionConfig) -> None:
@@ -120,12 +117,12 @@ def build_retention_job(spec: PipelineSpec) -> dg.JobDefinition:
         )
 
     @dg.job(
-        name=retention_job_name(spec),
+        name=names.retention_job(spec.name),
         description=f"Expire {spec.name}'s days finished more than "
         f"{spec.retention.artifacts_days} day(s) ago: their {', '.join(spec.retention.artifacts)}, "
         "the ledger's answers, outputs and pseudonyms, and their evals' data (days with open "
         "work are never touched); and delete provider files left after import.",
-        tags={"llm_assets/operator": "retention"},
+        tags={names.OPERATOR_TAG: "retention"},
     )
     def retention_job() -> None:
         apply()
@@ -138,7 +135,7 @@ def build_retention_schedule(spec: PipelineSpec) -> dg.ScheduleDefinition | None
     if spec.retention.artifacts_days is None:
         return None
     return dg.ScheduleDefinition(
-        name=f"{spec.name}__retention_schedule",
+        name=names.retention_schedule(spec.name),
         cron_schedule=RETENTION_CRON,
         execution_timezone=spec.partitions.timezone,
         job=build_retention_job(spec),

@@ -17,11 +17,9 @@ import dagster as dg
 from pydantic import BaseModel
 from rich.progress import Progress, TaskID
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.defs.checks import CHECK_GATES
 from llm_assets.defs.factory import (
-    APPROVE_BUDGET_TAG,
-    CREATED_BY_TAG,
     asset_key,
     build_pipeline_assets,
 )
@@ -36,16 +34,12 @@ from llm_assets.util.failpoints import failpoint
 from llm_assets.util.progress import ProgressFn, listening
 from llm_assets.util.settings import Settings
 
-SUBMIT_STEPS = ("input_snapshot", "request_shards", "provider_batches")
-IMPORT_STEPS = ("batch_results",)
-GATED_STEPS = ("validated_outputs", "published_outputs", "qa_sample")
-REPORT_STEPS = ("dead_letter", "cost_report")
 ASSETS_OF: dict[steps.Step, tuple[str, ...]] = {
-    steps.Step.BUILD: SUBMIT_STEPS,
-    steps.Step.SUBMIT: ("provider_batches",),
-    steps.Step.IMPORT: IMPORT_STEPS,
-    steps.Step.VALIDATE: GATED_STEPS,
-    steps.Step.REPORT: REPORT_STEPS,
+    steps.Step.BUILD: names.SUBMIT_ASSETS,
+    steps.Step.SUBMIT: (names.PROVIDER_BATCHES,),
+    steps.Step.IMPORT: names.IMPORT_ASSETS,
+    steps.Step.VALIDATE: names.GATED_ASSETS,
+    steps.Step.REPORT: names.REPORT_ASSETS,
 }
 """The assets a run materializes to carry out each of the lifecycle's heavy actions."""
 
@@ -160,9 +154,9 @@ class PartitionRunner:
     def materialize(
         self, day: dt.date, step_names: Sequence[str], progress: ProgressFn | None = None
     ) -> str:
-        tags = {CREATED_BY_TAG: f"cli:{getpass.getuser()}"}
+        tags = {names.CREATED_BY_TAG: f"cli:{getpass.getuser()}"}
         if self.approve_budget:
-            tags[APPROVE_BUDGET_TAG] = "true"
+            tags[names.APPROVE_BUDGET_TAG] = "true"
         with listening(progress):
             result = self._materialize(day, step_names, tags)
         if not result.success:
@@ -237,7 +231,7 @@ class PartitionRunner:
             raise StepFailed(paused, gate="paused")
         run_ids: list[str] = []
         day_driver = self.driver(day, run_ids, progress)
-        run_ids.append(self.materialize(day, SUBMIT_STEPS, progress))
+        run_ids.append(self.materialize(day, names.SUBMIT_ASSETS, progress))
         if steps.no_source_rows(self.spec, day, self.storage):
             # request_shards made no job: there is nothing to wait for, import or report.
             return DayOutcome(

@@ -12,19 +12,15 @@ import zoneinfo
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
+from llm_assets import names
 from llm_assets.defs.factory import asset_key, partitions_for
-from llm_assets.defs.runner import SUBMIT_STEPS
 from llm_assets.spec.model import PipelineSpec
-
-
-def submit_job_name(spec: PipelineSpec) -> str:
-    return f"{spec.name}__submit"
 
 
 def build_submit_job(spec: PipelineSpec) -> UnresolvedAssetJobDefinition:
     return dg.define_asset_job(
-        submit_job_name(spec),
-        selection=[asset_key(spec, step) for step in SUBMIT_STEPS],
+        names.submit_job(spec.name),
+        selection=[asset_key(spec, step) for step in names.SUBMIT_ASSETS],
         partitions_def=partitions_for(spec),
         description=f"Snapshot, shard and submit one day of {spec.name}; backfill it for a "
         "date range (one provider job per day). The batch-status sensor does the rest.",
@@ -39,7 +35,7 @@ def build_schedule(
     zone = zoneinfo.ZoneInfo(spec.partitions.timezone)
 
     @dg.schedule(
-        name=f"{spec.name}__schedule",
+        name=names.submit_schedule(spec.name),
         cron_schedule=spec.automation.schedule,
         execution_timezone=spec.partitions.timezone,
         job=job,
@@ -54,6 +50,6 @@ def build_schedule(
         if latest < spec.partitions.start_date:
             return dg.SkipReason(f"no complete day since {spec.partitions.start_date} yet")
         day = latest.isoformat()
-        return dg.RunRequest(run_key=f"schedule:{day}", partition_key=day)
+        return dg.RunRequest(run_key=names.scheduled_run_key(day), partition_key=day)
 
     return submit_latest_day

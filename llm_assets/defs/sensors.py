@@ -41,15 +41,14 @@ When a day is announced:
 
 import datetime as dt
 import functools
-import hashlib
 import time
 from collections.abc import Callable
 
 import dagster as dg
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.defs import checks
-from llm_assets.defs.factory import STEPS, asset_key
+from llm_assets.defs.factory import asset_key
 from llm_assets.defs.metadata import DAY_SUMMARY_JSON
 from llm_assets.defs.runner import ASSETS_OF, step_failure_reason
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
@@ -72,20 +71,16 @@ SENSOR = "sensor"
 """Who the batch-status sensor's own writes (cancels, closes, reconciliations) are by."""
 
 
-def batch_status_sensor_name(spec: PipelineSpec) -> str:
-    return f"{spec.name}__batch_status"
-
-
 def build_batch_status_sensor(
     spec: PipelineSpec, settings: Settings | None = None
 ) -> dg.SensorDefinition:
     provider_key = provider_resource_key(spec.model.provider)
     keys = {step: [asset_key(spec, name) for name in names] for step, names in ASSETS_OF.items()}
-    submit_key = asset_key(spec, "provider_batches")
-    results_key = asset_key(spec, "batch_results")
+    submit_key = asset_key(spec, names.PROVIDER_BATCHES)
+    results_key = asset_key(spec, names.BATCH_RESULTS)
 
     @dg.sensor(
-        name=batch_status_sensor_name(spec),
+        name=names.batch_status_sensor(spec.name),
         description=f"Asks the lifecycle what each open day of {spec.name} (and of its evals) "
         "does next: polls in-flight provider batches, cancels and closes what a cancel left, "
         "and requests the runs that import, submit retries and finish days.",
@@ -226,9 +221,9 @@ def _request(
     state, so each is requested once."""
     tags = {}
     if action.step == steps.Step.IMPORT and action.shard_ids:
-        tags["llm_assets/provider_batches"] = action.key[:200]
+        tags[names.PROVIDER_BATCHES_TAG] = action.key[:200]
     return dg.RunRequest(
-        run_key=_run_key(action.key),
+        run_key=names.lifecycle_run_key(action.key),
         partition_key=day.ctx.day.isoformat(),
         asset_selection=keys[action.step],
         tags=tags,
@@ -252,20 +247,13 @@ def _observation(submit_key: dg.AssetKey, shard: ShardRecord, day: dt.date) -> d
     )
 
 
-def _run_key(key: str) -> str:
-    """A run key: the key itself while short, else its hash."""
-    if len(key) <= 200:
-        return key
-    return f"{key.split(':', 1)[0]}-set:{hashlib.sha256(key.encode()).hexdigest()[:32]}"
-
-
 def _partition_of(
     run: dg.DagsterRun, specs: dict[str, PipelineSpec]
 ) -> tuple[PipelineSpec, dt.date] | None:
     """The pipeline and day a run worked on, from its asset selection and partition tag."""
     partition = run.tags.get("dagster/partition")
     keys = run.asset_selection or set()
-    names = {key.path[0] for key in keys if len(key.path) == 2 and key.path[1] in STEPS}
+    names = {key.path[0] for key in keys if len(key.path) == 2 and key.path[1] in names.ASSETS}
     if partition is None or len(names) != 1:
         return None
     spec = specs.get(names.pop())
@@ -324,7 +312,6 @@ def _reported_summary(record: dg.EventLogRecord) -> notify.PartitionSummary | No
     return notify.PartitionSummary.model_validate(value.value)
 
 
-WILL_RETRY_TAG = "dagster/will_retry"
 """Set on a failed run by Dagster: "true" when run retries will launch it again."""
 
 
@@ -345,7 +332,7 @@ def _carried_on(
     """Why the failed run is not the day's outcome (something under way finishes the day),
     or None when the failure is final. The rules are in the module docstring."""
     run = context.dagster_run
-    if run.tags.get(WILL_RETRY_TAG) == "true":
+    if run.tags.get(names.WILL_RETRY_TAG) == "true":
         return "Dagster retries the run"
     failures = context.get_step_failure_events()
     if failures and all(_failure_data(event).get("day_busy") for event in failures):
@@ -381,7 +368,7 @@ def _notify_partition(
             spec, day, ledger, outcome="failed", reason=_failure_reason(context), run_id=run_id
         )
     else:
-        record = _cost_report_of(context, asset_key(spec, "cost_report"))
+        record = _cost_report_of(context, asset_key(spec, names.COST_REPORT))
         if record is None:
             return
         summary = _reported_summary(record) or notify.summarize(
@@ -437,7 +424,7 @@ def _notification_sensor(
     description: str,
 ) -> dg.SensorDefinition:
     @sensor(
-        name=f"llm_assets__partition_{outcome}",
+        name=names.outcome_sensor(outcome),
         description=description,
         default_status=dg.DefaultSensorStatus.RUNNING,
     )

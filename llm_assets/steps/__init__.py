@@ -66,12 +66,10 @@ from llm_assets.steps.online import OnlineInterrupted, ledger_row, run_online_sh
 from llm_assets.steps.pause import (
     PAUSED,
     PipelinePaused,
-    pause_job_name,
     pause_reason,
     pause_words,
     paused_text,
     refuse_if_paused,
-    resume_job_name,
     resume_words,
 )
 from llm_assets.steps.reports import (
@@ -158,7 +156,6 @@ __all__ = [
     "job_for",
     "job_id_of",
     "ledger_row",
-    "pause_job_name",
     "pause_reason",
     "pause_words",
     "paused_text",
@@ -166,7 +163,6 @@ __all__ = [
     "refuse_if_paused",
     "refuse_outside_regions",
     "residency_places",
-    "resume_job_name",
     "resume_words",
     "line_custom_id",
     "line_offsets",

@@ -18,19 +18,12 @@ so a submit run that met the pause (a backfill, a run requested just before it) 
 import datetime as dt
 from collections.abc import Sequence
 
+from llm_assets import names
 from llm_assets.resources.ledger import LedgerResource, PipelinePause, ShardRecord
 from llm_assets.resources.providers.base import ShardState
 from llm_assets.steps.context import StepContext
 from llm_assets.steps.lifecycle import PAUSED
 from llm_assets.util.words import plural
-
-
-def pause_job_name(pipeline: str) -> str:
-    return f"{pipeline}__pause"
-
-
-def resume_job_name(pipeline: str) -> str:
-    return f"{pipeline}__resume"
 
 
 def _paused_by(pause: PipelinePause) -> str:
@@ -44,7 +37,7 @@ def paused_text(pause: PipelinePause) -> str:
     why = f": {pause.reason}" if pause.reason else " (no reason given)"
     return (
         f"{_paused_by(pause)}{why}; resume with "
-        f"`llm-assets resume {pause.pipeline}` or the {resume_job_name(pause.pipeline)} job"
+        f"`llm-assets resume {pause.pipeline}` or the {names.resume_job(pause.pipeline)} job"
     )
 
 
