@@ -232,7 +232,9 @@ def day_lock(
 
 
 @contextlib.contextmanager
-def quota_lock(engine: Engine, quota: str, *, holder: str, wait_seconds: float) -> Iterator[bool]:
+def quota_lock(
+    engine: Engine, quota: str, *, holder: str, wait_seconds: float = 60.0
+) -> Iterator[bool]:
     """Hold the right to admit a shard under one provider quota (`quota` names it): runs
     admit one shard at a time, each seeing what the one before it sent. Yields False when
     another run kept it for `wait_seconds`. Not fenced: it orders admissions, and the writes

@@ -1,4 +1,10 @@
-"""LedgerResource: the one Dagster resource over the ledger, a thin front to its modules."""
+"""LedgerResource: the one Dagster resource over the ledger, a thin front to its modules.
+
+Almost every method is a function of one module of this package, one module per concern,
+called on the resource's engine: jobs, items, results, shards, locks, budget (where a budget
+is reserved), reporting, retention, notifications, quotas, pauses, pseudonyms, outputs. Look
+there for what a method does; what is written out here adds only the resource's own config.
+"""
 
 import contextlib
 import datetime as dt
@@ -27,17 +33,12 @@ from llm_assets.resources.ledger import (
     results,
     retention,
     schema,
-    shards,
 )
+from llm_assets.resources.ledger import shards as shard_rows
 from llm_assets.resources.ledger.bulk import BackgroundWriter
-from llm_assets.resources.ledger.records import (
-    JobCounts,
-    JobRecord,
-    ShardRecord,
-    UpsertStats,
-)
+from llm_assets.resources.ledger.records import UpsertStats
 from llm_assets.resources.ledger.tables import REQUEUE_SHARD, RETRY_SHARD, result_table
-from llm_assets.results.rows import DEAD_LETTER, RETRY, SUBMITTED, ResultStager, StagedResults
+from llm_assets.results.rows import DEAD_LETTER, RETRY, SUBMITTED, ResultStager
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -136,43 +137,30 @@ class LedgerResource(dg.ConfigurableResource):
 
     get_or_create_job = _on_engine(jobs.get_or_create_job)
 
-    def get_job(self, job_id: str) -> JobRecord | None:
-        return jobs.get_job(self.engine, job_id)
+    get_job = _on_engine(jobs.get_job)
 
-    def jobs_for_partition(self, pipeline: str, partition_date: dt.date) -> list[JobRecord]:
-        return jobs.jobs_for_partition(self.engine, pipeline, partition_date)
+    jobs_for_partition = _on_engine(jobs.jobs_for_partition)
 
-    def update_job(self, job_id: str, **values: Any) -> None:
-        jobs.update_job(self.engine, job_id, **values)
+    update_job = _on_engine(jobs.update_job)
 
-    def refresh_job(self, job_id: str) -> JobCounts:
-        """Recompute a job's totals and status from its items."""
-        return jobs.refresh_job(self.engine, job_id)
+    refresh_job = _on_engine(jobs.refresh_job)
 
-    def earlier_jobs(self, pipeline: str, before: dt.date, partitions: int) -> list[JobRecord]:
-        return jobs.earlier_jobs(self.engine, pipeline, before, partitions)
+    earlier_jobs = _on_engine(jobs.earlier_jobs)
 
     # Items
 
     known_items = _on_engine(items.known_items)
     custom_ids_by_source = _on_engine(items.custom_ids_by_source)
 
-    def add_items(self, new_items: Iterable[dict[str, Any]]) -> int:
-        """Insert item rows (e.g. input dead letters); existing (job_id, custom_id) are kept."""
-        return items.add_items(self.engine, new_items)
+    add_items = _on_engine(items.add_items)
 
-    def analyze(self) -> None:
-        items.analyze(self.engine)
+    analyze = _on_engine(items.analyze)
 
-    def set_item_errors(
-        self, job_id: str, rows: Iterable[dict[str, Any]], *, from_status: Sequence[str]
-    ) -> int:
-        return items.set_item_errors(self.engine, job_id, rows, from_status=from_status)
+    set_item_errors = _on_engine(items.set_item_errors)
 
     iter_items = _on_engine(items.iter_items)
 
-    def counts(self, job_id: str) -> JobCounts:
-        return items.counts(self.engine, job_id)
+    counts = _on_engine(items.counts)
 
     def reassign_items_to_shard(
         self, job_id: str, shard: dict[str, Any], lines: Sequence[tuple[str, int]]
@@ -220,17 +208,7 @@ class LedgerResource(dg.ConfigurableResource):
         staged = results.stage_results(self.result_stager(), rows)
         return self.upsert_staged(job_id, staged, writer=writer, shard_id=shard_id)
 
-    def upsert_staged(
-        self,
-        job_id: str,
-        chunks: Iterable[StagedResults],
-        *,
-        writer: BackgroundWriter | None = None,
-        shard_id: str | None = None,
-    ) -> UpsertStats:
-        """Apply staged results by custom_id, in chunks, never over a terminal row (see
-        results.upsert_staged)."""
-        return results.upsert_staged(self.engine, job_id, chunks, writer=writer, shard_id=shard_id)
+    upsert_staged = _on_engine(results.upsert_staged)
 
     # Shards
 
@@ -244,48 +222,25 @@ class LedgerResource(dg.ConfigurableResource):
     ) -> int:
         """Record a new shard, its items and their pseudonyms in one transaction; returns
         items inserted."""
-        return shards.add_shard_with_items(
+        return shard_rows.add_shard_with_items(
             self.engine, shard, items, pseudonyms, stale_pseudonyms=stale_pseudonyms
         )
 
-    def shards(self, job_id: str, statuses: Iterable[str] | None = None) -> list[ShardRecord]:
-        return shards.shards(self.engine, job_id, statuses)
+    shards = _on_engine(shard_rows.shards)
 
-    def get_shard(self, shard_id: str) -> ShardRecord | None:
-        return shards.get_shard(self.engine, shard_id)
+    get_shard = _on_engine(shard_rows.get_shard)
 
-    def next_round(self, job_id: str) -> int:
-        return shards.next_round(self.engine, job_id)
+    next_round = _on_engine(shard_rows.next_round)
 
-    def update_shard(
-        self, shard_id: str, *, expect_status: Iterable[str] | None = None, **values: Any
-    ) -> bool:
-        """Compare-and-set on the shard's status; returns whether the row changed."""
-        return shards.update_shard(self.engine, shard_id, expect_status=expect_status, **values)
+    update_shard = _on_engine(shard_rows.update_shard)
 
-    def mark_started(self, shard_id: str) -> bool:
-        """Record that the provider began the shard's batch; True for the one call that did."""
-        return shards.mark_started(self.engine, shard_id)
+    mark_started = _on_engine(shard_rows.mark_started)
 
-    @contextlib.contextmanager
-    def submission_lock(
-        self, shard_id: str, *, holder: str = "", wait_seconds: float = 0.0
-    ) -> Iterator[bool]:
-        """Hold the right to submit one shard; yields False when another process holds it."""
-        with locks.submission_lock(
-            self.engine, shard_id, holder=holder, wait_seconds=wait_seconds
-        ) as got:
-            yield got
+    submission_lock = _on_engine(locks.submission_lock)
 
-    @contextlib.contextmanager
-    def quota_lock(self, quota: str, *, holder: str, wait_seconds: float = 60.0) -> Iterator[bool]:
-        """Hold the right to admit a shard under one provider quota (see locks.quota_lock)."""
-        with locks.quota_lock(self.engine, quota, holder=holder, wait_seconds=wait_seconds) as got:
-            yield got
+    quota_lock = _on_engine(locks.quota_lock)
 
-    def submission_held(self, shard_id: str) -> bool:
-        """Whether another run holds the shard's submission lock now."""
-        return locks.is_held(self.engine, shard_id)
+    submission_held = _on_engine(locks.is_held)
 
     @contextlib.contextmanager
     def day_lock(
@@ -307,43 +262,17 @@ class LedgerResource(dg.ConfigurableResource):
         ):
             yield
 
-    def count_pending(self, shard_id: str) -> int:
-        return shards.count_pending(self.engine, shard_id)
+    count_pending = _on_engine(shard_rows.count_pending)
 
-    def pending_offsets(self, shard_id: str) -> dict[str, int | None]:
-        return shards.pending_offsets(self.engine, shard_id)
+    pending_offsets = _on_engine(shard_rows.pending_offsets)
 
-    def narrow_shard(self, shard_id: str, lines: Sequence[tuple[str, int]], **values: Any) -> None:
-        """A shard not sent yet, rewritten with only its pending items' lines."""
-        shards.narrow_shard(self.engine, shard_id, lines, **values)
+    narrow_shard = _on_engine(shard_rows.narrow_shard)
 
-    def record_submit_intent(self, shard_id: str, price_json: str) -> None:
-        """The shard is about to be sent: recorded durably before the create call."""
-        shards.record_submit_intent(self.engine, shard_id, price_json)
+    record_submit_intent = _on_engine(shard_rows.record_submit_intent)
 
-    def mark_submitted(self, shard_id: str, provider_batch_id: str, status: str) -> bool:
-        """Record the shard's batch; False when it has one recorded already."""
-        return shards.mark_submitted(self.engine, shard_id, provider_batch_id, status)
+    mark_submitted = _on_engine(shard_rows.mark_submitted)
 
-    def close_shard(
-        self,
-        shard_id: str,
-        *,
-        from_status: Sequence[str],
-        items: dict[str, Any],
-        expect_status: Iterable[str] | None = None,
-        uncount_attempt: bool = False,
-        **values: Any,
-    ) -> tuple[int, bool]:
-        return shards.close_shard(
-            self.engine,
-            shard_id,
-            from_status=from_status,
-            items=items,
-            expect_status=expect_status,
-            uncount_attempt=uncount_attempt,
-            **values,
-        )
+    close_shard = _on_engine(shard_rows.close_shard)
 
     # Budget
 
@@ -355,46 +284,29 @@ class LedgerResource(dg.ConfigurableResource):
         with self.engine.connect() as conn:
             return budget.spent_since(conn, pipeline, since)
 
-    def committed_cost(self, job_id: str) -> float:
-        return budget.committed_cost(self.engine, job_id)
+    committed_cost = _on_engine(budget.committed_cost)
 
     # Reporting
 
-    def shard_totals(self, job_id: str) -> list[dict[str, Any]]:
-        return reporting.shard_totals(self.engine, job_id)
+    shard_totals = _on_engine(reporting.shard_totals)
 
-    def estimate_accuracy(self, job_id: str) -> float | None:
-        return reporting.estimate_accuracy(self.engine, job_id)
+    estimate_accuracy = _on_engine(reporting.estimate_accuracy)
 
-    def output_tokens_per_billed_item(self, job_ids: Sequence[str]) -> dict[str, float]:
-        return reporting.output_tokens_per_billed_item(self.engine, job_ids)
+    output_tokens_per_billed_item = _on_engine(reporting.output_tokens_per_billed_item)
 
-    def job_cost_rows(
-        self, pipeline: str, start: dt.date | None = None, end: dt.date | None = None
-    ) -> list[dict[str, Any]]:
-        return reporting.job_cost_rows(self.engine, pipeline, start, end)
+    job_cost_rows = _on_engine(reporting.job_cost_rows)
 
-    def pipeline_shards(
-        self, pipeline: str, statuses: Iterable[str]
-    ) -> list[tuple[ShardRecord, dt.date]]:
-        return reporting.pipeline_shards(self.engine, pipeline, statuses)
+    pipeline_shards = _on_engine(reporting.pipeline_shards)
 
-    def finished_jobs(
-        self, pipeline: str, since: dt.datetime
-    ) -> list[tuple[JobRecord, int, dt.datetime]]:
-        return reporting.finished_jobs(self.engine, pipeline, since)
+    finished_jobs = _on_engine(reporting.finished_jobs)
 
-    def active_jobs(self, pipeline: str, since: dt.datetime) -> list[JobRecord]:
-        return reporting.active_jobs(self.engine, pipeline, since)
+    active_jobs = _on_engine(reporting.active_jobs)
 
-    def recent_provider_batch_ids(self, provider: str, since: dt.datetime) -> frozenset[str]:
-        return reporting.recent_provider_batch_ids(self.engine, provider, since)
+    recent_provider_batch_ids = _on_engine(reporting.recent_provider_batch_ids)
 
-    def missing_results(self, job_id: str, limit: int = 1000) -> list[str]:
-        return reporting.missing_results(self.engine, job_id, limit)
+    missing_results = _on_engine(reporting.missing_results)
 
-    def iter_dead_letters(self, job_id: str) -> Iterator[dict[str, Any]]:
-        return reporting.iter_dead_letters(self.engine, job_id)
+    iter_dead_letters = _on_engine(reporting.iter_dead_letters)
 
     # Retention
 
@@ -436,15 +348,8 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Outputs
 
-    @contextlib.contextmanager
-    def replacing_outputs(self, job_id: str) -> Iterator[outputs.OutputWriter]:
-        """Replace a job's validated outputs as a whole (see outputs.replacing_outputs)."""
-        with outputs.replacing_outputs(self.engine, job_id) as write:
-            yield write
+    replacing_outputs = _on_engine(outputs.replacing_outputs)
 
-    def recent_outputs(
-        self, pipeline: str, before: dt.date, partitions: int
-    ) -> Iterator[dict[str, Any]]:
-        return outputs.recent_outputs(self.engine, pipeline, before, partitions)
+    recent_outputs = _on_engine(outputs.recent_outputs)
 
     job_outputs = _on_engine(outputs.job_outputs)
