@@ -8,7 +8,11 @@ import dagster as dg
 from llm_assets.resources.ledger import JobCounts
 from llm_assets.results import quality
 from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps.budget import BudgetGate
+from llm_assets.steps.compliance import ComplianceGate
+from llm_assets.steps.reports import Drift
 from llm_assets.steps.tables import case_table, shown_of
+from llm_assets.steps.validate import ValidateResult
 
 NO_MISSING_RESULTS = "no_missing_results"
 NO_DUPLICATE_RESULTS = "no_duplicate_results"
@@ -175,7 +179,7 @@ def validated_outputs_check_specs(spec: PipelineSpec, key: dg.AssetKey) -> list[
 
 
 def validated_outputs_checks(
-    spec: PipelineSpec, result: Any, schema_failures: Sequence[dict[str, Any]]
+    spec: PipelineSpec, result: ValidateResult, schema_failures: Sequence[dict[str, Any]]
 ) -> list[dg.AssetCheckResult]:
     """Check results of one validated_outputs materialization (see validate_outputs)."""
     checks = [
@@ -206,7 +210,7 @@ def _output_schema_check(schema_failures: Sequence[dict[str, Any]]) -> dg.AssetC
     )
 
 
-def _quality_failure_rate_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
+def _quality_failure_rate_check(spec: PipelineSpec, result: ValidateResult) -> dg.AssetCheckResult:
     limit = spec.quality.max_failure_rate
     cases = case_table(
         result.failure_cases, total=result.quality_dead_letters, what="quality failures"
@@ -228,7 +232,7 @@ def _quality_failure_rate_check(spec: PipelineSpec, result: Any) -> dg.AssetChec
     )
 
 
-def _outputs_complete_check(result: Any) -> dg.AssetCheckResult:
+def _outputs_complete_check(result: ValidateResult) -> dg.AssetCheckResult:
     missing = len(result.missing_results)
     return _gate_result(
         OUTPUTS_COMPLETE,
@@ -271,7 +275,7 @@ def publication_blockers(results: Sequence[dg.AssetCheckResult]) -> list[str]:
     return found
 
 
-def _low_confidence_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
+def _low_confidence_check(spec: PipelineSpec, result: ValidateResult) -> dg.AssetCheckResult:
     share = (result.low_confidence_rows or 0) / result.valid_rows if result.valid_rows else 0.0
     return _result(
         LOW_CONFIDENCE_SHARE,
@@ -286,7 +290,7 @@ def _low_confidence_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResul
     )
 
 
-def _label_shift_check(spec: PipelineSpec, result: Any) -> dg.AssetCheckResult:
+def _label_shift_check(spec: PipelineSpec, result: ValidateResult) -> dg.AssetCheckResult:
     """Passes with total_variation null and a `not_compared` sentence when there is nothing
     to compare: no earlier outputs, or no valid rows today."""
     shift = result.label_shift
@@ -337,7 +341,7 @@ def budget_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
     )
 
 
-def budget_check(gate: Any) -> dg.AssetCheckResult:
+def budget_check(gate: BudgetGate) -> dg.AssetCheckResult:
     """The result of steps.budget_gate as a blocking check; the limit and the approval are
     left out when the spec sets no limit or nobody approved the day (`reason` says which)."""
     limit = {} if gate.limit_usd is None else {"max_usd_per_partition": gate.limit_usd}
@@ -370,7 +374,7 @@ def compliance_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
     )
 
 
-def compliance_check(gate: Any, personal_data: dict[str, int]) -> dg.AssetCheckResult:
+def compliance_check(gate: ComplianceGate, personal_data: dict[str, int]) -> dg.AssetCheckResult:
     """steps.compliance_gate as a blocking check, with what this run found by entity type
     and action (counts only, never values)."""
     return _result(
@@ -403,7 +407,7 @@ def cost_drift_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
     )
 
 
-def cost_drift_check(drift: Any) -> dg.AssetCheckResult:
+def cost_drift_check(drift: Drift) -> dg.AssetCheckResult:
     """Passes with a `not_compared` sentence when there is no history to compare with."""
     rows = [
         {
