@@ -20,7 +20,7 @@ from typing import Self
 import yaml
 from pydantic import BaseModel, ConfigDict, StrictStr, model_validator
 
-CORPUS_FILE = "demo_corpus.yaml"
+CORPUS_FILE = "corpus.yaml"
 CATEGORIES: tuple[str, ...] = (
     "billing",
     "technical_issue",
@@ -132,7 +132,7 @@ class DemoCorpus(BaseModel):
 @functools.cache
 def corpus() -> DemoCorpus:
     """The corpus shipped in the package (read once per process)."""
-    text = resources.files("llm_assets").joinpath(CORPUS_FILE).read_text(encoding="utf-8")
+    text = resources.files("llm_assets.demo").joinpath(CORPUS_FILE).read_text(encoding="utf-8")
     return DemoCorpus.model_validate(yaml.safe_load(text))
 
 
