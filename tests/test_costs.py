@@ -191,7 +191,7 @@ def test_openai_counts_are_exact_and_the_rest_approximated() -> None:
 def test_the_fast_encoder_is_tiktoken_with_its_own_rules_and_counts_like_the_reference(
     tmp_path: Path,
 ) -> None:
-    """tokens.py builds tiktoken's encoder offline; its split patterns and special tokens must
+    """items/tokens.py builds tiktoken's encoder offline; its split patterns and special tokens must
     stay tiktoken's, and its counts the reference implementation's, on hard text."""
     from unittest import mock
 

@@ -15,7 +15,7 @@
   quality gate stops publication. An eval's days are polled and cancelled here; their
   steps are the eval run's.
 - `llm_assets__partition_finished` / `llm_assets__partition_failed` announce a day's outcome
-  once (notify.py): the summary is claimed in the ledger by its fingerprint before it is
+  once (steps/notify.py): the summary is claimed in the ledger by its fingerprint before it is
   sent, so repeated report runs of the same day state (the CLI's and the sensor's), sensor
   ticks and daemons send it once; a day that changes (a requeue finishes it again) is
   announced again.

@@ -1,6 +1,6 @@
 """The words of the demo's support tickets, and the values that fill their templates.
 
-The text lives in `demo_corpus.yaml`, shipped in the package; the generator (demo_data.py)
+The text lives in `corpus.yaml`, shipped in the package; the generator (data.py)
 decides how a ticket is put together. Keeping the words as data lets the pools grow without
 touching code. The model checks on load that every category and every tone has its pools and
 that every value is a string, so a gap, or a value YAML read as a number, fails at once and
@@ -79,7 +79,7 @@ class PersonalData(BaseModel):
 
 
 class DemoCorpus(BaseModel):
-    """Every table of `demo_corpus.yaml`; pools are tuples so `random` draws from them as is."""
+    """Every table of `corpus.yaml`; pools are tuples so `random` draws from them as is."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -21,7 +21,7 @@ A few problem templates mention the customer's e-mail address too. The truth fil
 picked with a random stream of their own, so every other ticket reads as it would without them.
 
 This module decides how tickets are put together; their words come from the corpus
-(demo_corpus.py), so the same seed gives the same bytes only with the same corpus.
+(corpus.py), so the same seed gives the same bytes only with the same corpus.
 """
 
 import dataclasses

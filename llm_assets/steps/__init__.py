@@ -1,6 +1,6 @@
 """What each asset does, as plain functions over the ledger, storage and a provider.
 
-Assets (factory.py), the CLI, the sensors and the benchmarks call these with one
+Assets (defs/factory.py), the CLI, the sensors and the benchmarks call these with one
 StepContext (pipeline spec, day, ledger, storage, provider). Keeping them free of Dagster
 makes each step's idempotency easy to see and to test: every step can run again at any point
 and converges on the same ledger state. One module per stage:

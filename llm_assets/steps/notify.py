@@ -2,7 +2,7 @@
 
 A `PartitionSummary` is built from the ledger (`summarize`). The cost report carries the
 day's summary as its metadata (`day_summary`, `outcome`), and the notification sensors
-(sensors.py) announce a day with the same summary: `announce` claims the summary's
+(defs/sensors.py) announce a day with the same summary: `announce` claims the summary's
 fingerprint in the ledger, and only the claimer posts it, when the spec's webhook variable
 is set, as Slack-compatible JSON (`{"text": ...}`, which Slack, Mattermost, Rocket.Chat and
 Teams' incoming-webhook bridges accept). So one day state is announced once, whichever runs,
