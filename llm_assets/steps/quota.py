@@ -1,9 +1,9 @@
 """Provider quotas nobody declared: how much a provider admits in flight for one model,
 learned from what it does, and shards admitted by it one at a time.
 
-A quota counts either prompt tokens enqueued (OpenAI's, Gemini's) or batches in progress
-(Anthropic's processing batches, Bedrock's jobs per model); each provider says which it meets
-(`BatchProvider.quota_kind`). What the ledger learned of it (`QuotaRecord`, one per provider,
+A quota counts either prompt tokens enqueued (OpenAI's) or batches in progress (Anthropic's
+processing batches, Gemini's batches, Bedrock's jobs per model); each provider says which it
+meets (`BatchProvider.quota_kind`). What the ledger learned of it (`QuotaRecord`, one per provider,
 account, model and kind) is shared by every run, day and process, and changes only by these
 rules, pure functions of the record and what was observed:
 
