@@ -75,7 +75,7 @@ def build_batch_status_sensor(
     spec: PipelineSpec, settings: Settings | None = None
 ) -> dg.SensorDefinition:
     provider_key = provider_resource_key(spec.model.provider)
-    keys = {step: [asset_key(spec, name) for name in names] for step, names in ASSETS_OF.items()}
+    keys = {step: [asset_key(spec, a) for a in assets] for step, assets in ASSETS_OF.items()}
     submit_key = asset_key(spec, names.PROVIDER_BATCHES)
     results_key = asset_key(spec, names.BATCH_RESULTS)
 
@@ -253,10 +253,10 @@ def _partition_of(
     """The pipeline and day a run worked on, from its asset selection and partition tag."""
     partition = run.tags.get("dagster/partition")
     keys = run.asset_selection or set()
-    names = {key.path[0] for key in keys if len(key.path) == 2 and key.path[1] in names.ASSETS}
-    if partition is None or len(names) != 1:
+    pipelines = {key.path[0] for key in keys if len(key.path) == 2 and key.path[1] in names.ASSETS}
+    if partition is None or len(pipelines) != 1:
         return None
-    spec = specs.get(names.pop())
+    spec = specs.get(pipelines.pop())
     if spec is None:
         return None
     try:
