@@ -1,9 +1,10 @@
-"""The package's modules import each other without cycles, counting imports inside functions.
+"""The package's layers, read from its imports: no module imports itself through others
+(counting imports inside functions and those for the type checker alone), the domain packages
+never import the Dagster wiring, the command line or the demo, and the plain packages never
+import Dagster.
 
 A function-level import defers a heavy dependency for the command line's start-up; it never
-breaks a cycle, so the graph here counts it like any other. Imports under `if TYPE_CHECKING:`
-run only for a type checker and are left out. Nothing imports the CLI: it is the outermost
-layer (cli -> runner -> factory -> steps -> resources).
+breaks a cycle, so the graph here counts it like any other.
 """
 
 import ast
@@ -12,22 +13,13 @@ from pathlib import Path
 import llm_assets
 
 PACKAGE = Path(llm_assets.__file__).parent
-ORCHESTRATION = (
-    "cli",
-    "console",
-    "definitions",
-    "demo",
-    "demo_corpus",
-    "demo_data",
-    "checks",
-    "notify",
-    "parallel",
-    "retention_jobs",
-    "runner",
-    "schedules",
-    "sensors",
-)
-"""Modules that drive the steps (the CLI, the demo, Dagster sensors, schedules and checks)."""
+TOP = ("defs", "cli", "demo", "definitions")
+"""What only the entry points may import: the Dagster wiring, the command line, the demo and
+the code location."""
+DOMAIN = ("spec", "steps", "resources", "items", "results", "compliance", "evaluation", "util")
+PLAIN = ("spec", "steps", "items", "results", "compliance", "evaluation", "util")
+"""Packages with no Dagster import; spec/checks.py asks Dagster's own cron rule (below)."""
+DAGSTER_ALLOWED = {("llm_assets.spec.checks", "dagster._utils.schedules")}
 
 
 def _modules() -> dict[str, Path]:
@@ -40,22 +32,13 @@ def _modules() -> dict[str, Path]:
     return modules
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(module: str, path: Path, known: set[str]) -> set[str]:
-    """The package's modules that `module` imports, at any depth of its code."""
+    """The modules that `module` imports, at any depth of its code: the package's own, and
+    the third-party ones by their dotted name."""
     found: set[str] = set()
     stack: list[ast.AST] = [ast.parse(path.read_text(encoding="utf-8"))]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            stack.extend(node.orelse)
-            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -70,12 +53,20 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
                 submodule = f"{base}.{alias.name}"
                 found.add(submodule if submodule in known else base)
         stack.extend(ast.iter_child_nodes(node))
-    return {name for name in found if name in known and name != module}
+    return {
+        name
+        for name in found
+        if name != module and (name in known or not name.startswith("llm_assets"))
+    }
 
 
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -88,7 +79,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     def visit(name: str) -> None:
         index[name] = low[name] = len(index)
         stack.append(name)
-        for target in sorted(graph[name]):
+        for target in sorted(t for t in graph[name] if t in graph):
             if target not in index:
                 visit(target)
                 low[name] = min(low[name], low[target])
@@ -119,11 +110,33 @@ def test_nothing_imports_the_cli() -> None:
     assert sorted(name for name, targets in graph.items() if "llm_assets.cli.main" in targets) == []
 
 
-def test_no_cycle_runs_through_the_orchestration_modules() -> None:
-    names = {f"llm_assets.{name}" for name in ORCHESTRATION}
-    assert names <= set(_graph())
-    assert [group for group in _cycles(_graph()) if names & set(group)] == []
-
-
 def test_the_package_has_no_import_cycle() -> None:
     assert _cycles(_graph()) == []
+
+
+def test_domain_packages_never_import_the_top() -> None:
+    wrong = sorted(
+        (module, imported)
+        for module, imported_modules in _graph().items()
+        if _package(module) in DOMAIN
+        for imported in imported_modules
+        if imported.startswith("llm_assets.") and _package(imported) in TOP
+    )
+    assert wrong == []
+
+
+def test_plain_packages_do_not_import_dagster() -> None:
+    wrong = sorted(
+        (module, imported)
+        for module, imported_modules in _graph().items()
+        if _package(module) in PLAIN
+        for imported in imported_modules
+        if imported.split(".")[0] == "dagster" and (module, imported) not in DAGSTER_ALLOWED
+    )
+    assert wrong == []
+
+
+def test_the_code_location_loads_from_its_documented_name() -> None:
+    from llm_assets.definitions import defs
+
+    assert defs.resolve_all_job_defs()

@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from llm_assets.cli.main import main as cli
+from llm_assets.cli import main as cli
 from llm_assets.resources.ledger import ShardRecord
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.steps import stuck
