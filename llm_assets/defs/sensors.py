@@ -253,10 +253,10 @@ def _partition_of(
     """The pipeline and day a run worked on, from its asset selection and partition tag."""
     partition = run.tags.get("dagster/partition")
     keys = run.asset_selection or set()
-    names = {key.path[0] for key in keys if len(key.path) == 2 and key.path[1] in names.ASSETS}
-    if partition is None or len(names) != 1:
+    pipelines = {key.path[0] for key in keys if len(key.path) == 2 and key.path[1] in names.ASSETS}
+    if partition is None or len(pipelines) != 1:
         return None
-    spec = specs.get(names.pop())
+    spec = specs.get(pipelines.pop())
     if spec is None:
         return None
     try:
