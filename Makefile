@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export LLM_ASSETS_HOME ?= $(CURDIR)/.llm_assets
 
-.PHONY: install demo test test-quick ui lint clean bench
+.PHONY: install demo test test-quick ui lint typecheck clean bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +49,12 @@ BENCH_MAX_SECONDS ?= 1800
 bench: install
 	$(PY) bench/pipeline_scale.py --items $(BENCH_ITEMS) --db $(BENCH_DBS) --max-seconds $(BENCH_MAX_SECONDS)
 
-lint: install
+# mypy with pydantic's plugin over llm_assets/ (pyproject.toml's [tool.mypy]); about two
+# minutes cold, seconds once .mypy_cache holds the last run.
+typecheck: install
+	$(PY) -m mypy
+
+lint: typecheck
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 

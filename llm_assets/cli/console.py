@@ -152,7 +152,7 @@ class Clipped:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        lines = self.text.wrap(console, width, overflow="fold")
+        lines = list(self.text.wrap(console, width, overflow="fold"))
         if len(lines) > self.lines:
             last = lines[self.lines - 1]
             last.rstrip()
@@ -476,7 +476,7 @@ def print_eval(report: Any, home: Path | None = None) -> None:
     days = report.days
     span = f"{days[0]}..{days[-1]}" if len(days) > 1 else f"{days[0]}"
     _heading(f"llm-assets eval {report.pipeline} {span}")
-    say = dict(highlight=False, markup=False, soft_wrap=True)
+    say: dict[str, Any] = dict(highlight=False, markup=False, soft_wrap=True)
     console.print(
         f"sample: {plural(report.sample_items, 'item')}, seed {report.seed} (eval "
         f"{report.eval_id}, {home_relative(report.sample_uri, home)})",

@@ -50,7 +50,7 @@ class _Cli(click.Group):
     """Exit 2 means "blocked by a gate" here, so usage errors exit 1 like other errors. A
     ledger that cannot be opened is one line naming its URL with the password masked."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
         try:
             return super().main(*args, **kwargs)

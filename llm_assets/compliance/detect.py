@@ -56,7 +56,7 @@ _DATAFOG: dict[str, Entity] = {
     "JWT": "credential",
     "PRIVATE_KEY": "credential",
 }
-_SCAN_CONFIG = {"entities": sorted(_DATAFOG)}
+_SCAN_ENTITIES = sorted(_DATAFOG)
 
 _SEVERITY: dict[Entity, int] = {
     "credential": 0,
@@ -105,7 +105,7 @@ def _iban_length(candidate: str) -> int:
 
 
 def _raw_findings(joined: str, phone_regions: Sequence[str]) -> Iterator[tuple[Entity, int, int]]:
-    for found in datafog_core.scan(joined, config=_SCAN_CONFIG):
+    for found in datafog_core.scan(joined, config={"entities": _SCAN_ENTITIES}):
         span = found.codepoint_range
         entity = _DATAFOG[found.entity_type]
         if entity == "phone" and joined[span.start] != "+" and is_order_number(joined, span.start):
@@ -262,7 +262,7 @@ def scan(texts: Sequence[str], phone_regions: Sequence[str] = PHONE_REGIONS) -> 
 
 def _findings(text: str, seen: View, found: list[tuple[Entity, int, int]]) -> list[Finding]:
     """The findings in a text's view, resolved there and mapped to their spans in the text."""
-    out = []
+    out: list[Finding] = []
     for entity, start, end in _resolved(seen.text, found):
         start, end = seen.span(start, end)
         if out and start < out[-1].end:  # two view spans from one original character

@@ -120,7 +120,7 @@ def redacted(texts: Sequence[str]) -> list[str]:
     holds the values its pseudonyms stand for, and a model may echo what it was given."""
     out = []
     for text, findings in zip(texts, scan(texts), strict=True):
-        parts = []
+        parts: list[str] = []
         at = 0
         for finding in findings:
             parts += (text[at : finding.start], f"<{finding.entity.upper()}>")

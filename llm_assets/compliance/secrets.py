@@ -139,8 +139,8 @@ def _passwords(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
     lower-cased chunk as plain strings, which is many times quicker than a case-blind
     alternation over the whole chunk; the value is then matched where each word ends."""
     if len(lowered) != len(joined):  # lower() changed a length: offsets would not match
-        for match in _PASSWORD.finditer(joined):
-            yield match.span(1)
+        for found in _PASSWORD.finditer(joined):
+            yield found.span(1)
         return
     for needle in _PASSWORD_NEEDLES:
         if needle not in lowered:
@@ -239,7 +239,8 @@ def _private_keys(text: str) -> Iterator[tuple[int, int]]:
     so a redaction takes the key, not just its header. An armor line is read with its line
     breaks and spaces taken out: a narrow terminal wraps "-----BEGIN OPENSSH PRIVATE KEY-----"
     anywhere, even inside a word."""
-    begins, ends = [], []
+    begins: list[re.Match[str]] = []
+    ends: list[re.Match[str]] = []
     for match in _ARMOR.finditer(text):
         if "PRIVATEKEY" in re.sub(r"\s", "", match.group(2)):
             (begins if match.group(1) == "BEGIN" else ends).append(match)

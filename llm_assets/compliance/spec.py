@@ -110,7 +110,7 @@ class RetentionSpec(_Strict):
         "ago than this. Unset: kept.",
     )
     artifacts: list[ArtifactKind] = Field(
-        default_factory=lambda: ["snapshots", "shards", "qa"],
+        default_factory=lambda: list[ArtifactKind](("snapshots", "shards", "qa")),
         description="What artifacts_days deletes; validated outputs, dead letters and cost "
         "reports are kept unless named.",
     )

@@ -416,7 +416,11 @@ def _selected_results(
     """A skippable step's materialization with the check results the run selected; only the
     checks when only they were selected (the UI's "Execute checks")."""
     selected = context.selected_asset_check_keys
-    check_results = [c for c in evaluated if dg.AssetCheckKey(key, c.check_name) in selected]
+    check_results = [
+        c
+        for c in evaluated
+        if c.check_name is not None and dg.AssetCheckKey(key, c.check_name) in selected
+    ]
     if key not in context.selected_asset_keys:
         yield from check_results
         return

@@ -40,8 +40,15 @@ def build_pause_jobs(spec: PipelineSpec) -> list[dg.JobDefinition]:
         who = config.by or started_by(context)
         paused, made = ledger.pause_pipeline(pipeline, paused_by=who, reason=config.reason)
         context.log.info(steps.pause_words(paused, made))
-        metadata = {"paused": True, "paused_by": paused.paused_by, "reason": paused.reason}
-        return dg.Output(None, metadata={**metadata, "already_paused": not made})
+        return dg.Output(
+            None,
+            metadata={
+                "paused": True,
+                "paused_by": paused.paused_by,
+                "reason": paused.reason,
+                "already_paused": not made,
+            },
+        )
 
     @dg.op(
         name=names.resume_op(pipeline),

@@ -73,6 +73,7 @@ class DayOutcome(BaseModel):
 
 
 def failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
+    gate: str | None
     failed_checks = [
         e
         for e in result.get_asset_check_evaluations()

@@ -270,7 +270,9 @@ def _failed_checks(context: dg.RunFailureSensorContext) -> list[dg.AssetCheckEva
     records = context.instance.get_records_for_run(
         context.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
     ).records
-    evaluations = [record.event_log_entry.dagster_event.event_specific_data for record in records]
+    evaluations = [
+        record.event_log_entry.get_dagster_event().asset_check_evaluation_data for record in records
+    ]
     return [e for e in evaluations if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR]
 
 

@@ -31,7 +31,7 @@ import os
 import random
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +212,7 @@ def _good_ticket(
         if body in seen_bodies:
             continue
         seen_bodies.add(body)
-        row = {
+        row: dict[str, Any] = {
             "customer": f"{first} {last}",
             "channel": channel,
             "subject": _subject(category, tone, subjects, slots, rng),
@@ -273,7 +273,7 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def _jsonl(rows: list[Mapping[str, Any]]) -> str:
+def _jsonl(rows: Sequence[Mapping[str, Any]]) -> str:
     return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
 

@@ -89,7 +89,11 @@ def _eval_table(report: EvalReport) -> Table:
         table.add_column(name, justify="right")
     table.add_column("verdict")
     chosen = report.recommendation.chosen if report.recommendation else None
-    verdicts = {v.name: v.verdict for v in report.recommendation.verdicts} if chosen else {}
+    verdicts = (
+        {v.name: v.verdict for v in report.recommendation.verdicts}
+        if report.recommendation and chosen
+        else {}
+    )
     for v in report.variants:
         score = "-" if v.score is None else f"{v.score:.3f}"
         if v.interval is not None:

@@ -162,7 +162,7 @@ def categorical_scores(
     labels that never occur; labels that occur but are not listed follow in order of first
     appearance. A listed label that occurs nowhere has no F1 and does not lower macro-F1.
     """
-    pairs = _pairs(gold, predicted)
+    pairs: list[tuple[Label, Label | None]] = _pairs(gold, predicted)
     ordered = _ordered_labels(labels, [g for g, _ in pairs], [p for _, p in pairs])
     confusion: dict[Label, dict[Label | None, int]] = {
         g: dict.fromkeys([*ordered, None], 0) for g in ordered
@@ -229,7 +229,7 @@ def cohens_kappa(a: Sequence[Label | None], b: Sequence[Label | None]) -> Kappa:
     and the formula is 0/0; agreement is perfect, so kappa is reported as 1.0. Kappa is 0
     for agreement at chance level and negative below it.
     """
-    pairs = _pairs(a, b)
+    pairs: list[tuple[Label, Label | None]] = _pairs(a, b)
     n = len(pairs)
     if not n:
         return Kappa(

@@ -199,6 +199,7 @@ def _csv_rows(uri: str, storage: "ArtifactStorage", limit: int) -> Iterator[Sour
     reader = csv.reader(text)
     header: list[str] | None = None
     header_error: str | None = None
+    error: str | None
     while True:
         start = text.number + 1
         try:

@@ -214,6 +214,7 @@ def ledger_values(
     billed, and failures the provider billed all the same (a refusal whose result carries
     its tokens); they carry tokens and cost, at the price recorded when their shard was
     submitted."""
+    error_class: ErrorClass | None
     if result.succeeded:
         status, error_class = SUCCEEDED, None
     elif result.error_class in ("transient", "expired"):
@@ -324,9 +325,9 @@ def staged_results(
         if read is None:
             continue
         if read.__class__ is Answered:
-            ids.append(read.custom_id)  # type: ignore[union-attr]
+            ids.append(read.custom_id)
             statuses.append(SUCCEEDED)
-            rows.append(_answered_row(read, to_row, binary_copy))  # type: ignore[arg-type]
+            rows.append(_answered_row(read, to_row, binary_copy))
             continue
         values = to_row(read)  # type: ignore[arg-type]
         ids.append(values[0])

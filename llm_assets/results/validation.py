@@ -23,7 +23,7 @@ _BOUNDS = ("min_length", "max_length", "ge", "le", "gt", "lt")
 
 def _annotation(field: FieldSpec) -> Any:
     if field.isin is not None:
-        return Literal[tuple(field.isin)]  # type: ignore[valid-type]
+        return Literal[tuple(field.isin)]
     return _PY_TYPES[field.type]
 
 

@@ -331,7 +331,7 @@ def drive(
             return last
         if acted:
             continue
-        due = [last[i].wait_until for i in open_days if last[i].wait_until is not None]
+        due = [when for i in open_days if (when := last[i].wait_until) is not None]
         pause = (
             (min(due) - utcnow()).total_seconds() if due else lifecycle.OTHER_RUN_RECHECK_SECONDS
         )

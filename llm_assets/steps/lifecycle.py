@@ -279,7 +279,7 @@ def next_poll_at(
     return shard.touched_at + dt.timedelta(seconds=min(delay, poll_every))
 
 
-def may_send(*, cancelled: bool, shard_cancelled: bool, paused: str | None) -> str | None:
+def may_send(*, cancelled: bool, shard_cancelled: bool, paused: bool) -> str | None:
     """Why nothing more of a shard may be sent now (cancelled, paused), or None: what the
     submission step asks under the day's lock before each create, and the online worker
     before each request."""
@@ -423,6 +423,7 @@ def _finish(state: DayState) -> Decision:
     """A day with nothing open: validate, report, or done."""
     last = state.last_import_at
     imports = f"{state.job_id}:{len(state.shards)}:{last.isoformat() if last else ''}"
+    finished: dt.datetime | None
     if state.cancelled is None:
         if state.validated_at is None or (last and state.validated_at < last):
             return Decision(actions=(Action(Step.VALIDATE, key=f"finish:{imports}"),))

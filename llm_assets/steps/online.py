@@ -211,6 +211,7 @@ def run_online_shard(
     state = ShardState.CANCELLED if stats.interrupted else ShardState.COMPLETED
     cut = f"; cancelled after {answered} items" if stats.interrupted else ""
     now = utcnow()
+    cancel_sent: dict[str, Any] = {"cancel_sent_at": now} if stats.interrupted else {}
     ledger.update_shard(
         shard.shard_id,
         status=state.value,
@@ -220,6 +221,6 @@ def run_online_shard(
         failed_requests=stats.failed,
         message=f"{stats.sent} sends, {stats.rate_limited} rate-limited, "
         f"{stats.paused_seconds:.1f}s paused, {stats.elapsed_seconds:.1f}s{cut}",
-        **({"cancel_sent_at": now} if stats.interrupted else {}),
+        **cancel_sent,
     )
     return batch_id

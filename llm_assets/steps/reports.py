@@ -151,7 +151,7 @@ class CostReport(BaseModel):
         return f"as of {self.computed_at:%Y-%m-%d %H:%M} UTC"
 
     def markdown(self, spec: PipelineSpec, day: dt.date) -> str:
-        summary = [
+        summary: list[dict[str, Any]] = [
             {"": "items", "value": self.items},
             {"": "succeeded", "value": self.succeeded},
             {"": "dead letters", "value": self.dead_letters},

@@ -129,7 +129,7 @@ class _Submitter:
         stop = lifecycle.may_send(
             cancelled=job.cancelled_at is not None,
             shard_cancelled=current.cancelled_at is not None,
-            paused=None,
+            paused=False,
         )
         if stop is not None:
             if job.cancelled_at is not None:

@@ -12,9 +12,10 @@ import contextvars
 import datetime as dt
 import functools
 import queue
+import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import sqlalchemy as sa
@@ -62,9 +63,10 @@ class Bulk:
         self.conn = conn
         self.postgres = conn.dialect.name == "postgresql"
         # PostgreSQL: parameters bound on the client, as one query text, so that settings and
-        # the statement they are for go in one round trip (see execute).
+        # the statement they are for go in one round trip (see execute). The cast: a ledger
+        # engine on PostgreSQL always has psycopg 3 as its driver (schema.POSTGRES_DRIVER).
         self.cursor = (
-            psycopg.ClientCursor(conn.connection.dbapi_connection)
+            psycopg.ClientCursor(cast(psycopg.Connection[Any], conn.connection.dbapi_connection))
             if self.postgres
             else conn.connection.cursor()
         )
@@ -126,7 +128,10 @@ class Bulk:
 
     def fetch_count(self) -> int:
         """The single number the last statement returned."""
-        return int(self.cursor.fetchone()[0])
+        row = self.cursor.fetchone()
+        if row is None:
+            raise RuntimeError("the statement returned no row to count")
+        return int(row[0])
 
     def stage(
         self,
@@ -182,6 +187,7 @@ class Bulk:
 
     def _copying(self, statement: str) -> Any:
         """A COPY ... FROM STDIN of the cursor, its data queued in libpq up to COPY_BUFFER."""
+        assert isinstance(self.cursor, psycopg.ClientCursor)
         return self.cursor.copy(
             statement, writer=LibpqWriter(self.cursor, flush_threshold=COPY_BUFFER)
         )
@@ -192,11 +198,13 @@ class Bulk:
         if not encoded:
             rows = [tuple(self.value(v) for v in row) for row in rows]
         with self._errors(sql):
-            self.cursor.executemany(sql, rows)
+            # The cast: on SQLite the raw cursor is sqlite3's, whose executemany streams any
+            # iterable (SQLAlchemy's DBAPI protocol asks for a sequence).
+            cast(sqlite3.Cursor, self.cursor).executemany(sql, rows)
         return max(self.cursor.rowcount, 0)
 
     def insert_ignoring_existing(
-        self, table: sa.Table, columns: Sequence[str], rows: list[Sequence[Any]], key: str
+        self, table: sa.Table, columns: Sequence[str], rows: Sequence[Sequence[Any]], key: str
     ) -> int:
         """Insert rows whose unique `key` constraint is free; returns how many went in. On
         SQLite the rows' datetimes are encoded already (`value`).

@@ -255,7 +255,9 @@ def iter_items(
     if few is not None and few < 1:
         raise ValueError(f"few must be 1 or more, got {few}")
     key = result_table.c.custom_id
-    cols = [result_table.c[c] for c in columns] if columns else [result_table]
+    cols: list[sa.Column[Any] | sa.Table] = (
+        [result_table.c[c] for c in columns] if columns else [result_table]
+    )
     if few is not None and columns and "custom_id" not in columns:
         cols.append(key)
     query = sa.select(*cols).where(result_table.c.job_id == job_id)

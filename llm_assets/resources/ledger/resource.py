@@ -11,7 +11,7 @@ import datetime as dt
 import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
 import dagster as dg
 from pydantic import PrivateAttr
@@ -48,7 +48,8 @@ def _on_engine(
     fn: Callable[Concatenate[Engine, _P], _R],
 ) -> Callable[Concatenate["LedgerResource", _P], _R]:
     """A resource method that calls a ledger module's function on the resource's engine,
-    with the function's own signature and docstring."""
+    with the function's own signature and docstring. Assigned as `name: ClassVar = ...`:
+    a class attribute, not a config field, to pydantic and its type checker plugin."""
 
     @functools.wraps(fn)
     def method(self: "LedgerResource", *args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -135,7 +136,7 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Jobs
 
-    get_or_create_job = _on_engine(jobs.get_or_create_job)
+    get_or_create_job: ClassVar = _on_engine(jobs.get_or_create_job)
 
     get_job = _on_engine(jobs.get_job)
 
@@ -149,8 +150,8 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Items
 
-    known_items = _on_engine(items.known_items)
-    custom_ids_by_source = _on_engine(items.custom_ids_by_source)
+    known_items: ClassVar = _on_engine(items.known_items)
+    custom_ids_by_source: ClassVar = _on_engine(items.custom_ids_by_source)
 
     add_items = _on_engine(items.add_items)
 
@@ -158,7 +159,7 @@ class LedgerResource(dg.ConfigurableResource):
 
     set_item_errors = _on_engine(items.set_item_errors)
 
-    iter_items = _on_engine(items.iter_items)
+    iter_items: ClassVar = _on_engine(items.iter_items)
 
     counts = _on_engine(items.counts)
 
@@ -276,7 +277,7 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Budget
 
-    reserve_budget = _on_engine(budget.reserve_budget)
+    reserve_budget: ClassVar = _on_engine(budget.reserve_budget)
 
     def spent_since(self, pipeline: str, since: dt.date) -> float:
         """A pipeline's spend since a date: settled costs, and the reserved bounds of shards
@@ -310,41 +311,41 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Retention
 
-    provider_files_to_delete = _on_engine(retention.provider_files_to_delete)
-    mark_provider_files_deleted = _on_engine(retention.mark_provider_files_deleted)
-    day_states = _on_engine(retention.day_states)
-    unexpired_days = _on_engine(retention.unexpired_days)
-    eval_pipelines = _on_engine(retention.eval_pipelines)
-    expire_jobs = _on_engine(retention.expire_jobs)
+    provider_files_to_delete: ClassVar = _on_engine(retention.provider_files_to_delete)
+    mark_provider_files_deleted: ClassVar = _on_engine(retention.mark_provider_files_deleted)
+    day_states: ClassVar = _on_engine(retention.day_states)
+    unexpired_days: ClassVar = _on_engine(retention.unexpired_days)
+    eval_pipelines: ClassVar = _on_engine(retention.eval_pipelines)
+    expire_jobs: ClassVar = _on_engine(retention.expire_jobs)
 
     # Notifications
 
-    claim_notification = _on_engine(notifications.claim_notification)
-    record_delivery = _on_engine(notifications.record_delivery)
-    sent_notifications = _on_engine(notifications.sent_notifications)
+    claim_notification: ClassVar = _on_engine(notifications.claim_notification)
+    record_delivery: ClassVar = _on_engine(notifications.record_delivery)
+    sent_notifications: ClassVar = _on_engine(notifications.sent_notifications)
 
     # Quotas
 
-    quota_record = _on_engine(quotas.quota_record)
-    learn_quota = _on_engine(quotas.learn_quota)
-    quota_records = _on_engine(quotas.quota_records)
-    reset_quotas = _on_engine(quotas.reset_quotas)
-    in_flight_load = _on_engine(quotas.in_flight_load)
-    model_freed_at = _on_engine(quotas.model_freed_at)
-    batch_history = _on_engine(quotas.batch_history)
-    older_waiting = _on_engine(quotas.older_waiting)
+    quota_record: ClassVar = _on_engine(quotas.quota_record)
+    learn_quota: ClassVar = _on_engine(quotas.learn_quota)
+    quota_records: ClassVar = _on_engine(quotas.quota_records)
+    reset_quotas: ClassVar = _on_engine(quotas.reset_quotas)
+    in_flight_load: ClassVar = _on_engine(quotas.in_flight_load)
+    model_freed_at: ClassVar = _on_engine(quotas.model_freed_at)
+    batch_history: ClassVar = _on_engine(quotas.batch_history)
+    older_waiting: ClassVar = _on_engine(quotas.older_waiting)
 
     # Pauses
 
-    pipeline_pause = _on_engine(pauses.pipeline_pause)
-    pause_pipeline = _on_engine(pauses.pause_pipeline)
-    resume_pipeline = _on_engine(pauses.resume_pipeline)
+    pipeline_pause: ClassVar = _on_engine(pauses.pipeline_pause)
+    pause_pipeline: ClassVar = _on_engine(pauses.pause_pipeline)
+    resume_pipeline: ClassVar = _on_engine(pauses.resume_pipeline)
 
     # Compliance
 
-    has_pseudonyms = _on_engine(pseudonyms.has_pseudonyms)
-    pseudonyms_of = _on_engine(pseudonyms.pseudonyms)
-    compliance_counts = _on_engine(pseudonyms.compliance_counts)
+    has_pseudonyms: ClassVar = _on_engine(pseudonyms.has_pseudonyms)
+    pseudonyms_of: ClassVar = _on_engine(pseudonyms.pseudonyms)
+    compliance_counts: ClassVar = _on_engine(pseudonyms.compliance_counts)
 
     # Outputs
 
@@ -352,4 +353,4 @@ class LedgerResource(dg.ConfigurableResource):
 
     recent_outputs = _on_engine(outputs.recent_outputs)
 
-    job_outputs = _on_engine(outputs.job_outputs)
+    job_outputs: ClassVar = _on_engine(outputs.job_outputs)

@@ -186,7 +186,7 @@ def durable_begin(engine: Engine) -> Iterator[Connection]:
             with conn.begin():
                 yield conn
         finally:
-            if raw is not None:
+            if raw is not None and before is not None:
                 raw.execute(f"PRAGMA synchronous={int(before)}")
 
 

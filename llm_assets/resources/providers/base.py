@@ -19,6 +19,7 @@ from llm_assets.results.rows import Answered, ItemResult, block_lines, ledger_te
 from llm_assets.util import column_sizes
 
 if TYPE_CHECKING:
+    from llm_assets.resources.providers.realtime import OnlineStats, OnlineWork
     from llm_assets.resources.storage import ArtifactStorage
     from llm_assets.spec.model import PipelineSpec
 
@@ -209,6 +210,10 @@ class BatchProvider(dg.ConfigurableResource):
         """Whether provider_batches sends this shard's items itself, request by request at
         realtime prices, instead of submitting it as a batch."""
         return self.runs_in_step
+
+    def run(self, spec: "PipelineSpec", work: "OnlineWork") -> "OnlineStats":
+        """Send a shard's requests one by one, for the shards `runs_shard_in_step` names."""
+        raise NotImplementedError
 
     def encode_request(self, spec: "PipelineSpec", item: RequestItem) -> bytes:
         """`request_line` as one line of JSON. What is the same for every item of a spec (the

@@ -14,6 +14,7 @@ request counts and error from what it returns, so statuses carry the state alone
 result line says how its request went.
 """
 
+import functools
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -142,7 +143,9 @@ class GeminiBatchProvider(RemoteBatchProvider):
             config: dict[str, Any] = {"page_size": 100}
             if token:
                 config[cursor] = token
-            pager = self.call("list batches", lambda c=config: self.batches_api().list(config=c))
+            pager = self.call(
+                "list batches", functools.partial(self.batches_api().list, config=config)
+            )
             yield list(pager.page)
             token = pager.config.get("page_token")
             if not token:
@@ -264,7 +267,9 @@ class GeminiBatchProvider(RemoteBatchProvider):
             config: dict[str, Any] = {"page_size": 100}
             if token:
                 config["page_token"] = token
-            pager = self.call("list files", lambda c=config: self.client.files.list(config=c))
+            pager = self.call(
+                "list files", functools.partial(self.client.files.list, config=config)
+            )
             names += [str(f.name) for f in pager.page if f.display_name == shard.shard_id]
             token = pager.config.get("page_token")
             if not token:
@@ -273,6 +278,8 @@ class GeminiBatchProvider(RemoteBatchProvider):
             name
             for name in names
             if self.delete_if_present(
-                "delete file", lambda n=name: self.client.files.delete(name=n), absent=(403, 404)
+                "delete file",
+                functools.partial(self.client.files.delete, name=name),
+                absent=(403, 404),
             )
         ]

@@ -123,7 +123,9 @@ def _convert(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     variants = schema.get("anyOf")
     if isinstance(variants, list):
         kept = [v for v in variants if v.get("type") != "null"]
-        converted = _convert(kept[0], defs) if len(kept) == 1 else {"type": "STRING"}
+        converted: dict[str, Any] = (
+            _convert(kept[0], defs) if len(kept) == 1 else {"type": "STRING"}
+        )
         if len(kept) < len(variants):
             converted["nullable"] = True
         return converted

@@ -161,7 +161,7 @@ class LocalProvider(BatchProvider):
                 os.fsync(handle.fileno())
             batch = LocalBatch(
                 id=batch_id,
-                **shard.model_dump(include=SHARD_FIELDS),
+                **shard.model_dump(include=set(SHARD_FIELDS)),
                 created_at=int(time.time()),
                 request_counts=RequestCounts(total=count),
             )

@@ -102,8 +102,14 @@ class LocalEngine:
         self._counter: Any = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
         self._counter.no_truncation()
         self._counter.no_padding()
+        max_seq_length = model.max_seq_length
+        if max_seq_length is None:
+            raise ValueError(
+                "the local provider's model declares no max_seq_length; texts longer than its "
+                "window could not be split"
+            )
         # Room for [CLS] and [SEP] inside the model's 256-wordpiece window.
-        self._max_tokens = int(model.max_seq_length) - 2
+        self._max_tokens = int(max_seq_length) - 2
         # Fast tokenizers are not safe to share between threads mid-call.
         self._call_lock = threading.RLock()
         self._label_cache: dict[str, np.ndarray] = {}

@@ -176,8 +176,9 @@ def _retry_after(headers: Any) -> float | None:
 
 def _failure(custom_id: str, status: int, exc: Any) -> ItemResult:
     """An HTTP error read as the batch import reads a failed line, so both classify it alike."""
-    body = exc.body if isinstance(getattr(exc, "body", None), dict) else {}
-    error = body.get("error") if isinstance(body.get("error"), dict) else body
+    body: dict[str, Any] = exc.body if isinstance(getattr(exc, "body", None), dict) else {}
+    found = body.get("error")
+    error: dict[str, Any] = found if isinstance(found, dict) else body
     message = str(error.get("message") or exc)[:1000]
     response = {"status_code": status, "body": {"error": {**error, "message": message}}}
     return _read({"custom_id": custom_id, "response": response})

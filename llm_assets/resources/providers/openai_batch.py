@@ -6,6 +6,7 @@ before a crash can be found again instead of paid for twice.
 """
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -259,5 +260,7 @@ class OpenAIBatchProvider(RemoteBatchProvider):
             file_id
             for file_id in (batch.input_file_id, batch.output_file_id, batch.error_file_id)
             if file_id
-            and self.delete_if_present("delete file", lambda f=file_id: self.client.files.delete(f))
+            and self.delete_if_present(
+                "delete file", functools.partial(self.client.files.delete, file_id)
+            )
         ]

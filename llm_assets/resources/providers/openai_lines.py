@@ -87,7 +87,7 @@ def read_line(raw: bytes | str | dict[str, Any]) -> Answered | ItemResult | None
             answered = _answered_chat(line)
             if answered is not None:
                 return answered
-        raw = orjson.loads(raw)
+        return _normalize(orjson.loads(raw))
     return _normalize(raw)
 
 

@@ -254,7 +254,7 @@ class _Worker:
                 sleep=self.pause,
             )
             try:
-                result = await retrying(self.attempt, custom_id, body, tokens)
+                result: ItemResult = await retrying(self.attempt, custom_id, body, tokens)
             except Transient as exc:
                 result = exc.result
             except _Stopped:

@@ -7,6 +7,7 @@ it before creating one and whenever a create's outcome is unknown.
 """
 
 import datetime as dt
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -139,7 +140,7 @@ class RemoteBatchProvider(BatchProvider):
             kwargs: dict[str, Any] = {"limit": 100}
             if after:
                 kwargs[cursor] = after
-            page = self.call("list batches", lambda kw=kwargs: self.batches_api().list(**kw))
+            page = self.call("list batches", functools.partial(self.batches_api().list, **kwargs))
             batches = list(page.data)
             yield batches
             if not batches or not page.has_more:
