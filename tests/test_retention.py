@@ -22,7 +22,6 @@ from llm_assets.defs.retention_jobs import (
     apply_retention,
     build_retention_job,
     build_retention_schedule,
-    retention_job_name,
 )
 from llm_assets.resources.ledger import ShardRecord, result_table, utcnow
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
@@ -449,7 +448,7 @@ def test_the_retention_schedule_exists_only_when_artifacts_days_is_set(tmp_path:
     assert build_retention_schedule(spec()) is None
     schedule = build_retention_schedule(spec(retention={"artifacts_days": 14}))
     assert schedule is not None
-    assert schedule.job_name == retention_job_name(spec()) == "reviews_openai__retention"
+    assert schedule.job_name == names.retention_job(spec().name) == "reviews_openai__retention"
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
 
     from llm_assets.util.settings import Settings

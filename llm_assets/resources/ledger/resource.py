@@ -138,30 +138,30 @@ class LedgerResource(dg.ConfigurableResource):
 
     get_or_create_job: ClassVar = _on_engine(jobs.get_or_create_job)
 
-    get_job = _on_engine(jobs.get_job)
+    get_job: ClassVar = _on_engine(jobs.get_job)
 
-    jobs_for_partition = _on_engine(jobs.jobs_for_partition)
+    jobs_for_partition: ClassVar = _on_engine(jobs.jobs_for_partition)
 
-    update_job = _on_engine(jobs.update_job)
+    update_job: ClassVar = _on_engine(jobs.update_job)
 
-    refresh_job = _on_engine(jobs.refresh_job)
+    refresh_job: ClassVar = _on_engine(jobs.refresh_job)
 
-    earlier_jobs = _on_engine(jobs.earlier_jobs)
+    earlier_jobs: ClassVar = _on_engine(jobs.earlier_jobs)
 
     # Items
 
     known_items: ClassVar = _on_engine(items.known_items)
     custom_ids_by_source: ClassVar = _on_engine(items.custom_ids_by_source)
 
-    add_items = _on_engine(items.add_items)
+    add_items: ClassVar = _on_engine(items.add_items)
 
-    analyze = _on_engine(items.analyze)
+    analyze: ClassVar = _on_engine(items.analyze)
 
-    set_item_errors = _on_engine(items.set_item_errors)
+    set_item_errors: ClassVar = _on_engine(items.set_item_errors)
 
     iter_items: ClassVar = _on_engine(items.iter_items)
 
-    counts = _on_engine(items.counts)
+    counts: ClassVar = _on_engine(items.counts)
 
     def reassign_items_to_shard(
         self, job_id: str, shard: dict[str, Any], lines: Sequence[tuple[str, int]]
@@ -209,7 +209,7 @@ class LedgerResource(dg.ConfigurableResource):
         staged = results.stage_results(self.result_stager(), rows)
         return self.upsert_staged(job_id, staged, writer=writer, shard_id=shard_id)
 
-    upsert_staged = _on_engine(results.upsert_staged)
+    upsert_staged: ClassVar = _on_engine(results.upsert_staged)
 
     # Shards
 
@@ -227,21 +227,21 @@ class LedgerResource(dg.ConfigurableResource):
             self.engine, shard, items, pseudonyms, stale_pseudonyms=stale_pseudonyms
         )
 
-    shards = _on_engine(shard_rows.shards)
+    shards: ClassVar = _on_engine(shard_rows.shards)
 
-    get_shard = _on_engine(shard_rows.get_shard)
+    get_shard: ClassVar = _on_engine(shard_rows.get_shard)
 
-    next_round = _on_engine(shard_rows.next_round)
+    next_round: ClassVar = _on_engine(shard_rows.next_round)
 
-    update_shard = _on_engine(shard_rows.update_shard)
+    update_shard: ClassVar = _on_engine(shard_rows.update_shard)
 
-    mark_started = _on_engine(shard_rows.mark_started)
+    mark_started: ClassVar = _on_engine(shard_rows.mark_started)
 
-    submission_lock = _on_engine(locks.submission_lock)
+    submission_lock: ClassVar = _on_engine(locks.submission_lock)
 
-    quota_lock = _on_engine(locks.quota_lock)
+    quota_lock: ClassVar = _on_engine(locks.quota_lock)
 
-    submission_held = _on_engine(locks.is_held)
+    submission_held: ClassVar = _on_engine(locks.is_held)
 
     @contextlib.contextmanager
     def day_lock(
@@ -263,17 +263,17 @@ class LedgerResource(dg.ConfigurableResource):
         ):
             yield
 
-    count_pending = _on_engine(shard_rows.count_pending)
+    count_pending: ClassVar = _on_engine(shard_rows.count_pending)
 
-    pending_offsets = _on_engine(shard_rows.pending_offsets)
+    pending_offsets: ClassVar = _on_engine(shard_rows.pending_offsets)
 
-    narrow_shard = _on_engine(shard_rows.narrow_shard)
+    narrow_shard: ClassVar = _on_engine(shard_rows.narrow_shard)
 
-    record_submit_intent = _on_engine(shard_rows.record_submit_intent)
+    record_submit_intent: ClassVar = _on_engine(shard_rows.record_submit_intent)
 
-    mark_submitted = _on_engine(shard_rows.mark_submitted)
+    mark_submitted: ClassVar = _on_engine(shard_rows.mark_submitted)
 
-    close_shard = _on_engine(shard_rows.close_shard)
+    close_shard: ClassVar = _on_engine(shard_rows.close_shard)
 
     # Budget
 
@@ -285,29 +285,29 @@ class LedgerResource(dg.ConfigurableResource):
         with self.engine.connect() as conn:
             return budget.spent_since(conn, pipeline, since)
 
-    committed_cost = _on_engine(budget.committed_cost)
+    committed_cost: ClassVar = _on_engine(budget.committed_cost)
 
     # Reporting
 
-    shard_totals = _on_engine(reporting.shard_totals)
+    shard_totals: ClassVar = _on_engine(reporting.shard_totals)
 
-    estimate_accuracy = _on_engine(reporting.estimate_accuracy)
+    estimate_accuracy: ClassVar = _on_engine(reporting.estimate_accuracy)
 
-    output_tokens_per_billed_item = _on_engine(reporting.output_tokens_per_billed_item)
+    output_tokens_per_billed_item: ClassVar = _on_engine(reporting.output_tokens_per_billed_item)
 
-    job_cost_rows = _on_engine(reporting.job_cost_rows)
+    job_cost_rows: ClassVar = _on_engine(reporting.job_cost_rows)
 
-    pipeline_shards = _on_engine(reporting.pipeline_shards)
+    pipeline_shards: ClassVar = _on_engine(reporting.pipeline_shards)
 
-    finished_jobs = _on_engine(reporting.finished_jobs)
+    finished_jobs: ClassVar = _on_engine(reporting.finished_jobs)
 
-    active_jobs = _on_engine(reporting.active_jobs)
+    active_jobs: ClassVar = _on_engine(reporting.active_jobs)
 
-    recent_provider_batch_ids = _on_engine(reporting.recent_provider_batch_ids)
+    recent_provider_batch_ids: ClassVar = _on_engine(reporting.recent_provider_batch_ids)
 
-    missing_results = _on_engine(reporting.missing_results)
+    missing_results: ClassVar = _on_engine(reporting.missing_results)
 
-    iter_dead_letters = _on_engine(reporting.iter_dead_letters)
+    iter_dead_letters: ClassVar = _on_engine(reporting.iter_dead_letters)
 
     # Retention
 
@@ -349,8 +349,8 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Outputs
 
-    replacing_outputs = _on_engine(outputs.replacing_outputs)
+    replacing_outputs: ClassVar = _on_engine(outputs.replacing_outputs)
 
-    recent_outputs = _on_engine(outputs.recent_outputs)
+    recent_outputs: ClassVar = _on_engine(outputs.recent_outputs)
 
     job_outputs: ClassVar = _on_engine(outputs.job_outputs)
