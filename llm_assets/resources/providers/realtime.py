@@ -21,8 +21,8 @@ from typing import Any
 import tenacity
 from pydantic import BaseModel
 
-from llm_assets.resources.providers.base import ItemResult
 from llm_assets.resources.providers.retrying import MAX_RETRY_AFTER_SECONDS
+from llm_assets.results.rows import ItemResult
 
 MARGIN = 1.02
 """Client windows are this much longer than the provider's, so jitter never overfills one."""
