@@ -11,6 +11,7 @@ skipped with a visible reason; under CI=true it is required.
 with the marker's knobs set, and the test fails if the fake itself crashed.
 """
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -178,6 +179,22 @@ def _new_fake(kind: str, request: pytest.FixtureRequest, state_dir: Path) -> Fak
     )
 
 
+@contextlib.contextmanager
+def running_fake(
+    kind: str, request: pytest.FixtureRequest, state_dir: Path, knobs: dict[str, Any]
+) -> Iterator[Any]:
+    """The fake provider server of `kind` running, its knobs set; on the way out the test
+    fails if the fake itself crashed."""
+    server = _new_fake(kind, request, state_dir)
+    for knob, value in knobs.items():
+        if not hasattr(server, knob):
+            raise pytest.UsageError(f"{type(server).__name__} has no knob {knob!r}")
+        setattr(server, knob, value)
+    with server:
+        yield server
+        assert server.server_errors == []
+
+
 @pytest.fixture
 def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """The running fake server the test's `fake_server` marker names, its knobs set. A fake
@@ -187,14 +204,9 @@ def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     if marker is None:
         raise pytest.UsageError(f"{request.node.nodeid} uses `fake` without a fake_server marker")
     kind, knobs = marker.args[0], dict(marker.kwargs)
-    server = _new_fake(kind, request, tmp_path / knobs.pop("state_dir", f"fake_{kind}"))
-    for knob, value in knobs.items():
-        if not hasattr(server, knob):
-            raise pytest.UsageError(f"{type(server).__name__} has no knob {knob!r}")
-        setattr(server, knob, value)
-    with server:
+    state_dir = tmp_path / knobs.pop("state_dir", f"fake_{kind}")
+    with running_fake(kind, request, state_dir, knobs) as server:
         yield server
-        assert server.server_errors == []
 
 
 @pytest.fixture

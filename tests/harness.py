@@ -19,7 +19,7 @@ from llm_assets.defs.runner import DayOutcome, PartitionRunner
 from llm_assets.resources.ledger import LedgerResource, result_table
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
-from llm_assets.resources.providers.base import BatchProvider
+from llm_assets.resources.providers.base import BatchProvider, ShardSubmission
 from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.providers.remote import RemoteBatchProvider
@@ -159,6 +159,20 @@ class Harness:
 
     def job_id(self) -> str:
         return steps.existing_job(self.spec, DAY, self.ledger).job_id
+
+    def submission(self, shard_id: str) -> ShardSubmission:
+        """What provider_batches hands the adapter for a shard of the day."""
+        shard = self.ledger.get_shard(shard_id)
+        assert shard is not None
+        return ShardSubmission(
+            shard_id=shard.shard_id,
+            job_id=self.job_id(),
+            pipeline=self.spec.name,
+            input_uri=shard.input_uri,
+            item_count=shard.item_count,
+            model=self.spec.model.name,
+            format=self.provider.request_format(self.spec),
+        )
 
     def rows(self) -> dict[str, dict[str, Any]]:
         with self.ledger.engine.connect() as conn:

@@ -27,9 +27,10 @@ from tests.conftest import MotoS3
 from tests.fakes.bedrock_server import FakeBedrock, runtime_calls
 from tests.harness import CLI, DAY, POSITIVE, Harness, review_spec, write_reviews
 from tests.ledger_helpers import jobs_for_pipeline
+from tests.provider_kits import BEDROCK_MODEL, BEDROCK_ROLE
 
-ROLE = "arn:aws:iam::123456789012:role/BedrockBatchInference"
-MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
+ROLE = BEDROCK_ROLE
+MODEL = BEDROCK_MODEL
 
 
 def truthful(model_input: dict[str, Any]) -> str:
@@ -171,50 +172,6 @@ def test_a_kill_after_create_or_mid_import_neither_creates_nor_sends_again(
     [job] = jobs_for_pipeline(database, "reviews_bedrock")
     attempts = {r["attempts"] for r in database.iter_items(job.job_id, columns=["attempts"])}
     assert attempts == {1}
-
-
-@pytest.mark.parametrize("outcome", ["Expired", "PartiallyCompleted", "Failed"])
-def test_a_job_that_ends_badly_is_resubmitted_only_for_what_has_no_result(
-    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock, outcome: str
-) -> None:
-    from tests.fakes.common import ControlFault
-
-    fake.min_records = 30
-    decided: list[str] = []
-
-    def first_job_ends_badly(job: dict[str, Any]) -> str:
-        decided.append(job["jobArn"])
-        return outcome if len(decided) == 1 else "Completed"
-
-    fake.job_outcome = first_job_ends_badly
-    # The control plane throttles the first creates: retried by our layer, one job each.
-    fake.faults.add(ControlFault("POST", "/model-invocation-job", status=429, times=2))
-    provider = BedrockBatchProvider(
-        role_arn=ROLE, endpoint_url=fake.endpoint_url, retry_base_seconds=0.01
-    )
-    spec = bedrock_spec() | {"bedrock": {"min_records_per_job": 30}}
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        harness = Harness(tmp_path, database_url, instance, spec, provider, reviews=60)
-        harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
-
-        outcome_of_day = harness.run_day()
-
-        assert outcome_of_day.done and outcome_of_day.succeeded == 60
-        shards = harness.ledger.shards(harness.job_id())
-        first = next(s for s in shards if s.provider_batch_id == decided[0])
-        assert first.raw_status == outcome
-        retried = [s for s in shards if s.kind == "retry"]
-        rows = harness.rows()
-        # Only the first job's items without a result went again, each as a second attempt.
-        sent_again = {cid for cid, r in rows.items() if r["attempts"] == 2}
-        assert sent_again and sum(s.item_count for s in retried) == len(sent_again)
-        assert all(rows[cid]["shard_id"] in {s.shard_id for s in retried} for cid in sent_again)
-        creates = [
-            c for c in fake.calls.entries() if c.get("operation") == "CreateModelInvocationJob"
-        ]
-        assert len(fake.jobs()) == len(shards)
-        assert len({c["client_request_token"] for c in creates}) == len(shards)
 
 
 def answered_once(calls: list[dict[str, Any]]) -> dict[str, int]:

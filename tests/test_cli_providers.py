@@ -1,5 +1,5 @@
 """Acceptance: `llm-assets run ... --wait` against the fake OpenAI and Anthropic servers,
-pointed at them only through OPENAI_BASE_URL / ANTHROPIC_BASE_URL."""
+pointed at them only through OPENAI_BASE_URL / ANTHROPIC_BASE_URL (the SDKs' own variables)."""
 
 import json
 import os
@@ -12,10 +12,11 @@ import dagster as dg
 import pytest
 import yaml
 
-from tests.fakes.anthropic_server import FakeAnthropic
+from tests.conftest import running_fake
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, review_spec, truthful, write_reviews
 from tests.harness import first_time as openai_first_time
+from tests.provider_kits import ProviderKit, kits
 
 # One database: these tests drive the CLI against the fakes as a subprocess; the ledger tests
 # and the pipeline tests compare SQLite and PostgreSQL.
@@ -67,17 +68,35 @@ def assert_sent_once_unless_retried(submitted: list[str], status: dict[str, Any]
     assert sum(counts.values()) == sum(s["requests"] for s in rounds.values())
 
 
-def test_openai_run_wait_ends_with_every_item_terminal_and_correct(
-    tmp_path: Path, database_url: str
+SDK_VARIABLES = {
+    "openai": ("OPENAI_BASE_URL", "OPENAI_API_KEY"),
+    "anthropic": ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"),
+}
+"""The SDK's own variables that point it at a server, by provider."""
+
+
+@pytest.mark.parametrize("kit", kits(lambda kit: kit.name in SDK_VARIABLES))
+def test_run_wait_through_the_sdk_variables_ends_with_every_item_terminal_and_correct(
+    kit: ProviderKit, request: pytest.FixtureRequest, tmp_path: Path, database_url: str
 ) -> None:
-    with FakeOpenAI(tmp_path / "fake") as fake:
-        fake.responder = truthful
-        fake.line_fault = openai_first_time({3: "5xx", 7: "missing", 11: "expire"})
+    struck = {3: kit.transient[0], 7: kit.unanswered[0]}
+    seen: set[str] = set()
+
+    def faults(custom_id: str, text: str) -> str | None:
+        for n, kind in struck.items():
+            if f"Order {1000 + n} " in text and custom_id not in seen:
+                seen.add(custom_id)
+                return kind
+        return None
+
+    with running_fake(kit.name, request, tmp_path / "fake", dict(kit.knobs)) as fake:
+        kit.strike(fake, faults)
+        base_url, api_key = SDK_VARIABLES[kit.name]
         truth, outcome, status = run_cli(
             tmp_path,
             database_url,
-            review_spec("openai", "gpt-4o-mini"),
-            {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "test-key"},
+            review_spec(kit.name, kit.model),
+            {base_url: fake.base_url, api_key: "test-key"},
         )
         submitted = fake.submitted_custom_ids()
 
@@ -87,38 +106,9 @@ def test_openai_run_wait_ends_with_every_item_terminal_and_correct(
     assert job["by_status"] == {"succeeded": len(truth)}
     assert [s["status"] for s in job["shards"]] == ["imported"] * len(job["shards"])
     # The provider's own word for each batch is shown next to the ledger's.
-    assert {s["provider_status"] for s in job["shards"]} == {"completed"}
+    assert {s["provider_status"] for s in job["shards"]} == {kit.completes}
     counts = Counter(submitted)
-    assert sorted(counts.values()).count(2) == 3
-    assert max(counts.values()) == 2
-    assert_sent_once_unless_retried(submitted, status)
-
-
-def test_anthropic_run_wait_ends_with_every_item_terminal_and_correct(
-    tmp_path: Path, database_url: str
-) -> None:
-    with FakeAnthropic(tmp_path / "fake") as fake:
-        seen: set[str] = set()
-
-        def fault(custom_id: str, params: dict[str, Any]) -> str | None:
-            if "Order 1004 " in params["messages"][0]["content"] and custom_id not in seen:
-                seen.add(custom_id)
-                return "overloaded"
-            return None
-
-        fake.item_fault = fault
-        truth, outcome, status = run_cli(
-            tmp_path,
-            database_url,
-            review_spec("anthropic", "claude-haiku-4-5"),
-            {"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "test-key"},
-        )
-        submitted = fake.submitted_custom_ids()
-
-    assert outcome["open_items"] == 0
-    assert outcome["succeeded"] == len(truth)
-    counts = Counter(submitted)
-    assert sorted(counts.values()) == [1] * (len(truth) - 1) + [2]
+    assert sorted(counts.values()) == [1] * (len(truth) - len(struck)) + [2] * len(struck)
     assert_sent_once_unless_retried(submitted, status)
 
 

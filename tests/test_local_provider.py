@@ -356,21 +356,6 @@ def test_duplicate_custom_id_fails_validation(
     assert not (batch_dir(provider, batch_id) / "output.jsonl").exists()
 
 
-def test_cancel_keeps_written_output(
-    provider: LocalProvider, storage: ArtifactStorage, tmp_path: Path
-) -> None:
-    lines = ticket_lines(provider, make_spec())
-    batch_id = provider.submit(write_shard(tmp_path, lines), storage)
-    running = provider.poll(batch_id)
-    assert running.state is ShardState.RUNNING
-    cancelled = provider.cancel(batch_id)
-    assert cancelled.state is ShardState.CANCELLED and cancelled.raw_status == "cancelled"
-    assert provider.poll(batch_id).state is ShardState.CANCELLED
-    results = list(provider.results(batch_id))
-    assert len(results) == running.completed + running.failed == cancelled.completed
-    assert len({r.custom_id for r in results}) == len(results)
-
-
 def test_spec_problems() -> None:
     assert local_spec_problems(make_spec()) == []
     assert local_spec_problems(make_spec({"text": {"type": "str"}}, output_format="text")) == []

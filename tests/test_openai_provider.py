@@ -3,7 +3,6 @@
 import contextlib
 import functools
 import json
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,14 +10,11 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from llm_assets import steps
 from llm_assets.defs.factory import asset_key
 from llm_assets.defs.runner import StepFailed
 from llm_assets.items.tokens import counter_for
-from llm_assets.resources.ledger import TERMINAL, utcnow
+from llm_assets.resources.ledger import utcnow
 from llm_assets.resources.providers.base import ShardState, ShardSubmission
-from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
-from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import Harness, first_time, make_harness, truthful
 
@@ -30,42 +26,6 @@ pytestmark = [pytest.mark.one_database, pytest.mark.fake_server("openai", respon
 @pytest.fixture
 def harness(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> Iterator[Harness]:
     yield from make_harness(tmp_path, database_url, fake)
-
-
-def test_a_day_completes_with_line_faults_retrying_only_what_failed(
-    harness: Harness, fake: FakeOpenAI
-) -> None:
-    transient = first_time({1: "5xx", 2: "missing", 3: "expire", 4: "duplicate"})
-
-    def fault(custom_id: str, body: dict[str, Any]) -> str | None:
-        return "4xx" if "Order 1005 " in user_text(body) else transient(custom_id, body)
-
-    fake.line_fault = fault
-
-    outcome = harness.run_day()
-
-    assert outcome.open_items == 0
-    rows = harness.rows()
-    assert len(rows) == len(harness.truth)
-    assert all(r["status"] in TERMINAL for r in rows.values())
-    by_source = {r["source_id"]: r for r in rows.values()}
-    rejected = by_source["R-20261102-0005"]
-    assert (rejected["status"], rejected["error_class"], rejected["attempts"]) == (
-        "dead_letter",
-        "deterministic",
-        1,
-    )
-    labels = harness.labels()
-    assert len(labels) == len(harness.truth) - 1
-    assert all(labels[s] == harness.truth[s] for s in labels)
-    retried = {f"R-20261102-{n:04d}" for n in (1, 2, 3)}
-    assert {s for s, r in by_source.items() if r["attempts"] == 2} == retried
-    submitted = Counter(fake.submitted_custom_ids())
-    for custom_id, row in rows.items():
-        assert submitted[custom_id] == (2 if row["source_id"] in retried else 1)
-    succeeded = [r for r in rows.values() if r["status"] == "succeeded"]
-    assert all(r["input_tokens"] > 0 and r["output_tokens"] > 0 for r in succeeded)
-    assert all(r["cost_usd"] > 0 for r in succeeded)
 
 
 def test_batches_carry_metadata_and_a_null_error_file_is_fine(
@@ -146,107 +106,6 @@ def test_a_failed_validation_reports_line_numbers(harness: Harness, fake: FakeOp
     assert list(harness.provider.results(batch_id)) == []
 
 
-def test_control_plane_429_and_5xx_are_retried_without_a_second_batch(
-    harness: Harness, fake: FakeOpenAI
-) -> None:
-    fake.faults.add(ControlFault("POST", "/v1/files", status=500, times=1))
-    fake.faults.add(ControlFault("POST", "/v1/batches", status=429, times=2, retry_after=0))
-    fake.faults.add(ControlFault("GET", "/v1/batches/", status=503, times=2))
-    fake.faults.add(ControlFault("GET", "/v1/files/", reset_connection=True, times=1))
-
-    outcome = harness.run_day()
-
-    assert outcome.succeeded == len(harness.truth)
-    shards = harness.ledger.shards(harness.job_id())
-    creates = [
-        c for c in fake.calls.entries() if c["method"] == "POST" and c["path"] == "/v1/batches"
-    ]
-    assert [c["status"] for c in creates].count(429) == 2
-    assert len([c for c in creates if c["status"] == 200]) == len(shards)
-    assert Counter(fake.submitted_custom_ids()) == Counter({cid: 1 for cid in harness.rows()})
-
-
-def test_a_crash_between_create_and_record_is_reconciled_by_metadata(
-    harness: Harness, fake: FakeOpenAI
-) -> None:
-    assert harness.materialize("input_snapshot", "request_shards").success
-    job_id = harness.job_id()
-    first = harness.ledger.shards(job_id)[0]
-    harness.ledger.update_shard(first.shard_id, submit_intent_at=utcnow())
-    created = harness.provider.submit(
-        ShardSubmission(
-            shard_id=first.shard_id,
-            job_id=job_id,
-            pipeline=harness.spec.name,
-            input_uri=first.input_uri,
-            item_count=first.item_count,
-        ),
-        harness.storage,
-    )
-
-    outcome = harness.run_day()
-
-    assert outcome.succeeded == len(harness.truth)
-    assert harness.ledger.get_shard(first.shard_id).provider_batch_id == created
-    assert Counter(fake.submitted_custom_ids()) == Counter({cid: 1 for cid in harness.rows()})
-
-
-def test_a_lost_create_response_does_not_create_a_second_batch(
-    harness: Harness, fake: FakeOpenAI
-) -> None:
-    # The create is answered only after the client gave up; it still happens on the server.
-    fake.faults.add(ControlFault("POST", "/v1/batches", status=200, delay_seconds=3.0, times=1))
-    harness.provider = OpenAIBatchProvider(
-        api_key="test-key",
-        base_url=fake.base_url,
-        timeout_seconds=2.0,
-        retry_base_seconds=1.0,
-        retry_cap_seconds=4.0,
-    )
-
-    outcome = harness.run_day()
-
-    assert outcome.succeeded == len(harness.truth)
-    assert Counter(fake.submitted_custom_ids()) == Counter({cid: 1 for cid in harness.rows()})
-
-
-def test_a_server_restart_mid_batch_loses_nothing(harness: Harness, fake: FakeOpenAI) -> None:
-    fake.polls_per_state = 2
-    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
-    job_id = harness.job_id()
-    steps.poll_shards(harness.ledger, harness.provider, harness.ledger.shards(job_id))
-    fake.restart()
-
-    outcome = harness.run_day()
-
-    assert outcome.succeeded == len(harness.truth)
-    assert Counter(fake.submitted_custom_ids()) == Counter({cid: 1 for cid in harness.rows()})
-
-
-def test_an_expired_batch_resubmits_only_its_expired_lines(
-    harness: Harness, fake: FakeOpenAI
-) -> None:
-    expired: list[str] = []
-
-    def outcome_of(batch: dict[str, Any]) -> str:
-        if not expired:
-            expired.append(batch["id"])
-            return "expired"
-        return "completed"
-
-    fake.batch_outcome = outcome_of
-    fake.line_fault = first_time({0: "expire", 1: "expire"})
-
-    outcome = harness.run_day()
-
-    assert outcome.succeeded == len(harness.truth)
-    rows = {r["source_id"]: r for r in harness.rows().values()}
-    assert rows["R-20261102-0000"]["attempts"] == 2
-    assert rows["R-20261102-0001"]["attempts"] == 2
-    submitted = Counter(fake.submitted_custom_ids())
-    assert sorted(submitted.values()).count(2) == 2
-
-
 @pytest.mark.parametrize("endpoint", ["/v1/responses", "/v1/embeddings"])
 def test_the_responses_and_embeddings_endpoints(
     tmp_path: Path, database_url: str, fake: FakeOpenAI, endpoint: str
@@ -267,29 +126,6 @@ def test_the_responses_and_embeddings_endpoints(
             assert len(first["embedding"]) > 0
         else:
             assert harness.labels() == harness.truth
-
-
-def test_cancel_keeps_the_partial_output_and_retries_the_rest(
-    harness: Harness, fake: FakeOpenAI
-) -> None:
-    fake.polls_per_state = 2
-    fake.error_file_when_clean = "empty_string"
-    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
-    first = harness.ledger.shards(harness.job_id())[0]
-    assert first.provider_batch_id is not None
-    while harness.provider.poll(first.provider_batch_id).raw_status != "in_progress":
-        pass
-
-    status = harness.provider.cancel(first.provider_batch_id)
-    assert status.raw_status == "cancelling"
-    assert status.state == ShardState.RUNNING
-
-    outcome = harness.run_day()
-
-    assert outcome.succeeded == len(harness.truth)
-    assert fake.batch(first.provider_batch_id)["status"] == "cancelled"
-    submitted = Counter(fake.submitted_custom_ids())
-    assert sorted(submitted.values()).count(2) == first.item_count - first.item_count // 2
 
 
 def test_retry_rounds_wait_for_their_backoff(

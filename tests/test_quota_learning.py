@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from llm_assets import steps
 from llm_assets.resources.ledger import LedgerResource, QuotaKey, QuotaRecord, shard_table, utcnow
 from llm_assets.resources.providers.base import WAITING_FOR_QUOTA, BatchProvider
+from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.steps import lifecycle, quota
 from llm_assets.steps.in_process import InProcessRuns
@@ -28,7 +29,6 @@ from tests.fakes.gemini_server import FakeGemini
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, open_harness, provider_for, review_spec, truthful
 from tests.harness import write_reviews as write_day
-from tests.test_quotas import bedrock_jobs_of_30
 
 NOW = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
 KEY = QuotaKey(provider="openai", account="default", model_name="m", kind=quota.TOKENS)
@@ -372,6 +372,24 @@ def test_the_learned_limit_is_shown_and_can_be_reset(tmp_path: Path, database_ur
     assert ledger.quota_record(key).learned_limit == 2
     assert ledger.reset_quotas(provider="anthropic", model=key.model_name) == 1
     assert ledger.quota_record(key).learned_limit is None
+
+
+def bedrock_jobs_of_30(fake: FakeBedrock) -> tuple[BedrockBatchProvider, dict[str, Any]]:
+    """The Bedrock adapter pointed at `fake` (answering truthfully), with short waits, and
+    the review spec in jobs of 30 records: a day of 90 reviews is three jobs."""
+    from tests.test_bedrock_provider import ROLE, bedrock_spec
+    from tests.test_bedrock_provider import truthful as bedrock_truthful
+
+    fake.responder = bedrock_truthful
+    provider = BedrockBatchProvider(
+        role_arn=ROLE,
+        endpoint_url=fake.endpoint_url,
+        retry_base_seconds=0.01,
+        quota_wait_seconds=0.05,
+    )
+    spec = bedrock_spec() | {"bedrock": {"min_records_per_job": 30}}
+    spec["sharding"] = {"max_requests_per_shard": 30}
+    return provider, spec
 
 
 @pytest.mark.one_database

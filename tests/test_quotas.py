@@ -1,21 +1,14 @@
 """Provider quotas met by a day: refusals are waited out, never spent as attempts or turned
 into dead letters, and the spec's quota section keeps submission under a known quota."""
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import pytest
 
-from llm_assets.resources.ledger import TERMINAL
 from llm_assets.resources.providers.base import WAITING_FOR_QUOTA
-from llm_assets.resources.providers.bedrock import BedrockBatchProvider
-from llm_assets.resources.storage import ArtifactStorage
-from tests.conftest import MotoS3
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.fakes.bedrock_server import FakeBedrock
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import Harness, open_harness, provider_for, review_spec, truthful
 
@@ -74,23 +67,6 @@ def test_an_enqueued_token_limit_is_waited_out_without_spending_attempts(
         assert set(fake.billed.values()) == {1}
 
 
-def test_an_anthropic_429_on_create_is_waited_out(tmp_path: Path, database_url: str) -> None:
-    with FakeAnthropic(tmp_path / "fake") as fake:
-        fake.max_processing_batches = 2
-        fake.quota_retry_after = 0
-        spec = review_spec("anthropic", "claude-haiku-4-5")
-        with open_harness(tmp_path, database_url, spec, provider_for(fake), reviews=60) as h:
-            outcome = h.run_day()
-
-            assert outcome.done and outcome.succeeded == 60
-            assert {r["attempts"] for r in h.rows().values()} == {1}
-            refusals = [
-                c for c in fake.calls.entries() if c["method"] == "POST" and c["status"] == 429
-            ]
-            assert refusals, "the quota was met"
-            assert len(fake.batch_ids()) == len(h.ledger.shards(h.job_id()))
-
-
 def test_the_quota_wait_shows_in_the_ledger_and_the_step_metadata(
     tmp_path: Path, database_url: str
 ) -> None:
@@ -118,46 +94,3 @@ def test_the_quota_wait_shows_in_the_ledger_and_the_step_metadata(
             assert {s.raw_status for s in waiting} == {WAITING_FOR_QUOTA}
             assert all(s.not_before is not None for s in waiting)
             assert {r["attempts"] for r in h.rows().values()} == {0, 1}
-
-
-def bedrock_jobs_of_30(fake: FakeBedrock) -> tuple[BedrockBatchProvider, dict[str, Any]]:
-    """The Bedrock adapter pointed at `fake` (answering truthfully), with short waits, and
-    the review spec in jobs of 30 records: a day of 90 reviews is three jobs."""
-    from tests.test_bedrock_provider import ROLE, bedrock_spec
-    from tests.test_bedrock_provider import truthful as bedrock_truthful
-
-    fake.responder = bedrock_truthful
-    provider = BedrockBatchProvider(
-        role_arn=ROLE,
-        endpoint_url=fake.endpoint_url,
-        retry_base_seconds=0.01,
-        quota_wait_seconds=0.05,
-    )
-    spec = bedrock_spec() | {"bedrock": {"min_records_per_job": 30}}
-    spec["sharding"] = {"max_requests_per_shard": 30}
-    return provider, spec
-
-
-@pytest.mark.fake_server("bedrock", min_records=30, max_active_jobs=1)
-def test_a_bedrock_active_job_quota_is_waited_out(
-    tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
-) -> None:
-    provider, spec = bedrock_jobs_of_30(fake)
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        h = Harness(tmp_path, database_url, instance, spec, provider, reviews=90)
-        h.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
-
-        outcome = h.run_day()
-
-        assert outcome.done and outcome.succeeded == 90
-        rows = h.rows()
-        assert {r["attempts"] for r in rows.values()} == {1}
-        assert all(r["status"] in TERMINAL for r in rows.values())
-        refused = [
-            c
-            for c in fake.calls.entries()
-            if c.get("operation") == "CreateModelInvocationJob" and c.get("status") == 400
-        ]
-        assert refused, "the quota was met"
-        assert len(fake.jobs()) == len(h.ledger.shards(h.job_id())) == 3

@@ -31,7 +31,6 @@ from tests.conftest import MotoS3
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.bedrock_server import FakeBedrock
 from tests.fakes.common import ControlFault, FaultPlan
-from tests.fakes.gemini_server import FakeGemini
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import (
     Harness,
@@ -43,7 +42,6 @@ from tests.harness import (
 )
 from tests.test_bedrock_provider import ROLE, bedrock_spec
 from tests.test_bedrock_provider import truthful as bedrock_truthful
-from tests.test_gemini_provider import truthful as gemini_truthful
 
 pytestmark = pytest.mark.one_database
 
@@ -98,20 +96,6 @@ def test_openai_files_are_deleted_after_import(
         # The ledger keeps what it needs: every result, and our shard files.
         assert len(harness.labels()) == len(harness.truth) - 1
         assert all(Path(s.input_uri).is_file() for s in shards)
-
-
-@pytest.mark.fake_server("openai", responder=truthful)
-def test_openai_files_are_kept_when_the_spec_keeps_them(
-    tmp_path: Path, database_url: str, fake: FakeOpenAI
-) -> None:
-    spec = review_spec("openai", "gpt-4o-mini", **KEEP)
-    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
-        assert harness.run_day().open_items == 0
-        shards = shards_of(harness)
-
-        assert all(s.provider_files_deleted_at is None for s in shards)
-        # Each batch's input and output file is still there.
-        assert len(openai_files_of(fake, shards)) == 2 * len(shards)
 
 
 @pytest.mark.fake_server("openai", responder=truthful)
@@ -171,32 +155,7 @@ def test_the_retention_job_retries_pending_provider_deletions(
         assert harness.storage.list_uris(f"snapshots/{harness.spec.name}")
 
 
-# Provider files: Anthropic, Gemini, Bedrock
-
-
-@pytest.mark.parametrize("keep", [False, True], ids=["delete_after_import", "keep"])
-@pytest.mark.fake_server("anthropic")
-def test_anthropic_batches_are_deleted_after_import(
-    tmp_path: Path,
-    database_url: str,
-    fake: FakeAnthropic,
-    keep: bool,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    spec = review_spec("anthropic", "claude-haiku-4-5", **(KEEP if keep else {}))
-    caplog.set_level(logging.INFO, logger=RETENTION_LOGGER)
-    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
-        assert harness.run_day().open_items == 0
-        shards = shards_of(harness)
-
-        batch_ids = [str(s.provider_batch_id) for s in shards]
-        if keep:
-            assert fake.held_batch_ids() == batch_ids
-            assert all(s.provider_files_deleted_at is None for s in shards)
-        else:
-            assert fake.held_batch_ids() == []
-            assert all(s.provider_files_deleted_at is not None for s in shards)
-            assert_deletions_logged(caplog, shards)
+# Provider files: Anthropic, Bedrock (each adapter's deletion: the provider contract suite)
 
 
 @pytest.mark.fake_server("anthropic")
@@ -226,45 +185,6 @@ def shard_files(shard: ShardRecord) -> Any:
     )
 
 
-def gemini_files_of(fake: FakeGemini, shards: list[ShardRecord]) -> list[str]:
-    """Files the fake holds for the shards: uploads named for them and their responses."""
-    ids = {s.shard_id for s in shards}
-    responses = {
-        str(fake.batch(str(s.provider_batch_id))["response"]["responsesFile"]) for s in shards
-    }
-    return [
-        name
-        for name, file in fake.files.items()
-        if file.get("displayName") in ids or name in responses
-    ]
-
-
-@pytest.mark.parametrize("keep", [False, True], ids=["delete_after_import", "keep"])
-@pytest.mark.fake_server("gemini")
-def test_gemini_files_are_deleted_after_import(
-    tmp_path: Path,
-    database_url: str,
-    fake: FakeGemini,
-    keep: bool,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    fake.responder = gemini_truthful
-    spec = review_spec("gemini", "gemini-2.5-flash", **(KEEP if keep else {}))
-    caplog.set_level(logging.INFO, logger=RETENTION_LOGGER)
-    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
-        assert harness.run_day().succeeded == len(harness.truth)
-        shards = shards_of(harness)
-
-        held = gemini_files_of(fake, shards)
-        if keep:
-            assert len(held) == 2 * len(shards)  # an upload and a responses file each
-        else:
-            assert held == [] and fake.files == {}
-            assert_deletions_logged(caplog, shards)
-            # Deleting again finds nothing to delete and does not fail.
-            assert harness.provider.delete_files(shard_files(shards[0])) == []
-
-
 def s3_keys(moto_s3: MotoS3, prefix: str) -> list[str]:
     pages = (
         moto_s3.client()
@@ -274,30 +194,28 @@ def s3_keys(moto_s3: MotoS3, prefix: str) -> list[str]:
     return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
 
-@pytest.mark.parametrize("artifacts", ["s3", "local"])
 @pytest.mark.fake_server("bedrock", min_records=50, responder=bedrock_truthful)
-def test_bedrock_objects_are_deleted_after_import_and_our_shard_files_stay(
+def test_bedrock_input_copies_are_deleted_after_import_and_our_shard_files_stay(
     tmp_path: Path,
     database_url: str,
     moto_s3: MotoS3,
     fake: FakeBedrock,
-    artifacts: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Artifacts on local disk: each job read a copy of its shard file in the S3 staging
+    folder, which goes with the job's outputs. (With artifacts on S3 the job reads our shard
+    file in place, which stays: the provider contract suite runs that case.)"""
     run = f"run-{uuid.uuid4().hex[:8]}"
-    staging = f"s3://{moto_s3.bucket}/{run}/staging"
     provider = BedrockBatchProvider(
         role_arn=ROLE,
         endpoint_url=fake.endpoint_url,
         retry_base_seconds=0.01,
-        staging_uri=None if artifacts == "s3" else staging,
+        staging_uri=f"s3://{moto_s3.bucket}/{run}/staging",
     )
     caplog.set_level(logging.INFO, logger=RETENTION_LOGGER)
     (tmp_path / "dagster").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
         harness = Harness(tmp_path, database_url, instance, bedrock_spec(), provider, reviews=120)
-        if artifacts == "s3":
-            harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{run}")
 
         assert harness.run_day().open_items == 0
 
@@ -305,17 +223,11 @@ def test_bedrock_objects_are_deleted_after_import_and_our_shard_files_stay(
         assert all(s.provider_files_deleted_at is not None for s in shards)
         jobs = fake.jobs()
         assert len(jobs) == len(shards) == 2
-        outputs = [j["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"] for j in jobs]
-        inputs = [j["inputDataConfig"]["s3InputDataConfig"]["s3Uri"] for j in jobs]
-        for uri in outputs:
-            assert s3_keys(moto_s3, uri.split("/", 3)[3]) == []  # outputs and manifest gone
-        if artifacts == "s3":
-            # The job read our shard file in place: it is the ledger's, and stays.
-            assert sorted(inputs) == sorted(s.input_uri for s in shards)
-            assert all(harness.storage.exists(s.input_uri) for s in shards)
-        else:
-            assert s3_keys(moto_s3, f"{run}/staging/") == []  # the input copies too
-            assert all(Path(s.input_uri).is_file() for s in shards)
+        for job in jobs:
+            output = job["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"]
+            assert s3_keys(moto_s3, output.split("/", 3)[3]) == []  # outputs and manifest gone
+        assert s3_keys(moto_s3, f"{run}/staging/") == []  # the input copies too
+        assert all(Path(s.input_uri).is_file() for s in shards)
         assert_deletions_logged(caplog, shards)
 
 

@@ -1,5 +1,8 @@
 """The batch-status sensor: cheap polls, progress observations, one import run per batch set."""
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import dagster as dg
 import pytest
 
@@ -7,12 +10,17 @@ from llm_assets import names
 from llm_assets.defs import sensors
 from llm_assets.defs.factory import asset_key, build_pipeline_assets
 from llm_assets.defs.sensors import build_batch_status_sensor
-from tests import test_anthropic_provider as anthropic_tests
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.harness import DAY, Harness, first_time
+from tests.harness import DAY, Harness, first_time, open_harness, provider_for, review_spec
 
 pytestmark = pytest.mark.fake_server("anthropic")
-harness = anthropic_tests.harness
+
+
+@pytest.fixture
+def harness(tmp_path: Path, database_url: str, fake: FakeAnthropic) -> Iterator[Harness]:
+    spec = review_spec("anthropic", "claude-haiku-4-5")
+    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
+        yield harness
 
 
 def tick(harness: Harness, sensor: dg.SensorDefinition | None = None) -> dg.SensorResult:

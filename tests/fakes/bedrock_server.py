@@ -214,6 +214,13 @@ class FakeBedrock(JobLifecycle, RuntimeCalls, FaultInjectingServer):
         with self._lock:
             return [self._describe(job) for job in sorted(self._jobs.values(), key=seq)]
 
+    def submitted_custom_ids(self) -> list[str]:
+        """The recordId of every record of every job that got past validation, in creation
+        order: what Bedrock took in to run."""
+        with self._lock:
+            jobs = sorted(self._jobs.values(), key=seq)
+            return [record["recordId"] for job in jobs for record in job["records"] or []]
+
     def job(self, job_identifier: str) -> JSON | None:
         """One job's description (by ARN or id) without advancing it, or None."""
         with self._lock:

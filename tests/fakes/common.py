@@ -4,6 +4,7 @@ log, and a free loopback port."""
 import json
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,7 @@ class CallLog:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self.lock = threading.Lock()
+        self._recorded = threading.Condition(self.lock)
         self._memory: list[JSON] = []
 
     def record(self, entry: JSON) -> None:
@@ -109,17 +111,31 @@ class CallLog:
         with self.lock:
             if self.path is None:
                 self._memory.append(json.loads(line))
-                return
-            with self.path.open("a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
+            else:
+                with self.path.open("a", encoding="utf-8") as fh:
+                    fh.write(line + "\n")
+            self._recorded.notify_all()
 
     def entries(self) -> list[JSON]:
         with self.lock:
-            if self.path is None:
-                return [dict(entry) for entry in self._memory]
-            if not self.path.exists():
-                return []
-            return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+            return self._entries()
+
+    def wait_for(self, found: Callable[[JSON], bool], timeout_seconds: float = 30.0) -> JSON:
+        """The first entry `found` accepts, waiting for a call still being served (a delayed
+        one) to be recorded; a test that waits for a call that never comes fails."""
+        with self.lock:
+            if not self._recorded.wait_for(
+                lambda: any(found(e) for e in self._entries()), timeout_seconds
+            ):
+                raise TimeoutError("the awaited call was never recorded")
+            return next(e for e in self._entries() if found(e))
+
+    def _entries(self) -> list[JSON]:
+        if self.path is None:
+            return [dict(entry) for entry in self._memory]
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
 
 
 def format_seconds(seconds: float) -> str:

@@ -101,10 +101,17 @@ class FakeGemini(FilesApi, BatchLifecycle, FaultInjectingServer):
         self._uploads: dict[str, JSON] = {}
         self._lock = threading.RLock()
         self._seq = 0
+        self._submitted: list[str] = []
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def submitted_custom_ids(self) -> list[str]:
+        """The key of every request line of every batch created, deleted ones included, in
+        creation order."""
+        with self._lock:
+            return list(self._submitted)
 
     def batch(self, name: str) -> JSON | None:
         """A batch's Operation, without counting a poll (for assertions)."""
@@ -261,6 +268,7 @@ class FakeGemini(FilesApi, BatchLifecycle, FaultInjectingServer):
             "_seq": self._seq,
         }
         self.batches[batch["name"]] = batch
+        self._submitted += [str(line.get("key", "")) for line in lines]
         log.update(batch=batch["name"], display_name=display, file=file_name)
         return Reply(body=operation(batch))
 

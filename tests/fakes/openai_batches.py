@@ -26,7 +26,7 @@ from tests.fakes.openai_store import Store, public_batch
 JSON = dict[str, Any]
 CleanErrorFile = Literal["null", "empty_string", "empty_file"]
 LINE_FAULTS = ("4xx", "429", "5xx", "missing", "duplicate", "expire")
-OUTCOMES = ("completed", "expired", "failed", "cancelled_after_partial")
+OUTCOMES = ("completed", "expired", "expired_after_partial", "failed", "cancelled_after_partial")
 MAX_LINES = 50_000
 MAX_INPUT_BYTES = 200 * 1024 * 1024
 MAX_EMBEDDING_INPUTS = 50_000
@@ -159,6 +159,20 @@ def unrun_line(custom_id: str, code: str, message: str) -> JSON:
     }
 
 
+UNRUN_LINES: dict[str, Callable[[str], JSON]] = {
+    "expired": lambda custom_id: unrun_line(
+        custom_id,
+        "batch_expired",
+        "This request could not be executed before the completion window expired.",
+    ),
+    "cancelled": lambda custom_id: unrun_line(
+        custom_id,
+        "batch_cancelled",
+        "This request was not executed because the batch was cancelled.",
+    ),
+}
+
+
 def failed_line(custom_id: str, body: JSON, fault: str) -> JSON:
     """A request the endpoint rejected: the error sits in the response body, `error` is null."""
     if fault == "4xx":
@@ -250,7 +264,7 @@ class BatchLifecycle:
             self._leave_validating(batch, now)
         elif status == "in_progress":
             outcome = batch["_outcome"]
-            if outcome == "expired":
+            if outcome in ("expired", "expired_after_partial"):
                 self._finish(batch, "expired")
             elif outcome == "cancelled_after_partial":
                 batch.update(status="cancelling", cancelling_at=now)
@@ -321,8 +335,10 @@ class BatchLifecycle:
             for raw in self.store.input_path(batch["id"]).read_bytes().split(b"\n")
             if raw.strip()
         ]
-        done = len(lines) // 2 if status == "cancelled" else len(lines)
-        output, error_lines, counts = self._run_lines(batch, lines, done)
+        part_way = status == "cancelled" or batch["_outcome"] == "expired_after_partial"
+        done = len(lines) // 2 if part_way else len(lines)
+        unrun = "expired" if status == "expired" else "cancelled"
+        output, error_lines, counts = self._run_lines(batch, lines, done, unrun)
         if self.shuffle_output:
             rng = random.Random(batch["id"])
             for group in (output, error_lines):
@@ -351,35 +367,24 @@ class BatchLifecycle:
         batch[stamp] = int(time.time())
 
     def _run_lines(
-        self, batch: JSON, lines: list[JSON], done: int
+        self, batch: JSON, lines: list[JSON], done: int, unrun: str
     ) -> tuple[list[JSON], list[JSON], dict[str, int]]:
-        """(output lines, error lines, counts) of running the first `done` request lines."""
+        """(output lines, error lines, counts) of running the first `done` request lines; the
+        rest are `unrun` ("expired" or "cancelled") error lines."""
         output: list[JSON] = []
         error_lines: list[JSON] = []
         counts = dict.fromkeys(("completed", "failed", "unrun", "input_tokens", "output_tokens"), 0)
         for index, line in enumerate(lines):
             custom_id, body = line["custom_id"], line["body"]
             if index >= done:
-                error_lines.append(
-                    unrun_line(
-                        custom_id,
-                        "batch_cancelled",
-                        "This request was not executed because the batch was cancelled.",
-                    )
-                )
+                error_lines.append(UNRUN_LINES[unrun](custom_id))
                 counts["unrun"] += 1
                 continue
             fault = self.line_fault(custom_id, body) if self.line_fault else None
             if fault is not None and fault not in LINE_FAULTS:
                 raise ValueError(f"line_fault returned {fault!r}; expected None or {LINE_FAULTS}")
             if fault == "expire":
-                error_lines.append(
-                    unrun_line(
-                        custom_id,
-                        "batch_expired",
-                        "This request could not be executed before the completion window expired.",
-                    )
-                )
+                error_lines.append(UNRUN_LINES["expired"](custom_id))
                 counts["unrun"] += 1
             elif fault in ("4xx", "429", "5xx"):
                 error_lines.append(failed_line(custom_id, body, fault))

@@ -73,8 +73,10 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         that measure waiting, never for tests, which must not wait on a clock.
     line_fault: (custom_id, body) -> None | "4xx" | "429" | "5xx" | "missing" | "duplicate" |
         "expire".
-    batch_outcome: (batch) -> "completed" | "expired" | "failed" | "cancelled_after_partial";
-        asked once, when the batch leaves `validating`.
+    batch_outcome: (batch) -> "completed" | "expired" | "expired_after_partial" | "failed" |
+        "cancelled_after_partial"; asked once, when the batch leaves `validating`. An expired
+        batch runs its lines (those a line_fault expires aside); expired_after_partial runs the
+        first half and expires the rest.
     shuffle_output: output and error lines not in input order (deterministic per batch).
     null_output_file: no output file (output_file_id null) when no line succeeded; otherwise an
         empty one is written.
