@@ -461,10 +461,11 @@ def test_parquet_integer_ids_next_to_a_missing_id_keep_their_value(
         assert set(harness.labels()) == {"7", "9"}
 
 
-def ready_pool(sent: list[tuple[Any, Any]]) -> type:
+def ready_pool(sent: list[tuple[Any, Any]], chunks: list[Any] | None = None) -> type:
     """A ProcessPoolExecutor for llm_assets.util.parallel whose workers are ready before its first
     chunk is sent (so chunks do go to them, not all worked here while one starts); each
-    chunk's call (partial(_call, work, ...)) and future are appended to `sent`."""
+    chunk's call (partial(_call, work, ...)) and future are appended to `sent`, and what is
+    sent as the chunk to `chunks`."""
     from llm_assets.util import parallel
 
     class ReadyPool(parallel.concurrent.futures.ProcessPoolExecutor):
@@ -474,6 +475,8 @@ def ready_pool(sent: list[tuple[Any, Any]]) -> type:
                 future.result()
             else:
                 sent.append((fn, future))
+                if chunks is not None:
+                    chunks.append(args[0])
             return future
 
     return ReadyPool
@@ -615,10 +618,10 @@ def _spill_root() -> Path:
 def test_worker_results_come_back_in_files_that_are_removed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Workers leave their results in files (not the pool's pipe); each is removed when its
-    result is taken, the folder when the block ends; folders of processes that are gone,
-    untouched for a while, are removed when a pool starts. Where a file cannot be written,
-    the result comes through the pipe."""
+    """Chunks go to workers and their results come back in files (not the pool's pipe);
+    each is removed when it is read, the folder when the block ends; folders of processes
+    that are gone, untouched for a while, are removed when a pool starts. Where a file
+    cannot be written, chunks and results go through the pipe."""
     import subprocess
     import sys
 
@@ -627,7 +630,10 @@ def test_worker_results_come_back_in_files_that_are_removed(
     monkeypatch.setattr(parallel, "CHUNK_ROWS", 3)
     monkeypatch.setattr(parallel, "INLINE_ROWS", 3)
     returned: list[tuple[Any, Any]] = []
-    monkeypatch.setattr(parallel.concurrent.futures, "ProcessPoolExecutor", ready_pool(returned))
+    chunks: list[Any] = []
+    monkeypatch.setattr(
+        parallel.concurrent.futures, "ProcessPoolExecutor", ready_pool(returned, chunks)
+    )
     gone = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         check=True,
@@ -658,15 +664,18 @@ def test_worker_results_come_back_in_files_that_are_removed(
         alive.rmdir()
     assert squares == [n * n for n in range(60)]
     assert returned and all(future.result() is None for _, future in returned)
+    assert chunks and all(isinstance(chunk, parallel._Spilled) for chunk in chunks)
     assert not os.path.exists(spills)
 
-    # No folder to write to: the results come through the pipe, the same.
+    # No folder to write to: chunks and results go through the pipe, the same.
     returned.clear()
+    chunks.clear()
     monkeypatch.setattr(parallel, "_spill_dir", lambda: str(tmp_path / "missing"))
     with parallel.Workers(1) as workers:
         squares = [x for chunk in workers.map(_squares, 0, range(60)) for x in chunk]
     assert squares == [n * n for n in range(60)]
     assert returned and all(future.result() is not None for _, future in returned)
+    assert chunks and all(isinstance(chunk, list) for chunk in chunks)
 
 
 def test_odd_entries_where_result_folders_go_never_stop_workers_from_starting(
@@ -920,7 +929,7 @@ import pickle, sys
 work, context = pickle.loads(sys.stdin.buffer.read())
 rows = work(context, [(0, [sys.argv[1].encode()])])
 heavy = sorted({m.split(".")[0] for m in sys.modules} & {"dagster", "sqlalchemy", "openai",
-    "anthropic", "boto3", "pandas", "pyarrow"})
+    "anthropic", "boto3", "pandas"})
 sys.stdout.buffer.write(pickle.dumps((rows, heavy)))
 """
 
@@ -929,7 +938,7 @@ def test_a_shards_worker_needs_neither_dagster_nor_the_sdks() -> None:
     """What the shards step sends a worker (assess_lines and the Preparer, as build_shards
     makes it) unpickles and assesses a row in a fresh interpreter without Dagster,
     SQLAlchemy, pandas or an SDK: Dagster alone was 65 MB of the worker and most of its
-    start."""
+    start. pyarrow is imported (RE2 for the personal-data pre-filter, about 25 MB)."""
     import pickle
     import subprocess
     import sys

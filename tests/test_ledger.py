@@ -1510,8 +1510,8 @@ def test_the_background_writer_runs_in_order_and_stops_at_the_first_error() -> N
     with pytest.raises(ValueError, match="write failed"), L.BackgroundWriter(depth=1) as writer:
         writer.submit(lambda: done.append(1))
         writer.submit(fail)
-        writer.submit(lambda: done.append(3))  # never runs: an earlier write failed
-    assert done == [1]
+        writer.submit(lambda: done.append(3), skipped=lambda: done.append(-3))
+    assert done == [1, -3]  # the third never ran (an earlier write failed): its cleanup did
 
     # The caller's own error wins over a write's.
     with pytest.raises(KeyError), L.BackgroundWriter() as writer:

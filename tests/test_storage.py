@@ -78,6 +78,25 @@ def test_write_lines_round_trip(storage: ArtifactStorage) -> None:
     assert list(storage.open_lines(written.uri)) == lines
 
 
+def test_staged_lines_are_published_or_discarded_whole(storage: ArtifactStorage) -> None:
+    """Staged lines are written and hashed but nowhere to be read until published; a discarded
+    stage leaves nothing, and publishing twice is refused."""
+    lines = [b"a", b"bb", b"ccc"]
+    staged = storage.stage_lines("x/staged.jsonl", iter(lines))
+    assert not storage.exists(staged.written.uri)
+    assert staged.publish() == staged.written
+    assert_matches_stored(storage, staged.written)
+    assert list(storage.open_lines(staged.written.uri)) == lines
+    staged.discard()  # published: nothing to do
+    with pytest.raises(AssertionError):
+        staged.publish()
+
+    dropped = storage.stage_lines("x/dropped.jsonl", iter(lines))
+    dropped.discard()
+    assert not storage.exists(dropped.written.uri)
+    assert storage.list_uris("x") == [staged.written.uri]
+
+
 def test_write_lines_empty_and_blank(storage: ArtifactStorage) -> None:
     empty = storage.write_lines("empty.jsonl", [])
     assert (empty.line_count, empty.size_bytes) == (0, 0)

@@ -17,13 +17,17 @@ what a policy replaces. No pattern backtracks over more than a bounded stretch o
 text is scanned in time linear in its length, whatever it holds.
 
 Texts are scanned a chunk at a time, joined into one string: one call into the scanner per
-chunk instead of one per item is what keeps a million prompts within a few seconds
-(bench/pii_detectors.py has the comparison behind these choices).
+chunk instead of one per item (bench/pii_detectors.py has the comparison behind these
+choices). Of a chunk, only the texts `prefilter` picks are joined and scanned, each with
+what stood before it; the others hold nothing any detector finds, which is most of them, and
+what keeps a million prompts within a few seconds.
 """
 
 import bisect
+import itertools
+import operator
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import datafog_core
@@ -31,6 +35,7 @@ import datafog_core
 from llm_assets.compliance.emails import emails
 from llm_assets.compliance.normalize import View, view
 from llm_assets.compliance.numbers import in_a_name, is_order_number, labelled, numbers
+from llm_assets.compliance.prefilter import CONTEXT, suspects
 from llm_assets.compliance.secrets import credentials
 from llm_assets.compliance.spec import PHONE_REGIONS, Entity
 
@@ -104,7 +109,11 @@ def _iban_length(candidate: str) -> int:
         candidate = candidate[:cut]
 
 
-def _raw_findings(joined: str, phone_regions: Sequence[str]) -> Iterator[tuple[Entity, int, int]]:
+def _raw_findings(
+    joined: str, phone_regions: Sequence[str], chunk: Callable[[], str] | None = None
+) -> Iterator[tuple[Entity, int, int]]:
+    """The findings in a chunk of texts; `chunk`, when only some texts of a chunk are
+    scanned, gives the whole chunk lower-cased (two detectors look for their words there)."""
     for found in datafog_core.scan(joined, config={"entities": _SCAN_ENTITIES}):
         span = found.codepoint_range
         entity = _DATAFOG[found.entity_type]
@@ -120,8 +129,8 @@ def _raw_findings(joined: str, phone_regions: Sequence[str]) -> Iterator[tuple[E
             if length:
                 yield "iban", start, start + length
     lowered = joined.lower()
-    yield from numbers(joined, lowered, phone_regions)
-    for start, end in emails(joined, lowered):
+    yield from numbers(joined, lowered, phone_regions, chunk)
+    for start, end in emails(joined, lowered, chunk):
         yield "email", start, end
     for start, end in credentials(joined, lowered):
         yield "credential", start, end
@@ -234,30 +243,93 @@ def _resolved(text: str, found: list[tuple[Entity, int, int]]) -> list[tuple[Ent
     return merged
 
 
-def scan(texts: Sequence[str], phone_regions: Sequence[str] = PHONE_REGIONS) -> list[list[Finding]]:
+def scan(
+    texts: Sequence[str], phone_regions: Sequence[str] = PHONE_REGIONS, *, prefilter: bool = True
+) -> list[list[Finding]]:
     """Each text's findings, in order of position, overlapping ones merged; phone numbers in
-    national format are those valid in one of `phone_regions`."""
+    national format are those valid in one of `phone_regions`. Only the texts the pre-filter
+    picks are scanned (`prefilter=False`: all, what the pre-filter is held to)."""
     if not texts:
         return []
-    views = [view(text) for text in texts]
-    starts = []
-    at = 0
-    for seen in views:
-        starts.append(at)
-        at += len(seen.text) + len(_SEPARATOR)
-    joined = _SEPARATOR.join(seen.text for seen in views)
-    per_text: list[list[tuple[Entity, int, int]]] = [[] for _ in texts]
-    for entity, start, end in _raw_findings(joined, phone_regions):
+    seen = [text if text.isascii() else view(text).text for text in texts]
+    lengths = list(map(len, seen))
+    steps = map(operator.add, lengths, itertools.repeat(len(_SEPARATOR)))
+    starts = list(itertools.accumulate(steps, initial=0))
+    starts.pop()
+    ends = list(map(operator.add, starts, lengths))
+    joined = _SEPARATOR.join(seen)
+    # A character whose lower case is longer (U+0130) makes three detectors read the chunk's
+    # word positions otherwise (llm_assets/compliance/secrets.py): such a chunk is scanned whole.
+    lowered = joined.lower() if prefilter and "\u0130" not in joined else None
+    picked = None if lowered is None else suspects(lowered, starts, ends)
+    if lowered is None or picked is None:
+        per_text = _attributed(_raw_findings(joined, phone_regions), starts, ends, None)
+    elif picked:
+        per_text = _scan_picked(joined, lowered, starts, ends, picked, phone_regions)
+    else:
+        per_text = {}
+    out: list[list[Finding]] = [[] for _ in texts]
+    for index, found in per_text.items():
+        out[index] = _findings(texts[index], view(texts[index]), found)
+    return out
+
+
+def _attributed(
+    found: Iterable[tuple[Entity, int, int]],
+    starts: list[int],
+    ends: list[int],
+    kept: set[int] | None,
+) -> dict[int, list[tuple[Entity, int, int]]]:
+    """Findings in joined texts → per text index (of those `kept`, or all), in the text's
+    coordinates; a finding that starts in a separator is none, one that runs past its text's
+    end is cut there."""
+    per_text: dict[int, list[tuple[Entity, int, int]]] = {}
+    for entity, start, end in found:
         index = bisect.bisect_right(starts, start) - 1
+        if start >= ends[index] or (kept is not None and index not in kept):
+            continue
         offset = starts[index]
-        limit = len(views[index].text)
-        if start - offset >= limit:
-            continue  # in a separator
-        per_text[index].append((entity, start - offset, min(end - offset, limit)))
-    return [
-        _findings(text, seen, found) if found else []
-        for text, seen, found in zip(texts, views, per_text, strict=True)
-    ]
+        per_text.setdefault(index, []).append(
+            (entity, start - offset, min(end, ends[index]) - offset)
+        )
+    return per_text
+
+
+def _scan_picked(
+    joined: str,
+    lowered: str,
+    starts: list[int],
+    ends: list[int],
+    picked: list[int],
+    phone_regions: Sequence[str],
+) -> dict[int, list[tuple[Entity, int, int]]]:
+    """Scan only the picked texts of a chunk, each with the `prefilter.CONTEXT` characters
+    that precede it in the chunk: stretches of the joined chunk, separated as texts are. A
+    finding is attributed by its position in the chunk, which it has in its stretch; the
+    detectors that look for a word anywhere in the chunk get the whole chunk (`lowered`)."""
+    spans: list[list[int]] = []
+    for index in picked:
+        begin = max(0, starts[index] - CONTEXT)
+        if spans and begin <= spans[-1][1] + len(_SEPARATOR):
+            spans[-1][1] = ends[index]
+        else:
+            spans.append([begin, ends[index]])
+    pieces = [joined[begin:end] for begin, end in spans]
+    reduced = _SEPARATOR.join(pieces)
+    at_reduced = []  # where each stretch starts in `reduced`
+    at = 0
+    for piece in pieces:
+        at_reduced.append(at)
+        at += len(piece) + len(_SEPARATOR)
+
+    def in_chunk() -> Iterator[tuple[Entity, int, int]]:
+        for entity, start, end in _raw_findings(reduced, phone_regions, lambda: lowered):
+            stretch = bisect.bisect_right(at_reduced, start) - 1
+            shift = spans[stretch][0] - at_reduced[stretch]
+            if start + shift < spans[stretch][1]:  # else in a separator between stretches
+                yield entity, start + shift, end + shift
+
+    return _attributed(in_chunk(), starts, ends, set(picked))
 
 
 def _findings(text: str, seen: View, found: list[tuple[Entity, int, int]]) -> list[Finding]:

@@ -14,7 +14,7 @@ text is scanned in linear time whatever it holds.
 """
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _MARKS = "\u0300-\u036f\u0900-\u0dff\u0e00-\u0e7f\u1000-\u109f"
 """Combining marks and the Indic, Thai and Myanmar blocks, whose vowel signs are marks: not
@@ -37,16 +37,31 @@ _NEEDLES = ("at)", "at]", "at}", "at>", "dot", " @", "@ ")
 _TLD = re.compile(rf"(?:[^\W\d_]|[{_MARKS}]){{2,24}}")
 
 
-def emails(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
-    """(start, end) of each address found in `joined` (`lowered` is it in lower case)."""
+def emails(
+    joined: str, lowered: str, chunk: Callable[[], str] | None = None
+) -> Iterator[tuple[int, int]]:
+    """(start, end) of each address found in `joined` (`lowered` is it in lower case; `chunk`,
+    when these are some of a chunk's prompts, gives the whole chunk lower-cased, whose needles
+    count)."""
     if "@" in joined and not joined.isascii():
         for match in _UNICODE_EMAIL.finditer(joined):
             if not match.group().isascii() and _TLD.fullmatch(match.group().rsplit(".", 1)[1]):
                 yield match.span()
-    if any(needle in lowered for needle in _NEEDLES):
+    if _may_be_obfuscated(joined, lowered, chunk):
         for match in _OBFUSCATED.finditer(joined):
             if _obfuscated(match):
                 yield match.span()
+
+
+def _may_be_obfuscated(joined: str, lowered: str, chunk: Callable[[], str] | None) -> bool:
+    """Whether the chunk holds a needle. Asked of the whole chunk only when these prompts lack
+    one and hold what an obfuscated address needs besides ("@" or an "at" in brackets)."""
+    if any(needle in lowered for needle in _NEEDLES):
+        return True
+    if chunk is None or ("@" not in joined and _BRACKETED.search(joined) is None):
+        return False
+    whole = chunk()
+    return any(needle in whole for needle in _NEEDLES)
 
 
 def _obfuscated(match: re.Match[str]) -> bool:

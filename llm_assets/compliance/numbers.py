@@ -5,7 +5,7 @@ pattern finds candidates in a chunk of prompts; the libraries decide. Both libra
 imported on the first candidate: most chunks hold none."""
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from llm_assets.compliance.spec import Entity
@@ -74,9 +74,13 @@ def _card_brand(digits: str) -> bool:
 
 
 def numbers(
-    joined: str, lowered: str, phone_regions: Sequence[str]
+    joined: str,
+    lowered: str,
+    phone_regions: Sequence[str],
+    chunk: Callable[[], str] | None = None,
 ) -> Iterator[tuple[Entity, int, int]]:
-    """(entity, start, end) of each number found in a chunk of prompts."""
+    """(entity, start, end) of each number found in a chunk of prompts; `chunk`, when these
+    are some of a chunk's prompts, gives the whole chunk lower-cased, whose SSN words count."""
     if phone_regions:
         yield from _national_phones(joined, phone_regions)
     if "(0)" in joined:
@@ -98,7 +102,7 @@ def numbers(
             digits = re.sub(r"\D", "", match.group())
             if 13 <= len(digits) <= 19 and luhn.is_valid(digits):
                 yield "card", match.start(), match.end()
-    if not any(word in lowered for word in _SSN_WORDS):
+    if not _speaks_of_ssns(joined, lowered, chunk):
         return
     for match in _SSN_SPACED.finditer(joined):
         if _ssn_valid(match.group()) and _free(joined, match.start(), ""):
@@ -106,6 +110,17 @@ def numbers(
     for match in _SSN_LABELLED.finditer(joined):
         if _ssn_valid(match.group(1)) and not _digit_follows(joined, match.end(1), ""):
             yield "national_id", match.start(1), match.end(1)
+
+
+def _speaks_of_ssns(joined: str, lowered: str, chunk: Callable[[], str] | None) -> bool:
+    """Whether the chunk holds an SSN word. Asked of the whole chunk only when these prompts
+    lack one and hold an SSN in 3-2-4 groups (the only finding another prompt's word makes)."""
+    if any(word in lowered for word in _SSN_WORDS):
+        return True
+    if chunk is None or _SSN_SPACED.search(joined) is None:
+        return False
+    whole = chunk()
+    return any(word in whole for word in _SSN_WORDS)
 
 
 def _ssn_valid(digits: str) -> bool:

@@ -83,9 +83,9 @@ _PASSWORD_WORDS = (
     "パスワード|密码|密碼|пароль|पासवर्ड|şifreniz|şifrem|şifre|sifrem|sifre|heslo|jelszó|parool|adgangskode|κωδικός|"
     "סיסמה|كلمة المرور|كلمة السر|비밀번호|mật khẩu"
 )
-_WORDS = sorted(_PASSWORD_WORDS.split("|"), key=len, reverse=True)
+PASSWORD_WORDS = sorted(_PASSWORD_WORDS.split("|"), key=len, reverse=True)
 """Longest first: "passwort" is tried before "pass…" words it is not."""
-_NOT_IN_A_VALUE = "\\s,;\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef「」『』"
+NOT_IN_A_VALUE = "\\s,;\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef「」『』"
 """What ends a password written out: a space, a comma, and in scripts without spaces the
 next ideograph, kana, Hangul or CJK punctuation (初期パスワードは「h4EWEgo_2WD-G」です)."""
 _PASSWORD_VALUE = re.compile(
@@ -94,7 +94,7 @@ _PASSWORD_VALUE = re.compile(
     # equals sign or a verb that says what follows is the value.
     r"(?i:(?:[^\n:=：]{0,48}?(?:[:=：]|\s(?:is|was|ist|war|est|es|era|é|è|är|er|jest|je|"
     r"это|है|dır|dir)\s|は|是|为|為)|は|是|为|為|\s)?\s{0,4}[:=：]?\s{0,4}[「『\"'“‘]?)"
-    rf"(?!@)(?=[^{_NOT_IN_A_VALUE}]{{0,255}}[\d!@#$%^&*])([^{_NOT_IN_A_VALUE}]{{6,256}})"
+    rf"(?!@)(?=[^{NOT_IN_A_VALUE}]{{0,255}}[\d!@#$%^&*])([^{NOT_IN_A_VALUE}]{{6,256}})"
 )
 _PASSWORD = re.compile(rf"(?i:\b(?:{_PASSWORD_WORDS}))" + _PASSWORD_VALUE.pattern)
 """A password written out: a value with a digit or a symbol after the word (and an optional
@@ -145,7 +145,7 @@ def _passwords(joined: str, lowered: str) -> Iterator[tuple[int, int]]:
     for needle in _PASSWORD_NEEDLES:
         if needle not in lowered:
             continue
-        words = [(word, word.index(needle)) for word in _WORDS if needle in word]
+        words = [(word, word.index(needle)) for word in PASSWORD_WORDS if needle in word]
         at = lowered.find(needle)
         while at >= 0:
             # The next digit or symbol: a word further than a value's reach before it has no

@@ -206,6 +206,53 @@ def _copy_counting_lines(source: IO[bytes], out: _HashingWriter) -> int:
     return newlines + (1 if last and not last.endswith(b"\n") else 0)
 
 
+class StagedArtifact:
+    """Bytes written to a staging file and hashed, not yet published (ArtifactStorage's
+    `stage_lines`): `publish` makes them durable and puts them in place, once; `discard`
+    removes them. Until one of them ends it, the staged file stays open."""
+
+    def __init__(
+        self,
+        written: WrittenArtifact,
+        staged: IO[bytes],
+        path: Path,
+        target: S3Location | Path,
+        storage: "ArtifactStorage",
+    ) -> None:
+        self.written = written
+        self._staged = staged
+        self._path: Path | None = path
+        self._target = target
+        self._storage = storage
+
+    def publish(self) -> WrittenArtifact:
+        """fsync, then a rename beside a local target (and the folder's fsync) or an upload;
+        an exception leaves nothing published and the staged file removed."""
+        assert self._path is not None, "published or discarded already"
+        path, self._path = self._path, None
+        try:
+            with self._staged:
+                os.fsync(self._staged.fileno())
+            if isinstance(self._target, Path):
+                os.replace(path, self._target)
+                _fsync_dir(self._target.parent)
+            else:
+                self._storage._s3().upload(path, self._target)
+                path.unlink(missing_ok=True)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return self.written
+
+    def discard(self) -> None:
+        """Remove the staged file, unless it was published or removed already."""
+        if self._path is None:
+            return
+        path, self._path = self._path, None
+        self._staged.close()
+        path.unlink(missing_ok=True)
+
+
 class ArtifactStorage(dg.ConfigurableResource):
     """Where artifacts live: a local folder or s3://bucket/prefix.
 
@@ -268,6 +315,13 @@ class ArtifactStorage(dg.ConfigurableResource):
 
     def write_lines(self, key: str, lines: Iterable[bytes]) -> WrittenArtifact:
         """Stream lines (without newlines) to storage; an exception leaves nothing published."""
+        return self.stage_lines(key, lines).publish()
+
+    def stage_lines(self, key: str, lines: Iterable[bytes]) -> "StagedArtifact":
+        """`write_lines` up to its publishing: the lines are written and hashed now, into a
+        staged file that `publish` makes durable and puts in place (or `discard` removes).
+        Publishing waits for the disk (fsync) where writing does not, so another thread may
+        do it while this one goes on."""
 
         def fill(out: _HashingWriter) -> int:
             count = 0
@@ -279,7 +333,7 @@ class ArtifactStorage(dg.ConfigurableResource):
                     batch = []
             return _write_block(out, batch, count, key) if batch else count
 
-        return self._write(key, fill)
+        return self._stage(key, fill)
 
     def write_file(self, key: str, path: Path) -> WrittenArtifact:
         """Publish a file built elsewhere; line_count counts lines as open_lines would yield."""
@@ -301,28 +355,24 @@ class ArtifactStorage(dg.ConfigurableResource):
         )
 
     def _write(self, key: str, fill: Callable[[_HashingWriter], int]) -> WrittenArtifact:
+        return self._stage(key, fill).publish()
+
+    def _stage(self, key: str, fill: Callable[[_HashingWriter], int]) -> "StagedArtifact":
         uri = self.uri(key)
         target = _parse_uri(uri)
-        staged_path: Path | None = None
+        staged, staged_path = _open_staging(target)
         try:
-            staged, staged_path = _open_staging(target)
-            with staged:
-                out = _HashingWriter(staged)
-                line_count = fill(out)
-                staged.flush()
-                os.fsync(staged.fileno())
-            if isinstance(target, Path):
-                os.replace(staged_path, target)
-                staged_path = None
-                _fsync_dir(target.parent)
-            else:
-                self._s3().upload(staged_path, target)
-        finally:
-            if staged_path is not None:
-                staged_path.unlink(missing_ok=True)
-        return WrittenArtifact(
+            out = _HashingWriter(staged)
+            line_count = fill(out)
+            staged.flush()
+        except BaseException:
+            staged.close()
+            staged_path.unlink(missing_ok=True)
+            raise
+        written = WrittenArtifact(
             uri=uri, size_bytes=out.size_bytes, line_count=line_count, sha256=out.sha256
         )
+        return StagedArtifact(written, staged, staged_path, target, self)
 
     def open_lines(self, uri: str) -> Iterator[bytes]:
         """Stream lines without newlines; opens eagerly so a bad uri fails at the call site."""

@@ -17,7 +17,7 @@ from llm_assets.items.prepare import KnownIds, PreparedItem, Preparer, prepare_i
 from llm_assets.items.sharding import split_shards
 from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import DEAD_LETTER, PENDING, BackgroundWriter, JobRecord
-from llm_assets.resources.storage import WrittenArtifact
+from llm_assets.resources.storage import StagedArtifact, WrittenArtifact
 from llm_assets.steps.context import StepContext, artifact_key
 from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.util.failpoints import failpoint
@@ -155,6 +155,12 @@ class ShardRound:
     ) -> WrittenArtifact:
         """The shard's request lines, in order, at the shard's key (or, given a `name`, at
         that name beside it)."""
+        return self.stage_file(index, lines, name=name).publish()
+
+    def stage_file(
+        self, index: int, lines: Sequence[tuple[str, bytes]], *, name: str = ""
+    ) -> StagedArtifact:
+        """`write_file` written and hashed, to be published (ArtifactStorage.stage_lines)."""
         key = artifact_key(
             "shards",
             self.ctx.spec.name,
@@ -162,7 +168,7 @@ class ShardRound:
             self.job.job_id,
             f"{name or self.shard_id(index)}.jsonl",
         )
-        return self.ctx.storage.write_lines(key, (line for _, line in lines))
+        return self.ctx.storage.stage_lines(key, (line for _, line in lines))
 
     def shard_row(
         self, index: int, written: WrittenArtifact, item_count: int, estimate: ShardEstimate
@@ -195,25 +201,31 @@ def write_shard(
 ) -> str:
     """Write a shard's file, then record it: with its new `items` and their `pseudonyms`,
     or (None) taking over the items of `lines` from their earlier shards, whose lines and
-    so mappings they keep. On the round's writer thread when it has one: the file is always
-    there before the ledger names it."""
+    so mappings they keep. The file is written here and, on the round's writer thread when
+    it has one, made durable and published before the ledger names it: the wait for the
+    disk (fsync, a few tenths of a second a shard) is the thread's, not the step's."""
     ledger = round_.ctx.ledger
-    written = round_.write_file(index, lines)
-    failpoint("retry.after_file" if items is None else "shards.after_file")
-    shard = round_.shard_row(index, written, len(lines), estimate)
+    staged = round_.stage_file(index, lines)
+    shard = round_.shard_row(index, staged.written, len(lines), estimate)
 
     def record() -> None:
+        staged.publish()
+        failpoint("retry.after_file" if items is None else "shards.after_file")
         if items is not None:
             ledger.add_shard_with_items(shard, items, pseudonyms, stale_pseudonyms=stale_pseudonyms)
         else:
             ledger.reassign_items_to_shard(round_.job.job_id, shard, line_offsets(lines))
         failpoint("shards.after_record")
 
-    if round_.writer is not None:
-        round_.writer.submit(record)
-    else:
-        record()
-    return written.uri
+    try:
+        if round_.writer is None:
+            record()
+        else:
+            round_.writer.submit(record, skipped=staged.discard)
+    except BaseException:
+        staged.discard()  # nothing once published
+        raise
+    return staged.written.uri
 
 
 @dataclasses.dataclass

@@ -7,8 +7,9 @@ everything else never start a process. Workers are spawned (not forked: a Dagste
 threads of its own). `LLM_ASSETS_WORKERS` sets how many; 0 works everything in the calling
 process. The default is one fewer than the machine's cores: the calling process keeps a core
 for reading, writing files and the ledger, and each worker holds its own tokenizer (a worker
-of the shards step is about 125 MB; docs/decisions.md). Workers leave their results in
-files (in /dev/shm where the system has it) rather than sending them through the pool's pipe.
+of the shards step is about 125 MB; docs/decisions.md). Chunks and their results go between
+the processes in files (in /dev/shm where the system has it) rather than through the pool's
+pipe.
 """
 
 import collections
@@ -27,7 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 Context = TypeVar("Context")
 Row = TypeVar("Row")
@@ -132,13 +133,27 @@ def _context(key: str, context: bytes) -> Any:
     return found
 
 
+class _Spilled(NamedTuple):
+    """A chunk the calling process left in a file for a worker (see `_call`)."""
+
+    path: str
+
+
 def _call(
     work: Callable[[Any, Any], Any], key: str, context: bytes, chunk: Any, spill: str
 ) -> tuple[Any] | None:
     """Work a chunk in a worker. The result is left in the file `spill` (None returned): the
     pool's pipe carries 64 KB at a time, each piece waiting for the calling process's busy
     interpreter to read it, which leaves the worker blocked in its send. Where the file
-    cannot be written (a full /dev/shm), the result comes through the pipe."""
+    cannot be written (a full /dev/shm), the result comes through the pipe. A chunk comes
+    the same way, in a file (`_Spilled`): through the pipe, 64 KB at a time from the pool's
+    feeder thread, which waits for the calling process's interpreter before each piece, a
+    chunk of a few MB took a large part of the time it takes to work."""
+    if isinstance(chunk, _Spilled):
+        with open(chunk.path, "rb") as handle:
+            data = handle.read()
+        os.unlink(chunk.path)
+        chunk = pickle.loads(data)  # the calling process's own file
     result = work(_context(key, context), chunk)
     data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
     try:
@@ -249,10 +264,21 @@ class Workers:
             self._spills = None
 
     def _send(self, call: Any, chunk: Any) -> tuple[concurrent.futures.Future[Any], str | None]:
+        """Send a chunk to the workers in a file (through the pipe where it cannot be
+        written); its result is to be left in the file `spill`."""
         assert self._pool is not None and self._spills is not None
         self._sent += 1
         spill = os.path.join(self._spills, str(self._sent))
-        return self._pool.submit(call, chunk, spill), spill
+        given = f"{spill}.chunk"
+        try:
+            with open(given, "wb") as handle:
+                handle.write(pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL))
+            sent: Any = _Spilled(given)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(given)
+            sent = chunk
+        return self._pool.submit(call, sent, spill), spill
 
     @staticmethod
     def _take(sent: tuple[concurrent.futures.Future[Any], str | None]) -> Any:

@@ -254,19 +254,24 @@ class BackgroundWriter:
 
     def _work(self) -> None:
         while True:
-            task = self._queue.get()
-            if task is None:
+            queued = self._queue.get()
+            if queued is None:
                 return
+            task, skipped = queued
             if self._error is None:
                 try:
                     task()
                 except BaseException as exc:  # handed to the caller
                     self._error = exc
+            elif skipped is not None:
+                with contextlib.suppress(Exception):
+                    skipped()
 
-    def submit(self, task: Any) -> None:
-        """Queue a write; it runs in the caller's context (the locks it holds fence it)."""
+    def submit(self, task: Any, *, skipped: Any = None) -> None:
+        """Queue a write; it runs in the caller's context (the locks it holds fence it).
+        `skipped` is called instead when an earlier write failed (to clean up after it)."""
         self._raise()
-        self._queue.put(functools.partial(contextvars.copy_context().run, task))
+        self._queue.put((functools.partial(contextvars.copy_context().run, task), skipped))
 
     def _raise(self) -> None:
         if self._error is not None:
