@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from llm_assets.items.source import list_source_files, rows_for_partition
+from llm_assets.items.source import SourceRow, list_source_files, rows_for_partition
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.context import (
@@ -70,8 +70,9 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
         try:
             for row in rows_for_partition(spec, source_uri, day, storage):
                 files.add(row.file)
-                if row.record is not None:
-                    row = row._replace(record={k: v for k, v in row.record.items() if k in keep})
+                if row.record is not None and not row.record.keys() <= keep:
+                    record = {k: v for k, v in row.record.items() if k in keep}
+                    row = SourceRow(row.file, row.line, record, row.error)
                 row, line = row.snapshot_line()
                 unreadable += row.record is None
                 line += b"\n"
