@@ -3,9 +3,6 @@ pipeline's daily cap, stop at the pipeline's pause between any two submissions, 
 by the pipeline's batch-status sensor when nobody waits for them (so they stop counting
 against `max_active_batches` once they end), and are cancelled by their eval pipeline's name."""
 
-import os
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -15,10 +12,10 @@ import yaml
 from llm_assets import steps
 from llm_assets.defs.factory import build_pipeline_assets
 from llm_assets.defs.sensors import build_batch_status_sensor
-from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.spec.model import PipelineSpec
 from tests import test_eval_replay as replay_tests
+from tests.eval_harness import run_command
 from tests.harness import CLI, provider_for, review_spec
 from tests.test_eval_replay import DAYS, World
 from tests.test_lifecycle_races import run_out_every_batch
@@ -86,11 +83,7 @@ def test_a_pause_during_an_eval_stops_its_next_submission(
 def status_tick(world: World, spec: PipelineSpec) -> Any:
     """One tick of the pipeline's batch-status sensor."""
     sensor = build_batch_status_sensor(spec)
-    resources = {
-        "ledger": world.ledger,
-        "storage": world.storage,
-        provider_resource_key("openai"): provider_for(world.openai),
-    }
+    resources = world.resources
     defs = dg.Definitions(
         assets=build_pipeline_assets(spec, world.settings), sensors=[sensor], resources=resources
     )
@@ -125,30 +118,18 @@ def test_the_pipelines_sensor_polls_an_abandoned_evals_batches(world: World) -> 
     assert submitted.submitted and submitted.waiting_for_quota == 0
 
 
-def test_an_evals_day_is_cancelled_by_its_pipeline_name(
-    world: World, tmp_path: Path, database_url: str
-) -> None:
+def test_an_evals_day_is_cancelled_by_its_pipeline_name(world: World) -> None:
     world.openai.polls_per_state = 1000
     result = _replay(world, world.spec, wait=False)
     eval_pipeline = result.variants["baseline"].pipeline
-    specs = tmp_path / "specs"
+    specs = world.settings.pipelines_dir
     specs.mkdir()
     (specs / "reviews.yaml").write_text(
         yaml.safe_dump(review_spec("openai", "gpt-4o-mini", name="reviews"))
     )
-    env = {
-        **os.environ,
-        "LLM_ASSETS_HOME": str(world.home),
-        "LLM_ASSETS_DATABASE_URL": database_url,
-        "LLM_ASSETS_PIPELINES": str(specs),
-        "LLM_ASSETS_STORAGE_URL": world.settings.storage_url,
-        "DAGSTER_HOME": str(tmp_path / "dagster"),
-        "OPENAI_BASE_URL": world.openai.base_url,
-        "OPENAI_API_KEY": "test-key",
-    }
     args = [CLI, "cancel", eval_pipeline, "--date", DAYS[0].isoformat(), "--no-wait"]
 
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    done = run_command(args, world.cli_env(), timeout=300)
 
     assert done.returncode == 0, done.stderr
     [job] = world.ledger.jobs_for_partition(eval_pipeline, DAYS[0])

@@ -3,7 +3,6 @@ fake OpenAI server and variants on the fake OpenAI and Anthropic servers."""
 
 import datetime as dt
 import json
-import os
 import subprocess
 import uuid
 from collections import Counter
@@ -14,7 +13,6 @@ from typing import Any
 
 import dagster as dg
 import pytest
-import sqlalchemy as sa
 import yaml
 
 from llm_assets import names, steps
@@ -25,21 +23,19 @@ from llm_assets.defs.eval_jobs import (
     eval_report_key,
 )
 from llm_assets.evaluation.metrics import wilson_interval
-from llm_assets.evaluation.replay import Replay, eval_pipeline_spec, replay
+from llm_assets.evaluation.replay import Replay, eval_pipeline_spec
 from llm_assets.evaluation.report import build_report
 from llm_assets.evaluation.report_markdown import render_markdown
 from llm_assets.evaluation.report_store import EvalRequest, load_report, report_key, save_report
 from llm_assets.evaluation.sample import draw_sample
 from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
 from llm_assets.resources import build_resources
-from llm_assets.resources.ledger import LedgerResource, result_table
 from llm_assets.resources.pricing import load_price_table
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
-from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PIPELINE_NAME, PipelineSpec
-from llm_assets.util.settings import Settings
 from tests.conftest import MotoS3
+from tests.eval_harness import EvalWorld, eval_settings, run_command, write_reviews_with
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.bedrock_server import FakeBedrock
 from tests.fakes.openai_server import FakeOpenAI, user_text
@@ -85,12 +81,7 @@ def human_label(n: int, truth: str) -> str:
 
 def add_human_labels(home: Path, day: dt.date) -> None:
     """The day's reviews with HUMAN_LABEL, a column the prompt never reads."""
-    truth = write_reviews(home, day, PER_DAY)
-    path = home / "reviews" / f"reviews-{day.isoformat()}.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    for n, row in enumerate(rows):
-        row[HUMAN_LABEL] = human_label(n, truth[row["review_id"]])
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_reviews_with(home, day, PER_DAY, lambda n, _, truth: {HUMAN_LABEL: human_label(n, truth)})
 
 
 def base_spec() -> PipelineSpec:
@@ -122,76 +113,36 @@ def variant_specs() -> dict[str, PipelineSpec]:
 
 
 @dataclass
-class World:
-    home: Path
-    settings: Settings
-    ledger: LedgerResource
-    storage: ArtifactStorage
-    openai: FakeOpenAI
+class World(EvalWorld):
     anthropic: FakeAnthropic
     spec: PipelineSpec
 
     @property
     def resources(self) -> dict[str, Any]:
         return {
-            "ledger": self.ledger,
-            "storage": self.storage,
-            provider_resource_key("openai"): provider_for(self.openai),
+            **super().resources,
             provider_resource_key("anthropic"): provider_for(self.anthropic),
         }
 
-    def snapshot(self, day: dt.date) -> steps.SnapshotResult:
-        """The baseline pipeline's input_snapshot of the day."""
-        ctx = steps.StepContext(self.spec, day, self.ledger, self.storage)
-        return steps.take_snapshot(ctx, self.settings.resolve_source_uri(self.spec.source.uri))
-
     def replay(self, variants: dict[str, PipelineSpec], **kwargs: Any) -> Replay:
-        return replay(
-            self.resources,
-            self.spec,
-            variants,
-            DAYS,
-            size=kwargs.pop("size", SAMPLE),
-            seed=kwargs.pop("seed", 7),
-            created_by="test eval",
-            poll_interval=0.0,
-            **kwargs,
-        )
-
-    def rows(self, job_id: str) -> list[dict[str, Any]]:
-        with self.ledger.engine.connect() as conn:
-            query = sa.select(result_table).where(result_table.c.job_id == job_id)
-            return [dict(r._mapping) for r in conn.execute(query)]
+        """The baseline pipeline's days replayed through `variants`: by default the sample of
+        SAMPLE items seeded 7."""
+        return self.run_eval(self.spec, variants, DAYS, **{"size": SAMPLE, "seed": 7, **kwargs})
 
 
 @pytest.fixture
 def world(tmp_path: Path, database_url: str) -> Iterator[World]:
-    home = tmp_path / "home"
-    settings = Settings(
-        home=home,
-        database_url=database_url,
-        pipelines_dir=tmp_path / "specs",
-        storage_url=str(home / "artifacts"),
-        dagster_home=tmp_path / "dagster",
-    )
+    settings = eval_settings(tmp_path, database_url)
     for day in DAYS:
-        add_human_labels(home, day)
+        add_human_labels(settings.home, day)
     with (
         FakeOpenAI(tmp_path / "fake_openai") as openai,
         FakeAnthropic(tmp_path / "fake_anthropic") as anthropic,
     ):
         openai.responder = sloppy_or_truthful
-        world = World(
-            home=home,
-            settings=settings,
-            ledger=LedgerResource(database_url=database_url),
-            storage=ArtifactStorage(base_url=settings.storage_url),
-            openai=openai,
-            anthropic=anthropic,
-            spec=base_spec(),
-        )
+        world = World(settings=settings, openai=openai, anthropic=anthropic, spec=base_spec())
         for day in DAYS:
-            world.snapshot(day)
+            world.take_snapshot(world.spec, day)
         yield world
         assert openai.server_errors == [] and anthropic.server_errors == []
 
@@ -447,16 +398,7 @@ def test_a_bedrock_variant_is_scored_and_billed_at_its_batch_price_beside_the_ba
     )
     resources = {**world.resources, provider_resource_key("bedrock"): provider}
 
-    result = replay(
-        resources,
-        world.spec,
-        variants,
-        DAYS,
-        size=SAMPLE,
-        seed=7,
-        created_by="test eval",
-        poll_interval=0.0,
-    )
+    result = world.run_eval(world.spec, variants, DAYS, size=SAMPLE, seed=7, resources=resources)
     report = build_report(world.spec, result, world.ledger, world.storage)
 
     baseline, on_bedrock = report.variant("baseline"), report.variant("bedrock")
@@ -613,33 +555,18 @@ def test_an_eval_report_partition_never_run_fails_with_how_to_run_it(
 
 
 def test_cli_eval_prints_each_variant_and_exits_2_when_a_budget_blocks(
-    world: World, tmp_path: Path, database_url: str
+    world: World, tmp_path: Path
 ) -> None:
-    specs = tmp_path / "specs"
+    specs = world.settings.pipelines_dir
     specs.mkdir()
     spec = review_spec("openai", "gpt-4o-mini", name="reviews")
     spec["eval"] = {"sample": 6, "seed": 0}
     (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
-    env = {
-        **os.environ,
-        "LLM_ASSETS_HOME": str(world.home),
-        "LLM_ASSETS_DATABASE_URL": database_url,
-        "LLM_ASSETS_PIPELINES": str(specs),
-        "LLM_ASSETS_STORAGE_URL": world.settings.storage_url,
-        "DAGSTER_HOME": str(tmp_path / "dagster"),
-        "OPENAI_BASE_URL": world.openai.base_url,
-        "OPENAI_API_KEY": "test-key",
-    }
+    env = world.cli_env()
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [CLI, "eval", "reviews", "--from", str(DAYS[0]), "--to", str(DAYS[-1]), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        days = ["--from", str(DAYS[0]), "--to", str(DAYS[-1])]
+        return run_command([CLI, "eval", "reviews", *days, *args], env)
 
     done = cli("--sample", "6", "--poll-interval", "0.05")
     as_json = cli("--json")  # the sample size and seed of the spec's eval section
@@ -706,7 +633,7 @@ def test_only_rows_the_pipeline_would_send_are_sampled_and_a_duplicate_once(
     ]
     lines = "\n".join(json.dumps(r) for r in odd) + "\nnot json\n"
     (world.home / "reviews" / f"odd-{day.isoformat()}.jsonl").write_text(lines)
-    world.snapshot(day)
+    world.take_snapshot(world.spec, day)
 
     everything = draw_sample(world.spec, [day], world.storage, size=100, seed=7)
 

@@ -14,18 +14,14 @@ from typing import Any
 
 import pytest
 
-from llm_assets import steps
-from llm_assets.evaluation.replay import Replay, replay
-from llm_assets.evaluation.report import EvalReport, build_report
+from llm_assets.evaluation.replay import Replay
+from llm_assets.evaluation.report import EvalReport, Scoring, VariantReport, build_report
 from llm_assets.evaluation.report_markdown import render_markdown
 from llm_assets.evaluation.similarity import similarities
-from llm_assets.resources.ledger import LedgerResource
-from llm_assets.resources.providers import provider_resource_key
-from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
-from llm_assets.util.settings import Settings
+from tests.eval_harness import EvalWorld, eval_settings, write_reviews_with
 from tests.fakes.openai_server import FakeOpenAI, user_text
-from tests.harness import provider_for, review_spec, write_reviews
+from tests.harness import review_spec
 
 # One database (PostgreSQL in CI): the replay drives the steps the pipeline tests cover on
 # both databases.
@@ -44,6 +40,8 @@ CLOSE_STARS = [1, 2, 4, 4, 4, 3]
 """The baseline's answers: one star off on reviews 2 and 4."""
 FAR_STARS = [3, 4, 5, 2, 3, 1]
 """The off variant's answers: two stars off on every review."""
+BOUNDS = {"ge": 1, "le": 5}
+"""The declared range of stars: a span of 4."""
 
 HUMAN_SUMMARY = "human_summary"
 SUMMARIES = [
@@ -131,21 +129,15 @@ def with_off_variant(make: Callable[..., dict[str, Any]], *args: Any) -> dict[st
 def write_references(home: Path, references: dict[str, list[Any]]) -> None:
     """The day's reviews, each with a value of every reference column (a column the prompt
     never reads); a value of `...` leaves the column out of that row."""
-    write_reviews(home, DAY, REVIEWS)
-    path = home / "reviews" / f"reviews-{DAY.isoformat()}.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    for n, row in enumerate(rows):
-        row.update({k: v[n] for k, v in references.items() if v[n] is not ...})
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    def columns(n: int, *_: Any) -> dict[str, Any]:
+        return {k: v[n] for k, v in references.items() if v[n] is not ...}
+
+    write_reviews_with(home, DAY, REVIEWS, columns)
 
 
 @dataclass
-class World:
-    home: Path
-    settings: Settings
-    ledger: LedgerResource
-    storage: ArtifactStorage
-    openai: FakeOpenAI
+class World(EvalWorld):
     snapshotted: set[str] = field(default_factory=set)
 
     def replay(self, variants: dict[str, PipelineSpec], wait: bool = True) -> Replay:
@@ -153,25 +145,9 @@ class World:
         review through each variant."""
         spec = variants["baseline"]
         if spec.name not in self.snapshotted:
-            ctx = steps.StepContext(spec, DAY, self.ledger, self.storage)
-            steps.take_snapshot(ctx, self.settings.resolve_source_uri(spec.source.uri))
+            self.take_snapshot(spec, DAY)
             self.snapshotted.add(spec.name)
-        resources = {
-            "ledger": self.ledger,
-            "storage": self.storage,
-            provider_resource_key("openai"): provider_for(self.openai),
-        }
-        return replay(
-            resources,
-            spec,
-            variants,
-            [DAY],
-            size=REVIEWS + 4,
-            seed=7,
-            created_by="test eval",
-            wait=wait,
-            poll_interval=0.0,
-        )
+        return self.run_eval(spec, variants, [DAY], size=REVIEWS + 4, seed=7, wait=wait)
 
     def report(self, variants: dict[str, PipelineSpec], wait: bool = True) -> EvalReport:
         result = self.replay(variants, wait=wait)
@@ -183,23 +159,10 @@ def open_world(
     tmp_path: Path, database_url: str, references: dict[str, list[Any]]
 ) -> Iterator[World]:
     """The day's reviews with `references` (write_references) and the fake OpenAI server."""
-    home = tmp_path / "home"
-    settings = Settings(
-        home=home,
-        database_url=database_url,
-        pipelines_dir=tmp_path / "specs",
-        storage_url=str(home / "artifacts"),
-        dagster_home=tmp_path / "dagster",
-    )
-    write_references(home, references)
+    settings = eval_settings(tmp_path, database_url)
+    write_references(settings.home, references)
     with FakeOpenAI(tmp_path / "fake_openai") as openai:
-        yield World(
-            home=home,
-            settings=settings,
-            ledger=LedgerResource(database_url=database_url),
-            storage=ArtifactStorage(base_url=settings.storage_url),
-            openai=openai,
-        )
+        yield World(settings=settings, openai=openai)
         assert openai.server_errors == []
 
 
@@ -209,6 +172,19 @@ def world(tmp_path: Path, database_url: str) -> Iterator[World]:
         yield w
 
 
+def report_with_off(
+    world: World,
+    answer: Callable[[dict[str, Any]], str],
+    make: Callable[..., dict[str, Any]],
+    *args: Any,
+) -> tuple[EvalReport, VariantReport, VariantReport]:
+    """The report of the fake answering by `answer` to `make(*args)` and its off variant
+    (with_off_variant), and the two variants' part of it."""
+    world.openai.responder = answer
+    report = world.report(with_off_variant(make, *args))
+    return report, report.variant("baseline"), report.variant("off")
+
+
 def mae(gold: list[int], predicted: list[int]) -> float:
     return statistics.fmean(abs(g - p) for g, p in zip(gold, predicted, strict=True))
 
@@ -216,19 +192,11 @@ def mae(gold: list[int], predicted: list[int]) -> float:
 def test_a_number_scores_one_minus_its_mean_absolute_error_over_the_declared_span(
     world: World,
 ) -> None:
-    world.openai.responder = stars_answer
-    variants = with_off_variant(stars_spec, HUMAN_STARS, {"ge": 1, "le": 5})
+    report, baseline, off = report_with_off(world, stars_answer, stars_spec, HUMAN_STARS, BOUNDS)
 
-    report = world.report(variants)
-
-    assert report.scoring.model_dump() == {
-        "field": "stars",
-        "kind": "number",
-        "against": HUMAN_STARS,
-        "metric": "1 − MAE/span",
-        "span": 4.0,
-    }
-    baseline, off = report.variant("baseline"), report.variant("off")
+    assert report.scoring == Scoring(
+        field="stars", kind="number", against=HUMAN_STARS, metric="1 − MAE/span", span=4.0
+    )
     assert mae(STARS, CLOSE_STARS) == pytest.approx(2 / 6)
     assert mae(STARS, FAR_STARS) == 2.0
     for variant, expected in ((baseline, 2 / 6), (off, 2.0)):
@@ -266,19 +234,11 @@ def test_similarities_are_cosines_of_the_local_model_none_where_a_side_is_missin
 
 
 def test_free_text_scores_its_length_and_its_similarity_to_the_reference(world: World) -> None:
-    world.openai.responder = summary_answer
-    variants = with_off_variant(summary_spec)
+    report, baseline, off = report_with_off(world, summary_answer, summary_spec)
 
-    report = world.report(variants)
-
-    assert report.scoring.model_dump() == {
-        "field": "text",
-        "kind": "text",
-        "against": HUMAN_SUMMARY,
-        "metric": "similarity",
-        "span": None,
-    }
-    baseline, off = report.variant("baseline"), report.variant("off")
+    assert report.scoring == Scoring(
+        field="text", kind="text", against=HUMAN_SUMMARY, metric="similarity", span=None
+    )
     for variant, answers in ((baseline, PARAPHRASES), (off, UNRELATED)):
         assert variant.lengths is not None
         assert (variant.lengths.n, variant.lengths.missing) == (REVIEWS, 0)
@@ -306,12 +266,10 @@ def test_items_without_a_reference_are_not_scored_and_the_report_names_them(
     stars: list[Any] = [*STARS]
     stars[1], stars[3], stars[4] = "", str(STARS[3]), ...
     with open_world(tmp_path, database_url, {HUMAN_STARS: stars}) as world:
-        world.openai.responder = stars_answer
-        report = world.report(with_off_variant(stars_spec, HUMAN_STARS, {}))
+        report, baseline, off = report_with_off(world, stars_answer, stars_spec, HUMAN_STARS, {})
 
     assert report.scoring.span == 3.0
     scored = [n for n in range(REVIEWS) if n not in (1, 4)]
-    baseline, off = report.variant("baseline"), report.variant("off")
     for variant, answers in ((baseline, CLOSE_STARS), (off, FAR_STARS)):
         expected = statistics.fmean(abs(STARS[n] - answers[n]) for n in scored)
         assert variant.mae is not None
@@ -329,7 +287,7 @@ def test_open_items_leave_the_report_without_a_recommendation_until_they_are_in(
 ) -> None:
     world.openai.responder = stars_answer
     world.openai.polls_per_state = 1000  # batches stay in progress
-    variants = with_off_variant(stars_spec, HUMAN_STARS, {"ge": 1, "le": 5})
+    variants = with_off_variant(stars_spec, HUMAN_STARS, BOUNDS)
 
     report = world.report(variants, wait=False)
 
@@ -353,17 +311,13 @@ def test_open_items_leave_the_report_without_a_recommendation_until_they_are_in(
 
 
 def test_without_a_reference_a_number_scores_against_the_baseline(world: World) -> None:
-    world.openai.responder = stars_answer
-    variants = with_off_variant(stars_spec, None, {"ge": 1, "le": 5})
-
-    report = world.report(variants)
+    report, baseline, off = report_with_off(world, stars_answer, stars_spec, None, BOUNDS)
 
     assert (report.scoring.against, report.scoring.kind, report.scoring.span) == (
         "baseline",
         "number",
         4.0,
     )
-    baseline, off = report.variant("baseline"), report.variant("off")
     assert baseline.mae is not None and baseline.mae.mae == 0.0
     assert baseline.score == 1.0
     apart = mae(CLOSE_STARS, FAR_STARS)

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from llm_assets import steps
 from llm_assets.compliance.expiry import ALL_KINDS
 from llm_assets.defs.retention_jobs import apply_retention, build_retention_job
-from llm_assets.evaluation.replay import replay
+from llm_assets.evaluation.replay import Replay
 from llm_assets.evaluation.report import build_report
 from llm_assets.evaluation.report_store import EvalRequest, report_key, save_report
 from llm_assets.resources.ledger import (
@@ -30,13 +30,11 @@ from llm_assets.resources.ledger import (
 )
 from llm_assets.resources.ledger.retention import KEPT_TEXT, PAYLOADS
 from llm_assets.resources.ledger.tables import pseudonym_table
-from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
-from llm_assets.util.settings import Settings
+from tests.eval_harness import EvalWorld, eval_settings, write_reviews_with
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, Harness, open_harness, provider_for, review_spec, truthful
-from tests.harness import write_reviews as write_plain_reviews
 from tests.test_automation_units import tick as new_data_tick
 from tests.test_retention import artifact_kinds, cli
 
@@ -54,12 +52,11 @@ def sloppy_once(body: dict[str, Any]) -> str:
 
 def write_reviews(home: Path, day: dt.date, count: int = REVIEWS) -> None:
     """The day's reviews, each naming the buyer's e-mail address (pseudonymized)."""
-    write_plain_reviews(home, day, count)
-    path = home / "reviews" / f"reviews-{day.isoformat()}.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    for n, row in enumerate(rows):
-        row["text"] += f" Write to buyer{n}@example.com."
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    def naming_the_buyer(n: int, row: dict[str, Any], _: str) -> dict[str, Any]:
+        return {"text": f"{row['text']} Write to buyer{n}@example.com."}
+
+    write_reviews_with(home, day, count, naming_the_buyer)
 
 
 def job_of(harness: Harness, day: dt.date) -> JobRecord:
@@ -334,49 +331,27 @@ def eval_spec() -> PipelineSpec:
 
 
 @pytest.fixture
-def evaluated(tmp_path: Path, database_url: str) -> Iterator[tuple[dict[str, Any], Any]]:
-    """An eval of two days of reviews (with reference labels) on a pipeline keeping 7 days."""
-    home = tmp_path / "home"
-    settings = Settings(
-        home=home,
-        database_url=database_url,
-        pipelines_dir=tmp_path / "specs",
-        storage_url=str(home / "artifacts"),
-        dagster_home=tmp_path / "dagster",
-    )
+def evaluated(tmp_path: Path, database_url: str) -> Iterator[EvalWorld]:
+    """Two days of reviews (with reference labels) snapshotted by a pipeline keeping 7 days,
+    and the fake OpenAI server answering them truthfully."""
+    settings = eval_settings(tmp_path, database_url)
     spec = eval_spec()
-    storage = ArtifactStorage(base_url=settings.storage_url)
-    ledger = LedgerResource(database_url=database_url)
     for day in (OLD, RECENT):
-        truth = write_plain_reviews(home, day, REVIEWS)
-        path = home / "reviews" / f"reviews-{day.isoformat()}.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
-        path.write_text(
-            "".join(json.dumps({**r, "human_label": truth[r["review_id"]]}) + "\n" for r in rows)
+        write_reviews_with(
+            settings.home, day, REVIEWS, lambda _n, _row, truth: {"human_label": truth}
         )
-        ctx = steps.StepContext(spec, day, ledger, storage)
-        steps.take_snapshot(ctx, settings.resolve_source_uri(spec.source.uri))
     with FakeOpenAI(tmp_path / "fake") as fake:
         fake.responder = truthful
-        resources = {
-            "ledger": ledger,
-            "storage": storage,
-            provider_resource_key("openai"): provider_for(fake),
-        }
+        world = EvalWorld(settings=settings, openai=fake)
+        for day in (OLD, RECENT):
+            world.take_snapshot(spec, day)
+        yield world
 
-        def run() -> Any:
-            return replay(
-                resources,
-                spec,
-                {"baseline": spec},
-                [OLD, RECENT],
-                size=10,
-                seed=3,
-                created_by="test eval",
-                poll_interval=0.0,
-            )
 
-        yield resources, run
+def evaluate(world: EvalWorld) -> Replay:
+    """The eval of both days through the baseline alone."""
+    spec = eval_spec()
+    return world.run_eval(spec, {"baseline": spec}, [OLD, RECENT], size=10, seed=3)
 
 
 def eval_artifacts(storage: ArtifactStorage, pipeline: str) -> list[str]:
@@ -384,12 +359,11 @@ def eval_artifacts(storage: ArtifactStorage, pipeline: str) -> list[str]:
 
 
 def test_an_eval_s_data_expires_by_its_pipeline_s_retention(
-    evaluated: tuple[dict[str, Any], Any],
+    evaluated: EvalWorld,
 ) -> None:
-    resources, run = evaluated
-    ledger, storage = resources["ledger"], resources["storage"]
+    ledger, storage = evaluated.ledger, evaluated.storage
     spec = eval_spec()
-    result = run()
+    result = evaluate(evaluated)
     [variant] = result.variants.values()
     job_ids = [d.job_id for d in variant.days if d.job_id]
     assert len(job_ids) == 2
@@ -400,7 +374,7 @@ def test_an_eval_s_data_expires_by_its_pipeline_s_retention(
         report_key(result),
         storage,
     )
-    provider = resources[provider_resource_key("openai")]
+    provider = provider_for(evaluated.openai)
     assert eval_artifacts(storage, variant.pipeline)
     assert all(payloads(ledger, j)["answers"] for j in job_ids)
 
@@ -429,7 +403,7 @@ def test_an_eval_s_data_expires_by_its_pipeline_s_retention(
     assert {d.why for d in own} == {"no job in the ledger for this day"}
     # The eval cannot be run again over what is gone, and says why.
     with pytest.raises(steps.DayExpired, match="evaluate other days or another variant"):
-        run()
+        evaluate(evaluated)
 
 
 # Every text column of the ledger has a rule
