@@ -1,7 +1,6 @@
 """The code location loads: in process and through `dagster definitions validate`."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import dagster as dg
 from llm_assets import names
 from llm_assets.definitions import build_definitions
 from llm_assets.util.settings import REPO_ROOT, Settings
+from tests.eval_harness import run_command
 
 
 def test_every_spec_becomes_a_partitioned_group_of_the_design_steps(tmp_path: Path) -> None:
@@ -40,15 +40,8 @@ def test_dagster_definitions_validate_passes_on_the_workspace(tmp_path: Path) ->
     }
     (tmp_path / "dagster").mkdir()
     dagster = Path(sys.executable).parent / "dagster"
-    result = subprocess.run(
-        [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    validate = [str(dagster), "definitions", "validate", "-w", "workspace.yaml"]
+    result = run_command(validate, env, timeout=300, cwd=REPO_ROOT)
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "llm_assets" in result.stdout + result.stderr

@@ -15,7 +15,6 @@ truth files hold the values: they are the source as it was read.
 import json
 import os
 import re
-import subprocess
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from llm_assets.demo.data import BAD_ROW_REASONS, BLOCKED_EVERY
 from llm_assets.demo.run import DEMO_START
 from llm_assets.resources.ledger import metadata
 from llm_assets.util.settings import REPO_ROOT
+from tests.eval_harness import run_command
 from tests.harness import CLI
 
 PER_DAY = 2 * BLOCKED_EVERY
@@ -77,14 +77,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
         if not k.startswith("LLM_ASSETS_") and k != "DAGSTER_HOME"
     }
     env.update({"LLM_ASSETS_HOME": str(home), "COLUMNS": "200"})
-    result = subprocess.run(
-        [CLI, "demo", "--days", "1", "--per-day", str(PER_DAY)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    result = run_command([CLI, "demo", "--days", "1", "--per-day", str(PER_DAY)], env, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     truth = [json.loads(line) for line in (home / "demo" / "truth.jsonl").read_text().splitlines()]
     return DemoRun(home, result.stdout + result.stderr, truth)

@@ -19,6 +19,7 @@ from llm_assets.evaluation.spec import ModelPatch, PromptPatch, diff_patch, merg
 from llm_assets.evaluation.variants import failure_rate_limit, scored_field, variant_spec
 from llm_assets.spec.load import check_specs
 from llm_assets.spec.model import ModelSpec, PipelineSpec, PromptSpec
+from tests.eval_harness import run_command
 from tests.harness import CLI
 from tests.test_spec import good_spec, write_spec
 
@@ -337,14 +338,7 @@ def promote(tmp_path: Path, folder: Path, *args: str) -> subprocess.CompletedPro
     env = {**os.environ, "LLM_ASSETS_HOME": str(tmp_path / "home")}
     env["LLM_ASSETS_PIPELINES"] = str(folder)
     env.pop("LLM_ASSETS_PRICES", None)
-    return subprocess.run(
-        [CLI, "promote", "support_tickets", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_command([CLI, "promote", "support_tickets", *args], env, timeout=120)
 
 
 def test_promote_prints_the_change_and_writes_nothing(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.load import load_specs
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import REPO_ROOT, Settings
+from tests.eval_harness import result_rows
 from tests.ledger_helpers import set_item_status
 
 DAY = dt.date(2026, 11, 2)
@@ -86,9 +87,7 @@ class Platform:
         return sorted(p.name for p in root.iterdir()) if root.exists() else []
 
     def rows(self, job_id: str) -> list[dict[str, Any]]:
-        with self.ledger.engine.connect() as conn:
-            query = sa.select(result_table).where(result_table.c.job_id == job_id)
-            return [dict(r._mapping) for r in conn.execute(query)]
+        return result_rows(self.ledger, job_id)
 
 
 @pytest.fixture
