@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from llm_assets.resources.ledger import TERMINAL
 from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.providers.local import LocalProvider
@@ -26,6 +27,17 @@ JSON = dict[str, Any]
 
 BEDROCK_ROLE = "arn:aws:iam::123456789012:role/BedrockBatchInference"
 BEDROCK_MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
+
+
+def dead_letters(rows: dict[str, JSON], *fields: str) -> list[tuple[Any, ...]]:
+    """(source_id, error_class, *fields) of each dead letter among a day's result rows (as
+    `Harness.rows()` gives them), once every row has settled: an open row fails the test."""
+    assert all(row["status"] in TERMINAL for row in rows.values())
+    return [
+        (row["source_id"], row["error_class"], *(row[name] for name in fields))
+        for row in rows.values()
+        if row["status"] == "dead_letter"
+    ]
 
 
 def truthful(body: JSON) -> str:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -137,6 +138,15 @@ def make_harness(
 @pytest.fixture
 def harness(tmp_path: Path, database_url: str, fake: FakeOpenAI) -> Iterator[Harness]:
     yield from make_harness(tmp_path, database_url, fake)
+
+
+def harness_reading(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI, kind: str
+) -> Iterator[tuple[Harness, Path]]:
+    """A harness whose spec reads `kind` files (csv, parquet), with the day's file to write."""
+    overrides = {"source": {"kind": kind, "uri": f"reviews/*.{kind}"}}
+    for harness in make_harness(tmp_path, database_url, fake, **overrides):
+        yield harness, harness.home / "reviews" / f"reviews-{DAY.isoformat()}.{kind}"
 
 
 def line_of(message: str, source: Path) -> int:
@@ -312,8 +322,7 @@ def test_running_the_day_again_changes_nothing(harness: Harness, fake: FakeOpenA
 def test_csv_and_parquet_sources_dead_letter_a_missing_id_and_an_empty_text(
     tmp_path: Path, database_url: str, fake: FakeOpenAI, kind: str
 ) -> None:
-    overrides = {"source": {"kind": kind, "uri": f"reviews/*.{kind}"}}
-    for harness in make_harness(tmp_path, database_url, fake, **overrides):
+    for harness, source in harness_reading(tmp_path, database_url, fake, kind):
         records = [
             {"review_id": f"T-{n}", "created_at": STAMP, "text": good_text(n)} for n in range(6)
         ]
@@ -321,7 +330,6 @@ def test_csv_and_parquet_sources_dead_letter_a_missing_id_and_an_empty_text(
         records.insert(4, {"review_id": "T-empty", "created_at": STAMP, "text": ""})
         records.insert(5, {"review_id": "T-blank", "created_at": STAMP, "text": "   "})
         frame = pd.DataFrame.from_records(records)
-        source = harness.home / "reviews" / f"reviews-{DAY.isoformat()}.{kind}"
         if kind == "csv":
             frame.to_csv(source, index=False)
             first_line = 2  # line 1 is the header
@@ -421,15 +429,13 @@ def test_a_lone_surrogate_escape_is_an_input_dead_letter(
 def test_a_csv_dead_letter_names_the_physical_line(
     tmp_path: Path, database_url: str, fake: FakeOpenAI
 ) -> None:
-    overrides = {"source": {"kind": "csv", "uri": "reviews/*.csv"}}
-    for harness in make_harness(tmp_path, database_url, fake, **overrides):
+    for harness, source in harness_reading(tmp_path, database_url, fake, "csv"):
         frame = pd.DataFrame.from_records(
             [
                 {"review_id": "T-0", "created_at": STAMP, "text": "Great.\nTwo\nmore lines."},
                 {"review_id": "", "created_at": STAMP, "text": good_text(1)},
             ]
         )
-        source = harness.home / "reviews" / f"reviews-{DAY.isoformat()}.csv"
         frame.to_csv(source, index=False)
         assert source.read_text().splitlines()[4].startswith(",")  # the missing id: line 5
 
@@ -443,8 +449,7 @@ def test_a_csv_dead_letter_names_the_physical_line(
 def test_parquet_integer_ids_next_to_a_missing_id_keep_their_value(
     tmp_path: Path, database_url: str, fake: FakeOpenAI
 ) -> None:
-    overrides = {"source": {"kind": "parquet", "uri": "reviews/*.parquet"}}
-    for harness in make_harness(tmp_path, database_url, fake, **overrides):
+    for harness, source in harness_reading(tmp_path, database_url, fake, "parquet"):
         # As Spark, DuckDB or pyarrow write it: an int64 column with a null, no pandas metadata.
         table = pa.table(
             {
@@ -453,7 +458,7 @@ def test_parquet_integer_ids_next_to_a_missing_id_keep_their_value(
                 "text": [good_text(n) for n in range(3)],
             }
         )
-        pq.write_table(table, harness.home / "reviews" / f"reviews-{DAY.isoformat()}.parquet")
+        pq.write_table(table, source)
 
         outcome = harness.run_day()
 
@@ -846,6 +851,28 @@ def _never_readable() -> int:
     return read_end
 
 
+def child_env() -> dict[str, str]:
+    """This process's environment, with this checkout on a child interpreter's import path."""
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
+def fresh_python(code: str, *args: str, given: Any = None) -> bytes:
+    """The output of `code` run with `args` by a new interpreter that imports this checkout,
+    `given` (when there is something) pickled to its standard input."""
+    import subprocess
+    import sys
+
+    stdin = None if given is None else pickle.dumps(given)
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        input=stdin,
+        env=child_env(),
+        capture_output=True,
+        check=True,
+    )
+    return done.stdout
+
+
 def test_a_worker_ends_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
     """A run killed with SIGKILL (terminated from the UI, say) must not leave its worker
     processes running with their tokenizers."""
@@ -856,8 +883,9 @@ def test_a_worker_ends_when_the_process_that_started_it_is_killed(tmp_path: Path
 
     script = tmp_path / "parent.py"
     script.write_text(WORKER_PARENT)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env)
+    parent = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, env=child_env()
+    )
     assert parent.stdout is not None
     # Chunks are worked in the parent until its worker has started; then one by the worker.
     worker = int(parent.stdout.readline())
@@ -895,10 +923,6 @@ def test_an_import_worker_needs_none_of_the_heavy_packages(tmp_path: Path) -> No
     """What the import sends a worker (the work and its context, as import_results builds
     them) unpickles and runs in a fresh interpreter without importing Dagster, SQLAlchemy,
     pydantic or an SDK: importing the steps module cost a worker 1.8 s and 200 MB."""
-    import pickle
-    import subprocess
-    import sys
-
     from llm_assets.resources.pricing import load_price_table
     from llm_assets.resources.providers.openai_lines import normalize_line
     from llm_assets.results.rows import ResultStager, RowMaker, staged_results
@@ -911,17 +935,10 @@ def test_an_import_worker_needs_none_of_the_heavy_packages(tmp_path: Path) -> No
         ResultStager(binary_copy=True),  # as LedgerResource.result_stager makes it
     )
     line = json.dumps(openai_tests._CHAT)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
-    done = subprocess.run(
-        [sys.executable, "-c", LIGHT_CHILD, line],
-        input=pickle.dumps((staged_results, context)),
-        env=env,
-        capture_output=True,
-        check=True,
-    )
+    out = fresh_python(LIGHT_CHILD, line, given=(staged_results, context))
 
-    assert done.stdout.decode().split() == ["['succeeded']", "[]"]
+    assert out.decode().split() == ["['succeeded']", "[]"]
 
 
 ASSESS_CHILD = """
@@ -939,10 +956,6 @@ def test_a_shards_worker_needs_neither_dagster_nor_the_sdks() -> None:
     makes it) unpickles and assesses a row in a fresh interpreter without Dagster,
     SQLAlchemy, pandas or an SDK: Dagster alone was 65 MB of the worker and most of its
     start. pyarrow is imported (RE2 for the personal-data pre-filter, about 25 MB)."""
-    import pickle
-    import subprocess
-    import sys
-
     from llm_assets.items.prepare import Preparer, assess_lines
     from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
     from llm_assets.spec.model import PipelineSpec
@@ -952,17 +965,8 @@ def test_a_shards_worker_needs_neither_dagster_nor_the_sdks() -> None:
     preparer = Preparer(spec, DAY, 128_000, provider.line_encoder(spec), b"k" * 32)
     record = {"review_id": "R-1", "created_at": DAY.isoformat(), "text": "Arrived broken."}
     row = json.dumps({"file": "reviews/a.jsonl", "line": 1, "record": record})  # a snapshot's
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
-    done = subprocess.run(
-        [sys.executable, "-c", ASSESS_CHILD, row],
-        input=pickle.dumps((assess_lines, preparer)),
-        env=env,
-        capture_output=True,
-        check=True,
-    )
-
-    rows, heavy = pickle.loads(done.stdout)
+    rows, heavy = pickle.loads(fresh_python(ASSESS_CHILD, row, given=(assess_lines, preparer)))
     assert rows == assess_lines(preparer, [(0, [row.encode()])])
     assert rows[0][4] and rows[0][5] > 0  # a request line, its tokens counted
     assert heavy == []
@@ -990,14 +994,7 @@ print(freed, rss_mb(), len(kept))
 def test_memory_freed_between_shards_goes_back_to_the_operating_system(tmp_path: Path) -> None:
     """The shards step builds and frees a shard's lines again and again; what it freed must
     not stay in the process's RSS (glibc keeps it unless asked)."""
-    import subprocess
-    import sys
-
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run(
-        [sys.executable, "-c", RELEASE_CHILD], env=env, capture_output=True, text=True, check=True
-    )
-    freed, released, _ = map(int, done.stdout.split())
+    freed, released, _ = map(int, fresh_python(RELEASE_CHILD).decode().split())
     assert freed > 200  # about 250 MB of lines were allocated, a fiftieth kept
     assert released < freed - 150, (freed, released)
 

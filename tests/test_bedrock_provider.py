@@ -2,19 +2,20 @@
 and job data in S3 (a moto server): a day end to end, and a kill right after the job was
 created that does not create a second job."""
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import pytest
 import yaml
 
-from llm_assets.resources.ledger import TERMINAL, LedgerResource
+from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.pricing import load_price_table
 from llm_assets.resources.providers.bedrock import (
     BedrockBatchProvider,
@@ -25,9 +26,9 @@ from llm_assets.resources.providers.bedrock import (
 from llm_assets.resources.storage import ArtifactStorage
 from tests.conftest import MotoS3
 from tests.fakes.bedrock_server import FakeBedrock, runtime_calls
-from tests.harness import CLI, DAY, POSITIVE, Harness, review_spec, write_reviews
+from tests.harness import CLI, DAY, POSITIVE, Harness, open_harness, review_spec, write_reviews
 from tests.ledger_helpers import jobs_for_pipeline
-from tests.provider_kits import BEDROCK_MODEL, BEDROCK_ROLE
+from tests.provider_kits import BEDROCK_MODEL, BEDROCK_ROLE, dead_letters
 
 ROLE = BEDROCK_ROLE
 MODEL = BEDROCK_MODEL
@@ -43,6 +44,28 @@ pytestmark = [
     pytest.mark.one_database,
     pytest.mark.fake_server("bedrock", min_records=50, responder=truthful),
 ]
+
+
+@contextlib.contextmanager
+def harness_on_s3(
+    tmp_path: Path,
+    database_url: str,
+    moto_s3: MotoS3,
+    fake: FakeBedrock,
+    spec: dict[str, Any],
+    reviews: int,
+) -> Iterator[Harness]:
+    """A Harness driving the adapter with its control plane and its runtime (on-demand calls)
+    on the fake, and its artifacts under a fresh prefix of the moto server's bucket."""
+    provider = BedrockBatchProvider(
+        role_arn=ROLE,
+        endpoint_url=fake.endpoint_url,
+        runtime_endpoint_url=fake.endpoint_url,
+        retry_base_seconds=0.01,
+    )
+    with open_harness(tmp_path, database_url, spec, provider, reviews=reviews) as harness:
+        harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
+        yield harness
 
 
 def bedrock_spec() -> dict[str, Any]:
@@ -61,26 +84,15 @@ def test_a_day_runs_end_to_end_with_artifacts_in_s3(
     fake.record_fault = lambda record_id, body: (
         "error" if "Order 1007 " in json.dumps(body) else None
     )
-    provider = BedrockBatchProvider(
-        role_arn=ROLE, endpoint_url=fake.endpoint_url, retry_base_seconds=0.01
-    )
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        # The job's outputs stay at the provider: the end of this test reads them again.
-        spec = {**bedrock_spec(), "retention": {"provider_files": "keep"}}
-        harness = Harness(tmp_path, database_url, instance, spec, provider, reviews=120)
-        prefix = f"s3://{moto_s3.bucket}/run-{uuid.uuid4().hex[:8]}"
-        harness.storage = ArtifactStorage(base_url=prefix)
-
+    # The job's outputs stay at the provider: the end of this test reads them again.
+    spec = {**bedrock_spec(), "retention": {"provider_files": "keep"}}
+    with harness_on_s3(tmp_path, database_url, moto_s3, fake, spec, reviews=120) as harness:
+        prefix, provider = harness.storage.base_url, harness.provider
         outcome = harness.run_day()
 
         assert outcome.done and outcome.total == 120
         rows = harness.rows()
-        assert all(r["status"] in TERMINAL for r in rows.values())
-        dead = [r for r in rows.values() if r["status"] == "dead_letter"]
-        assert [(r["source_id"], r["error_class"]) for r in dead] == [
-            ("R-20261102-0007", "deterministic")
-        ]
+        assert dead_letters(rows) == [("R-20261102-0007", "deterministic")]
         # A last shard below Bedrock's minimum was topped up from the one before it.
         shards = harness.ledger.shards(harness.job_id())
         assert [s.item_count for s in shards] == [70, 50]
@@ -211,12 +223,6 @@ def test_a_day_below_the_minimum_goes_on_demand_through_bedrock_runtime(
         return None
 
     fake.record_fault = faults
-    provider = BedrockBatchProvider(
-        role_arn=ROLE,
-        endpoint_url=fake.endpoint_url,
-        runtime_endpoint_url=fake.endpoint_url,
-        retry_base_seconds=0.01,
-    )
     spec = review_spec(
         "bedrock",
         model,
@@ -225,11 +231,7 @@ def test_a_day_below_the_minimum_goes_on_demand_through_bedrock_runtime(
         online={"concurrency": 4, "checkpoint_every": 5},
         quality={"max_failure_rate": 0.1},
     )
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        harness = Harness(tmp_path, database_url, instance, spec, provider, reviews=30)
-        harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
-
+    with harness_on_s3(tmp_path, database_url, moto_s3, fake, spec, reviews=30) as harness:
         outcome = harness.run_day()
 
         assert outcome.done and outcome.total == 30 and outcome.succeeded == 29
@@ -237,8 +239,7 @@ def test_a_day_below_the_minimum_goes_on_demand_through_bedrock_runtime(
         [shard] = harness.ledger.shards(harness.job_id())
         assert shard.provider_batch_id == f"online-{shard.shard_id}"
         rows = harness.rows()
-        dead = [r for r in rows.values() if r["status"] == "dead_letter"]
-        assert [(r["source_id"], r["error_class"], r["error_code"]) for r in dead] == [
+        assert dead_letters(rows, "error_code") == [
             ("R-20261102-0003", "deterministic", "ValidationException")
         ]
         calls = runtime_calls(fake)
@@ -273,17 +274,8 @@ def test_a_retry_round_below_the_minimum_goes_on_demand(
         return "PartiallyCompleted" if len(decided) == 1 else None
 
     fake.job_outcome = first_job_partly
-    provider = BedrockBatchProvider(
-        role_arn=ROLE,
-        endpoint_url=fake.endpoint_url,
-        runtime_endpoint_url=fake.endpoint_url,
-        retry_base_seconds=0.01,
-    )
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        harness = Harness(tmp_path, database_url, instance, bedrock_spec(), provider, reviews=120)
-        harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
-
+    spec = bedrock_spec()
+    with harness_on_s3(tmp_path, database_url, moto_s3, fake, spec, reviews=120) as harness:
         outcome = harness.run_day()
 
         assert outcome.done and outcome.succeeded == 120
@@ -303,15 +295,8 @@ def test_a_retry_round_below_the_minimum_goes_on_demand(
 def test_merge_only_leaves_a_shard_below_the_minimum_unsent_as_dead_letters(
     tmp_path: Path, database_url: str, moto_s3: MotoS3, fake: FakeBedrock
 ) -> None:
-    provider = BedrockBatchProvider(
-        role_arn=ROLE, endpoint_url=fake.endpoint_url, runtime_endpoint_url=fake.endpoint_url
-    )
     spec = bedrock_spec() | {"bedrock": {"min_records_per_job": 50, "below_minimum": "merge"}}
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        harness = Harness(tmp_path, database_url, instance, spec, provider, reviews=30)
-        harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
-
+    with harness_on_s3(tmp_path, database_url, moto_s3, fake, spec, reviews=30) as harness:
         harness.run_day()
 
         rows = harness.rows()

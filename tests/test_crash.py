@@ -204,24 +204,21 @@ def test_chaos_two_thousand_items_with_faults_of_every_class_and_random_kills(
     rng = random.Random(2026)
     items = 2000
     plan: dict[str, str] = {}
+    # The first bound a roll is below picks the fault: 2% 5xx, 1% 429, 2% 4xx and so on.
+    odds = [
+        (0.02, "5xx"),
+        (0.03, "429"),
+        (0.05, "4xx"),
+        (0.07, "missing"),
+        (0.09, "duplicate"),
+        (0.10, "expire"),
+    ]
 
     def line_fault(custom_id: str, body: dict[str, Any]) -> str | None:
         if custom_id in plan:  # each item misbehaves at most once, then answers
             return None
         roll = rng.random()
-        kind = None
-        if roll < 0.02:
-            kind = "5xx"
-        elif roll < 0.03:
-            kind = "429"
-        elif roll < 0.05:
-            kind = "4xx"
-        elif roll < 0.07:
-            kind = "missing"
-        elif roll < 0.09:
-            kind = "duplicate"
-        elif roll < 0.10:
-            kind = "expire"
+        kind = next((fault for below, fault in odds if roll < below), None)
         plan[custom_id] = kind or "ok"
         return kind
 

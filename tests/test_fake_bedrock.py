@@ -139,9 +139,10 @@ def error_of(excinfo: pytest.ExceptionInfo[ClientError]) -> tuple[str, int, str]
     )
 
 
-def bedrock_client(fake: FakeBedrock, config: Config = NO_RETRIES) -> Any:
+def bedrock_client(fake: FakeBedrock, config: Config = NO_RETRIES, service: str = "bedrock") -> Any:
+    """A boto3 client of `service` (the control plane, or bedrock-runtime) on the fake."""
     return boto3.client(
-        "bedrock",
+        service,
         endpoint_url=fake.endpoint_url,
         region_name="us-east-1",
         aws_access_key_id="testing",
@@ -692,14 +693,7 @@ class CustomIds:
 
 
 def runtime_client(fake: FakeBedrock, config: Config = NO_RETRIES) -> Any:
-    return boto3.client(
-        "bedrock-runtime",
-        endpoint_url=fake.endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        config=config,
-    )
+    return bedrock_client(fake, config, service="bedrock-runtime")
 
 
 def anthropic_body(text: str, max_tokens: int = 256) -> dict[str, Any]:
@@ -724,6 +718,13 @@ def invoke(client: Any, body: dict[str, Any], model_id: str = ANTHROPIC_MODEL) -
     the connection from going back to the pool, and closing it later resets it."""
     response = client.invoke_model(modelId=model_id, body=json.dumps(body))
     return json.loads(response["body"].read())
+
+
+def converse_refusal(client: Any, model_id: str = NOVA_MODEL) -> tuple[str, int, str]:
+    """(code, status, message) of the error a Converse call on `model_id` is refused with."""
+    with pytest.raises(ClientError) as refused:
+        client.converse(modelId=model_id, **converse_kwargs(review(1)))
+    return error_of(refused)
 
 
 def without_id(output: dict[str, Any]) -> dict[str, Any]:
@@ -912,9 +913,7 @@ def test_runtime_rpm_throttles_beyond_the_limit_in_a_rolling_minute(fake: FakeBe
         ids.current = item
         client.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1)))
     ids.current = "item-3"
-    with pytest.raises(client.exceptions.ThrottlingException) as throttled:
-        client.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1)))
-    assert error_of(throttled) == (
+    assert converse_refusal(client) == (
         "ThrottlingException",
         429,
         "Too many requests, please wait before trying again.",
@@ -943,9 +942,7 @@ def test_fault_plans_apply_to_runtime_paths(fake: FakeBedrock) -> None:
     ids = CustomIds(client)
     ids.current = "item-1"
 
-    with pytest.raises(client.exceptions.ServiceUnavailableException) as unavailable:
-        client.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1)))
-    assert error_of(unavailable)[:2] == ("ServiceUnavailableException", 503)
+    assert converse_refusal(client)[:2] == ("ServiceUnavailableException", 503)
     client.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1)))
     with pytest.raises((ConnectionClosedError, EndpointConnectionError)):
         client.invoke_model(modelId=ANTHROPIC_MODEL, body=json.dumps(anthropic_body(review(1))))
@@ -963,9 +960,7 @@ def test_fault_plans_apply_to_runtime_paths(fake: FakeBedrock) -> None:
 def test_unknown_models_and_wrong_credential_scopes_are_refused(fake: FakeBedrock) -> None:
     fake.runtime_models = {ANTHROPIC_MODEL}
     client = runtime_client(fake)
-    with pytest.raises(client.exceptions.ResourceNotFoundException) as unknown:
-        client.converse(modelId=NOVA_MODEL, **converse_kwargs(review(1)))
-    assert error_of(unknown) == (
+    assert converse_refusal(client) == (
         "ResourceNotFoundException",
         404,
         "Could not resolve the foundation model from the provided model identifier.",
@@ -974,9 +969,7 @@ def test_unknown_models_and_wrong_credential_scopes_are_refused(fake: FakeBedroc
 
     assert client.meta.service_model.signing_name == "bedrock"
     client._request_signer._signing_name = "bedrock-runtime"
-    with pytest.raises(ClientError) as wrong_scope:
-        client.converse(modelId=ANTHROPIC_MODEL, **converse_kwargs(review(1)))
-    assert error_of(wrong_scope)[:2] == ("InvalidSignatureException", 403)
+    assert converse_refusal(client, ANTHROPIC_MODEL)[:2] == ("InvalidSignatureException", 403)
 
     unsigned = runtime_client(fake, NO_RETRIES.merge(Config(signature_version=UNSIGNED)))
     with pytest.raises(ClientError) as refused:

@@ -162,25 +162,26 @@ def test_a_resumable_upload_spans_chunks_and_only_generated_files_download(
     assert (gone.value.code, gone.value.status) == (403, "PERMISSION_DENIED")
 
 
+def refused_get(api_key: str, options: types.HttpOptions) -> errors.ClientError:
+    """The error a batches.get with this key and these options is refused with."""
+    with (
+        genai.Client(api_key=api_key, http_options=options) as sdk,
+        pytest.raises(errors.ClientError) as refused,
+    ):
+        sdk.batches.get(name="batches/abc")
+    return refused.value
+
+
 def test_a_missing_key_is_403_and_an_unknown_key_400(fake: FakeGemini) -> None:
     keyless = types.HttpOptions(base_url=fake.base_url, headers={"x-goog-api-key": ""})
-    with (
-        genai.Client(api_key="unused", http_options=keyless) as sdk,
-        pytest.raises(errors.ClientError) as missing,
-    ):
-        sdk.batches.get(name="batches/abc")
-    assert (missing.value.code, missing.value.status) == (403, "PERMISSION_DENIED")
-    assert "API Key" in (missing.value.message or "")
+    missing = refused_get("unused", keyless)
+    assert (missing.code, missing.status) == (403, "PERMISSION_DENIED")
+    assert "API Key" in (missing.message or "")
 
     fake.api_keys = {"the-real-key"}
-    options = types.HttpOptions(base_url=fake.base_url)
-    with (
-        genai.Client(api_key="a-wrong-key", http_options=options) as sdk,
-        pytest.raises(errors.ClientError) as wrong,
-    ):
-        sdk.batches.get(name="batches/abc")
-    assert (wrong.value.code, wrong.value.status) == (400, "INVALID_ARGUMENT")
-    assert "API key not valid" in (wrong.value.message or "")
+    wrong = refused_get("a-wrong-key", types.HttpOptions(base_url=fake.base_url))
+    assert (wrong.code, wrong.status) == (400, "INVALID_ARGUMENT")
+    assert "API key not valid" in (wrong.message or "")
 
 
 def test_the_sdk_honours_google_gemini_base_url_and_gemini_api_key(

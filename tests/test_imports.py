@@ -8,6 +8,7 @@ breaks a cycle, so the graph here counts it like any other.
 """
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import llm_assets
@@ -114,26 +115,27 @@ def test_the_package_has_no_import_cycle() -> None:
     assert _cycles(_graph()) == []
 
 
-def test_domain_packages_never_import_the_top() -> None:
-    wrong = sorted(
+def _edges_from(packages: tuple[str, ...], to: Callable[[str], bool]) -> list[tuple[str, str]]:
+    """Each (module, imported) where a module of `packages` imports a module `to` holds for."""
+    return sorted(
         (module, imported)
         for module, imported_modules in _graph().items()
-        if _package(module) in DOMAIN
+        if _package(module) in packages
         for imported in imported_modules
-        if imported.startswith("llm_assets.") and _package(imported) in TOP
+        if to(imported)
+    )
+
+
+def test_domain_packages_never_import_the_top() -> None:
+    wrong = _edges_from(
+        DOMAIN, lambda name: name.startswith("llm_assets.") and _package(name) in TOP
     )
     assert wrong == []
 
 
 def test_plain_packages_do_not_import_dagster() -> None:
-    wrong = sorted(
-        (module, imported)
-        for module, imported_modules in _graph().items()
-        if _package(module) in PLAIN
-        for imported in imported_modules
-        if imported.split(".")[0] == "dagster" and (module, imported) not in DAGSTER_ALLOWED
-    )
-    assert wrong == []
+    wrong = _edges_from(PLAIN, lambda name: name.split(".")[0] == "dagster")
+    assert [edge for edge in wrong if edge not in DAGSTER_ALLOWED] == []
 
 
 def test_the_code_location_loads_from_its_documented_name() -> None:

@@ -6,7 +6,7 @@ SQLite file and a fresh PostgreSQL schema.
 
 import concurrent.futures
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +195,12 @@ def add_submitted_shard(
     return sid
 
 
+def job_with_shard(ledger: LedgerResource, n: int) -> str:
+    """A new job whose shard 0 holds n submitted items, cid(0) to cid(n - 1): the shard's id."""
+    make_job(ledger)
+    return add_submitted_shard(ledger, n)
+
+
 def engine_of(url: str) -> sa.Engine:
     return L.get_engine(url)
 
@@ -214,6 +220,12 @@ def items_by_id(url: str, job_id: str = JOB) -> dict[str, dict[str, Any]]:
     return {r["custom_id"]: r for r in table_rows(url, L.result_table) if r["job_id"] == job_id}
 
 
+def item_states(url: str, numbers: Iterable[int]) -> list[tuple[str, str | None]]:
+    """(status, error_class) of the item cid(n) for each of `numbers`, in their order."""
+    items = items_by_id(url)
+    return [(items[cid(n)]["status"], items[cid(n)]["error_class"]) for n in numbers]
+
+
 def state(row: dict[str, Any]) -> dict[str, Any]:
     """An item's business fields, without surrogate keys and timestamps."""
     drop = {"id", "job_id", "created_at", "updated_at"}
@@ -222,6 +234,24 @@ def state(row: dict[str, Any]) -> dict[str, Any]:
 
 def table_names(url: str) -> set[str]:
     return set(sa.inspect(engine_of(url)).get_table_names())
+
+
+def upgraded_from(database_url: str, version: int, *statements: str) -> LedgerResource:
+    """The ledger at `database_url` made an older one (`statements` run, `version` recorded)
+    and opened again: this code upgrades it to the current schema."""
+    with engine_of(database_url).begin() as conn:
+        for statement in statements:
+            conn.execute(sa.text(statement))
+        conn.execute(sa.delete(tables.schema_version))
+        conn.execute(
+            sa.insert(tables.schema_version).values(version=version, applied_at=L.utcnow())
+        )
+    schema.ensure_schema.cache_clear()
+
+    upgraded = LedgerResource(database_url=database_url)
+
+    assert schema_version(upgraded) == SCHEMA_VERSION == 12
+    return upgraded
 
 
 def assert_accounted(stats: UpsertStats) -> None:
@@ -422,8 +452,7 @@ def test_add_shard_with_items_is_one_transaction(ledger: LedgerResource, databas
 def test_add_items_keeps_existing_rows(
     ledger: LedgerResource, database_url: str, small_chunks: int
 ) -> None:
-    make_job(ledger)
-    sid = add_submitted_shard(ledger, 3)
+    sid = job_with_shard(ledger, 3)
     before = items_by_id(database_url)
 
     # Input dead letters: two new ids and two that already exist with other values.
@@ -485,8 +514,7 @@ def test_mark_submitted_counts_one_attempt_once(ledger: LedgerResource, database
 
 
 def test_upsert_applies_results_by_custom_id(ledger: LedgerResource, database_url: str) -> None:
-    make_job(ledger)
-    add_submitted_shard(ledger, 6)
+    job_with_shard(ledger, 6)
     rows = [
         ok(cid(0), "zero", tokens=10, cost=0.25),
         dead(cid(1), "invalid_request"),
@@ -522,8 +550,7 @@ def test_upsert_result_is_independent_of_line_order(
 
 
 def test_upsert_never_overwrites_terminal_rows(ledger: LedgerResource, database_url: str) -> None:
-    make_job(ledger)
-    add_submitted_shard(ledger, 4)
+    job_with_shard(ledger, 4)
     first = [ok(cid(0), "kept"), dead(cid(1), "kept_code")]
     assert ledger.upsert_results(JOB, first) == UpsertStats(received=2, applied=2)
 
@@ -541,8 +568,7 @@ def test_upsert_never_overwrites_terminal_rows(ledger: LedgerResource, database_
 
 
 def test_upsert_duplicate_lines_success_wins(ledger: LedgerResource, database_url: str) -> None:
-    make_job(ledger)
-    add_submitted_shard(ledger, 5)
+    job_with_shard(ledger, 5)
     rows = [
         dead(cid(0), "first_failure"),
         ok(cid(0), "success after failure"),
@@ -596,8 +622,7 @@ def test_upsert_unknown_ids_are_counted_not_inserted(
 
 
 def test_upsert_applies_to_every_open_status(ledger: LedgerResource, database_url: str) -> None:
-    make_job(ledger)
-    add_submitted_shard(ledger, 3)  # cid(0..2) submitted
+    job_with_shard(ledger, 3)  # cid(0..2) submitted
     set_item_status(ledger, JOB, [cid(1)], from_status=[SUBMITTED], status=RETRY)
     ledger.add_items([item_row(cid(3))])  # still pending
     stats = ledger.upsert_results(JOB, [ok(cid(0)), ok(cid(1)), dead(cid(2)), ok(cid(3))])
@@ -681,8 +706,7 @@ def test_upsert_across_chunks(ledger: LedgerResource, database_url: str, small_c
 def test_upsert_success_wins_over_failure_in_an_earlier_chunk(
     ledger: LedgerResource, database_url: str, small_chunks: int
 ) -> None:
-    make_job(ledger)
-    add_submitted_shard(ledger, small_chunks + 1)
+    job_with_shard(ledger, small_chunks + 1)
     rows = [dead(cid(0), "first_failure")]
     rows += [ok(cid(i)) for i in range(1, small_chunks + 1)]
     rows.append(ok(cid(0), "success in the next chunk"))
@@ -790,9 +814,8 @@ def test_upsert_of_one_shards_results_matches_its_items_first_and_still_every_ot
 def test_set_item_status_moves_only_from_status(
     ledger: LedgerResource, database_url: str, small_chunks: int
 ) -> None:
-    make_job(ledger)
     n = 2 * small_chunks + 3
-    add_submitted_shard(ledger, n)
+    job_with_shard(ledger, n)
     ledger.upsert_results(JOB, [ok(cid(0)), dead(cid(1)), retry(cid(2)), retry(cid(3))])
     every = [cid(i) for i in range(n)] + ["no-such-item"]
 
@@ -800,13 +823,8 @@ def test_set_item_status_moves_only_from_status(
         ledger, JOB, every, from_status=[RETRY], status=DEAD_LETTER, error_class="gave_up"
     )
     assert moved == 2
-    items = items_by_id(database_url)
-    assert [(items[cid(i)]["status"], items[cid(i)]["error_class"]) for i in range(4)] == [
-        (SUCCEEDED, None),
-        (DEAD_LETTER, "deterministic"),
-        (DEAD_LETTER, "gave_up"),
-        (DEAD_LETTER, "gave_up"),
-    ]
+    answered = [(SUCCEEDED, None), (DEAD_LETTER, "deterministic")]
+    assert item_states(database_url, range(4)) == answered + [(DEAD_LETTER, "gave_up")] * 2
     # Many ids over several chunks, two statuses allowed.
     moved = set_item_status(ledger, JOB, every, from_status=[SUBMITTED, PENDING], status=RETRY)
     assert moved == n - 4
@@ -817,8 +835,7 @@ def test_set_item_status_moves_only_from_status(
 
 
 def test_set_item_errors_guards_on_status(ledger: LedgerResource, database_url: str) -> None:
-    make_job(ledger)
-    add_submitted_shard(ledger, 3)
+    job_with_shard(ledger, 3)
     ledger.upsert_results(JOB, [ok(cid(0)), retry(cid(1))])
     quality = {"status": DEAD_LETTER, "error_class": "quality", "error_code": "json"}
     # A row whose status is not in from_status is left alone.
@@ -845,9 +862,8 @@ def test_set_item_errors_guards_on_status(ledger: LedgerResource, database_url: 
 def test_set_item_errors_many_rows(
     ledger: LedgerResource, database_url: str, small_chunks: int
 ) -> None:
-    make_job(ledger)
     n = 2 * small_chunks + 1
-    add_submitted_shard(ledger, n)
+    job_with_shard(ledger, n)
     ledger.upsert_results(JOB, [retry(cid(i)) for i in range(n)])
     ledger.upsert_results(JOB, [ok(cid(0))])  # raced: already terminal, must not move
     rows = [
@@ -866,8 +882,7 @@ def test_set_item_errors_many_rows(
 def test_set_shard_items_moves_one_shards_open_items(
     ledger: LedgerResource, database_url: str
 ) -> None:
-    make_job(ledger)
-    s0 = add_submitted_shard(ledger, 4)
+    s0 = job_with_shard(ledger, 4)
     s1 = add_submitted_shard(ledger, 2, index=1, first=10, batch_id="batch-1")
     ledger.upsert_results(JOB, [ok(cid(0)), dead(cid(1))])
     moved = items_module.set_shard_items(
@@ -879,14 +894,9 @@ def test_set_shard_items_moves_one_shards_open_items(
         error_code="missing",
     )
     assert moved == 2
-    items = items_by_id(database_url)
-    assert [(items[cid(i)]["status"], items[cid(i)]["error_class"]) for i in range(4)] == [
-        (SUCCEEDED, None),
-        (DEAD_LETTER, "deterministic"),
-        (RETRY, "expired"),
-        (RETRY, "expired"),
-    ]
-    assert {items[c]["status"] for c in (cid(10), cid(11))} == {SUBMITTED}
+    answered = [(SUCCEEDED, None), (DEAD_LETTER, "deterministic")]
+    assert item_states(database_url, range(4)) == answered + [(RETRY, "expired")] * 2
+    assert item_states(database_url, [10, 11]) == [(SUBMITTED, None)] * 2
     assert (
         items_module.set_shard_items(ledger.engine, s0, from_status=[SUBMITTED], status=RETRY) == 0
     )
@@ -901,8 +911,7 @@ def test_close_shard_moves_open_items_freezes_the_bill_and_sets_the_shard_at_onc
     """Closing an imported shard: its unanswered items move, what its items were billed is
     frozen on the shard and its reservation, and the shard is marked (compare-and-set) — in
     one transaction, so a failure in any part leaves all of it undone."""
-    make_job(ledger)
-    s0 = add_submitted_shard(ledger, 4)
+    s0 = job_with_shard(ledger, 4)
     s1 = add_submitted_shard(ledger, 2, index=1, first=10, batch_id="batch-1")
     assert (
         ledger.reserve_budget(
@@ -932,14 +941,8 @@ def test_close_shard_moves_open_items_freezes_the_bill_and_sets_the_shard_at_onc
     )
 
     assert (moved, changed) == (2, True)
-    items = items_by_id(database_url)
-    assert [(items[cid(i)]["status"], items[cid(i)]["error_class"]) for i in range(4)] == [
-        (SUCCEEDED, None),
-        (SUCCEEDED, None),
-        (RETRY, "expired"),
-        (RETRY, "expired"),
-    ]
-    assert {items[c]["status"] for c in (cid(10), cid(11))} == {SUBMITTED}
+    assert item_states(database_url, range(4)) == [(SUCCEEDED, None)] * 2 + [(RETRY, "expired")] * 2
+    assert item_states(database_url, [10, 11]) == [(SUBMITTED, None)] * 2
     shard = ledger.get_shard(s0)
     assert shard is not None
     assert (shard.status, shard.actual_input_tokens, shard.actual_output_tokens) == (
@@ -967,9 +970,8 @@ def test_close_shard_moves_every_open_item_of_an_unanswered_shard(
 ) -> None:
     """A batch that answered nothing (expired, say): more open items than are moved by id
     in one statement are moved all the same, and the bill is what was answered: nothing."""
-    make_job(ledger)
     n = 2 * small_chunks + 1
-    s0 = add_submitted_shard(ledger, n)
+    s0 = job_with_shard(ledger, n)
     ledger.upsert_results(JOB, [ok(cid(0), tokens=10, cost=0.25)])
 
     moved, _ = ledger.close_shard(
@@ -989,9 +991,8 @@ def test_close_shard_moves_every_open_item_of_an_unanswered_shard(
 def test_reassign_retry_items_to_a_new_shard(
     ledger: LedgerResource, database_url: str, small_chunks: int
 ) -> None:
-    make_job(ledger)
     n = 2 * small_chunks + 2
-    s0 = add_submitted_shard(ledger, n)
+    s0 = job_with_shard(ledger, n)
     ledger.upsert_results(JOB, [ok(cid(0)), dead(cid(1))])
     items_module.set_shard_items(
         ledger.engine, s0, from_status=[SUBMITTED], status=RETRY, error_class="transient"
@@ -1158,8 +1159,7 @@ def test_iter_items_streams_in_custom_id_order(
 def test_shard_totals_attribute_items_tokens_and_cost(
     ledger: LedgerResource, database_url: str
 ) -> None:
-    make_job(ledger)
-    s0 = add_submitted_shard(ledger, 3)
+    s0 = job_with_shard(ledger, 3)
     s1 = add_submitted_shard(ledger, 2, index=1, first=10, batch_id="batch-1")
     ledger.add_items([item_row(cid(50), status=DEAD_LETTER, error_class="input")])  # no shard
     ledger.upsert_results(
@@ -1212,8 +1212,7 @@ def test_shard_totals_attribute_items_tokens_and_cost(
 
 
 def test_update_shard_is_compare_and_set(ledger: LedgerResource, database_url: str) -> None:
-    make_job(ledger)
-    sid = add_submitted_shard(ledger, 1)
+    sid = job_with_shard(ledger, 1)
     before = snapshot(database_url)
     assert not ledger.update_shard(sid, expect_status=["ended", "failed"], status="imported")
     assert not ledger.update_shard(sid, expect_status=[], status="imported")
@@ -1308,34 +1307,24 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
     2 had the index, version 3 left less room (fillfactor 70); before version 5 items had no
     request_offset."""
     schema_version(LedgerResource(database_url=database_url))
-    engine = engine_of(database_url)
-    postgres = engine.dialect.name == "postgresql"
-    with engine.begin() as conn:
-        conn.execute(sa.text("ALTER TABLE llm_batch_result DROP COLUMN request_offset"))
-        conn.execute(sa.text("DROP TABLE llm_batch_notification"))  # version 6 adds it
-        conn.execute(sa.text("DROP TABLE llm_batch_pipeline_state"))  # version 7 adds it
-        if postgres:  # items and outputs had a foreign key to their job
-            for table in ("llm_batch_result", "llm_batch_output"):
-                conn.execute(
-                    sa.text(
-                        f"ALTER TABLE {table} ADD FOREIGN KEY (job_id) REFERENCES llm_batch_job"
-                    )
-                )
-        if version == 2:
-            conn.execute(
-                sa.text("CREATE INDEX ix_result_job_status ON llm_batch_result (job_id, status)")
-            )
-        if conn.dialect.name == "postgresql":
-            conn.execute(sa.text("ALTER TABLE llm_batch_result SET (fillfactor = 70)"))
-        conn.execute(sa.delete(tables.schema_version))
-        conn.execute(
-            sa.insert(tables.schema_version).values(version=version, applied_at=L.utcnow())
-        )
-    schema.ensure_schema.cache_clear()
+    postgres = engine_of(database_url).dialect.name == "postgresql"
+    statements = [
+        "ALTER TABLE llm_batch_result DROP COLUMN request_offset",
+        "DROP TABLE llm_batch_notification",  # version 6 adds it
+        "DROP TABLE llm_batch_pipeline_state",  # version 7 adds it
+    ]
+    if postgres:  # items and outputs had a foreign key to their job
+        statements += [
+            f"ALTER TABLE {table} ADD FOREIGN KEY (job_id) REFERENCES llm_batch_job"
+            for table in ("llm_batch_result", "llm_batch_output")
+        ]
+    if version == 2:
+        statements.append("CREATE INDEX ix_result_job_status ON llm_batch_result (job_id, status)")
+    if postgres:
+        statements.append("ALTER TABLE llm_batch_result SET (fillfactor = 70)")
 
-    upgraded = LedgerResource(database_url=database_url)
+    upgraded = upgraded_from(database_url, version, *statements)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 12
     inspector = sa.inspect(upgraded.engine)
     columns = {c["name"] for c in inspector.get_columns("llm_batch_result")}
     assert "request_offset" in columns
@@ -1365,18 +1354,17 @@ def test_a_version_8_ledger_gains_the_lock_leases_and_the_lifecycle_columns(
         "llm_batch_job": ("parent_pipeline", "validated_at", "reported_at"),
         "llm_batch_shard": ("cancel_sent_at",),
     }
-    with engine_of(database_url).begin() as conn:
-        conn.execute(sa.text("DROP TABLE llm_lock_lease"))
-        for table, columns in added.items():
-            for column in columns:
-                conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN {column}"))
-        conn.execute(sa.delete(tables.schema_version))
-        conn.execute(sa.insert(tables.schema_version).values(version=8, applied_at=L.utcnow()))
-    schema.ensure_schema.cache_clear()
+    upgraded = upgraded_from(
+        database_url,
+        8,
+        "DROP TABLE llm_lock_lease",
+        *(
+            f"ALTER TABLE {table} DROP COLUMN {column}"
+            for table, columns in added.items()
+            for column in columns
+        ),
+    )
 
-    upgraded = LedgerResource(database_url=database_url)
-
-    assert schema_version(upgraded) == SCHEMA_VERSION == 12
     inspector = sa.inspect(upgraded.engine)
     assert "llm_lock_lease" in inspector.get_table_names()
     for table, columns in added.items():
@@ -1392,15 +1380,9 @@ def test_a_version_9_ledger_gains_when_retention_expired_a_day(database_url: str
     """Version 10 adds when retention expired a day; a version 9 ledger's jobs are not."""
     first = LedgerResource(database_url=database_url)
     make_job(first)
-    with engine_of(database_url).begin() as conn:
-        conn.execute(sa.text("ALTER TABLE llm_batch_job DROP COLUMN retention_expired_at"))
-        conn.execute(sa.delete(tables.schema_version))
-        conn.execute(sa.insert(tables.schema_version).values(version=9, applied_at=L.utcnow()))
-    schema.ensure_schema.cache_clear()
-
-    upgraded = LedgerResource(database_url=database_url)
-
-    assert schema_version(upgraded) == SCHEMA_VERSION == 12
+    upgraded = upgraded_from(
+        database_url, 9, "ALTER TABLE llm_batch_job DROP COLUMN retention_expired_at"
+    )
     job = upgraded.get_job(JOB)
     assert job is not None and job.retention_expired_at is None
     assert upgraded.expire_jobs([JOB]).jobs_expired == 1
@@ -1417,15 +1399,7 @@ def test_a_version_10_ledger_gains_the_id_key_table_and_keeps_its_ids(
     first = LedgerResource(database_url=database_url)
     make_job(first)
     first.add_items([item_row("20261102_R-1_0123456789abcdef0123", status=PENDING)])
-    with engine_of(database_url).begin() as conn:
-        conn.execute(sa.text("DROP TABLE llm_id_key"))
-        conn.execute(sa.delete(tables.schema_version))
-        conn.execute(sa.insert(tables.schema_version).values(version=10, applied_at=L.utcnow()))
-    schema.ensure_schema.cache_clear()
-
-    upgraded = LedgerResource(database_url=database_url)
-
-    assert schema_version(upgraded) == SCHEMA_VERSION == 12
+    upgraded = upgraded_from(database_url, 10, "DROP TABLE llm_id_key")
     key = upgraded.item_id_key()
     assert len(key) == 64 and LedgerResource(database_url=database_url).item_id_key() == key
     assert upgraded.known_items(JOB) == ({"src-20261102_R-1_0123456789abcdef0123"}, set())
@@ -1442,16 +1416,12 @@ def test_a_version_11_ledger_gains_the_learned_quotas_and_when_batches_started(
     first = LedgerResource(database_url=database_url)
     make_job(first)
     first.add_shard_with_items(shard_row(item_count=1), [item_row(cid(1), shard=shard_id(0, 0))])
-    with engine_of(database_url).begin() as conn:
-        conn.execute(sa.text("DROP TABLE llm_quota"))
-        conn.execute(sa.text("ALTER TABLE llm_batch_shard DROP COLUMN started_at"))
-        conn.execute(sa.delete(tables.schema_version))
-        conn.execute(sa.insert(tables.schema_version).values(version=11, applied_at=L.utcnow()))
-    schema.ensure_schema.cache_clear()
-
-    upgraded = LedgerResource(database_url=database_url)
-
-    assert schema_version(upgraded) == SCHEMA_VERSION == 12
+    upgraded = upgraded_from(
+        database_url,
+        11,
+        "DROP TABLE llm_quota",
+        "ALTER TABLE llm_batch_shard DROP COLUMN started_at",
+    )
     shard = upgraded.get_shard(shard_id(0, 0))
     assert shard is not None and shard.started_at is None
     assert upgraded.mark_started(shard.shard_id) and not upgraded.mark_started(shard.shard_id)
@@ -1466,15 +1436,7 @@ def test_a_version_6_ledger_gains_the_pipeline_state_table(database_url: str) ->
     """Version 7 adds the pipeline pauses; a version 6 ledger keeps its rows and can pause."""
     first = LedgerResource(database_url=database_url)
     make_job(first)
-    with engine_of(database_url).begin() as conn:
-        conn.execute(sa.text("DROP TABLE llm_batch_pipeline_state"))
-        conn.execute(sa.delete(tables.schema_version))
-        conn.execute(sa.insert(tables.schema_version).values(version=6, applied_at=L.utcnow()))
-    schema.ensure_schema.cache_clear()
-
-    upgraded = LedgerResource(database_url=database_url)
-
-    assert schema_version(upgraded) == SCHEMA_VERSION == 12
+    upgraded = upgraded_from(database_url, 6, "DROP TABLE llm_batch_pipeline_state")
     assert "llm_batch_pipeline_state" in sa.inspect(upgraded.engine).get_table_names()
     assert upgraded.get_job(JOB) is not None
     assert upgraded.pipeline_pause("reviews") is None
@@ -1549,8 +1511,7 @@ def test_every_result_column_is_stored_as_given_through_the_bulk_format(
     SQLite as values): texts of any characters, NULLs in every nullable column, integers to
     the column's limit, costs to the last bit and a non-string output text all come back as
     they were given (the text of what is not a string)."""
-    make_job(ledger)
-    add_submitted_shard(ledger, 5)
+    job_with_shard(ledger, 5)
     rows = [
         ok(cid(0), text="日本語 ✓ café \\N tab\there\nnew\r\\", tokens=2**31 - 1, cost=0.1 + 0.2),
         ok(cid(1), text="", tokens=0, cost=1e-300),

@@ -19,6 +19,7 @@ from llm_assets.resources.providers.online import OnlineProvider, parse_duration
 from tests.fakes.online_server import FakeOnline
 from tests.fakes.openai_server import user_text
 from tests.harness import CLI, DAY, Harness, open_harness, review_spec, truthful, write_reviews
+from tests.provider_kits import dead_letters
 
 pytestmark = [pytest.mark.one_database, pytest.mark.fake_server("online", responder=truthful)]
 
@@ -77,11 +78,7 @@ def test_a_day_completes_through_faults_and_a_success_is_never_sent_again(
 
         assert outcome.done and outcome.total == 24
         rows = harness.rows()
-        assert all(r["status"] in TERMINAL for r in rows.values())
-        dead = [r for r in rows.values() if r["status"] == "dead_letter"]
-        assert [(r["source_id"], r["error_class"]) for r in dead] == [
-            ("R-20261102-0003", "deterministic")
-        ]
+        assert dead_letters(rows) == [("R-20261102-0003", "deterministic")]
         successes = fake.successes()
         assert len(successes) == len(set(successes)) == 23
         assert set(successes) == {cid for cid, r in rows.items() if r["status"] == "succeeded"}

@@ -17,18 +17,23 @@ from tests.harness import DAY, Harness, first_time, make_harness, truthful
 
 OLD = "old.address@example.org"
 NEW = "new.address@example.net"
+
+
+def review(product: str, order: int, address: str | None) -> str:
+    """A review of `product` that gives an e-mail `address` to write to, or none."""
+    contact = f"write to {address}" if address else "no address"
+    return f"The {product} is great, {contact}. Order {order} arrived."
+
+
 REVIEWS = {
     # Changed and requeued after its first answer fails validation.
-    "R-MOVED": f"The blender is great, write to {OLD}. Order 1950 arrived.",
+    "R-MOVED": review("blender", 1950, OLD),
     # Changed to hold no e-mail address at all, and requeued the same way.
-    "R-DROPPED": f"The kettle is great, write to {OLD}. Order 1951 arrived.",
+    "R-DROPPED": review("kettle", 1951, OLD),
     # Unchanged; its first send fails with a 5xx and is retried.
-    "R-RETRIED": f"The toaster is great, write to {OLD}. Order 1952 arrived.",
+    "R-RETRIED": review("toaster", 1952, OLD),
 }
-CHANGED = {
-    "R-MOVED": f"The blender is great, write to {NEW}. Order 1950 arrived.",
-    "R-DROPPED": "The kettle is great, no address. Order 1951 arrived.",
-}
+CHANGED = {"R-MOVED": review("blender", 1950, NEW), "R-DROPPED": review("kettle", 1951, None)}
 
 pytestmark = [pytest.mark.fake_server("openai")]
 

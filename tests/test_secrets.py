@@ -143,33 +143,21 @@ def order_number(text: str) -> int | None:
     return None
 
 
-def openai_line_fault() -> Callable[[str, dict[str, Any]], str | None]:
-    kinds = ("5xx", "expire", "missing")
+def fault_by_order(
+    deterministic: str, transient: tuple[str, str, str]
+) -> Callable[[str, dict[str, Any]], str | None]:
+    """A fake's per-request fault, in the fake's own names: `deterministic` every time for the
+    DETERMINISTIC reviews; for a TRANSIENT one, the first time only, the kind from `transient`
+    that TRANSIENT picks."""
     seen: set[str] = set()
 
     def fault(custom_id: str, body: dict[str, Any]) -> str | None:
         n = order_number(json.dumps(body["messages"]))
         if n in DETERMINISTIC:
-            return "4xx"
+            return deterministic
         if n in TRANSIENT and custom_id not in seen:
             seen.add(custom_id)
-            return kinds[TRANSIENT[n]]
-        return None
-
-    return fault
-
-
-def anthropic_item_fault() -> Callable[[str, dict[str, Any]], str | None]:
-    kinds = ("api_error", "overloaded", "expired")
-    seen: set[str] = set()
-
-    def fault(custom_id: str, params: dict[str, Any]) -> str | None:
-        n = order_number(json.dumps(params["messages"]))
-        if n in DETERMINISTIC:
-            return "invalid_request"
-        if n in TRANSIENT and custom_id not in seen:
-            seen.add(custom_id)
-            return kinds[TRANSIENT[n]]
+            return transient[TRANSIENT[n]]
         return None
 
     return fault
@@ -371,10 +359,12 @@ def start_fake(provider: str, state_dir: Path) -> FakeOpenAI | FakeAnthropic:
     if provider == "openai":
         openai_fake = FakeOpenAI(state_dir)
         openai_fake.responder = truthful
-        openai_fake.line_fault = openai_line_fault()
+        openai_fake.line_fault = fault_by_order("4xx", ("5xx", "expire", "missing"))
         return openai_fake
     anthropic_fake = FakeAnthropic(state_dir)
-    anthropic_fake.item_fault = anthropic_item_fault()
+    anthropic_fake.item_fault = fault_by_order(
+        "invalid_request", ("api_error", "overloaded", "expired")
+    )
     return anthropic_fake
 
 

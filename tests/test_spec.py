@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import yaml
@@ -206,213 +206,182 @@ def test_prompt_code_version_ignores_documentation_only_changes(
     assert _version(mutated(change)) == _version(good_spec())
 
 
+DROP = object()  # as the value of `setting`: remove the key
+
+
+def setting(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """A change that sets the dotted key `path` of a spec to `value` (removes it for DROP)."""
+
+    def change(spec: dict[str, Any]) -> None:
+        *parents, key = path.split(".")
+        for parent in parents:
+            spec = spec[parent]
+        if value is DROP:
+            del spec[key]
+        else:
+            spec[key] = value
+
+    return change
+
+
+def problem(name: str, path: str, value: Any, words: list[str], field: str = "") -> Any:
+    """A broken spec, `path` set to `value`: reported on `field` (on `path` itself unless
+    given) with a reason that holds every one of `words`."""
+    return pytest.param((setting(path, value), field or path, words), id=name)
+
+
 CASES: list[Any] = [
-    pytest.param(
-        lambda s: s["model"].update(provider="openia"),
-        "model.provider",
-        ["unknown provider", "'openia'"],
-        id="unknown-provider",
-    ),
-    pytest.param(
-        lambda s: s["prompt"].update(template="Subject: {subject}\n{body}\n{customer_name}"),
+    problem("unknown-provider", "model.provider", "openia", ["unknown provider", "'openia'"]),
+    problem(
+        "placeholder-not-a-source-field",
         "prompt.template",
+        "Subject: {subject}\n{body}\n{customer_name}",
         ["{customer_name}", "not a source field"],
-        id="placeholder-not-a-source-field",
     ),
-    pytest.param(
-        lambda s: s["prompt"].update(template="{subject} {body[0]}"),
+    problem(
+        "placeholder-not-a-plain-name",
         "prompt.template",
+        "{subject} {body[0]}",
         ["{body[0]}", "not a plain field name"],
-        id="placeholder-not-a-plain-name",
     ),
-    pytest.param(
-        lambda s: s["output"]["schema"]["confidence"].update(isin=["0.5", "1.0"]),
-        "output.schema.confidence",
+    problem(
+        "isin-on-float",
+        "output.schema.confidence.isin",
+        ["0.5", "1.0"],
         ["isin", "float"],
-        id="isin-on-float",
+        field="output.schema.confidence",
     ),
-    pytest.param(
-        lambda s: s["output"]["schema"]["category"].update(isin=[]),
-        "output.schema.category",
+    problem(
+        "empty-isin",
+        "output.schema.category.isin",
+        [],
         ["isin", "at least one"],
-        id="empty-isin",
+        field="output.schema.category",
     ),
-    pytest.param(
-        lambda s: s["output"]["schema"]["category"].update(isin=["billing", "billing"]),
-        "output.schema.category",
+    problem(
+        "isin-duplicate",
+        "output.schema.category.isin",
+        ["billing", "billing"],
         ["isin", "twice"],
-        id="isin-duplicate",
+        field="output.schema.category",
     ),
-    pytest.param(
-        lambda s: s["output"]["schema"]["summary"].update(min_length=50, max_length=5),
+    problem(
+        "min-length-above-max-length",
         "output.schema.summary",
+        {"type": "str", "min_length": 50, "max_length": 5},
         ["min_length 50", "max_length 5"],
-        id="min-length-above-max-length",
     ),
-    pytest.param(
-        lambda s: s["output"]["schema"]["confidence"].update(ge=1, le=0),
+    problem(
+        "ge-above-le",
         "output.schema.confidence",
+        {"type": "float", "ge": 1, "le": 0},
         ["lower bound", "upper bound"],
-        id="ge-above-le",
     ),
-    pytest.param(
-        lambda s: s["output"]["schema"].update(votes={"type": "int", "min_length": 1}),
+    problem(
+        "min-length-on-int",
         "output.schema.votes",
+        {"type": "int", "min_length": 1},
         ["min_length", "int"],
-        id="min-length-on-int",
     ),
-    pytest.param(
-        lambda s: s["output"]["schema"]["summary"].update(ge=0),
-        "output.schema.summary",
+    problem(
+        "bounds-on-str",
+        "output.schema.summary.ge",
+        0,
         ["ge/le/gt/lt", "str"],
-        id="bounds-on-str",
+        field="output.schema.summary",
     ),
-    pytest.param(
-        lambda s: s["output"]["schema"]["summary"].update(type="text"),
-        "output.schema.summary.type",
-        ["str"],
-        id="unknown-field-type",
-    ),
-    pytest.param(
-        lambda s: s["output"].update(schema={}),
-        "output",
-        ["schema"],
-        id="json-format-without-schema",
-    ),
-    pytest.param(
-        lambda s: s.update(colour="red"),
-        "colour",
-        ["not permitted"],
-        id="unknown-top-level-key",
-    ),
-    pytest.param(
-        lambda s: s["model"].update(temprature=0.2),
-        "model.temprature",
-        ["not permitted"],
-        id="unknown-nested-key",
-    ),
-    pytest.param(
-        lambda s: s.pop("model"),
-        "model",
-        ["required"],
-        id="missing-model-section",
-    ),
-    pytest.param(
-        lambda s: s.pop("partitions"),
-        "partitions",
-        ["required"],
-        id="missing-partitions-section",
-    ),
-    pytest.param(
-        lambda s: s["source"].pop("id_field"),
-        "source.id_field",
-        ["required"],
-        id="missing-nested-field",
-    ),
-    pytest.param(
-        lambda s: s["model"].update(max_output_tokens="lots"),
-        "model.max_output_tokens",
-        ["integer"],
-        id="wrong-type",
-    ),
-    pytest.param(
-        lambda s: s["model"].update(temperature=5),
-        "model.temperature",
-        ["less than or equal to 2"],
-        id="temperature-out-of-range",
-    ),
-    pytest.param(
-        lambda s: s["source"].update(kind="xml"),
-        "source.kind",
-        ["jsonl"],
-        id="unknown-source-kind",
-    ),
-    pytest.param(
-        lambda s: s["partitions"].update(start_date="next tuesday"),
-        "partitions.start_date",
-        ["date"],
-        id="bad-start-date",
-    ),
-    pytest.param(
-        lambda s: s["model"].update(name="all-MiniLM-L12-v2"),
+    problem("unknown-field-type", "output.schema.summary.type", "text", ["str"]),
+    problem("json-format-without-schema", "output.schema", {}, ["schema"], field="output"),
+    problem("unknown-top-level-key", "colour", "red", ["not permitted"]),
+    problem("unknown-nested-key", "model.temprature", 0.2, ["not permitted"]),
+    problem("missing-model-section", "model", DROP, ["required"]),
+    problem("missing-partitions-section", "partitions", DROP, ["required"]),
+    problem("missing-nested-field", "source.id_field", DROP, ["required"]),
+    problem("wrong-type", "model.max_output_tokens", "lots", ["integer"]),
+    problem("temperature-out-of-range", "model.temperature", 5, ["less than or equal to 2"]),
+    problem("unknown-source-kind", "source.kind", "xml", ["jsonl"]),
+    problem("bad-start-date", "partitions.start_date", "next tuesday", ["date"]),
+    problem(
+        "model-not-in-price-table",
         "model.name",
+        "all-MiniLM-L12-v2",
         ["'all-MiniLM-L12-v2'", "price table"],
-        id="model-not-in-price-table",
     ),
-    pytest.param(
-        lambda s: s["partitions"].update(timezone="Mars/Olympus_Mons"),
+    problem(
+        "unknown-timezone",
         "partitions.timezone",
+        "Mars/Olympus_Mons",
         ["unknown timezone", "'Mars/Olympus_Mons'"],
-        id="unknown-timezone",
     ),
-    pytest.param(
-        lambda s: s.update(name="2-support-tickets"),
-        "name",
-        ["pattern"],
-        id="bad-pipeline-name",
-    ),
-    pytest.param(
-        lambda s: s["source"].update(required_fields=["body", "attachments"]),
+    problem("bad-pipeline-name", "name", "2-support-tickets", ["pattern"]),
+    problem(
+        "required-field-not-in-fields",
         "source.required_fields",
+        ["body", "attachments"],
         ["'attachments'", "not in source.fields"],
-        id="required-field-not-in-fields",
     ),
     # Checks of the local provider: outputs it cannot produce and options it does not take.
-    pytest.param(
-        lambda s: s["output"]["schema"].update(votes={"type": "int", "ge": 0, "le": 5}),
+    problem(
+        "local-cannot-produce-int",
         "output.schema.votes",
+        {"type": "int", "ge": 0, "le": 5},
         ["local provider", "int"],
-        id="local-cannot-produce-int",
     ),
-    pytest.param(
-        lambda s: s["output"]["schema"].update(urgent={"type": "bool"}),
+    problem(
+        "local-cannot-produce-bool",
         "output.schema.urgent",
+        {"type": "bool"},
         ["local provider", "bool"],
-        id="local-cannot-produce-bool",
     ),
-    pytest.param(
-        lambda s: s["model"]["options"].update(device="cuda"),
-        "model.options",
+    problem(
+        "local-unknown-option",
+        "model.options.device",
+        "cuda",
         ["'device'", "local provider"],
-        id="local-unknown-option",
+        field="model.options",
     ),
-    pytest.param(
-        lambda s: s["model"]["options"]["label_descriptions"].update(refund="money back"),
-        "model.options.label_descriptions",
+    problem(
+        "local-description-of-unknown-label",
+        "model.options.label_descriptions.refund",
+        "money back",
         ["'refund'", "not a label"],
-        id="local-description-of-unknown-label",
+        field="model.options.label_descriptions",
     ),
 ]
 
 
-@pytest.mark.parametrize(("change", "field", "words"), CASES)
-def test_each_problem_names_its_file_field_and_reason(
-    tmp_path: Path, change: Callable[[dict[str, Any]], Any], field: str, words: list[str]
-) -> None:
-    path = write_spec(tmp_path, mutated(change))
+class Broken(NamedTuple):
+    path: Path
+    field: str
+    words: list[str]
 
-    specs, problems = check_specs(path)
+
+@pytest.fixture(params=CASES)
+def broken(request: pytest.FixtureRequest, tmp_path: Path) -> Broken:
+    """One of CASES written as a spec file, with the field and the words it must be reported by."""
+    change, field, words = request.param
+    return Broken(write_spec(tmp_path, mutated(change)), field, words)
+
+
+def test_each_problem_names_its_file_field_and_reason(broken: Broken) -> None:
+    specs, problems = check_specs(broken.path)
 
     assert problems, "the broken spec was accepted"
-    assert {p.file for p in problems} == {str(path)}
-    assert {p.field for p in problems} == {field}, problems
-    assert any(all(w.lower() in p.reason.lower() for w in words) for p in problems), problems
+    assert {p.file for p in problems} == {str(broken.path)}
+    assert {p.field for p in problems} == {broken.field}, problems
+    assert any(all(w.lower() in p.reason.lower() for w in broken.words) for p in problems), problems
     with pytest.raises(SpecError):
-        load_specs(path)
+        load_specs(broken.path)
 
 
-@pytest.mark.parametrize(("change", "field", "words"), CASES)
-def test_load_specs_raises_with_the_same_problems(
-    tmp_path: Path, change: Callable[[dict[str, Any]], Any], field: str, words: list[str]
-) -> None:
-    path = write_spec(tmp_path, mutated(change))
-    _, expected = check_specs(path)
+def test_load_specs_raises_with_the_same_problems(broken: Broken) -> None:
+    _, expected = check_specs(broken.path)
 
     with pytest.raises(SpecError) as raised:
-        load_specs(tmp_path)
+        load_specs(broken.path.parent)
 
     assert raised.value.problems == expected
-    assert f"{path}: {field}: " in str(raised.value)
+    assert f"{broken.path}: {broken.field}: " in str(raised.value)
 
 
 def test_a_spec_that_fails_to_parse_is_not_returned(tmp_path: Path) -> None:

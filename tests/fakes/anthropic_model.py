@@ -137,16 +137,15 @@ def assistant_message(
     }
 
 
-def counts(
-    processing: int = 0, succeeded: int = 0, errored: int = 0, canceled: int = 0, expired: int = 0
-) -> dict[str, int]:
-    return {
-        "processing": processing,
-        "succeeded": succeeded,
-        "errored": errored,
-        "canceled": canceled,
-        "expired": expired,
-    }
+REQUEST_COUNTS = ("processing", "succeeded", "errored", "canceled", "expired")
+
+
+def counts(**given: int) -> dict[str, int]:
+    """A batch's `request_counts`: every one of REQUEST_COUNTS, 0 unless given."""
+    unknown = set(given) - set(REQUEST_COUNTS)
+    if unknown:
+        raise TypeError(f"not a request count: {sorted(unknown)}")
+    return {name: given.get(name, 0) for name in REQUEST_COUNTS}
 
 
 def validate_create(body: Any, max_requests: int) -> list[dict[str, Any]]:

@@ -108,10 +108,6 @@ class FakeAnthropic(FaultInjectingServer):
         self.quota_retry_after: float | None = 1.0
         self._lock = threading.RLock()
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def submitted_custom_ids(self) -> list[str]:
         """Every custom_id of every batch created, deleted ones included, in creation order."""
         with self._lock:

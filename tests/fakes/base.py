@@ -232,6 +232,8 @@ class FakeServer:
     """
 
     server_name: ClassVar[str] = "fake"
+    url_path: ClassVar[str] = ""
+    """What the API's base URL adds to the server's address (`/v1`)."""
 
     def __init__(self, *, port: int | None = None, poll_interval: float = 0.02) -> None:
         self.server_errors: list[str] = []
@@ -243,6 +245,11 @@ class FakeServer:
     @property
     def port(self) -> int:
         return self._server.port
+
+    @property
+    def base_url(self) -> str:
+        """Where a client points: the server's loopback address and `url_path`."""
+        return f"http://127.0.0.1:{self.port}{self.url_path}"
 
     def start(self) -> Self:
         self._server.start()

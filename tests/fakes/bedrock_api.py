@@ -4,6 +4,7 @@ CreateModelInvocationJob request.
 """
 
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -166,6 +167,21 @@ class Violations:
             return False
         return True
 
+    def required_string(self, body: JSON, key: str, where: str, **constraints: Any) -> None:
+        """`body[key]` is set and a string within `constraints` (as `string` takes them)."""
+        if self.required(body, key, where):
+            self.string(body[key], where, **constraints)
+
+    def structures(self, members: list[Any], where: str) -> Iterator[tuple[str, JSON]]:
+        """(where, member) of each member of a list of structures, numbered from 1 as AWS
+        names them; a member that is not a structure is a violation and is skipped."""
+        for index, member in enumerate(members, start=1):
+            at = f"{where}.{index}.member"
+            if isinstance(member, dict):
+                yield at, member
+            else:
+                self.add(member, at, "be a structure")
+
     def string(
         self,
         value: Any,
@@ -248,17 +264,12 @@ def validate_create(body: Any) -> None:
     s3_in = check.union(body.get("inputDataConfig"), "inputDataConfig", "s3InputDataConfig")
     if s3_in is not None:
         where = "inputDataConfig.s3InputDataConfig"
-        if check.required(s3_in, "s3Uri", f"{where}.s3Uri"):
-            uri = s3_in["s3Uri"]
-            check.string(uri, f"{where}.s3Uri", pattern=S3_URI_PATTERN, min_len=1, max_len=1024)
+        _check_s3_location(check, s3_in, where)
         check.enum(s3_in.get("s3InputFormat"), f"{where}.s3InputFormat", ("JSONL",))
-        check.string(s3_in.get("s3BucketOwner"), f"{where}.s3BucketOwner", pattern=ACCOUNT_PATTERN)
     s3_out = check.union(body.get("outputDataConfig"), "outputDataConfig", "s3OutputDataConfig")
     if s3_out is not None:
         where = "outputDataConfig.s3OutputDataConfig"
-        if check.required(s3_out, "s3Uri", f"{where}.s3Uri"):
-            uri = s3_out["s3Uri"]
-            check.string(uri, f"{where}.s3Uri", pattern=S3_URI_PATTERN, min_len=1, max_len=1024)
+        _check_s3_location(check, s3_out, where)
         check.string(
             s3_out.get("s3EncryptionKeyId"),
             f"{where}.s3EncryptionKeyId",
@@ -266,29 +277,32 @@ def validate_create(body: Any) -> None:
             min_len=1,
             max_len=2048,
         )
-        check.string(s3_out.get("s3BucketOwner"), f"{where}.s3BucketOwner", pattern=ACCOUNT_PATTERN)
     tags = body.get("tags")
     if tags is not None:
         if not isinstance(tags, list) or len(tags) > 200:
             check.add(tags, "tags", "have length less than or equal to 200")
         else:
-            for index, tag in enumerate(tags, start=1):
-                where = f"tags.{index}.member"
-                if not isinstance(tag, dict):
-                    check.add(tag, where, "be a structure")
-                    continue
-                if check.required(tag, "key", f"{where}.key"):
-                    key = tag["key"]
-                    check.string(key, f"{where}.key", pattern=TAG_PATTERN, min_len=1, max_len=128)
-                if check.required(tag, "value", f"{where}.value"):
-                    value = tag["value"]
-                    check.string(value, f"{where}.value", pattern=TAG_PATTERN, max_len=256)
+            for where, tag in check.structures(tags, "tags"):
+                check.required_string(
+                    tag, "key", f"{where}.key", pattern=TAG_PATTERN, min_len=1, max_len=128
+                )
+                check.required_string(
+                    tag, "value", f"{where}.value", pattern=TAG_PATTERN, max_len=256
+                )
     vpc = body.get("vpcConfig")
     if vpc is not None:
         for key in ("subnetIds", "securityGroupIds"):
             if not isinstance(vpc, dict) or not isinstance(vpc.get(key), list) or not vpc[key]:
                 check.add(None, f"vpcConfig.{key}", "have length greater than or equal to 1")
     check.raise_if_any()
+
+
+def _check_s3_location(check: Violations, config: JSON, where: str) -> None:
+    """The members an S3 input and output config share: the URI and the bucket's owner."""
+    check.required_string(
+        config, "s3Uri", f"{where}.s3Uri", pattern=S3_URI_PATTERN, min_len=1, max_len=1024
+    )
+    check.string(config.get("s3BucketOwner"), f"{where}.s3BucketOwner", pattern=ACCOUNT_PATTERN)
 
 
 def error_reply(status: int, code: str, message: str) -> Reply:

@@ -48,6 +48,16 @@ CONVERSE_KEYS = frozenset(
     }
 )
 
+# What each body style answers when the body is not an object, or has a key it does not know.
+ANTHROPIC_SHAPE_ERRORS = (
+    "Malformed input request: #: expected type: JSONObject, please reformat your input",
+    "{key}: Extra inputs are not permitted",
+)
+CONVERSE_SHAPE_ERRORS = (
+    "Malformed input request: the record's modelInput is not a JSON object",
+    "Malformed input request: extraneous key [{key}] is not permitted",
+)
+
 
 def anthropic_model_name(model_id: str) -> str:
     """The `model` an Anthropic body answers with: `anthropic.claude-x-v1:0` -> `claude-x`."""
@@ -89,13 +99,22 @@ def _input_chars(model_input: JSON) -> int:
     return chars
 
 
+def _shape_error(
+    model_input: Any, allowed: frozenset[str], not_object: str, extra_key: str
+) -> str | None:
+    """`not_object` when the body is not a JSON object, `extra_key` (formatted with `key`)
+    for its first key the model does not know, else None."""
+    if not isinstance(model_input, dict):
+        return not_object
+    extra = next((key for key in model_input if key not in allowed), None)
+    return None if extra is None else extra_key.format(key=extra)
+
+
 def anthropic_input_error(model_input: Any) -> str | None:
     """Why an Anthropic Messages body would be rejected by the model, or None."""
-    if not isinstance(model_input, dict):
-        return "Malformed input request: #: expected type: JSONObject, please reformat your input"
-    for key in model_input:
-        if key not in ANTHROPIC_KEYS:
-            return f"{key}: Extra inputs are not permitted"
+    problem = _shape_error(model_input, ANTHROPIC_KEYS, *ANTHROPIC_SHAPE_ERRORS)
+    if problem is not None:
+        return problem
     version = model_input.get("anthropic_version")
     if version is None:
         return "anthropic_version: Field required"
@@ -124,11 +143,9 @@ def anthropic_input_error(model_input: Any) -> str | None:
 
 def converse_input_error(model_input: Any) -> str | None:
     """Why a Converse body would be rejected, or None (Converse's own message style)."""
-    if not isinstance(model_input, dict):
-        return "Malformed input request: the record's modelInput is not a JSON object"
-    for key in model_input:
-        if key not in CONVERSE_KEYS:
-            return f"Malformed input request: extraneous key [{key}] is not permitted"
+    problem = _shape_error(model_input, CONVERSE_KEYS, *CONVERSE_SHAPE_ERRORS)
+    if problem is not None:
+        return problem
     check = Violations()
     messages = model_input.get("messages")
     if messages is None:
@@ -136,11 +153,7 @@ def converse_input_error(model_input: Any) -> str | None:
     elif not isinstance(messages, list) or not messages:
         check.add(messages, "messages", "have length greater than or equal to 1")
     else:
-        for index, message in enumerate(messages, start=1):
-            where = f"messages.{index}.member"
-            if not isinstance(message, dict):
-                check.add(message, where, "be a structure")
-                continue
+        for where, message in check.structures(messages, "messages"):
             check.enum(message.get("role"), f"{where}.role", ("user", "assistant"))
             if message.get("role") is None:
                 check.add(None, f"{where}.role", "not be null")

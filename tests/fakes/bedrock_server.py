@@ -206,7 +206,8 @@ class FakeBedrock(JobLifecycle, RuntimeCalls, FaultInjectingServer):
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The `endpoint_url` boto3 clients of both services take."""
+        return self.base_url
 
     def jobs(self) -> list[JSON]:
         """Every job created, as GetModelInvocationJob describes it, in creation order; reading

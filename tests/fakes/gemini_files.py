@@ -33,10 +33,7 @@ class FilesApi:
     state_dir: Path
     files: dict[str, JSON]
     _uploads: dict[str, JSON]
-
-    @property
-    def base_url(self) -> str:
-        raise NotImplementedError
+    base_url: str
 
     def _content_path(self, name: str) -> Path:
         return self.state_dir / "files" / name.removeprefix("files/")

@@ -12,13 +12,12 @@ HTTP-style (400, 429, 500) as users report them; whether the live error object a
 """
 
 import hashlib
-import json
 import secrets
 import string
 from datetime import UTC, datetime
 from typing import Any
 
-from tests.fakes.openai_model import first_sentence, schema_instance, stable_pick
+from tests.fakes.openai_model import answer_text, first_sentence, schema_instance, stable_pick
 
 # Helpers tests use to predict the fake model's answers.
 __all__ = ["first_sentence", "schema_instance", "stable_pick"]
@@ -131,11 +130,7 @@ def _lower_types(schema: Any) -> Any:
 
 def default_responder(request: JSON) -> str:
     """The fake model: a schema instance for structured output, else the user's first sentence."""
-    text = request_text(request)
-    schema = response_schema_of(request)
-    if schema is not None:
-        return json.dumps(schema_instance(schema, text))
-    return first_sentence(text)
+    return answer_text(request_text(request), response_schema_of(request))
 
 
 def usage_metadata(prompt: int, answer: int) -> JSON:

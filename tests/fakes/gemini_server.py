@@ -103,10 +103,6 @@ class FakeGemini(FilesApi, BatchLifecycle, FaultInjectingServer):
         self._seq = 0
         self._submitted: list[str] = []
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def submitted_custom_ids(self) -> list[str]:
         """The key of every request line of every batch created, deleted ones included, in
         creation order."""

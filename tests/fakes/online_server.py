@@ -94,6 +94,7 @@ class FakeOnline(FakeServer):
     """
 
     server_name: ClassVar[str] = "fake-online/1"
+    url_path: ClassVar[str] = "/v1"
 
     def __init__(self, *, port: int | None = None) -> None:
         super().__init__(port=port, poll_interval=0.02)
@@ -116,10 +117,6 @@ class FakeOnline(FakeServer):
         self._flight = threading.Condition()
         self._in_flight = 0
         self._stopping = threading.Event()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> FakeOnline:
         self._stopping.clear()

@@ -42,66 +42,61 @@ class _InputCheck:
         self.seen: set[str] = set()
         self.model: str | None = None
         self.embedding_inputs = 0
+        self.number: int | None = None
+        """The line being checked; None between lines (errors of the whole file)."""
 
-    def fail(self, code: str, message: str, param: str | None, line: int | None) -> None:
-        self.errors.append({"code": code, "message": message, "param": param, "line": line})
+    def fail(self, code: str, message: str, param: str | None = None) -> None:
+        self.errors.append({"code": code, "message": message, "param": param, "line": self.number})
+
+    def missing(self, param: str) -> None:
+        self.fail("missing_required_parameter", f"Missing required parameter: '{param}'.", param)
 
     def line(self, number: int, raw: bytes) -> None:
+        self.number = number
+        try:
+            self._line(raw)
+        finally:
+            self.number = None
+
+    def _line(self, raw: bytes) -> None:
         try:
             obj = json.loads(raw.decode("utf-8"))
         except (ValueError, UnicodeDecodeError):
             obj = None
         if not isinstance(obj, dict):
-            message = "This line is not parseable as valid JSON."
-            self.fail("invalid_json_line", message, None, number)
+            self.fail("invalid_json_line", "This line is not parseable as valid JSON.")
             return
         custom_id = obj.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
-            self.fail(
-                "missing_required_parameter",
-                "Missing required parameter: 'custom_id'.",
-                "custom_id",
-                number,
-            )
+            self.missing("custom_id")
         elif custom_id in self.seen:
             self.fail(
                 "duplicate_custom_id",
                 "The custom_id for this request is a duplicate of another request. The "
                 "custom_id parameter must be unique for each request in a batch.",
                 "custom_id",
-                number,
             )
         else:
             self.seen.add(custom_id)
         if obj.get("method") != "POST":
-            self.fail(
-                "invalid_method", "The method for this request must be 'POST'.", "method", number
-            )
+            self.fail("invalid_method", "The method for this request must be 'POST'.", "method")
         if obj.get("url") != self.endpoint:
             self.fail(
                 "invalid_url",
                 "The URL provided for this request does not match the batch endpoint "
                 f"'{self.endpoint}'.",
                 "url",
-                number,
             )
         body = obj.get("body")
         if not isinstance(body, dict):
-            self.fail(
-                "missing_required_parameter", "Missing required parameter: 'body'.", "body", number
-            )
+            self.missing("body")
             return
-        self._body(number, body)
+        self._body(body)
 
-    def _body(self, number: int, body: JSON) -> None:
+    def _body(self, body: JSON) -> None:
         line_model = body.get("model")
         if not isinstance(line_model, str) or not line_model:
-            self.fail(
-                "missing_required_parameter",
-                "Missing required parameter: 'body.model'.",
-                "body.model",
-                number,
-            )
+            self.missing("body.model")
         elif self.model is None:
             self.model = line_model
         elif line_model != self.model:
@@ -110,7 +105,6 @@ class _InputCheck:
                 f"All requests in a batch must use the same model; this line uses "
                 f"'{line_model}', earlier lines '{self.model}'.",
                 "body.model",
-                number,
             )
         if self.endpoint == "/v1/embeddings":
             given = body.get("input")
@@ -125,15 +119,13 @@ def validate_input(data: bytes, endpoint: str) -> tuple[int, list[JSON]]:
     requests = sum(1 for raw in raw_lines if raw.strip())
     check = _InputCheck(endpoint)
     if len(data) > MAX_INPUT_BYTES:
-        check.fail("file_too_large", "The input file is larger than 200 MB.", None, None)
+        check.fail("file_too_large", "The input file is larger than 200 MB.")
     if requests == 0:
-        check.fail("empty_file", "The input file is empty.", None, None)
+        check.fail("empty_file", "The input file is empty.")
     if requests > MAX_LINES:
         check.fail(
             "too_many_tasks",
             f"The input file has {requests} requests; a batch can hold {MAX_LINES}.",
-            None,
-            None,
         )
     for number, raw in enumerate(raw_lines, start=1):
         if raw.strip():
@@ -143,8 +135,6 @@ def validate_input(data: bytes, endpoint: str) -> tuple[int, list[JSON]]:
             "too_many_tasks",
             f"An embeddings batch can hold {MAX_EMBEDDING_INPUTS} inputs; this one has "
             f"{check.embedding_inputs}.",
-            None,
-            None,
         )
     return requests, check.errors
 

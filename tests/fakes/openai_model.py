@@ -253,15 +253,21 @@ def schema_instance(schema: JSON, text: str, root: JSON | None = None) -> Any:
     return None
 
 
-def default_responder(body: JSON) -> str:
-    """The fake model: a schema instance for structured output, else the first sentence echoed."""
-    text = user_text(body)
-    schema = json_schema_of(body)
+def answer_text(text: str, schema: JSON | None) -> str:
+    """What the fake models answer to `text`: an instance of `schema` for structured output,
+    else its first sentence echoed."""
     if schema is not None:
         return json.dumps(schema_instance(schema, text))
-    if _wants_json_object(body):
-        return json.dumps({"text": first_sentence(text)})
     return first_sentence(text)
+
+
+def default_responder(body: JSON) -> str:
+    """The fake model: `answer_text`, or the first sentence as a JSON object in JSON mode."""
+    text = user_text(body)
+    schema = json_schema_of(body)
+    if schema is None and _wants_json_object(body):
+        return json.dumps({"text": first_sentence(text)})
+    return answer_text(text, schema)
 
 
 def fake_embedding(text: str, dimensions: int) -> list[float]:

@@ -114,6 +114,7 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
     """
 
     server_name: ClassVar[str] = "fake-openai/1"
+    url_path: ClassVar[str] = "/v1"
 
     def __init__(self, state_dir: Path, *, port: int | None = None) -> None:
         self.state_dir = Path(state_dir)
@@ -137,10 +138,6 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         self.billed: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
         self._lock = threading.RLock()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
     def submitted_custom_ids(self) -> list[str]:
         """custom_ids of every input file a batch was created from, in creation order."""

@@ -39,6 +39,15 @@ def lenient_custom_ids(data: bytes) -> list[str]:
     return found
 
 
+def _read_meta(folder: Path, ident: str) -> JSON | None:
+    """The JSON stored for `ident` in `folder`, or None for an unknown id (or one that would
+    reach outside the folder)."""
+    path = folder / f"{ident}.json"
+    if "/" in ident or not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
 class Store:
     """Files and batches on disk; every write goes through a temp file and an atomic rename."""
 
@@ -71,10 +80,7 @@ class Store:
         return meta
 
     def get_file(self, file_id: str) -> JSON | None:
-        path = self.files / f"{file_id}.json"
-        if "/" in file_id or not path.exists():
-            return None
-        return json.loads(path.read_text())
+        return _read_meta(self.files, file_id)
 
     def all_files(self) -> list[JSON]:
         return [json.loads(p.read_text()) for p in self.files.glob("*.json")]
@@ -90,10 +96,7 @@ class Store:
         atomic_write(self.batches / f"{batch['id']}.json", json.dumps(batch).encode())
 
     def get_batch(self, batch_id: str) -> JSON | None:
-        path = self.batches / f"{batch_id}.json"
-        if "/" in batch_id or not path.exists():
-            return None
-        return json.loads(path.read_text())
+        return _read_meta(self.batches, batch_id)
 
     def all_batches(self) -> list[JSON]:
         """Oldest first."""
