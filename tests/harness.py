@@ -1,26 +1,31 @@
 """A review-labelling pipeline for provider tests: data, spec and a Dagster-driven runner, the
-model that labels the reviews truthfully, faults that strike an item once, and the adapters
-pointed at the fake servers."""
+model that labels the reviews truthfully, faults that strike an item once, the adapters
+pointed at the fake servers, and the environment of an `llm-assets` process on the same."""
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
+import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, overload
 
 import dagster as dg
 import sqlalchemy as sa
+import yaml
 
-from llm_assets import steps
+from llm_assets import names, steps
 from llm_assets.defs.factory import asset_key, build_pipeline_assets
 from llm_assets.defs.runner import DayOutcome, PartitionRunner
-from llm_assets.resources.ledger import LedgerResource, result_table
+from llm_assets.resources.ledger import LedgerResource, ShardRecord, result_table
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
-from llm_assets.resources.providers.base import BatchProvider, ShardSubmission
+from llm_assets.resources.providers.base import BatchProvider, BatchStatus, ShardSubmission
 from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
+from llm_assets.resources.providers.online import OnlineProvider
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
@@ -28,6 +33,7 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.gemini_server import FakeGemini
+from tests.fakes.online_server import FakeOnline
 from tests.fakes.openai_server import FakeOpenAI, user_text
 
 DAY = dt.date(2026, 11, 2)
@@ -131,19 +137,30 @@ class Harness:
             provider_resource_key(self.spec.model.provider): self.provider,
         }
 
-    def runner(self) -> PartitionRunner:
+    def runner(self, *, approve_budget: bool = False) -> PartitionRunner:
+        """The runner of `llm-assets run`, polling without pause; `approve_budget` as its
+        --approve-budget."""
         return PartitionRunner(
-            self.settings, self.spec, self.instance, resources=self.resources, poll_interval=0.0
+            self.settings,
+            self.spec,
+            self.instance,
+            resources=self.resources,
+            poll_interval=0.0,
+            approve_budget=approve_budget,
         )
+
+    def context(self, day: dt.date = DAY, **fields: Any) -> steps.StepContext:
+        """The StepContext of the day with the harness's provider; `fields` as StepContext
+        takes them (created_by, log)."""
+        return steps.StepContext(self.spec, day, self.ledger, self.storage, self.provider, **fields)
 
     def run_day(self) -> DayOutcome:
         return self.runner().run_day(DAY, wait=True)
 
     def wait_for_batches(self, day: dt.date = DAY) -> None:
         """Poll the day's batches, as the lifecycle asks, until none is left in flight."""
-        ctx = steps.StepContext(self.spec, day, self.ledger, self.storage, self.provider)
         steps.drive(
-            [steps.DayDriver(ctx, poll_every=0.0)],
+            [steps.DayDriver(self.context(day), poll_every=0.0)],
             until=lambda decision: not decision.has(steps.Step.POLL) and not decision.others,
         )
 
@@ -156,6 +173,38 @@ class Harness:
             selection=[asset_key(self.spec, s) for s in step_names],
             raise_on_error=False,
         )
+
+    def submit(self) -> list[ShardRecord]:
+        """Snapshot, shard and submit the day in one run; returns its shards."""
+        assert self.materialize(*names.SUBMIT_ASSETS).success
+        return self.ledger.shards(self.job_id())
+
+    def hold_batches(
+        self, fake: Any, shards: list[ShardRecord], reached: Callable[[BatchStatus], bool]
+    ) -> None:
+        """Poll each shard's batch, `fake` moving it on a state a poll, until `reached` holds
+        for it; from then on the fake holds its batches where they are."""
+        fake.polls_per_state = 1
+        for shard in shards:
+            while not reached(self.provider.poll(str(shard.provider_batch_id))):
+                pass
+        fake.polls_per_state = 1000
+
+    def stop_while_sending(
+        self, stop: Callable[[], object], answered: int = 4
+    ) -> dg.ExecuteInProcessResult:
+        """Run provider_batches in a thread of its own and call `stop` once the worker has
+        checkpointed `answered` answers; returns the run, once its worker has ended."""
+        runs: list[dg.ExecuteInProcessResult] = []
+        worker = threading.Thread(target=lambda: runs.append(self.materialize("provider_batches")))
+        worker.start()
+        while self.ledger.counts(self.job_id()).succeeded < answered:
+            assert worker.is_alive(), "the worker ended before it was stopped"
+        stop()
+        worker.join(timeout=120)
+        assert not worker.is_alive()
+        [run] = runs
+        return run
 
     def job_id(self) -> str:
         return steps.existing_job(self.spec, DAY, self.ledger).job_id
@@ -187,6 +236,13 @@ class Harness:
             if r["status"] == "succeeded"
         }
 
+    def cli_env(self, fake: FakeOpenAI | FakeAnthropic | FakeGemini) -> dict[str, str]:
+        """The environment of an `llm-assets` process on the harness's home, ledger and spec,
+        with a Dagster home of its own beside the harness's instance."""
+        spec = self.spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        home = self.settings.home.parent
+        return cli_env(home, self.settings.database_url, spec, fake, home / "dagster-cli")
+
 
 @contextlib.contextmanager
 def open_harness(
@@ -202,14 +258,61 @@ def open_harness(
         yield Harness(tmp_path, database_url, instance, spec, provider, reviews=reviews)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+    """What the tests use of a batch provider with a fake server: its adapter, the model its
+    review pipeline runs on, and the SDK variables that hold its key and endpoint."""
+
+    provider: str
+    model: str
+    adapter: type[RemoteBatchProvider]
+    key_variable: str
+    url_variable: str
+
+
+_KINDS: dict[type, _Kind] = {
+    FakeOpenAI: _Kind(
+        "openai", "gpt-4o-mini", OpenAIBatchProvider, "OPENAI_API_KEY", "OPENAI_BASE_URL"
+    ),
+    FakeAnthropic: _Kind(
+        "anthropic",
+        "claude-haiku-4-5",
+        AnthropicBatchProvider,
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+    ),
+    FakeGemini: _Kind(
+        "gemini",
+        "gemini-2.5-flash",
+        GeminiBatchProvider,
+        "GEMINI_API_KEY",
+        "GOOGLE_GEMINI_BASE_URL",
+    ),
+}
+
+
+@contextlib.contextmanager
+def fake_harness(
+    tmp_path: Path,
+    database_url: str,
+    fake: FakeOpenAI | FakeAnthropic | FakeGemini,
+    reviews: int = 24,
+    **overrides: Any,
+) -> Iterator[Harness]:
+    """The review pipeline on the fake's provider and model (gpt-4o-mini, claude-haiku-4-5,
+    gemini-2.5-flash) through the adapter pointed at `fake`, with `overrides` of the spec as
+    review_spec takes them."""
+    kind = _KINDS[type(fake)]
+    spec = review_spec(kind.provider, kind.model, **overrides)
+    with open_harness(tmp_path, database_url, spec, provider_for(fake), reviews) as harness:
+        yield harness
+
+
 def make_harness(
     tmp_path: Path, database_url: str, fake: FakeOpenAI, **overrides: Any
 ) -> Iterator[Harness]:
-    """The review pipeline on gpt-4o-mini through the OpenAI adapter pointed at `fake`, with
-    `overrides` of the spec as review_spec takes them. A generator, for `for harness in ...`
-    and for fixtures' `yield from`."""
-    spec = review_spec("openai", "gpt-4o-mini", **overrides)
-    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
+    """fake_harness as a generator, for `for harness in ...` and for fixtures' `yield from`."""
+    with fake_harness(tmp_path, database_url, fake, **overrides) as harness:
         yield harness
 
 
@@ -227,12 +330,7 @@ def provider_for(fake: FakeGemini) -> GeminiBatchProvider: ...
 
 def provider_for(fake: FakeOpenAI | FakeAnthropic | FakeGemini) -> RemoteBatchProvider:
     """The batch adapter for `fake`, with short timeouts and retries so faults cost no time."""
-    adapters: dict[type, type[RemoteBatchProvider]] = {
-        FakeOpenAI: OpenAIBatchProvider,
-        FakeAnthropic: AnthropicBatchProvider,
-        FakeGemini: GeminiBatchProvider,
-    }
-    return adapters[type(fake)](
+    return _KINDS[type(fake)].adapter(
         api_key="test-key",
         base_url=fake.base_url,
         timeout_seconds=5.0,
@@ -266,3 +364,52 @@ def first_time(
         return None
 
     return fault
+
+
+def cli_env(
+    tmp_path: Path,
+    database_url: str,
+    spec: dict[str, Any],
+    fake: FakeOpenAI | FakeAnthropic | FakeGemini,
+    dagster_home: Path | None = None,
+) -> dict[str, str]:
+    """The environment of an `llm-assets` process on the layout a Harness makes under tmp_path
+    (reviews in home/, `spec` written to specs/), the ledger at `database_url` and Dagster's
+    home at dagster_home (tmp_path/dagster unless given), its provider's SDK pointed at `fake`
+    with the key the fakes accept. The test process's failpoint, storage and Google key stay
+    behind (GOOGLE_API_KEY would win over GEMINI_API_KEY)."""
+    specs = tmp_path / "specs"
+    specs.mkdir(exist_ok=True)
+    (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
+    kind = _KINDS[type(fake)]
+    env = {
+        **os.environ,
+        "LLM_ASSETS_HOME": str(tmp_path / "home"),
+        "LLM_ASSETS_DATABASE_URL": database_url,
+        "LLM_ASSETS_PIPELINES": str(specs),
+        "DAGSTER_HOME": str(dagster_home or tmp_path / "dagster"),
+        kind.key_variable: "test-key",
+        kind.url_variable: fake.base_url,
+    }
+    for name in ("GOOGLE_API_KEY", "LLM_ASSETS_FAILPOINT", "LLM_ASSETS_STORAGE_URL"):
+        env.pop(name, None)
+    return env
+
+
+@contextlib.contextmanager
+def online_shard(
+    tmp_path: Path, database_url: str, fake: FakeOnline, reviews: int = 60
+) -> Iterator[Harness]:
+    """All `reviews` reviews in one shard for the online provider at `fake`, which answers each
+    after 50 ms; the worker sends one request at a time and checkpoints every two answers. The
+    day's snapshot and shard are made."""
+    from tests.test_online_provider import online_spec
+
+    fake.latency_seconds = 0.05
+    provider = OnlineProvider(base_url=fake.base_url, backoff_base_seconds=0.01)
+    spec = online_spec(concurrency=1, checkpoint_every=2) | {
+        "sharding": {"max_requests_per_shard": 100}
+    }
+    with open_harness(tmp_path, database_url, spec, provider, reviews) as harness:
+        assert harness.materialize("input_snapshot", "request_shards").success
+        yield harness

@@ -3,51 +3,61 @@ cancelled batches answered is kept and billed once, the rest become `cancelled` 
 that a requeue sends again, and nothing submits a cancelled day until then."""
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from llm_assets import names, steps
 from llm_assets.defs.cancel_job import build_cancel_job
 from llm_assets.resources.ledger import TERMINAL
+from llm_assets.resources.providers.base import BatchStatus
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.gemini_server import FakeGemini
 from tests.fakes.openai_server import FakeOpenAI
-from tests.harness import CLI, DAY, Harness, open_harness, provider_for, review_spec, truthful
+from tests.harness import (
+    CLI,
+    DAY,
+    Harness,
+    fake_harness,
+    online_shard,
+    open_harness,
+    review_spec,
+    truthful,
+)
 from tests.test_gemini_provider import truthful as gemini_truthful
 
 pytestmark = pytest.mark.one_database
 
-MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
+FAKES = {"openai": FakeOpenAI, "anthropic": FakeAnthropic, "gemini": FakeGemini}
 REVIEWS = 30
 """Three shards of ten."""
 
 
-@pytest.fixture(params=sorted(MODELS))
+@pytest.fixture(params=sorted(FAKES))
 def provider(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @pytest.fixture
 def day(tmp_path: Path, database_url: str, provider: str) -> Iterator[tuple[Harness, Any]]:
-    fakes = {"openai": FakeOpenAI, "anthropic": FakeAnthropic, "gemini": FakeGemini}
-    with fakes[provider](tmp_path / "fake") as fake:
+    with FAKES[provider](tmp_path / "fake") as fake:
         fake.responder = gemini_truthful if provider == "gemini" else truthful
         fake.polls_per_state = 1000  # batches stay in progress until cancelled
-        spec = review_spec(provider, MODELS[provider])
-        with open_harness(tmp_path, database_url, spec, provider_for(fake), REVIEWS) as harness:
+        with fake_harness(tmp_path, database_url, fake, REVIEWS) as harness:
             yield harness, fake
 
 
 def context(harness: Harness) -> steps.StepContext:
-    return steps.StepContext(
-        harness.spec, DAY, harness.ledger, harness.storage, harness.provider, created_by="test"
-    )
+    return harness.context(created_by="test")
+
+
+def running(status: BatchStatus) -> bool:
+    """Whether a batch runs: only then does a cancel leave part of its lines answered
+    (OpenAI's and Gemini's start validating or pending)."""
+    return status.state == "running"
 
 
 def settle_and_import(harness: Harness) -> None:
@@ -64,16 +74,9 @@ def test_cancel_mid_day_keeps_what_ran_and_requeue_finishes_the_day(
     day: tuple[Harness, Any], provider: str
 ) -> None:
     harness, fake = day
-    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
-    shards = harness.ledger.shards(harness.job_id())
+    shards = harness.submit()
     assert len(shards) == 3 and all(s.provider_batch_id for s in shards)
-    # A batch answers part of its lines only once it runs (OpenAI's and Gemini's start
-    # validating or pending): let each get there, then hold it.
-    fake.polls_per_state = 1
-    for shard in shards:
-        while harness.provider.poll(shard.provider_batch_id).state != "running":
-            pass
-    fake.polls_per_state = 1000
+    harness.hold_batches(fake, shards, running)
 
     result = steps.cancel_day(context(harness), reason="wrong prompt")
 
@@ -156,31 +159,14 @@ def test_a_cancel_from_a_dagster_run_closes_unsent_shards_and_sensors_leave_the_
 
 @pytest.mark.parametrize("provider", ["openai"])
 def test_the_cli_cancels_one_shard_and_the_rest_of_the_day_goes_on(
-    day: tuple[Harness, Any], tmp_path: Path, database_url: str
+    day: tuple[Harness, Any],
 ) -> None:
     harness, fake = day
-    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
-    fake.polls_per_state = 1
-    shards = harness.ledger.shards(harness.job_id())
-    for shard in shards:
-        while harness.provider.poll(shard.provider_batch_id).state != "running":
-            pass
-    fake.polls_per_state = 1000
+    shards = harness.submit()
+    harness.hold_batches(fake, shards, running)
     target = shards[1]
     short = target.shard_id[len(target.job_id) + 1 :]
-    (tmp_path / "specs").mkdir()
-    (tmp_path / "specs" / "reviews.yaml").write_text(
-        yaml.safe_dump(review_spec("openai", MODELS["openai"]))
-    )
-    env = {
-        **os.environ,
-        "LLM_ASSETS_HOME": str(harness.home),
-        "LLM_ASSETS_DATABASE_URL": database_url,
-        "LLM_ASSETS_PIPELINES": str(tmp_path / "specs"),
-        "DAGSTER_HOME": str(tmp_path / "dagster-cli"),
-        "OPENAI_BASE_URL": fake.base_url,
-        "OPENAI_API_KEY": "test-key",
-    }
+    env = harness.cli_env(fake)
     args = [CLI, "cancel", harness.spec.name, "--date", DAY.isoformat(), "--shard", short]
 
     done = subprocess.run(
@@ -228,8 +214,6 @@ def test_a_bedrock_day_is_cancelled_with_stop_model_invocation_job(
 ) -> None:
     import uuid
 
-    import dagster as dg
-
     from llm_assets.resources.providers.bedrock import BedrockBatchProvider
     from llm_assets.resources.storage import ArtifactStorage
     from tests.test_bedrock_provider import ROLE, bedrock_spec
@@ -241,17 +225,10 @@ def test_a_bedrock_day_is_cancelled_with_stop_model_invocation_job(
     )
     spec = bedrock_spec() | {"bedrock": {"min_records_per_job": 10}}
     spec["sharding"] = {"max_requests_per_shard": 10}
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        harness = Harness(tmp_path, database_url, instance, spec, provider, reviews=REVIEWS)
+    with open_harness(tmp_path, database_url, spec, provider, REVIEWS) as harness:
         harness.storage = ArtifactStorage(base_url=f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}")
-        assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
-        fake.polls_per_state = 1
-        shards = harness.ledger.shards(harness.job_id())
-        for shard in shards:
-            while harness.provider.poll(shard.provider_batch_id).raw_status != "InProgress":
-                pass
-        fake.polls_per_state = 1000
+        shards = harness.submit()
+        harness.hold_batches(fake, shards, lambda status: status.raw_status == "InProgress")
 
         result = steps.cancel_day(context(harness), reason="stop")
 
@@ -279,8 +256,7 @@ def test_a_local_provider_day_is_cancelled(tmp_path: Path, database_url: str) ->
         "schema": {"label": {"type": "str", "isin": ["positive", "negative"]}},
     }
     with open_harness(tmp_path, database_url, spec, provider, REVIEWS) as harness:
-        assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
-        [shard] = harness.ledger.shards(harness.job_id())
+        [shard] = harness.submit()
         harness.provider.poll(shard.provider_batch_id)  # one chunk of four runs
 
         result = steps.cancel_day(context(harness), reason="stop")
@@ -297,26 +273,11 @@ def test_a_local_provider_day_is_cancelled(tmp_path: Path, database_url: str) ->
 def test_the_online_worker_stops_when_its_shard_is_cancelled(
     tmp_path: Path, database_url: str, fake: Any
 ) -> None:
-    import threading
-
-    from llm_assets.resources.providers.online import OnlineProvider
-    from tests.test_online_provider import online_spec
-
-    fake.latency_seconds = 0.05
-    provider = OnlineProvider(base_url=fake.base_url, backoff_base_seconds=0.01)
-    spec = online_spec(concurrency=1, checkpoint_every=2) | {
-        "sharding": {"max_requests_per_shard": 100}
-    }
-    with open_harness(tmp_path, database_url, spec, provider, reviews=60) as harness:
-        assert harness.materialize("input_snapshot", "request_shards").success
-        worker = threading.Thread(target=lambda: harness.materialize("provider_batches"))
-        worker.start()
+    with online_shard(tmp_path, database_url, fake) as harness:
         # Cancel once the worker has checkpointed some answers.
-        while harness.ledger.counts(harness.job_id()).succeeded < 4:
-            assert worker.is_alive(), "the worker ended before it was cancelled"
-        steps.cancel_day(context(harness), reason="stop sending")
-        worker.join(timeout=120)
-        assert not worker.is_alive()
+        harness.stop_while_sending(
+            lambda: steps.cancel_day(context(harness), reason="stop sending")
+        )
 
         [shard] = harness.ledger.shards(harness.job_id())
         assert (shard.status, shard.raw_status) == ("cancelled", "cancelled")

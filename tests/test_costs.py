@@ -1,12 +1,12 @@
 """Cost governance: exact arithmetic, token counts, the estimate, budget gates, attribution
 and drift, against the fake OpenAI server through the official SDK."""
 
-import contextlib
 import datetime as dt
 import json
 import math
 import random
 import threading
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,19 +23,20 @@ from llm_assets import steps
 from llm_assets.cli.main import main as cli_main
 from llm_assets.defs.checks import BUDGET, COST_DRIFT, budget_check
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.runner import PartitionRunner, StepFailed
+from llm_assets.defs.runner import StepFailed
 from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import SCHEMA_VERSION, LedgerResource, result_table, shard_table
 from llm_assets.resources.pricing import load_price_table, zero_price_reason
 from llm_assets.spec.model import PipelineSpec
 from tests.fakes.openai_server import FakeOpenAI, prompt_tokens_of, user_text
-from tests.harness import DAY, Harness, make_harness, review_spec, truthful, write_reviews
+from tests.harness import DAY, Harness, fake_harness, review_spec, truthful, write_reviews
 from tests.ledger_helpers import schema_version, spend
 from tests.test_sensors import tick
 
 pytestmark = pytest.mark.fake_server("openai", responder=truthful)
 CENT = 0.01
-harness_for = contextlib.contextmanager(make_harness)
+LIMIT = 0.0001
+"""A partition budget every day of reviews is over."""
 
 
 def check_history(harness: Harness, step: str, name: str) -> list[Any]:
@@ -219,7 +220,7 @@ def test_the_fast_encoder_is_tiktoken_with_its_own_rules_and_counts_like_the_ref
 def test_the_estimate_is_exact_for_openai_input_and_learns_output_from_earlier_days(
     tmp_path: Path, one_database_url: str, fake: FakeOpenAI
 ) -> None:
-    with harness_for(tmp_path, one_database_url, fake) as harness:
+    with fake_harness(tmp_path, one_database_url, fake) as harness:
         first_day = DAY - dt.timedelta(days=1)
         write_reviews(harness.home, first_day, 24)
         harness.runner().run_day(first_day, wait=True)
@@ -266,79 +267,73 @@ def test_the_budget_check_leaves_out_a_limit_or_approval_that_does_not_exist() -
     assert metadata["approved_by"].value == "ops"
 
 
+@pytest.fixture
+def over_budget(tmp_path: Path, one_database_url: str, fake: FakeOpenAI) -> Iterator[Harness]:
+    with fake_harness(
+        tmp_path, one_database_url, fake, budget={"max_usd_per_partition": LIMIT}
+    ) as harness:
+        yield harness
+
+
 def test_an_over_budget_day_is_blocked_until_approved(
-    tmp_path: Path, one_database_url: str, fake: FakeOpenAI
+    over_budget: Harness, fake: FakeOpenAI
 ) -> None:
-    with harness_for(
-        tmp_path, one_database_url, fake, budget={"max_usd_per_partition": 0.0001}
-    ) as harness:
-        with pytest.raises(StepFailed) as blocked:
-            harness.run_day()
-        assert blocked.value.gate == "budget"
-        assert "max_usd_per_partition" in str(blocked.value)
-        assert not [c for c in fake.calls.entries() if c["method"] == "POST"]
-        (evaluation,) = check_history(harness, "request_shards", BUDGET)
-        assert not evaluation.passed
-        assert evaluation.metadata["upper_bound_usd"].value > 0.0001
-        assert "approved_usd" not in evaluation.metadata, "nobody approved the day yet"
-        batches = asset_key(harness.spec, "provider_batches")
-        assert harness.instance.get_latest_materialization_event(batches) is None
-        # The day waits for an operator: its shards are held by the gate, and the lifecycle
-        # (so every sensor) says so rather than asking to submit them again.
-        shards = harness.ledger.shards(harness.job_id())
-        assert {s.raw_status for s in shards} == {"blocked"}
-        assert all(s.message and s.message.startswith("budget gate: ") for s in shards)
-        ctx = steps.StepContext(harness.spec, DAY, harness.ledger, harness.storage)
-        held = steps.decide(steps.load_state(ctx))
-        assert held.actions == () and held.gate == "budget"
-        assert tick(harness).run_requests == []
+    harness = over_budget
+    with pytest.raises(StepFailed) as blocked:
+        harness.run_day()
+    assert blocked.value.gate == "budget"
+    assert "max_usd_per_partition" in str(blocked.value)
+    assert not [c for c in fake.calls.entries() if c["method"] == "POST"]
+    (evaluation,) = check_history(harness, "request_shards", BUDGET)
+    assert not evaluation.passed
+    assert evaluation.metadata["upper_bound_usd"].value > LIMIT
+    assert "approved_usd" not in evaluation.metadata, "nobody approved the day yet"
+    batches = asset_key(harness.spec, "provider_batches")
+    assert harness.instance.get_latest_materialization_event(batches) is None
+    # The day waits for an operator: its shards are held by the gate, and the lifecycle
+    # (so every sensor) says so rather than asking to submit them again.
+    shards = harness.ledger.shards(harness.job_id())
+    assert {s.raw_status for s in shards} == {"blocked"}
+    assert all(s.message and s.message.startswith("budget gate: ") for s in shards)
+    ctx = steps.StepContext(harness.spec, DAY, harness.ledger, harness.storage)
+    held = steps.decide(steps.load_state(ctx))
+    assert held.actions == () and held.gate == "budget"
+    assert tick(harness).run_requests == []
 
-        # Approval through the UI's run config for the asset.
-        config = {"approve_budget": True}
-        approved = dg.materialize(
-            harness.runner().assets,
-            instance=harness.instance,
-            resources=harness.resources,
-            partition_key=DAY.isoformat(),
-            selection=[asset_key(harness.spec, s) for s in ("request_shards", "provider_batches")],
-            run_config={
-                "ops": {
-                    f"{harness.spec.name}__{step}": {"config": config}
-                    for step in ("request_shards", "provider_batches")
-                }
-            },
-        )
-        assert approved.success
-        approval = check_history(harness, "request_shards", BUDGET)[0]
-        assert approval.passed and approval.metadata["approved_usd"].value > 0.0001
-        job = steps.existing_job(harness.spec, DAY, harness.ledger)
-        assert job.budget_approved_usd == pytest.approx(harness.ledger.committed_cost(job.job_id))
-        assert job.budget_approved_by.startswith("dagster run ")
-        assert len(batch_creates(fake)) == 3
-        assert {s.raw_status for s in harness.ledger.shards(harness.job_id())} != {"blocked"}
+    # Approval through the UI's run config for the asset.
+    config = {"approve_budget": True}
+    approved = dg.materialize(
+        harness.runner().assets,
+        instance=harness.instance,
+        resources=harness.resources,
+        partition_key=DAY.isoformat(),
+        selection=[asset_key(harness.spec, s) for s in ("request_shards", "provider_batches")],
+        run_config={
+            "ops": {
+                f"{harness.spec.name}__{step}": {"config": config}
+                for step in ("request_shards", "provider_batches")
+            }
+        },
+    )
+    assert approved.success
+    approval = check_history(harness, "request_shards", BUDGET)[0]
+    assert approval.passed and approval.metadata["approved_usd"].value > LIMIT
+    job = steps.existing_job(harness.spec, DAY, harness.ledger)
+    assert job.budget_approved_usd == pytest.approx(harness.ledger.committed_cost(job.job_id))
+    assert job.budget_approved_by.startswith("dagster run ")
+    assert len(batch_creates(fake)) == 3
+    assert {s.raw_status for s in harness.ledger.shards(harness.job_id())} != {"blocked"}
 
-        # The rest of the day (import, retries, reports) needs no second approval.
-        outcome = harness.run_day()
-        assert outcome.done and outcome.succeeded == 24
+    # The rest of the day (import, retries, reports) needs no second approval.
+    outcome = harness.run_day()
+    assert outcome.done and outcome.succeeded == 24
 
 
-def test_the_cli_flag_approves_an_over_budget_day(
-    tmp_path: Path, one_database_url: str, fake: FakeOpenAI
-) -> None:
-    with harness_for(
-        tmp_path, one_database_url, fake, budget={"max_usd_per_partition": 0.0001}
-    ) as harness:
-        runner = PartitionRunner(
-            harness.settings,
-            harness.spec,
-            harness.instance,
-            resources=harness.resources,
-            poll_interval=0.0,
-            approve_budget=True,
-        )
-        assert runner.run_day(DAY, wait=True).succeeded == 24
-        job = steps.existing_job(harness.spec, DAY, harness.ledger)
-        assert job.budget_approved_by is not None and job.budget_approved_by.startswith("cli:")
+def test_the_cli_flag_approves_an_over_budget_day(over_budget: Harness) -> None:
+    runner = over_budget.runner(approve_budget=True)
+    assert runner.run_day(DAY, wait=True).succeeded == 24
+    job = steps.existing_job(over_budget.spec, DAY, over_budget.ledger)
+    assert job.budget_approved_by is not None and job.budget_approved_by.startswith("cli:")
 
 
 # The pipeline cap.
@@ -385,14 +380,12 @@ def test_two_concurrent_partitions_over_the_pipeline_cap_do_not_both_submit(
     tmp_path: Path, database_url: str, fake: FakeOpenAI
 ) -> None:
     other_day = DAY - dt.timedelta(days=1)
-    with harness_for(tmp_path, database_url, fake) as harness:
+    with fake_harness(tmp_path, database_url, fake) as harness:
         write_reviews(harness.home, other_day, 24)
         uppers = {}
         source = harness.settings.resolve_source_uri(harness.spec.source.uri)
         for day in (other_day, DAY):
-            ctx = steps.StepContext(
-                harness.spec, day, harness.ledger, harness.storage, harness.provider
-            )
+            ctx = harness.context(day)
             steps.take_snapshot(ctx, source)
             steps.build_shards(ctx)
             uppers[day] = harness.ledger.committed_cost(
@@ -482,12 +475,10 @@ def test_report_totals_equal_the_ledger_and_the_providers_bill(
     fake.cached_tokens = 8
     # The provider's bill is read from its output files after the day: they are kept.
     keep = {"provider_files": "keep"}
-    with harness_for(tmp_path, database_url, fake, retention=keep) as harness:
+    with fake_harness(tmp_path, database_url, fake, retention=keep) as harness:
         first = harness.run_day()
         assert (first.succeeded, first.dead_letters_by_class) == (23, {"quality": 1})
-        ctx = steps.StepContext(
-            harness.spec, DAY, harness.ledger, harness.storage, harness.provider
-        )
+        ctx = harness.context()
         requeued = steps.requeue_dead_letters(ctx, classes={"quality"})
         assert requeued.requeued == 1
         outcome = harness.run_day()
@@ -560,7 +551,7 @@ def test_report_totals_equal_the_ledger_and_the_providers_bill(
 def test_results_are_charged_at_the_price_in_force_at_submission(
     tmp_path: Path, one_database_url: str, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with harness_for(tmp_path, one_database_url, fake) as harness:
+    with fake_harness(tmp_path, one_database_url, fake) as harness:
         harness.materialize("input_snapshot", "request_shards", "provider_batches")
         at_submission = load_price_table().get("openai", "gpt-4o-mini")
         override = tmp_path / "prices.yaml"
@@ -590,7 +581,7 @@ def test_the_drift_check_fires_on_doubled_tokens_per_item(
 ) -> None:
     days = [DAY + dt.timedelta(days=n) for n in (0, 1, 2)]
     drifting = DAY + dt.timedelta(days=3)
-    with harness_for(tmp_path, one_database_url, fake) as harness:
+    with fake_harness(tmp_path, one_database_url, fake) as harness:
         for day in days:
             write_reviews(harness.home, day, 12)
             harness.runner().run_day(day, wait=True)

@@ -5,7 +5,6 @@ and the batch-status sensor polling Gemini jobs until it asks for their import."
 
 import io
 import json
-import os
 import signal
 import subprocess
 from collections import Counter
@@ -15,7 +14,6 @@ from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 from google import genai
 
 from llm_assets import names
@@ -24,7 +22,7 @@ from llm_assets.resources.ledger import LedgerResource, ShardRecord
 from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
 from tests import test_gemini_provider as gemini_tests
 from tests.fakes.gemini_server import FakeGemini
-from tests.harness import CLI, DAY, Harness, provider_for, review_spec, write_reviews
+from tests.harness import CLI, DAY, Harness, cli_env, provider_for, review_spec, write_reviews
 from tests.ledger_helpers import jobs_for_pipeline
 from tests.test_sensors import tick
 
@@ -46,24 +44,10 @@ class Day:
     def __init__(self, tmp_path: Path, database_url: str, fake: FakeGemini) -> None:
         spec = review_spec("gemini", MODEL)
         self.name = spec["name"]
-        specs = tmp_path / "specs"
-        specs.mkdir()
-        (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
         self.truth = write_reviews(tmp_path / "home", DAY, REVIEWS)
         self.ledger = LedgerResource(database_url=database_url)
         self.fake = fake
-        self.env = {
-            **os.environ,
-            "LLM_ASSETS_HOME": str(tmp_path / "home"),
-            "LLM_ASSETS_DATABASE_URL": database_url,
-            "LLM_ASSETS_PIPELINES": str(specs),
-            "DAGSTER_HOME": str(tmp_path / "dagster"),
-            "GEMINI_API_KEY": "test-key",
-            "GOOGLE_GEMINI_BASE_URL": fake.base_url,
-        }
-        # GOOGLE_API_KEY would win over GEMINI_API_KEY; the rest would point the run elsewhere.
-        for name in ("GOOGLE_API_KEY", "LLM_ASSETS_FAILPOINT", "LLM_ASSETS_STORAGE_URL"):
-            self.env.pop(name, None)
+        self.env = cli_env(tmp_path, database_url, spec, fake)
 
     def run(self, failpoint: str | None = None) -> subprocess.CompletedProcess[str]:
         env = dict(self.env)
@@ -171,8 +155,7 @@ def test_the_sensor_records_gemini_progress_then_requests_the_import_of_ended_jo
     harness: Harness, fake: FakeGemini
 ) -> None:
     fake.polls_per_state = 2
-    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
-    shards = harness.ledger.shards(harness.job_id())
+    shards = harness.submit()
     assert len(shards) == 3 and all(s.provider_batch_id in fake.batches for s in shards)
     submitted = len(fake.calls.entries())
     seen: dict[str, list[tuple[str, str]]] = {s.shard_id: [] for s in shards}

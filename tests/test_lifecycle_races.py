@@ -27,30 +27,13 @@ from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.common import Gate, held_call
 from tests.fakes.online_server import FakeOnline
 from tests.fakes.openai_server import FakeOpenAI
-from tests.harness import (
-    CLI,
-    DAY,
-    Harness,
-    open_harness,
-    provider_for,
-    review_spec,
-    truthful,
-    write_reviews,
-)
+from tests.harness import CLI, DAY, Harness, fake_harness, online_shard, truthful, write_reviews
 
 ENDED = ("completed", "failed", "expired", "cancelled")
 
 
 def context(harness: Harness, who: str = "test", **kwargs: Any) -> steps.StepContext:
-    return steps.StepContext(
-        harness.spec,
-        DAY,
-        harness.ledger,
-        harness.storage,
-        harness.provider,
-        created_by=who,
-        **kwargs,
-    )
+    return harness.context(created_by=who, **kwargs)
 
 
 def run_out_every_batch(fake: FakeOpenAI) -> dict[str, str]:
@@ -129,8 +112,7 @@ REVIEWS = 30
 def openai_day(tmp_path: Path, database_url: str) -> Any:
     with FakeOpenAI(tmp_path / "fake") as fake:
         fake.responder = truthful
-        spec = review_spec("openai", "gpt-4o-mini")
-        with open_harness(tmp_path, database_url, spec, provider_for(fake), REVIEWS) as harness:
+        with fake_harness(tmp_path, database_url, fake, REVIEWS) as harness:
             assert harness.materialize("input_snapshot", "request_shards").success
             yield harness, fake
 
@@ -205,10 +187,7 @@ def end_the_first_batch(harness: Harness, fake: FakeOpenAI | FakeAnthropic) -> l
     """Let the day's first batch complete while the others stay in progress, and record
     its end as a poll does; returns the other shards."""
     first, *rest = harness.ledger.shards(harness.job_id())
-    fake.polls_per_state = 1
-    while harness.provider.poll(first.provider_batch_id).state != "completed":
-        pass
-    fake.polls_per_state = 1000
+    harness.hold_batches(fake, [first], lambda status: status.state == "completed")
     steps.poll_shards(harness.ledger, harness.provider, [first])
     return rest
 
@@ -234,53 +213,49 @@ def test_an_approved_day_is_not_tripped_by_the_breaker_within_what_was_approved(
 ) -> None:
     """The operator approved a day whose upper bound is over the partition budget; its
     answers cost five times what the estimate expected but stay within the approval."""
-    from llm_assets.defs.runner import PartitionRunner
-
     earlier = DAY - dt.timedelta(days=1)
-    with FakeOpenAI(tmp_path / "fake") as fake:
-        spec = review_spec(
-            "openai",
-            "gpt-4o-mini",
+    output = {
+        "schema": {
+            "label": {"type": "str", "isin": ["positive", "negative"]},
+            "summary": {"type": "str", "min_length": 1},
+        }
+    }
+    budget = {"max_usd_per_partition": CAP, "history_window": 3}
+    with (
+        FakeOpenAI(tmp_path / "fake") as fake,
+        fake_harness(
+            tmp_path,
+            database_url,
+            fake,
+            REVIEWS,
             model={"max_output_tokens": 400},
-            output={
-                "schema": {
-                    "label": {"type": "str", "isin": ["positive", "negative"]},
-                    "summary": {"type": "str", "min_length": 1},
-                }
-            },
-            budget={"max_usd_per_partition": CAP, "history_window": 3},
-        )
-        with open_harness(tmp_path, database_url, spec, provider_for(fake), REVIEWS) as harness:
-            write_reviews(harness.home, earlier, REVIEWS)
-            runner = PartitionRunner(
-                harness.settings,
-                harness.spec,
-                harness.instance,
-                resources=harness.resources,
-                poll_interval=0.0,
-                approve_budget=True,
-            )
-            fake.responder = summary_answer(0)
-            assert runner.run_day(earlier, wait=True).done
-            # This day's answers are five times longer; its first batch ends before the rest.
-            fake.responder = summary_answer(100)
-            fake.polls_per_state = 1000
-            runner.materialize(DAY, names.SUBMIT_ASSETS)
-            end_the_first_batch(harness, fake)
+            output=output,
+            budget=budget,
+        ) as harness,
+    ):
+        write_reviews(harness.home, earlier, REVIEWS)
+        runner = harness.runner(approve_budget=True)
+        fake.responder = summary_answer(0)
+        assert runner.run_day(earlier, wait=True).done
+        # This day's answers are five times longer; its first batch ends before the rest.
+        fake.responder = summary_answer(100)
+        fake.polls_per_state = 1000
+        runner.materialize(DAY, names.SUBMIT_ASSETS)
+        end_the_first_batch(harness, fake)
 
-            imported = steps.import_results(context(harness))
+        imported = steps.import_results(context(harness))
 
-            assert imported.breaker is None
-            assert imported.counts.open and imported.counts.cost_usd > 0
-            fake.polls_per_state = 1
-            outcome = runner.run_day(DAY, wait=True)
-            job = harness.ledger.get_job(harness.job_id())
-            assert job is not None and job.budget_approved_usd is not None
-            assert job.budget_approved_usd > CAP
-            assert CAP * 1.2 < outcome.cost_usd <= job.budget_approved_usd
-            assert job.cancelled_at is None
-            assert outcome.done and outcome.succeeded == REVIEWS
-            assert harness.ledger.sent_notifications(harness.spec.name, DAY) == []
+        assert imported.breaker is None
+        assert imported.counts.open and imported.counts.cost_usd > 0
+        fake.polls_per_state = 1
+        outcome = runner.run_day(DAY, wait=True)
+        job = harness.ledger.get_job(harness.job_id())
+        assert job is not None and job.budget_approved_usd is not None
+        assert job.budget_approved_usd > CAP
+        assert CAP * 1.2 < outcome.cost_usd <= job.budget_approved_usd
+        assert job.cancelled_at is None
+        assert outcome.done and outcome.succeeded == REVIEWS
+        assert harness.ledger.sent_notifications(harness.spec.name, DAY) == []
 
 
 SEPARATOR = "=" * 2000
@@ -296,10 +271,10 @@ def test_the_breaker_cancels_a_day_whose_input_was_underestimated(
     gate. The first imported shard shows it, and the breaker cancels the rest of the day."""
     with FakeAnthropic(tmp_path / "fake") as fake:
         fake.polls_per_state = 1000
-        spec = review_spec(
-            "anthropic", "claude-haiku-4-5", model={"max_output_tokens": 30}, budget={}
-        )
-        with open_harness(tmp_path, database_url, spec, provider_for(fake), REVIEWS) as harness:
+        answers = {"max_output_tokens": 30}
+        with fake_harness(
+            tmp_path, database_url, fake, REVIEWS, model=answers, budget={}
+        ) as harness:
             path = harness.home / "reviews" / f"reviews-{DAY.isoformat()}.jsonl"
             rows = [json.loads(line) for line in path.read_text().splitlines()]
             path.write_text(
@@ -335,30 +310,15 @@ def test_the_breaker_cancels_a_day_whose_input_was_underestimated(
 def test_a_pause_stops_the_online_worker_and_the_resume_finishes_the_shard(
     tmp_path: Path, database_url: str, fake: FakeOnline
 ) -> None:
-    from llm_assets.resources.providers.online import OnlineProvider
-    from tests.test_online_provider import online_spec
     from tests.test_pause import skip_reason
     from tests.test_sensors import tick
 
-    fake.latency_seconds = 0.05
-    provider = OnlineProvider(base_url=fake.base_url, backoff_base_seconds=0.01)
-    spec = online_spec(concurrency=1, checkpoint_every=2) | {
-        "sharding": {"max_requests_per_shard": 100}
-    }
-    with open_harness(tmp_path, database_url, spec, provider, reviews=60) as harness:
-        assert harness.materialize("input_snapshot", "request_shards").success
-        runs: list[Any] = []
-        worker = threading.Thread(
-            target=lambda: runs.append(harness.materialize("provider_batches"))
-        )
-        worker.start()
-        while harness.ledger.counts(harness.job_id()).succeeded < 4:
-            assert worker.is_alive(), "the worker ended before the pause"
+    def pause() -> None:
         harness.ledger.pause_pipeline(harness.spec.name, paused_by="ops", reason="incident")
-        worker.join(timeout=120)
-        assert not worker.is_alive()
 
-        [run] = runs
+    with online_shard(tmp_path, database_url, fake) as harness:
+        run = harness.stop_while_sending(pause)
+
         assert run.success
         assert skip_reason(harness, run, "provider_batches").startswith("paused by ops")
         sent = len(fake.calls())

@@ -5,7 +5,6 @@ ends well, every item is sent once per attempt and billed once unless the provid
 answer, and the ledger holds one row per item and one output per success."""
 
 import json
-import os
 import subprocess
 import threading
 from collections import Counter
@@ -13,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-import yaml
 
 from llm_assets import names
 from llm_assets.defs.factory import asset_key
 from llm_assets.resources.ledger import output_table
 from tests.fakes.openai_server import FakeOpenAI
-from tests.harness import CLI, DAY, first_time, open_harness, provider_for, review_spec, truthful
+from tests.harness import CLI, DAY, fake_harness, first_time, truthful
 from tests.test_sensors import tick
 
 REVIEWS = 150
@@ -43,10 +41,10 @@ def _review(custom_id: str) -> int:
 def test_three_runs_and_the_sensor_on_one_day_send_and_bill_each_item_once(
     tmp_path: Path, database_url: str
 ) -> None:
-    spec = review_spec("openai", "gpt-4o-mini", sharding={"max_requests_per_shard": 20})
+    sharding = {"max_requests_per_shard": 20}
     with (
         FakeOpenAI(tmp_path / "fake") as fake,
-        open_harness(tmp_path, database_url, spec, provider_for(fake), REVIEWS) as harness,
+        fake_harness(tmp_path, database_url, fake, REVIEWS, sharding=sharding) as harness,
     ):
         fake.responder = truthful
         fake.line_fault = first_time(FAULTS)
@@ -57,18 +55,8 @@ def test_three_runs_and_the_sensor_on_one_day_send_and_bill_each_item_once(
             return "completed"
 
         fake.batch_outcome = outcome
-        (tmp_path / "specs").mkdir()
-        (tmp_path / "specs" / "reviews.yaml").write_text(yaml.safe_dump(spec))
-        env = {
-            **os.environ,
-            "LLM_ASSETS_HOME": str(harness.home),
-            "LLM_ASSETS_DATABASE_URL": database_url,
-            "LLM_ASSETS_PIPELINES": str(tmp_path / "specs"),
-            "DAGSTER_HOME": str(tmp_path / "dagster-cli"),
-            "OPENAI_BASE_URL": fake.base_url,
-            "OPENAI_API_KEY": "test-key",
-        }
-        command = [CLI, "run", spec["name"], "--date", DAY.isoformat(), "--wait"]
+        env = harness.cli_env(fake)
+        command = [CLI, "run", harness.spec.name, "--date", DAY.isoformat(), "--wait"]
         runs = [
             subprocess.Popen(
                 [*command, "--poll-interval", "0.05", "--json"],

@@ -2,14 +2,12 @@
 `llm-assets run`), what is in flight still finishes, and a resume lets the held work go."""
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from llm_assets import names, steps
@@ -24,6 +22,7 @@ from tests.harness import (
     CLI,
     DAY,
     Harness,
+    cli_env,
     first_time,
     make_harness,
     review_spec,
@@ -217,18 +216,8 @@ def test_run_wait_on_a_paused_pipeline_is_blocked_and_sends_nothing(
     """pause, status and resume in process; `run --wait` as scripts run it."""
     spec = review_spec("openai", "gpt-4o-mini")
     name, day = spec["name"], DAY.isoformat()
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
     write_reviews(tmp_path / "home", DAY, 10)
-    env = {
-        "LLM_ASSETS_HOME": str(tmp_path / "home"),
-        "LLM_ASSETS_DATABASE_URL": database_url,
-        "LLM_ASSETS_PIPELINES": str(specs),
-        "DAGSTER_HOME": str(tmp_path / "dagster"),
-        "OPENAI_BASE_URL": fake.base_url,
-        "OPENAI_API_KEY": "test-key",
-    }
+    env = cli_env(tmp_path, database_url, spec, fake)
 
     def cli(*args: str) -> str:
         """What the command printed, on one line (the console wraps at 80 columns)."""
@@ -244,7 +233,7 @@ def test_run_wait_on_a_paused_pipeline_is_blocked_and_sends_nothing(
 
     run = subprocess.run(
         [CLI, "run", name, "--date", day, "--wait", "--poll-interval", "0"],
-        env={**os.environ, **env},
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,

@@ -31,7 +31,6 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, Harness, provider_for, review_spec, truthful
 
 PARTITION = DAY.isoformat()
-names.SUBMIT_ASSETS = ("input_snapshot", "request_shards", "provider_batches")
 
 
 @pytest.fixture
@@ -76,6 +75,21 @@ def reread(home: Path) -> dg.DagsterInstance:
     return dg.DagsterInstance.from_config(str(home))
 
 
+def local_day(
+    tmp_path: Path, instance: dg.DagsterInstance, reviews: int, **options: float
+) -> Harness:
+    """`reviews` reviews for the local provider (`options` as LocalProvider takes them), run on
+    `instance`, with the ledger in a SQLite file: the instance is what these tests prove."""
+    return Harness(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'ledger.db'}",
+        instance,
+        review_spec("local", MODEL_NAME),
+        LocalProvider(state_dir=str(tmp_path / "local_provider"), **options),
+        reviews=reviews,
+    )
+
+
 def metadata_of(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> dict[str, object]:
     [record] = [
         r for r in instance.fetch_materializations(key, limit=10).records if r.run_id == run_id
@@ -89,14 +103,7 @@ def metadata_of(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> 
 def test_a_day_materializes_on_the_shipped_production_instance(
     tmp_path: Path, production_home: Path, instance: dg.DagsterInstance
 ) -> None:
-    harness = Harness(
-        tmp_path,
-        f"sqlite:///{tmp_path / 'ledger.db'}",
-        instance,
-        review_spec("local", MODEL_NAME),
-        LocalProvider(state_dir=str(tmp_path / "local_provider"), work_budget_seconds=120.0),
-        reviews=12,
-    )
+    harness = local_day(tmp_path, instance, 12, work_budget_seconds=120.0)
 
     result = harness.materialize(*names.SUBMIT_ASSETS, "batch_results")
 
@@ -141,14 +148,7 @@ def test_a_day_materializes_on_the_shipped_production_instance(
 def test_a_failed_step_is_not_retried(
     tmp_path: Path, production_home: Path, instance: dg.DagsterInstance
 ) -> None:
-    harness = Harness(
-        tmp_path,
-        f"sqlite:///{tmp_path / 'ledger.db'}",
-        instance,
-        review_spec("local", MODEL_NAME),
-        LocalProvider(state_dir=str(tmp_path / "local_provider")),
-        reviews=4,
-    )
+    harness = local_day(tmp_path, instance, 4)
 
     # Submitting before request_shards ran is a step failure ("materialize request_shards
     # first"): the instance marks the run as one the retry daemon must leave alone.

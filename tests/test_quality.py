@@ -1,9 +1,7 @@
 """The quality gate: garbage that returns 200 OK never reaches validated or published outputs."""
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +9,6 @@ from typing import Any
 import dagster as dg
 import pandas as pd
 import pytest
-import yaml
 
 from llm_assets import steps
 from llm_assets.defs.checks import validated_outputs_checks
@@ -22,7 +19,16 @@ from llm_assets.results.validation import parse_output
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.tables import case_table
 from tests.fakes.openai_server import FakeOpenAI, user_text
-from tests.harness import DAY, Harness, make_harness, review_spec, truthful
+from tests.harness import (
+    CLI,
+    DAY,
+    Harness,
+    cli_env,
+    make_harness,
+    review_spec,
+    truthful,
+    write_reviews,
+)
 
 # One database (PostgreSQL in CI): these tests exercise the provider and the gate; the ledger
 # and pipeline tests compare SQLite and PostgreSQL.
@@ -201,25 +207,11 @@ def test_the_cli_exits_2_with_the_check_reason(
     tmp_path: Path, database_url: str, fake: FakeOpenAI
 ) -> None:
     fake.responder = garbage_for(GARBAGE)
-    specs = tmp_path / "specs"
-    specs.mkdir()
     spec = review_spec("openai", "gpt-4o-mini", quality={"max_failure_rate": 0.05})
-    (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
-    from tests.harness import write_reviews
-
     write_reviews(tmp_path / "home", DAY, 24)
-    env = {
-        **os.environ,
-        "LLM_ASSETS_HOME": str(tmp_path / "home"),
-        "LLM_ASSETS_DATABASE_URL": database_url,
-        "LLM_ASSETS_PIPELINES": str(specs),
-        "DAGSTER_HOME": str(tmp_path / "dagster"),
-        "OPENAI_BASE_URL": fake.base_url,
-        "OPENAI_API_KEY": "test-key",
-    }
-    cli = str(Path(sys.executable).parent / "llm-assets")
+    env = cli_env(tmp_path, database_url, spec, fake)
     result = subprocess.run(
-        [cli, "run", spec["name"], "--date", DAY.isoformat(), "--wait", "--poll-interval", "0"],
+        [CLI, "run", spec["name"], "--date", DAY.isoformat(), "--wait", "--poll-interval", "0"],
         env=env,
         capture_output=True,
         text=True,
@@ -232,7 +224,7 @@ def test_the_cli_exits_2_with_the_check_reason(
     assert last == f"blocked: quality gate: publication {reason}"
 
     # `status` names the gate that holds the day, first, and in its JSON.
-    status = [cli, "status", spec["name"], "--date", DAY.isoformat()]
+    status = [CLI, "status", spec["name"], "--date", DAY.isoformat()]
     shown = subprocess.run(status, env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[0] == f"{spec['name']} {DAY}: {reason}"
@@ -252,8 +244,6 @@ def test_a_label_shift_against_recent_days_warns_without_blocking(
     tmp_path: Path, database_url: str, fake: FakeOpenAI
 ) -> None:
     import datetime as dt
-
-    from tests.harness import write_reviews
 
     fake.responder = truthful
     for harness in make_harness(tmp_path, database_url, fake):

@@ -3,10 +3,11 @@ a place outside them. Spec-alone cases fail `validate-spec`; the rest block the 
 step that would write or send (Dagster failure with gate `residency`, CLI exit 2), with the
 fakes and the moto server seeing no upload and no create."""
 
+import contextlib
 import json
-import os
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,10 @@ from tests.harness import (
     CLI,
     DAY,
     POSITIVE,
+    Harness,
+    cli_env,
+    fake_harness,
     open_harness,
-    provider_for,
     review_spec,
     truthful,
     write_reviews,
@@ -528,14 +531,10 @@ def test_validate_spec_reports_a_refused_provider(tmp_path: Path) -> None:
 def test_a_non_eu_openai_endpoint_is_refused_before_anything_is_sent(
     tmp_path: Path, database_url: str
 ) -> None:
+    compliance = {**EU, "endpoint_regions": {"127.0.0.1": "us-east-1"}}
     with FakeOpenAI(tmp_path / "fake") as fake:
         fake.responder = truthful
-        spec = review_spec(
-            "openai",
-            "gpt-4o-mini",
-            compliance={**EU, "endpoint_regions": {"127.0.0.1": "us-east-1"}},
-        )
-        with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
+        with fake_harness(tmp_path, database_url, fake, compliance=compliance) as harness:
             with pytest.raises(StepFailed) as refused:
                 harness.runner().run_day(DAY, wait=True)
 
@@ -552,14 +551,10 @@ def test_a_non_eu_openai_endpoint_is_refused_before_anything_is_sent(
 
 
 def test_an_eu_endpoint_named_in_endpoint_regions_passes(tmp_path: Path, database_url: str) -> None:
+    compliance = {**EU, "endpoint_regions": {"127.0.0.1": "eu"}}
     with FakeOpenAI(tmp_path / "fake") as fake:
         fake.responder = truthful
-        spec = review_spec(
-            "openai",
-            "gpt-4o-mini",
-            compliance={**EU, "endpoint_regions": {"127.0.0.1": "eu"}},
-        )
-        with open_harness(tmp_path, database_url, spec, provider_for(fake), reviews=12) as harness:
+        with fake_harness(tmp_path, database_url, fake, 12, compliance=compliance) as harness:
             outcome = harness.run_day()
 
         assert outcome.done and outcome.succeeded == 12
@@ -571,11 +566,9 @@ def test_provider_batches_refuses_an_endpoint_moved_out_of_the_regions(
 ) -> None:
     """The submission step asks again: shards made while the endpoint was allowed are not
     sent once it is not."""
+    allowed = {**EU, "endpoint_regions": {"127.0.0.1": "eu"}}
     with FakeOpenAI(tmp_path / "fake") as fake:
-        allowed = review_spec(
-            "openai", "gpt-4o-mini", compliance={**EU, "endpoint_regions": {"127.0.0.1": "eu"}}
-        )
-        with open_harness(tmp_path, database_url, allowed, provider_for(fake)) as harness:
+        with fake_harness(tmp_path, database_url, fake, compliance=allowed) as harness:
             assert harness.materialize("input_snapshot", "request_shards").success
             harness.spec = spec_of(
                 "openai",
@@ -693,15 +686,22 @@ def local_spec(**overrides: Any) -> dict[str, Any]:
     return spec
 
 
+@contextlib.contextmanager
+def local_day_in(
+    tmp_path: Path, database_url: str, bucket: str, **overrides: Any
+) -> Iterator[Harness]:
+    """Six reviews for the local provider, the day's artifacts in `bucket`."""
+    spec, provider = local_spec(**overrides), local_provider(tmp_path)
+    with open_harness(tmp_path, database_url, spec, provider, reviews=6) as harness:
+        harness.storage = ArtifactStorage(base_url=f"s3://{bucket}/artifacts")
+        yield harness
+
+
 def test_an_artifact_bucket_in_the_us_is_refused_before_the_snapshot_is_written(
     tmp_path: Path, database_url: str, moto_s3: MotoS3
 ) -> None:
     bucket = bucket_in(moto_s3, "us-east-1")
-    with open_harness(
-        tmp_path, database_url, local_spec(compliance=EU), local_provider(tmp_path), reviews=6
-    ) as harness:
-        harness.storage = ArtifactStorage(base_url=f"s3://{bucket}/artifacts")
-
+    with local_day_in(tmp_path, database_url, bucket, compliance=EU) as harness:
         result = harness.materialize("input_snapshot")
 
         assert not result.success
@@ -718,11 +718,7 @@ def test_an_artifact_bucket_in_the_eu_is_accepted(
     tmp_path: Path, database_url: str, moto_s3: MotoS3
 ) -> None:
     bucket = bucket_in(moto_s3, "eu-west-1")
-    with open_harness(
-        tmp_path, database_url, local_spec(compliance=EU), local_provider(tmp_path), reviews=6
-    ) as harness:
-        harness.storage = ArtifactStorage(base_url=f"s3://{bucket}/artifacts")
-
+    with local_day_in(tmp_path, database_url, bucket, compliance=EU) as harness:
         outcome = harness.run_day()
 
     assert outcome.done and outcome.succeeded == 6
@@ -735,11 +731,7 @@ def test_an_unrestricted_spec_asks_for_no_region(
     bucket = bucket_in(moto_s3, "us-east-1")
     asked: list[str] = []
     monkeypatch.setattr(residency, "bucket_region", asked.append)
-    with open_harness(
-        tmp_path, database_url, local_spec(), local_provider(tmp_path), reviews=6
-    ) as harness:
-        harness.storage = ArtifactStorage(base_url=f"s3://{bucket}/artifacts")
-
+    with local_day_in(tmp_path, database_url, bucket) as harness:
         outcome = harness.run_day()
 
     assert outcome.done and outcome.succeeded == 6
@@ -762,25 +754,11 @@ def test_cli_run_exits_2_naming_the_refused_endpoint(tmp_path: Path, database_ur
     spec = review_spec(
         "openai", "gpt-4o-mini", compliance={**EU, "endpoint_regions": {"127.0.0.1": "us"}}
     )
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
-    home = tmp_path / "home"
-    write_reviews(home, DAY, 6)
+    write_reviews(tmp_path / "home", DAY, 6)
     with FakeOpenAI(tmp_path / "fake") as fake:
         done = subprocess.run(
             [CLI, "run", spec["name"], "--date", DAY.isoformat()],
-            env={
-                **os.environ,
-                "LLM_ASSETS_HOME": str(home),
-                "LLM_ASSETS_DATABASE_URL": database_url,
-                "LLM_ASSETS_PIPELINES": str(specs),
-                "DAGSTER_HOME": str(tmp_path / "dagster"),
-                "OPENAI_BASE_URL": fake.base_url,
-                "OPENAI_API_KEY": "test-key",
-                "NO_COLOR": "1",
-                "COLUMNS": "300",
-            },
+            env={**cli_env(tmp_path, database_url, spec, fake), "NO_COLOR": "1", "COLUMNS": "300"},
             capture_output=True,
             text=True,
             timeout=600,

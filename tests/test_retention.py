@@ -32,14 +32,7 @@ from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.bedrock_server import FakeBedrock
 from tests.fakes.common import ControlFault, FaultPlan
 from tests.fakes.openai_server import FakeOpenAI
-from tests.harness import (
-    Harness,
-    open_harness,
-    provider_for,
-    review_spec,
-    truthful,
-    write_reviews,
-)
+from tests.harness import Harness, fake_harness, open_harness, review_spec, truthful, write_reviews
 from tests.test_bedrock_provider import ROLE, bedrock_spec
 from tests.test_bedrock_provider import truthful as bedrock_truthful
 
@@ -82,9 +75,8 @@ def test_openai_files_are_deleted_after_import(
     tmp_path: Path, database_url: str, fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.line_fault = lambda custom_id, body: "4xx" if "Order 1003 " in json.dumps(body) else None
-    spec = review_spec("openai", "gpt-4o-mini")
     caplog.set_level(logging.INFO, logger=RETENTION_LOGGER)
-    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
+    with fake_harness(tmp_path, database_url, fake) as harness:
         assert harness.run_day().open_items == 0
         shards = shards_of(harness)
 
@@ -102,10 +94,9 @@ def test_openai_files_are_deleted_after_import(
 def test_a_failed_deletion_leaves_the_import_and_is_retried_later(
     tmp_path: Path, database_url: str, fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
-    spec = review_spec("openai", "gpt-4o-mini")
     fake.faults.add(ControlFault("DELETE", "/v1/files/", status=403, times=1000))
     caplog.set_level(logging.INFO, logger=RETENTION_LOGGER)
-    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
+    with fake_harness(tmp_path, database_url, fake) as harness:
         outcome = harness.run_day()
 
         assert outcome.done and outcome.succeeded == len(harness.truth)
@@ -136,9 +127,8 @@ def test_a_failed_deletion_leaves_the_import_and_is_retried_later(
 def test_the_retention_job_retries_pending_provider_deletions(
     tmp_path: Path, database_url: str, fake: FakeOpenAI
 ) -> None:
-    spec = review_spec("openai", "gpt-4o-mini", retention={"artifacts_days": 30})
     fake.faults.add(ControlFault("DELETE", "/v1/files/", status=500, times=1000))
-    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
+    with fake_harness(tmp_path, database_url, fake, retention={"artifacts_days": 30}) as harness:
         assert harness.run_day().done
         shards = shards_of(harness)
         assert all(s.provider_files_deleted_at is None for s in shards)
@@ -162,11 +152,9 @@ def test_the_retention_job_retries_pending_provider_deletions(
 def test_an_anthropic_batch_still_processing_is_not_deleted(
     tmp_path: Path, database_url: str, fake: FakeAnthropic
 ) -> None:
-    spec = review_spec("anthropic", "claude-haiku-4-5")
     fake.polls_per_state = 1000
-    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
-        assert harness.materialize(*names.SUBMIT_ASSETS).success
-        [shard, *_] = harness.ledger.shards(harness.job_id())
+    with fake_harness(tmp_path, database_url, fake) as harness:
+        [shard, *_] = harness.submit()
         files = shard_files(shard)
 
         with pytest.raises(RuntimeError, match="not ended"):
@@ -213,10 +201,7 @@ def test_bedrock_input_copies_are_deleted_after_import_and_our_shard_files_stay(
         staging_uri=f"s3://{moto_s3.bucket}/{run}/staging",
     )
     caplog.set_level(logging.INFO, logger=RETENTION_LOGGER)
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        harness = Harness(tmp_path, database_url, instance, bedrock_spec(), provider, reviews=120)
-
+    with open_harness(tmp_path, database_url, bedrock_spec(), provider, reviews=120) as harness:
         assert harness.run_day().open_items == 0
 
         shards = shards_of(harness)
@@ -266,8 +251,8 @@ def three_days(
 ) -> Iterator[Harness]:
     """An OpenAI pipeline keeping 7 days of artifacts, with an old finished day, a recent
     finished day and an old day with open work, on local storage or on S3."""
-    spec = review_spec("openai", "gpt-4o-mini", retention={"artifacts_days": 7})
-    with open_harness(tmp_path, database_url, spec, provider_for(fake), reviews=12) as harness:
+    retention = {"artifacts_days": 7}
+    with fake_harness(tmp_path, database_url, fake, 12, retention=retention) as harness:
         if request.param == "s3":
             moto_s3: MotoS3 = request.getfixturevalue("moto_s3")
             base = f"s3://{moto_s3.bucket}/run-{uuid.uuid4().hex[:8]}"

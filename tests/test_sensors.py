@@ -11,15 +11,14 @@ from llm_assets.defs import sensors
 from llm_assets.defs.factory import asset_key, build_pipeline_assets
 from llm_assets.defs.sensors import build_batch_status_sensor
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.harness import DAY, Harness, first_time, open_harness, provider_for, review_spec
+from tests.harness import DAY, Harness, fake_harness, first_time
 
 pytestmark = pytest.mark.fake_server("anthropic")
 
 
 @pytest.fixture
 def harness(tmp_path: Path, database_url: str, fake: FakeAnthropic) -> Iterator[Harness]:
-    spec = review_spec("anthropic", "claude-haiku-4-5")
-    with open_harness(tmp_path, database_url, spec, provider_for(fake)) as harness:
+    with fake_harness(tmp_path, database_url, fake) as harness:
         yield harness
 
 
@@ -51,8 +50,7 @@ def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
     harness: Harness, fake: FakeAnthropic
 ) -> None:
     fake.polls_per_state = 2
-    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
-    shards = harness.ledger.shards(harness.job_id())
+    shards = harness.submit()
 
     first = tick(harness)
 
@@ -117,7 +115,7 @@ def test_sensor_stops_polling_at_its_deadline_and_resumes_next_tick(
     harness: Harness, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake.polls_per_state = 5
-    assert harness.materialize("input_snapshot", "request_shards", "provider_batches").success
+    harness.submit()
     monkeypatch.setattr(sensors, "POLL_DEADLINE_SECONDS", -1.0)
 
     assert tick(harness).asset_events == []
