@@ -83,7 +83,7 @@ def test_the_new_data_sensor_fans_out_each_new_file_version_by_day(
         )
         + "\n"
     )
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         first = tick(spec, settings, instance, None)
         requests = sorted(first.run_requests, key=lambda r: r.partition_key or "")
         assert [r.partition_key for r in requests] == ["2026-11-03", "2026-11-04"]
@@ -142,7 +142,7 @@ def test_the_new_data_sensor_starts_from_what_the_ledger_planned(
             str(files[day]): resources["storage"].version(str(files[day]))
         }
 
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         # First tick, and again after a reset: the planned versions enter the cursor, no run.
         first = tick(spec, settings, instance, None)
         assert first.run_requests == []
@@ -177,7 +177,7 @@ def test_the_schedule_submits_the_latest_complete_day(settings: Settings) -> Non
     )
     resolved = defs.get_schedule_def(schedule.name)
     moment = dt.datetime(2026, 11, 20, 6, 30, tzinfo=dt.UTC)
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         context = dg.build_schedule_context(
             instance=instance,
             scheduled_execution_time=moment,

@@ -468,7 +468,7 @@ def test_the_new_data_sensor_reports_a_file_it_cannot_use_and_goes_on(
     named.write_bytes(b"\xff\xfe not text\n")
     unreadable = inbox / "unreadable.jsonl"
     unreadable.symlink_to("/proc/self/mem")  # a regular file whose reads fail, also for root
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         capsys.readouterr()
         first = tick(spec, settings, instance, None)
         errors = logged_errors(capsys.readouterr().err)

@@ -16,7 +16,7 @@ from tests.harness import DAY, Harness, provider_for, review_spec, truthful
 def test_concurrent_submissions_of_a_day_create_one_batch_per_shard(
     tmp_path: Path, database_url: str
 ) -> None:
-    with FakeOpenAI(tmp_path / "fake") as fake, dg.instance_for_test() as instance:
+    with FakeOpenAI(tmp_path / "fake") as fake, dg.DagsterInstance.ephemeral() as instance:
         fake.responder = truthful
         harness = Harness(
             tmp_path,

@@ -21,7 +21,7 @@ EMPTY = dt.date(2026, 11, 8)
 @pytest.fixture
 def platform(tmp_path: Path, database_url: str) -> Iterator[Platform]:
     (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         yield Platform(tmp_path / "home", database_url, instance)
 
 

@@ -87,7 +87,7 @@ def status_tick(world: World, spec: PipelineSpec) -> Any:
     defs = dg.Definitions(
         assets=build_pipeline_assets(spec, world.settings), sensors=[sensor], resources=resources
     )
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         context = dg.build_sensor_context(
             instance=instance, resources=resources, definitions=defs, sensor_name=sensor.name
         )

@@ -484,7 +484,7 @@ def test_the_eval_job_runs_the_replay_and_records_the_report_as_a_partition(
     key = eval_report_key(world.spec)
     (tmp_path / "dagster").mkdir()
 
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         run = job.execute_in_process(
             run_config={
                 "ops": {
@@ -539,7 +539,7 @@ def test_an_eval_report_partition_never_run_fails_with_how_to_run_it(
 ) -> None:
     resources = {**build_resources(world.settings), **world.resources}
     (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions(f"{world.spec.name}__evals", ["made-up"])
         result = dg.materialize(
             [build_eval_report_asset(world.spec)],

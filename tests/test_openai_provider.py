@@ -191,17 +191,17 @@ def test_batch_results_checks_list_missing_and_duplicated_custom_ids(
         assert check.severity == dg.AssetCheckSeverity.ERROR
         assert missing["custom_id"] in check.metadata["custom_ids"].value
 
-    # The duplicate was seen in the import runs of the day; the check of such a run warns.
-    records = harness.instance.event_log_storage.get_asset_check_execution_history(
-        dg.AssetCheckKey(asset_key(harness.spec, "batch_results"), "no_duplicate_results"),
-        limit=20,
-    )
-    evaluations_seen = [r.event.asset_check_evaluation for r in records if r.event]
-    evaluations_seen = [e for e in evaluations_seen if e is not None]
-    warned = [e for e in evaluations_seen if not e.passed]
-    duplicated = rows["R-20261102-0004"]["custom_id"]
-    assert warned and all(e.severity == dg.AssetCheckSeverity.WARN for e in warned)
-    assert any(duplicated in e.metadata["custom_ids"].value for e in warned)
+        # The duplicate was seen in the import runs of the day; the check of such a run warns.
+        records = harness.instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(asset_key(harness.spec, "batch_results"), "no_duplicate_results"),
+            limit=20,
+        )
+        evaluations_seen = [r.event.asset_check_evaluation for r in records if r.event]
+        evaluations_seen = [e for e in evaluations_seen if e is not None]
+        warned = [e for e in evaluations_seen if not e.passed]
+        duplicated = rows["R-20261102-0004"]["custom_id"]
+        assert warned and all(e.severity == dg.AssetCheckSeverity.WARN for e in warned)
+        assert any(duplicated in e.metadata["custom_ids"].value for e in warned)
 
 
 def _add_review(harness: Harness, review_id: str, text: str) -> None:

@@ -93,7 +93,7 @@ class Platform:
 @pytest.fixture
 def platform(tmp_path: Path, database_url: str) -> Iterator[Platform]:
     (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         yield Platform(tmp_path / "home", database_url, instance)
 
 
@@ -455,7 +455,7 @@ def test_a_day_runs_with_source_and_artifacts_on_s3(
     tmp_path: Path, moto_s3: Any, database_url: str
 ) -> None:
     (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+    with dg.DagsterInstance.ephemeral() as instance:
         platform = Platform(tmp_path / "home", database_url, instance)
         prefix = f"s3://{moto_s3.bucket}/{tmp_path.name}"
         client = moto_s3.client()
