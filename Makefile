@@ -20,8 +20,11 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/llm-assets demo
 
+# Three workers on two cores: a third of the suite's time is spent waiting (CLI and Dagster
+# subprocesses, fake servers, sensor ticks). Whole files to a worker, in the order the
+# suite's conftest gives them (the files marked slow first), not xdist's largest-first.
 test: install
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # The edit-test loop: the lifecycle, ledger, quota learner, spec, custom id, personal-data
 # and evaluation tests and every adapter against its fake (the provider contract), less the

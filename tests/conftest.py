@@ -46,6 +46,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "slow: an end-to-end file of half a minute or more; the suite starts these first",
+    )
+    config.addinivalue_line(
+        "markers",
         "fake_server(kind, state_dir=None, **knobs): the fake provider server the `fake` "
         "fixture starts (openai, anthropic, bedrock, gemini or online) and the knobs it sets on it",
     )
@@ -54,6 +58,14 @@ def pytest_configure(config: pytest.Config) -> None:
             "CI=true but LLM_ASSETS_TEST_DATABASE_URL is not set: the PostgreSQL half of the "
             "suite is required in CI (.ci/run sets it after starting the server)"
         )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files marked slow first, each file's tests kept together and in order: the test
+    workers (`make test` runs pytest-xdist with --dist loadfile) take files in this order, so
+    the long ones start at once and the short ones fill in, instead of one long file left
+    running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 DATABASES = [

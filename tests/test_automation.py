@@ -32,6 +32,8 @@ from tests.dagster_dev import DagsterDev, dagster_dev
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import review_spec, truthful, write_reviews
 
+pytestmark = pytest.mark.slow
+
 FILE_DAYS = (dt.date(2026, 11, 3), dt.date(2026, 11, 4))
 BACKFILL_DAYS = (dt.date(2026, 11, 10), dt.date(2026, 11, 11))
 EMPTY_DAY = dt.date(2026, 11, 12)

@@ -41,6 +41,7 @@ def truthful(model_input: dict[str, Any]) -> str:
 
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.one_database,
     pytest.mark.fake_server("bedrock", min_records=50, responder=truthful),
 ]

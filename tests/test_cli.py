@@ -30,7 +30,7 @@ from tests.ledger_helpers import set_item_status
 
 # One database: these tests drive the CLI as a subprocess; the ledger tests and the pipeline
 # tests compare SQLite and PostgreSQL.
-pytestmark = pytest.mark.one_database
+pytestmark = [pytest.mark.slow, pytest.mark.one_database]
 DAY = dt.date(2026, 11, 2)
 
 

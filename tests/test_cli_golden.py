@@ -34,6 +34,8 @@ from rich.cells import cell_len
 from tests.harness import CLI
 from tests.test_cli import DAY, Env
 
+pytestmark = pytest.mark.slow
+
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("LLM_ASSETS_UPDATE_GOLDEN") == "1"
 WIDTHS = (80, 200)

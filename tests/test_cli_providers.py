@@ -20,7 +20,7 @@ from tests.provider_kits import ProviderKit, kits
 
 # One database: these tests drive the CLI against the fakes as a subprocess; the ledger tests
 # and the pipeline tests compare SQLite and PostgreSQL.
-pytestmark = pytest.mark.one_database
+pytestmark = [pytest.mark.slow, pytest.mark.one_database]
 
 
 def run_cli(tmp_path: Path, database_url: str, spec: dict[str, Any], env: dict[str, str]) -> Any:

@@ -26,7 +26,7 @@ from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import CLI, DAY, review_spec, truthful, write_reviews
 
-pytestmark = pytest.mark.fake_server("openai", responder=truthful)
+pytestmark = [pytest.mark.slow, pytest.mark.fake_server("openai", responder=truthful)]
 KILLED = -signal.SIGKILL
 
 

@@ -34,6 +34,8 @@ from llm_assets.util.settings import REPO_ROOT
 from tests.eval_harness import run_command
 from tests.harness import CLI
 
+pytestmark = pytest.mark.slow
+
 PER_DAY = 2 * BLOCKED_EVERY
 REDACTED = ("email", "phone", "iban", "ip_address")
 BLOCKED = ("card", "credential")

@@ -46,7 +46,7 @@ from tests.test_bedrock_provider import truthful as bedrock_truthful
 
 # One database (PostgreSQL in CI): the replay drives the steps the pipeline tests cover on
 # both databases.
-pytestmark = pytest.mark.one_database
+pytestmark = [pytest.mark.slow, pytest.mark.one_database]
 
 DAYS = [dt.date(2026, 11, 2), dt.date(2026, 11, 3), dt.date(2026, 11, 4)]
 PER_DAY = 12

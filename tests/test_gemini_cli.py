@@ -27,6 +27,7 @@ from tests.ledger_helpers import jobs_for_pipeline
 from tests.test_sensors import tick
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.one_database,
     pytest.mark.fake_server("gemini", responder=gemini_tests.truthful, api_keys={"test-key"}),
 ]

@@ -43,6 +43,8 @@ from llm_assets.util import failpoints
 from tests.fakes.memory_provider import OUTCOMES, MemoryProvider
 from tests.harness import review_spec
 
+pytestmark = pytest.mark.slow
+
 EXAMPLES = 400
 """Interleavings tried in the normal suite."""
 STEPS = 12

@@ -29,6 +29,8 @@ from tests.fakes.online_server import FakeOnline
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, Harness, fake_harness, online_shard, truthful, write_reviews
 
+pytestmark = pytest.mark.slow
+
 ENDED = ("completed", "failed", "expired", "cancelled")
 
 

@@ -21,7 +21,11 @@ from tests.fakes.openai_server import user_text
 from tests.harness import CLI, DAY, Harness, open_harness, review_spec, truthful, write_reviews
 from tests.provider_kits import dead_letters
 
-pytestmark = [pytest.mark.one_database, pytest.mark.fake_server("online", responder=truthful)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.one_database,
+    pytest.mark.fake_server("online", responder=truthful),
+]
 
 
 def online_spec(**online: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from llm_assets import names
@@ -19,6 +20,8 @@ from llm_assets.resources.ledger import output_table
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, fake_harness, first_time, truthful
 from tests.test_sensors import tick
+
+pytestmark = pytest.mark.slow
 
 REVIEWS = 150
 FAULTS = {

@@ -23,6 +23,8 @@ from llm_assets.util.settings import REPO_ROOT, Settings
 from tests.eval_harness import result_rows
 from tests.ledger_helpers import set_item_status
 
+pytestmark = pytest.mark.slow
+
 DAY = dt.date(2026, 11, 2)
 PARTITION = DAY.isoformat()
 EXPECTED_INPUT_DEAD_LETTERS = {

@@ -30,6 +30,8 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, Harness, open_harness, provider_for, review_spec, truthful
 from tests.harness import write_reviews as write_day
 
+pytestmark = pytest.mark.slow
+
 NOW = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
 KEY = QuotaKey(provider="openai", account="default", model_name="m", kind=quota.TOKENS)
 

@@ -50,7 +50,7 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, review_spec, truthful, write_reviews
 
 # One database is enough: the scan compares what leaks, not how the ledger stores it.
-pytestmark = pytest.mark.one_database
+pytestmark = [pytest.mark.slow, pytest.mark.one_database]
 MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
 KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 BASE_URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}

@@ -47,6 +47,8 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import REPO_ROOT
 from tests.dagster_dev import DagsterDev, dagster_dev
 
+pytestmark = pytest.mark.slow
+
 T = TypeVar("T")
 
 CHROMIUM = Path("/usr/bin/chromium")
