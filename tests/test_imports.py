@@ -8,6 +8,8 @@ breaks a cycle, so the graph here counts it like any other.
 """
 
 import ast
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -142,3 +144,50 @@ def test_the_code_location_loads_from_its_documented_name() -> None:
     from llm_assets.definitions import defs
 
     assert defs.resolve_all_job_defs()
+
+
+def _loaded_after(code: str) -> set[str]:
+    """Top-level packages in sys.modules after running code in a fresh interpreter."""
+    script = (
+        f"{code}\nimport sys\nprint(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    return set(done.stdout.split())
+
+
+def test_the_command_line_starts_without_dagster_pandas_or_sdks() -> None:
+    """`--help` and argument errors answer at once: the commands import what they run."""
+    loaded = _loaded_after("import llm_assets.cli.main")
+    assert loaded.isdisjoint(
+        {"dagster", "pandas", "pandera", "boto3", "openai", "anthropic", "google", "torch"}
+    )
+
+
+def test_the_steps_package_loads_a_step_without_the_others() -> None:
+    loaded = _loaded_after("from llm_assets.steps import decide, lifecycle, quota")
+    assert loaded.isdisjoint({"pandas", "pandera", "boto3"})
+    loaded = _loaded_after("from llm_assets import steps\nsteps.cost_report")
+    assert "pandas" in loaded
+
+
+def test_a_spec_check_loads_only_its_provider_adapter() -> None:
+    loaded = _loaded_after(
+        "import sys\n"
+        "from llm_assets.resources.providers.registry import adapter_class\n"
+        "adapter_class('openai')\n"
+        "assert 'llm_assets.resources.providers.anthropic_batch' not in sys.modules\n"
+        "assert 'llm_assets.resources.providers.bedrock' not in sys.modules"
+    )
+    assert "dagster" in loaded
+
+
+def test_the_local_model_runs_without_torch() -> None:
+    """The local provider's model is numpy over the packaged weights (local_minilm.py):
+    torch and sentence-transformers take seconds to import in every run worker."""
+    loaded = _loaded_after(
+        "from llm_assets.resources.providers.local_engine import LocalEngine\n"
+        "LocalEngine.shared().embed(['hello'])"
+    )
+    assert loaded.isdisjoint({"torch", "sentence_transformers", "transformers"})

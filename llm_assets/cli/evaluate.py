@@ -15,7 +15,6 @@ import click
 
 from llm_assets.cli.args import exit_for_failed_run, load_settings, pipeline_spec
 from llm_assets.cli.console import home_relative, print_eval, progress_bar
-from llm_assets.evaluation.report_markdown import render_markdown
 
 
 @click.command("eval")
@@ -101,6 +100,8 @@ def eval_(
         return
     print_eval(report, settings.home)
     # Markdown as text: tables too wide for a terminal stay readable, and paste as is.
+    from llm_assets.evaluation.report_markdown import render_markdown
+
     click.echo("\n" + render_markdown(report))
     click.echo(f"report: {home_relative(uris['markdown'], settings.home)}")
     click.echo(f"Dagster: eval_report partition {key} of {spec.name} (run {run_id})")

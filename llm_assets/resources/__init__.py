@@ -75,7 +75,7 @@ def _provider_settings(settings: "Settings") -> dict[str, dict[str, Any]]:
 def build_resources(settings: "Settings") -> dict[str, Any]:
     """The ledger, the artifact storage and one resource per registered provider."""
     from llm_assets.resources.ledger import LedgerResource
-    from llm_assets.resources.providers.registry import ADAPTERS
+    from llm_assets.resources.providers.registry import ADAPTERS, adapter_class
     from llm_assets.resources.storage import ArtifactStorage
 
     configured = _provider_settings(settings)
@@ -83,7 +83,7 @@ def build_resources(settings: "Settings") -> dict[str, Any]:
         "ledger": LedgerResource(**_ledger_settings(settings)),
         "storage": ArtifactStorage(base_url=settings.storage_url),
         **{
-            provider_resource_key(name): adapter(**configured.get(name, {}))
-            for name, adapter in ADAPTERS.items()
+            provider_resource_key(name): adapter_class(name)(**configured.get(name, {}))
+            for name in ADAPTERS
         },
     }

@@ -27,166 +27,214 @@ and converges on the same ledger state. One module per stage:
 - validate: validated_outputs
 - gate: the publication gate's record (what the latest validation blocked)
 - reports: dead_letter, cost_report, published_outputs, qa_sample
+
+The names below are importable from the package (`steps.build_shards`); each is loaded from
+its module on first use, so a command that reads one step's result does not import pandas,
+pandera and boto3 with the others.
 """
 
-from llm_assets.steps.budget import BudgetGate, budget_gate, hold_for_gate
-from llm_assets.steps.cancel import CancelResult, cancel_day
-from llm_assets.steps.compliance import ComplianceGate, compliance_gate
-from llm_assets.steps.context import (
-    DayExpired,
-    GateBlocked,
-    MissingPrerequisite,
-    StepContext,
-    current_snapshot_uri,
-    existing_job,
-    job_for,
-    job_id_of,
-    price_for,
-    refuse_expired,
-)
-from llm_assets.steps.executor import DayDriver, StepRuns, drive, load_state, poll_shards
-from llm_assets.steps.gate import (
-    UNFINISHED,
-    GateRecord,
-    gate_record,
-    publication_block,
-    record_gate,
-)
-from llm_assets.steps.imports import (
-    ImportResult,
-    RequeueResult,
-    import_results,
-    plan_retries,
-    requeue_dead_letters,
-    retry_backoff,
-)
-from llm_assets.steps.lifecycle import Action, DayState, Decision, Step, decide
-from llm_assets.steps.line_ids import line_custom_id, lines_with_ids, request_lines
-from llm_assets.steps.online import OnlineInterrupted, ledger_row, run_online_shard
-from llm_assets.steps.pause import (
-    PAUSED,
-    PipelinePaused,
-    pause_reason,
-    pause_words,
-    paused_text,
-    refuse_if_paused,
-    resume_words,
-)
-from llm_assets.steps.reports import (
-    CostReport,
-    DeadLetterResult,
-    Drift,
-    PublishResult,
-    SampleResult,
-    cost_drift,
-    cost_report,
-    export_dead_letters,
-    publish_outputs,
-    published_frame_failures,
-    qa_sample,
-    validated_uri,
-)
-from llm_assets.steps.residency import RESIDENCY, refuse_outside_regions, residency_places
-from llm_assets.steps.shards import (
-    Estimate,
-    Estimator,
-    ShardEstimate,
-    ShardsResult,
-    build_shards,
-    line_offsets,
-    shards_for,
-)
-from llm_assets.steps.snapshot import (
-    SnapshotResult,
-    no_source_rows,
-    no_source_rows_reason,
-    snapshot_sources,
-    take_snapshot,
-)
-from llm_assets.steps.submit import SubmitResult, submit_shards
-from llm_assets.steps.validate import ValidateResult, validate_outputs
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "PAUSED",
-    "Action",
-    "DayDriver",
-    "DayState",
-    "Decision",
-    "Step",
-    "StepRuns",
-    "decide",
-    "drive",
-    "load_state",
-    "RESIDENCY",
-    "BudgetGate",
-    "ComplianceGate",
-    "CancelResult",
-    "CostReport",
-    "DayExpired",
-    "DeadLetterResult",
-    "Drift",
-    "Estimate",
-    "Estimator",
-    "GateBlocked",
-    "GateRecord",
-    "ImportResult",
-    "MissingPrerequisite",
-    "OnlineInterrupted",
-    "PipelinePaused",
-    "PublishResult",
-    "RequeueResult",
-    "SampleResult",
-    "ShardEstimate",
-    "ShardsResult",
-    "SnapshotResult",
-    "StepContext",
-    "SubmitResult",
-    "ValidateResult",
-    "budget_gate",
-    "compliance_gate",
-    "build_shards",
-    "cancel_day",
-    "cost_drift",
-    "cost_report",
-    "current_snapshot_uri",
-    "existing_job",
-    "export_dead_letters",
-    "hold_for_gate",
-    "import_results",
-    "job_for",
-    "job_id_of",
-    "ledger_row",
-    "pause_reason",
-    "pause_words",
-    "paused_text",
-    "refuse_expired",
-    "refuse_if_paused",
-    "refuse_outside_regions",
-    "residency_places",
-    "resume_words",
-    "line_custom_id",
-    "line_offsets",
-    "lines_with_ids",
-    "plan_retries",
-    "poll_shards",
-    "price_for",
-    "publish_outputs",
-    "published_frame_failures",
-    "qa_sample",
-    "request_lines",
-    "requeue_dead_letters",
-    "retry_backoff",
-    "run_online_shard",
-    "shards_for",
-    "no_source_rows",
-    "no_source_rows_reason",
-    "snapshot_sources",
-    "submit_shards",
-    "take_snapshot",
-    "validate_outputs",
-    "validated_uri",
-    "gate_record",
-    "publication_block",
-    "record_gate",
-    "UNFINISHED",
-]
+if TYPE_CHECKING:
+    from llm_assets.steps.budget import (
+        BudgetGate,
+        budget_gate,
+        hold_for_gate,
+    )
+    from llm_assets.steps.cancel import (
+        CancelResult,
+        cancel_day,
+    )
+    from llm_assets.steps.compliance import (
+        ComplianceGate,
+        compliance_gate,
+    )
+    from llm_assets.steps.context import (
+        DayExpired,
+        GateBlocked,
+        MissingPrerequisite,
+        StepContext,
+        current_snapshot_uri,
+        existing_job,
+        job_for,
+        job_id_of,
+        price_for,
+        refuse_expired,
+    )
+    from llm_assets.steps.executor import (
+        DayDriver,
+        StepRuns,
+        drive,
+        load_state,
+        poll_shards,
+    )
+    from llm_assets.steps.gate import (
+        UNFINISHED,
+        GateRecord,
+        gate_record,
+        publication_block,
+        record_gate,
+    )
+    from llm_assets.steps.imports import (
+        ImportResult,
+        RequeueResult,
+        import_results,
+        plan_retries,
+        requeue_dead_letters,
+        retry_backoff,
+    )
+    from llm_assets.steps.lifecycle import (
+        Action,
+        DayState,
+        Decision,
+        Step,
+        decide,
+    )
+    from llm_assets.steps.line_ids import (
+        line_custom_id,
+        lines_with_ids,
+        request_lines,
+    )
+    from llm_assets.steps.online import (
+        OnlineInterrupted,
+        ledger_row,
+        run_online_shard,
+    )
+    from llm_assets.steps.pause import (
+        PAUSED,
+        PipelinePaused,
+        pause_reason,
+        pause_words,
+        paused_text,
+        refuse_if_paused,
+        resume_words,
+    )
+    from llm_assets.steps.reports import (
+        CostReport,
+        DeadLetterResult,
+        Drift,
+        PublishResult,
+        SampleResult,
+        cost_drift,
+        cost_report,
+        export_dead_letters,
+        publish_outputs,
+        published_frame_failures,
+        qa_sample,
+        validated_uri,
+    )
+    from llm_assets.steps.residency import (
+        RESIDENCY,
+        refuse_outside_regions,
+        residency_places,
+    )
+    from llm_assets.steps.shards import (
+        Estimate,
+        Estimator,
+        ShardEstimate,
+        ShardsResult,
+        build_shards,
+        line_offsets,
+        shards_for,
+    )
+    from llm_assets.steps.snapshot import (
+        SnapshotResult,
+        no_source_rows,
+        no_source_rows_reason,
+        snapshot_sources,
+        take_snapshot,
+    )
+    from llm_assets.steps.submit import (
+        SubmitResult,
+        submit_shards,
+    )
+    from llm_assets.steps.validate import (
+        ValidateResult,
+        validate_outputs,
+    )
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "budget": ("BudgetGate", "budget_gate", "hold_for_gate"),
+    "cancel": ("CancelResult", "cancel_day"),
+    "compliance": ("ComplianceGate", "compliance_gate"),
+    "context": (
+        "DayExpired",
+        "GateBlocked",
+        "MissingPrerequisite",
+        "StepContext",
+        "current_snapshot_uri",
+        "existing_job",
+        "job_for",
+        "job_id_of",
+        "price_for",
+        "refuse_expired",
+    ),
+    "executor": ("DayDriver", "StepRuns", "drive", "load_state", "poll_shards"),
+    "gate": ("UNFINISHED", "GateRecord", "gate_record", "publication_block", "record_gate"),
+    "imports": (
+        "ImportResult",
+        "RequeueResult",
+        "import_results",
+        "plan_retries",
+        "requeue_dead_letters",
+        "retry_backoff",
+    ),
+    "lifecycle": ("Action", "DayState", "Decision", "Step", "decide"),
+    "line_ids": ("line_custom_id", "lines_with_ids", "request_lines"),
+    "online": ("OnlineInterrupted", "ledger_row", "run_online_shard"),
+    "pause": (
+        "PAUSED",
+        "PipelinePaused",
+        "pause_reason",
+        "pause_words",
+        "paused_text",
+        "refuse_if_paused",
+        "resume_words",
+    ),
+    "reports": (
+        "CostReport",
+        "DeadLetterResult",
+        "Drift",
+        "PublishResult",
+        "SampleResult",
+        "cost_drift",
+        "cost_report",
+        "export_dead_letters",
+        "publish_outputs",
+        "published_frame_failures",
+        "qa_sample",
+        "validated_uri",
+    ),
+    "residency": ("RESIDENCY", "refuse_outside_regions", "residency_places"),
+    "shards": (
+        "Estimate",
+        "Estimator",
+        "ShardEstimate",
+        "ShardsResult",
+        "build_shards",
+        "line_offsets",
+        "shards_for",
+    ),
+    "snapshot": (
+        "SnapshotResult",
+        "no_source_rows",
+        "no_source_rows_reason",
+        "snapshot_sources",
+        "take_snapshot",
+    ),
+    "submit": ("SubmitResult", "submit_shards"),
+    "validate": ("ValidateResult", "validate_outputs"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -2,30 +2,38 @@
 
 Adding a provider is one adapter module and one entry in `ADAPTERS`. `provider_spec_problems`
 is one of the spec checks (spec/load.py lists it), so the spec model never imports an
-adapter. This module imports every adapter (and with them Dagster and the SDK wrappers):
-import processes that only parse result lines never need it.
+adapter. An adapter's module (with Dagster and its SDK wrapper) is imported when the adapter
+is asked for: a command about one pipeline loads one adapter, and processes that only parse
+result lines load none.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from llm_assets.resources.pricing import load_price_table
-from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
-from llm_assets.resources.providers.base import BatchProvider
-from llm_assets.resources.providers.bedrock import BedrockBatchProvider
-from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
-from llm_assets.resources.providers.local import LocalProvider
-from llm_assets.resources.providers.online import OnlineProvider
-from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.spec.model import PipelineSpec
 
-ADAPTERS: dict[str, type[BatchProvider]] = {
-    "local": LocalProvider,
-    "openai": OpenAIBatchProvider,
-    "anthropic": AnthropicBatchProvider,
-    "bedrock": BedrockBatchProvider,
-    "gemini": GeminiBatchProvider,
-    "online": OnlineProvider,
+if TYPE_CHECKING:
+    from llm_assets.resources.providers.base import BatchProvider
+
+ADAPTERS: dict[str, str] = {
+    "local": "llm_assets.resources.providers.local:LocalProvider",
+    "openai": "llm_assets.resources.providers.openai_batch:OpenAIBatchProvider",
+    "anthropic": "llm_assets.resources.providers.anthropic_batch:AnthropicBatchProvider",
+    "bedrock": "llm_assets.resources.providers.bedrock:BedrockBatchProvider",
+    "gemini": "llm_assets.resources.providers.gemini_batch:GeminiBatchProvider",
+    "online": "llm_assets.resources.providers.online:OnlineProvider",
 }
+"""Each provider name a spec may use, and where its adapter class is."""
 PROVIDERS: tuple[str, ...] = tuple(ADAPTERS)
 """The provider names a spec may use."""
+
+
+def adapter_class(provider: str) -> "type[BatchProvider]":
+    """The adapter of a provider named in `ADAPTERS` (KeyError for any other name)."""
+    module, name = ADAPTERS[provider].split(":")
+    adapter: type[BatchProvider] = getattr(importlib.import_module(module), name)
+    return adapter
 
 
 def provider_spec_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
@@ -35,8 +43,7 @@ def provider_spec_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
     An adapter's spec checks read only the spec, never its own settings, so they run on an
     adapter built without them (no key, folder or endpoint needed to validate a spec).
     """
-    adapter = ADAPTERS.get(spec.model.provider)
-    if adapter is None:
+    if spec.model.provider not in ADAPTERS:
         return [("model.provider", f"unknown provider {spec.model.provider!r}; one of {PROVIDERS}")]
     problems: list[tuple[str, str]] = []
     if load_price_table().find(spec.model.provider, spec.model.name) is None:
@@ -48,5 +55,5 @@ def provider_spec_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
                 "(see docs) so cost is never a silent zero",
             )
         )
-    problems.extend(adapter.model_construct().spec_problems(spec))
+    problems.extend(adapter_class(spec.model.provider).model_construct().spec_problems(spec))
     return problems
