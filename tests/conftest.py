@@ -101,6 +101,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture
+def every_tick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch-status sensor polls every batch at every tick instead of on the lifecycle's
+    schedule (whose first poll comes a second after submission): for tests that tick right
+    after submitting."""
+    from llm_assets.defs import sensors
+
+    monkeypatch.setattr(sensors, "POLL_EVERY_SECONDS", 0.0)
+
+
+@pytest.fixture
 def one_database_url(tmp_path: Path) -> Iterator[str]:
     """PostgreSQL when the suite has it (as in CI), else SQLite: for slow end-to-end tests
     where the storage layer is not what is being compared."""

@@ -1,15 +1,18 @@
 """The batch-status sensor: cheap polls, progress observations, one import run per batch set."""
 
+import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
 
 from llm_assets import names
 from llm_assets.defs import sensors
 from llm_assets.defs.factory import asset_key, build_pipeline_assets
 from llm_assets.defs.sensors import build_batch_status_sensor
+from llm_assets.resources.ledger import shard_table
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.harness import DAY, Harness, fake_harness, first_time
 
@@ -46,6 +49,7 @@ def tick(harness: Harness, sensor: dg.SensorDefinition | None = None) -> dg.Sens
     )
 
 
+@pytest.mark.usefixtures("every_tick_polls")
 def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
     harness: Harness, fake: FakeAnthropic
 ) -> None:
@@ -111,6 +115,7 @@ def test_sensor_requests_submission_of_planned_retry_shards(
     assert tick(harness).run_requests == [request]  # the same run, which Dagster starts once
 
 
+@pytest.mark.usefixtures("every_tick_polls")
 def test_sensor_stops_polling_at_its_deadline_and_resumes_next_tick(
     harness: Harness, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -122,3 +127,28 @@ def test_sensor_stops_polling_at_its_deadline_and_resumes_next_tick(
 
     monkeypatch.setattr(sensors, "POLL_DEADLINE_SECONDS", 30.0)
     assert len(tick(harness).asset_events) == 3
+
+
+def test_a_tick_polls_only_the_batches_that_are_due(harness: Harness, fake: FakeAnthropic) -> None:
+    """The sensor ticks every few seconds so a day's next run follows the last one at once,
+    but an old batch just polled waits its turn (at most POLL_EVERY_SECONDS) before the
+    provider is asked about it again."""
+    fake.polls_per_state = 1000
+    shards = harness.submit()
+    an_hour_ago = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    with harness.ledger.engine.begin() as conn:
+        conn.execute(
+            sa.update(shard_table)
+            .where(shard_table.c.job_id == harness.job_id())
+            .values(submitted_at=an_hour_ago, updated_at=an_hour_ago)
+        )
+
+    def polls() -> int:
+        return sum(1 for c in fake.calls.entries() if c["method"] == "GET")
+
+    assert len(tick(harness).asset_events) == len(shards) == 3
+    asked = polls()
+    assert tick(harness).asset_events == []
+    assert polls() == asked
+    assert build_batch_status_sensor(harness.spec).minimum_interval_seconds == sensors.TICK_SECONDS
+    assert sensors.TICK_SECONDS <= 15 < sensors.POLL_EVERY_SECONDS

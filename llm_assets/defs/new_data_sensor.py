@@ -37,7 +37,7 @@ def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDe
         name=names.new_data_sensor(spec.name),
         description=f"Watches {spec.source.uri} and submits each day a new or changed file has "
         "rows for (run key: file, version and day).",
-        minimum_interval_seconds=sensor_interval(settings, 30),
+        minimum_interval_seconds=sensor_interval(settings, 10),
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={"storage", "ledger"},
         asset_selection=submit_keys,

@@ -60,6 +60,12 @@ from llm_assets.steps import notify, stuck
 from llm_assets.steps.executor import PollLimits, job_spec, poll_many
 from llm_assets.util.settings import Settings, sensor_interval
 
+TICK_SECONDS = 10
+"""The batch-status sensor's interval: a day's next run (validation after its import, the
+report after validation) is requested within this long of the run before it ending."""
+POLL_EVERY_SECONDS = 60.0
+"""The longest a batch in flight goes unpolled; young batches are polled sooner, on the
+lifecycle's schedule (steps/lifecycle.py `next_poll_at`), not at every tick."""
 POLL_DEADLINE_SECONDS = 30.0
 """How long a batch-status tick polls, calls still running included (Dagster's sensor time
 limit is 60 s)."""
@@ -84,7 +90,7 @@ def build_batch_status_sensor(
         description=f"Asks the lifecycle what each open day of {spec.name} (and of its evals) "
         "does next: polls in-flight provider batches, cancels and closes what a cancel left, "
         "and requests the runs that import, submit retries and finish days.",
-        minimum_interval_seconds=sensor_interval(settings, 60),
+        minimum_interval_seconds=sensor_interval(settings, TICK_SECONDS),
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={"ledger", "storage", provider_key},
         asset_selection=sorted({key for selected in keys.values() for key in selected}),
@@ -170,7 +176,7 @@ def _open_days(
     log: Callable[[str], None],
 ) -> list[steps.DayDriver]:
     """The pipeline's days (and its evals' days on the same provider) with something left
-    to do, each polled as often as the sensor ticks."""
+    to do; a tick polls the batches that are due (at most POLL_EVERY_SECONDS apart)."""
     limits = PollLimits(
         deadline=time.monotonic() + POLL_DEADLINE_SECONDS,
         call_timeout_seconds=POLL_CALL_TIMEOUT_SECONDS,
@@ -183,7 +189,7 @@ def _open_days(
         ctx = steps.StepContext(
             job_spec(spec, job), job.partition_date, ledger, storage, provider, created_by=SENSOR
         )
-        days.append(steps.DayDriver(ctx, poll_every=0.0, poll_limits=limits))
+        days.append(steps.DayDriver(ctx, poll_every=POLL_EVERY_SECONDS, poll_limits=limits))
     return days
 
 
