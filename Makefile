@@ -40,11 +40,13 @@ test-quick: install
 	env -u LLM_ASSETS_TEST_DATABASE_URL $(PY) -m pytest -n 2 --dist loadfile \
 		-m "not one_database" -k "not postgresql" $(QUICK_TESTS)
 
-# dagster dev with the daemon (sensors on by default) on the local SQLite instance.
+# dagster dev with the daemon (sensors on by default) on the local SQLite instance. Its port:
+# PORT, else DAGSTER_PORT (from the environment or `make ui PORT=3001`), else 3000.
+UI_PORT = $(or $(PORT),$(DAGSTER_PORT),3000)
 ui: install
 	home="$${DAGSTER_HOME:-$(LLM_ASSETS_HOME)/dagster}"; mkdir -p "$$home"; \
 	test -f "$$home/dagster.yaml" || printf 'telemetry:\n  enabled: false\nnux:\n  enabled: false\n' > "$$home/dagster.yaml"; \
-	DAGSTER_HOME="$$home" $(VENV)/bin/dagster dev -w workspace.yaml
+	DAGSTER_HOME="$$home" $(VENV)/bin/dagster dev -w workspace.yaml --port $(UI_PORT)
 
 # One day of N items through every step on SQLite and on PostgreSQL (127.0.0.1:5432, database
 # llm_assets_bench dropped and created per run); bench/README.md has the results. Each

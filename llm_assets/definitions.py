@@ -4,7 +4,7 @@ jobs, sensors and schedules from `llm_assets.defs`, merged into one `Definitions
 import dagster as dg
 
 from llm_assets.defs.cancel_job import build_cancel_job
-from llm_assets.defs.eval_jobs import build_eval_job, build_eval_report_asset
+from llm_assets.defs.eval_jobs import build_eval_job, build_eval_report_asset, has_evals
 from llm_assets.defs.factory import build_pipeline_assets
 from llm_assets.defs.new_data_sensor import build_new_data_sensor
 from llm_assets.defs.pause_jobs import build_pause_jobs
@@ -20,12 +20,15 @@ from llm_assets.util.settings import Settings
 def build_definitions(
     settings: Settings, specs: list[PipelineSpec] | None = None
 ) -> dg.Definitions:
-    """Every pipeline spec under LLM_ASSETS_PIPELINES becomes an asset group (with its
-    eval_report) and its submit, cancel, eval, pause and resume jobs, sensors and (optionally)
-    a schedule and a retention schedule."""
+    """Every pipeline spec under LLM_ASSETS_PIPELINES becomes an asset group and its submit,
+    cancel, pause and resume jobs, sensors and (optionally) a schedule and a retention
+    schedule; one with something to evaluate (eval_jobs.has_evals) its eval job and
+    eval_report too. The operator's jobs bind only the resources they use."""
     specs = load_specs(settings.pipelines_dir) if specs is None else specs
+    resources = build_resources(settings)
+    evaluated = [spec for spec in specs if has_evals(spec)]
     assets = [asset for spec in specs for asset in build_pipeline_assets(spec, settings)]
-    assets += [build_eval_report_asset(spec) for spec in specs]
+    assets += [build_eval_report_asset(spec) for spec in evaluated]
     jobs = {spec.name: build_submit_job(spec) for spec in specs}
     sensors = [build_batch_status_sensor(spec, settings) for spec in specs]
     sensors += [
@@ -38,13 +41,13 @@ def build_definitions(
         assets=assets,
         jobs=[
             *jobs.values(),
-            *(build_cancel_job(spec) for spec in specs),
-            *(build_eval_job(spec) for spec in specs),
+            *(build_cancel_job(spec, resources) for spec in specs),
+            *(build_eval_job(spec, resources) for spec in evaluated),
             *(job for spec in specs for job in build_pause_jobs(spec)),
         ],
         sensors=sensors,
         schedules=schedules,
-        resources=build_resources(settings),
+        resources=resources,
         # Steps are thin I/O over the ledger and the provider; a subprocess per step would
         # cost seconds each. Runs stay isolated from each other by the run launcher.
         executor=dg.in_process_executor,

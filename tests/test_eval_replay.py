@@ -515,7 +515,8 @@ def test_the_eval_job_runs_the_replay_and_records_the_report_as_a_partition(
     [output] = [e.step_output_data.metadata for e in run.all_events if e.is_successful_output]
     assert run.output_for_node(names.eval_op(world.spec.name), EVAL_PARTITION) == partition
     sample = draw_sample(world.spec, DAYS, world.storage, size=9, seed=3)
-    assert output["eval_id"].value == sample.eval_id
+    assert output["eval_id"].value == partition
+    assert sample.eval_id in output["sample_uri"].value
     assert output["sampled_items"].value == 9
     assert output["open_items"].value == 0
     assert "| baseline | openai/gpt-4o-mini (v1) | 9 | 9 |" in output["variants"].value
@@ -525,13 +526,13 @@ def test_the_eval_job_runs_the_replay_and_records_the_report_as_a_partition(
     assert recorded.asset_materialization.partition == partition  # type: ignore[union-attr]
     metadata = recorded.asset_materialization.metadata  # type: ignore[union-attr]
     assert metadata["recommended"].value == "baseline"
-    assert 0 < metadata["baseline/score"].value <= 1
-    assert metadata["baseline/cost_per_1k_items_usd"].value > 0
+    assert 0 < metadata["score/baseline"].value <= 1
+    assert metadata["cost_per_1k_items_usd/baseline"].value > 0
     assert "| baseline | openai/gpt-4o-mini (v1) |" in metadata["report"].value
     assert again.success and len(world.openai.submitted_custom_ids()) == sent
     assert refreshed is not None and refreshed.run_id == again.run_id
     refreshed_metadata = refreshed.asset_materialization.metadata  # type: ignore[union-attr]
-    assert refreshed_metadata["baseline/score"] == metadata["baseline/score"]
+    assert refreshed_metadata["score/baseline"] == metadata["score/baseline"]
 
 
 def test_an_eval_report_partition_never_run_fails_with_how_to_run_it(

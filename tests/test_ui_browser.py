@@ -562,7 +562,7 @@ def test_the_gate_check_shows_what_blocked_the_day(browser: WebDriver, ui: Ui) -
     assert metadata[checks.BLOCKS_PUBLICATION] == ui.blocked.removeprefix("blocked by ")
     failed, valid = int(metadata["quality_dead_letters"]), int(metadata["valid_rows"])
     rate = failed / (failed + valid)
-    assert float(metadata["failure_rate"]) == pytest.approx(rate)
+    assert float(metadata["failure_rate"]) == round(rate, 4)
     limit = ui.strict.quality.max_failure_rate
     assert f"({rate:.1%} > {limit:.1%})" in ui.blocked
     about = page_text(browser, ui)
@@ -644,10 +644,11 @@ def test_the_eval_report_partition_shows_the_comparison(browser: WebDriver, ui: 
     chosen = (report["recommendation"] or {}).get("chosen")
     assert rows["recommended"] == (chosen["name"] if chosen else "none")
     assert rows["sampled_items"] == "10"
+    assert rows["eval_id"] == key
     assert rows["scored"] == "category against agent_category (accuracy)"
     names = [variant["name"] for variant in report["variants"]]
     assert names == ["baseline", *ui.spec.variants]
     for name in names:
-        assert f"{name}/score" in rows and f"{name}/failure_rate" in rows
+        assert f"score/{name}" in rows and f"failure_rate/{name}" in rows
     assert wait_for(browser, ui, "the run link", linked_runs) == {ui.evaluation["run_id"]}
     browser.save_screenshot(str(ui.screenshots / "eval-report.png"))

@@ -3,6 +3,8 @@ from the UI's Launchpad with run config (the same as `llm-assets cancel`, withou
 the batch-status sensor imports the cancelled batches as they end)."""
 
 import datetime as dt
+from collections.abc import Mapping
+from typing import Any
 
 import dagster as dg
 import pydantic
@@ -22,13 +24,16 @@ class CancelConfig(dg.Config):
     reason: str = pydantic.Field(default="cancelled from the Dagster UI")
 
 
-def build_cancel_job(spec: PipelineSpec) -> dg.JobDefinition:
+def build_cancel_job(
+    spec: PipelineSpec, resources: Mapping[str, Any] | None = None
+) -> dg.JobDefinition:
+    """The cancel job of a pipeline, with the ledger, the storage and the pipeline's provider.
+    Given `resources` (the code location's), the job binds these three, so its Launchpad
+    offers only their configuration, not every provider's."""
     provider_key = provider_resource_key(spec.model.provider)
+    keys = {"ledger", "storage", provider_key}
 
-    @dg.op(
-        name=names.cancel_op(spec.name),
-        required_resource_keys={"ledger", "storage", provider_key},
-    )
+    @dg.op(name=names.cancel_op(spec.name), required_resource_keys=keys)
     def cancel_day(context: dg.OpExecutionContext, config: CancelConfig) -> None:
         try:
             day = dt.date.fromisoformat(config.date)
@@ -65,6 +70,7 @@ def build_cancel_job(spec: PipelineSpec) -> dg.JobDefinition:
         "in flight are cancelled, unsent shards closed; what the batches answered is kept and "
         "the rest become `cancelled` dead letters that `llm-assets requeue` can send again.",
         tags={names.OPERATOR_TAG: "cancel"},
+        resource_defs=None if resources is None else {key: resources[key] for key in keys},
     )
     def cancel_job() -> None:
         cancel_day()

@@ -5,6 +5,7 @@ from typing import Any
 
 import dagster as dg
 
+from llm_assets.defs.metadata import rate, rates, usd
 from llm_assets.resources.ledger import JobCounts
 from llm_assets.results import quality
 from llm_assets.spec.model import PipelineSpec
@@ -219,7 +220,7 @@ def _quality_failure_rate_check(spec: PipelineSpec, result: ValidateResult) -> d
         QUALITY_FAILURE_RATE,
         result.failure_rate <= limit,
         {
-            "failure_rate": result.failure_rate,
+            "failure_rate": rate(result.failure_rate),
             "max_failure_rate": limit,
             "quality_dead_letters": result.quality_dead_letters,
             "valid_rows": result.valid_rows,
@@ -282,7 +283,7 @@ def _low_confidence_check(spec: PipelineSpec, result: ValidateResult) -> dg.Asse
         share <= spec.quality.max_low_confidence_share,
         dg.AssetCheckSeverity.WARN,
         {
-            "share_below_min_confidence": share,
+            "share_below_min_confidence": rate(share),
             "rows_below_min_confidence": result.low_confidence_rows or 0,
             "min_confidence": spec.quality.min_confidence,
             "max_low_confidence_share": spec.quality.max_low_confidence_share,
@@ -297,8 +298,8 @@ def _label_shift_check(spec: PipelineSpec, result: ValidateResult) -> dg.AssetCh
     window = spec.quality.shift_window
     if shift is not None:
         compared: dict[str, Any] = {
-            "total_variation": shift,
-            "baseline": result.baseline_distribution,
+            "total_variation": rate(shift),
+            "baseline": rates(result.baseline_distribution),
         }
     elif not result.baseline_distribution:
         compared = {
@@ -310,7 +311,7 @@ def _label_shift_check(spec: PipelineSpec, result: ValidateResult) -> dg.AssetCh
         compared = {
             "total_variation": None,
             "not_compared": "no valid rows on this day to compare with the earlier days",
-            "baseline": result.baseline_distribution,
+            "baseline": rates(result.baseline_distribution),
         }
     return _result(
         LABEL_DISTRIBUTION_SHIFT,
@@ -319,7 +320,7 @@ def _label_shift_check(spec: PipelineSpec, result: ValidateResult) -> dg.AssetCh
         {
             **compared,
             "baseline_partitions": window,
-            "distribution": result.label_distribution,
+            "distribution": rates(result.label_distribution),
         },
     )
 
@@ -354,7 +355,7 @@ def budget_check(gate: BudgetGate) -> dg.AssetCheckResult:
         BUDGET,
         gate.passed,
         dg.AssetCheckSeverity.ERROR,
-        {"upper_bound_usd": gate.committed_usd, **limit, **approval, "reason": gate.reason},
+        {"upper_bound_usd": usd(gate.committed_usd), **limit, **approval, "reason": gate.reason},
         gate.reason,
     )
 
@@ -384,7 +385,7 @@ def compliance_check(gate: ComplianceGate, personal_data: dict[str, int]) -> dg.
         {
             "blocked_items": gate.blocked,
             "items": gate.items,
-            "blocked_rate": gate.rate,
+            "blocked_rate": rate(gate.rate),
             "max_blocked_rate": gate.max_blocked_rate,
             "personal_data_found": personal_data,
             "reason": gate.reason,
@@ -433,10 +434,11 @@ def cost_drift_check(drift: Drift) -> dg.AssetCheckResult:
         dg.AssetCheckSeverity.WARN,
         {
             **why,
-            "drifted": ", ".join(drift.drifted),
+            # Left out when nothing drifted, as every key with nothing to say.
+            **({"drifted": ", ".join(drift.drifted)} if drift.drifted else {}),
             "history_partitions": drift.history,
             "drift_factor": drift.factor,
-            **{f"ratio_{name}": ratio for name, ratio in drift.ratio.items()},
+            **{f"ratio_{name}": rate(ratio) for name, ratio in drift.ratio.items()},
             "comparison": dg.MetadataValue.md(case_table(rows)),
         },
         f"{', '.join(drift.drifted)} moved more than {drift.factor}x from the trailing "

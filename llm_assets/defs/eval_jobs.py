@@ -9,14 +9,19 @@ it through the baseline and each variant (see evaluation/replay.py), scores the 
 `eval_report` has one dynamic partition per eval (days, sample size, seed and the variants'
 configurations: report_store.report_key), added by the job when the eval runs. An eval compares
 variants over several days, and its recommendation only exists for the whole of it, so a
-partition is one eval rather than a date or a variant. Materializing a partition again (from
+partition is one eval rather than a date or a variant. The partition key is the eval's id
+everywhere (the report's `eval_id`, the job's output). Materializing a partition again (from
 the asset's page) re-runs that eval's request: nothing is sent twice, answers still open are
 waited for, and the report is scored again.
+
+Only pipelines with something to evaluate get the asset and the job (`has_evals`): variants,
+or a reference column to score the baseline alone against. Both carry the resources of the
+providers the baseline and its variants use, and no others (`eval_resource_keys`).
 """
 
 import contextlib
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
@@ -25,15 +30,15 @@ from rich.progress import Progress
 
 from llm_assets import names, steps
 from llm_assets.defs.factory import started_by
+from llm_assets.defs.metadata import RATE_DIGITS, USD_DIGITS
 from llm_assets.defs.runner import failure_of, persistent_instance
 from llm_assets.evaluation.replay import Replay, replay
-from llm_assets.evaluation.report import EvalReport, build_report
+from llm_assets.evaluation.report import EvalReport, VariantReport, build_report
 from llm_assets.evaluation.report_markdown import render_markdown
 from llm_assets.evaluation.report_store import EvalRequest, load_request, report_key, save_report
 from llm_assets.evaluation.variants import BASELINE, UnknownVariant, resolve_variants
 from llm_assets.resources import build_resources
 from llm_assets.resources.providers import provider_resource_key
-from llm_assets.resources.providers.registry import ADAPTERS
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.util import progress
 from llm_assets.util.settings import Settings
@@ -102,6 +107,21 @@ def variant_table(result: Replay) -> str:
     return "\n".join(lines)
 
 
+def has_evals(spec: PipelineSpec) -> bool:
+    """Whether an eval of the pipeline compares anything: variants to the baseline, or the
+    baseline to a reference column. Pipelines without either get no eval_report asset, no
+    evals group and no eval job."""
+    return bool(spec.variants) or spec.eval.reference_field is not None
+
+
+def eval_resource_keys(spec: PipelineSpec) -> set[str]:
+    """The resources an eval of the pipeline uses: the ledger, the storage and the provider of
+    the baseline and of each variant (a variant's model patch may name another provider)."""
+    providers = {spec.model.provider}
+    providers |= {v.model.provider or spec.model.provider for v in spec.variants.values()}
+    return {"ledger", "storage", *(provider_resource_key(name) for name in providers)}
+
+
 def eval_partitions(spec: PipelineSpec) -> dg.DynamicPartitionsDefinition:
     return dg.DynamicPartitionsDefinition(name=names.evals(spec.name))
 
@@ -110,11 +130,51 @@ def eval_report_key(spec: PipelineSpec) -> dg.AssetKey:
     return dg.AssetKey(names.asset_path(spec.name, names.EVAL_REPORT))
 
 
+PLOTTED = ("score", "failure_rate", "cost_per_1k_items_usd")
+"""The numbers of each variant the asset's Plots tab draws across evals, as `<metric>/<variant>`:
+the UI draws one chart per key, sorted by name, so a metric's variants sit side by side."""
+VARIANT_COLUMNS = dg.TableSchema(
+    columns=[
+        dg.TableColumn("variant"),
+        dg.TableColumn("model", description="provider/model (prompt version)"),
+        dg.TableColumn("score", "float"),
+        dg.TableColumn("score_low", "float", description="95% interval"),
+        dg.TableColumn("score_high", "float", description="95% interval"),
+        dg.TableColumn("failure_rate", "float"),
+        dg.TableColumn("cost_per_1k_items_usd", "float", description="as billed"),
+        dg.TableColumn("realtime_cost_per_1k_items_usd", "float"),
+        dg.TableColumn("seconds_to_last_result", "float"),
+    ]
+)
+
+
+def _variant_numbers(v: VariantReport) -> dict[str, float | None]:
+    """A variant's numbers as metadata shows them: scores and rates to four decimals, dollars
+    to six, seconds to one."""
+
+    def rounded(value: float | None, digits: int) -> float | None:
+        return None if value is None else round(float(value), digits)
+
+    interval = v.interval
+    return {
+        "score": rounded(v.score, RATE_DIGITS),
+        "score_low": rounded(interval.low if interval else None, RATE_DIGITS),
+        "score_high": rounded(interval.high if interval else None, RATE_DIGITS),
+        "failure_rate": rounded(v.failure_rate, RATE_DIGITS),
+        "cost_per_1k_items_usd": rounded(v.cost_per_1k_items_usd, USD_DIGITS),
+        "realtime_cost_per_1k_items_usd": rounded(v.realtime_cost_per_1k_items_usd, USD_DIGITS),
+        "seconds_to_last_result": rounded(v.seconds_to_last_result, 1),
+    }
+
+
 def report_metadata(report: EvalReport, uris: dict[str, str]) -> dict[str, Any]:
-    """The report for the asset's page: the markdown, the recommendation, and per variant its
-    score, interval, failure rate and costs as numbers the UI can plot."""
+    """The report for the asset's page: the eval's id (its partition), the markdown, the
+    recommendation, the variants side by side as one table, and per metric and variant the
+    numbers the Plots tab draws across evals (PLOTTED)."""
     chosen = report.recommendation.chosen if report.recommendation else None
+    numbers = {v.name: _variant_numbers(v) for v in report.variants}
     metadata: dict[str, Any] = {
+        "eval_id": report.eval_id,
         "report": dg.MetadataValue.md(render_markdown(report)),
         "recommended": chosen.name if chosen else "none",
         "recommendation": (
@@ -126,20 +186,25 @@ def report_metadata(report: EvalReport, uris: dict[str, str]) -> dict[str, Any]:
         f"({report.scoring.metric})",
         "report_uri": dg.MetadataValue.path(uris["markdown"]),
         "eval_pipelines": dg.MetadataValue.json({v.name: v.pipeline for v in report.variants}),
+        "variants": dg.MetadataValue.table(
+            [
+                dg.TableRecord(
+                    {
+                        "variant": v.name,
+                        "model": f"{v.provider}/{v.model} ({v.prompt_version})",
+                        **numbers[v.name],
+                    }
+                )
+                for v in report.variants
+            ],
+            schema=VARIANT_COLUMNS,
+        ),
     }
-    for v in report.variants:
-        numbers = {
-            "score": v.score,
-            "score_low": v.interval.low if v.interval else None,
-            "score_high": v.interval.high if v.interval else None,
-            "failure_rate": v.failure_rate,
-            "cost_per_1k_items_usd": v.cost_per_1k_items_usd,
-            "realtime_cost_per_1k_items_usd": v.realtime_cost_per_1k_items_usd,
-            "seconds_to_last_result": v.seconds_to_last_result,
-        }
-        for name, value in numbers.items():
+    for metric in PLOTTED:
+        for name, values in numbers.items():
+            value = values[metric]
             if value is not None:
-                metadata[f"{v.name}/{name}"] = dg.MetadataValue.float(round(float(value), 6))
+                metadata[f"{metric}/{name}"] = dg.MetadataValue.float(value)
     return metadata
 
 
@@ -152,12 +217,9 @@ def _evaluate(
     wait: bool,
     poll_interval: float,
 ) -> tuple[Replay, EvalReport, str, dict[str, str]]:
-    """Run the request's replay, score it and save the report; Failure for what a retry
-    cannot fix (an unknown variant, a gate)."""
-    provider_keys = {provider_resource_key(name) for name in ADAPTERS}
-    resources = {
-        key: getattr(context.resources, key) for key in ("ledger", "storage", *provider_keys)
-    }
+    """Run the request's replay, score it and save the report under its key, the eval's id;
+    Failure for what a retry cannot fix (an unknown variant, a gate)."""
+    resources = {key: getattr(context.resources, key) for key in eval_resource_keys(spec)}
     try:
         variants = resolve_variants(spec, request.variants)
         result = replay(
@@ -182,8 +244,10 @@ def _evaluate(
     except (steps.MissingPrerequisite, ValueError) as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     ledger, storage = resources["ledger"], resources["storage"]
-    report = build_report(spec, result, ledger, storage)
     key = report_key(result)
+    # One id for an eval: the report is named by its partition of eval_report, like its files
+    # (the sample's own id, shared by evals of other variants, stays in its uri).
+    report = build_report(spec, result, ledger, storage).model_copy(update={"eval_id": key})
     # Saved with the variants resolved: the spec may gain variants before it is run again.
     ran = request.model_copy(update={"variants": [n for n in variants if n != BASELINE]})
     return result, report, key, save_report(report, ran, key, storage)
@@ -191,7 +255,6 @@ def _evaluate(
 
 def build_eval_report_asset(spec: PipelineSpec) -> dg.AssetsDefinition:
     """The pipeline's `eval_report`: one partition per eval (see the module docstring)."""
-    provider_keys = {provider_resource_key(name) for name in ADAPTERS}
 
     @dg.asset(
         key=eval_report_key(spec),
@@ -199,7 +262,7 @@ def build_eval_report_asset(spec: PipelineSpec) -> dg.AssetsDefinition:
         # "Materialize all" there launches the day's steps and not an eval.
         group_name=names.evals(spec.name),
         partitions_def=eval_partitions(spec),
-        required_resource_keys={"ledger", "storage", *provider_keys},
+        required_resource_keys=eval_resource_keys(spec),
         description=f"Evaluations of {spec.name}'s variants: each scored on the same sample "
         "of past items, costed, and the cheapest that meets the bar recommended. A partition "
         f"is one eval, added by the {names.eval_job(spec.name)} job.",
@@ -228,14 +291,17 @@ def build_eval_report_asset(spec: PipelineSpec) -> dg.AssetsDefinition:
     return eval_report
 
 
-def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
-    """The pipeline's eval job: one op driving the replay. It needs every provider's
-    resource, since the variants may use any of them."""
-    provider_keys = {provider_resource_key(name) for name in ADAPTERS}
+def build_eval_job(
+    spec: PipelineSpec, resources: Mapping[str, Any] | None = None
+) -> dg.JobDefinition:
+    """The pipeline's eval job: one op driving the replay, with the resources of the providers
+    its baseline and variants use. Given `resources` (the code location's), the job binds
+    those it needs, so its Launchpad offers only their configuration."""
+    keys = eval_resource_keys(spec)
 
     @dg.op(
         name=names.eval_op(spec.name),
-        required_resource_keys={"ledger", "storage", *provider_keys},
+        required_resource_keys=keys,
         description=f"Replay a seeded sample of {spec.name}'s days through its variants.",
         out={EVAL_PARTITION: dg.Out(str, description="The eval's partition of eval_report.")},
     )
@@ -259,6 +325,8 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
             wait=config.wait,
             poll_interval=config.poll_interval,
         )
+        # Recorded even for a pipeline without evals in the code location (an eval run from
+        # the CLI): the run said what it did, and its report is found by this partition.
         context.instance.add_dynamic_partitions(eval_partitions(spec).name or "", [key])
         context.log_event(
             dg.AssetMaterialization(
@@ -272,7 +340,7 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
             key,
             output_name=EVAL_PARTITION,
             metadata={
-                "eval_id": result.sample.eval_id,
+                "eval_id": key,
                 "sample_uri": dg.MetadataValue.path(result.sample.uri),
                 "sampled_items": result.sample.items,
                 "open_items": open_items,
@@ -287,6 +355,7 @@ def build_eval_job(spec: PipelineSpec) -> dg.JobDefinition:
         "steps as its own eval pipeline, scored and recorded as a partition of eval_report. "
         "Nothing is published. Run config: from, to, sample, seed, variants.",
         tags={names.OPERATOR_TAG: "eval"},
+        resource_defs=None if resources is None else {key: resources[key] for key in keys},
     )
     def eval_job() -> None:
         eval_replay()

@@ -322,7 +322,9 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
             # steps of this run); what is in flight is still imported by the sensor.
             yield _skipped(context, pipe.key(names.PROVIDER_BATCHES), str(paused))
             return
-        yield dg.MaterializeResult(metadata=asset_metadata.submit_metadata(pipe.spec, result))
+        yield dg.MaterializeResult(
+            metadata=asset_metadata.submit_metadata(pipe.spec, result, ctx.batch_provider)
+        )
 
     return provider_batches
 
@@ -357,13 +359,19 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
             context.log.warning(problem)
         counts = result.counts
         missing = ctx.ledger.missing_results(result.job_id) if counts.open == 0 else []
+        imported = set(result.imported_shards)
+        batches = {
+            s.shard_id: s.provider_batch_id
+            for s in ctx.ledger.shards(result.job_id)
+            if s.shard_id in imported
+        }
         return dg.MaterializeResult(
             check_results=[
                 checks.missing_results_check(missing, counts),
                 checks.duplicate_results_check(result.lines.duplicates, result.lines.duplicate_ids),
                 _stuck_check(ctx),
             ],
-            metadata=asset_metadata.import_metadata(pipe.spec, result),
+            metadata=asset_metadata.import_metadata(pipe.spec, result, batches, ctx.batch_provider),
         )
 
     return batch_results
@@ -401,7 +409,7 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
             context,
             pipe.key(names.VALIDATED_OUTPUTS),
             evaluated,
-            asset_metadata.validated_metadata(pipe.spec, result),
+            asset_metadata.validated_metadata(ctx, result),
         )
 
     return validated_outputs
@@ -466,7 +474,7 @@ class _ReportingStep(Generic[_R]):
 
     step: str
     run: Callable[[steps.StepContext], _R]
-    report: Callable[[PipelineSpec, _R], dict[str, Any]]
+    report: Callable[[steps.StepContext, _R], dict[str, Any]]
     description: str
     kinds: frozenset[str]
     skip: Callable[[steps.StepContext], str | None]
@@ -489,7 +497,7 @@ class _ReportingStep(Generic[_R]):
                 yield _skipped(context, pipe.key(self.step), reason)
                 return
             result = _run_step(lambda: self.run(ctx))
-            yield dg.MaterializeResult(metadata=self.report(pipe.spec, result))
+            yield dg.MaterializeResult(metadata=self.report(ctx, result))
 
         return reporting_step
 

@@ -1,12 +1,22 @@
 """What the step assets report: a step's result as Dagster materialization metadata, with
-the lineage every materialization carries (pipeline, prompt version, model, provider)."""
+the lineage every materialization carries (pipeline, prompt version, model, provider).
+
+How values read in the UI, the same for every step: rates and ratios are rounded to four
+decimals (`rate`), dollar amounts to six (`usd`), so a number shows what is known and not a
+float's noise; a key with nothing to say is left out (no `quota` while nothing waits), and a
+table cell with nothing in it shows – (steps.tables.MISSING). Shards name their provider
+batch, with a link to its page in the provider's console where the adapter knows one, and
+the Parquet outputs carry their columns as `dagster/column_schema`.
+"""
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
 
+from llm_assets.resources.providers.base import BatchProvider
+from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import (
     BudgetGate,
@@ -17,14 +27,36 @@ from llm_assets.steps import (
     SampleResult,
     ShardsResult,
     SnapshotResult,
+    StepContext,
     SubmitResult,
     ValidateResult,
     no_source_rows_reason,
 )
-from llm_assets.steps.tables import case_table
+from llm_assets.steps.tables import case_table, shown_of
 
 DAY_SUMMARY_JSON = "day_summary_json"
 """cost_report's metadata key of the day's summary as data: the notification sensor sends it."""
+
+
+RATE_DIGITS = 4
+"""Rates, shares and ratios in metadata: 0.2605, not 0.2605042016806723."""
+USD_DIGITS = 6
+"""Dollar amounts in metadata: enough for a day of a cheap model, whose cost is cents."""
+SHARDS_SHOWN = 20
+"""Shards listed by name (batch ids and console links) in one materialization's metadata."""
+COLUMN_SCHEMA = "dagster/column_schema"
+
+
+def rate(value: float) -> float:
+    return round(float(value), RATE_DIGITS)
+
+
+def usd(value: float) -> float:
+    return round(float(value), USD_DIGITS)
+
+
+def rates(values: Mapping[str, float]) -> dict[str, float]:
+    return {name: rate(value) for name, value in values.items()}
 
 
 def lineage(spec: PipelineSpec) -> dict[str, Any]:
@@ -52,8 +84,50 @@ def file_metadata(
 
 
 def preview(rows: Sequence[dict[str, Any]]) -> dg.MetadataValue:
-    """The first rows of a step's output as a markdown table."""
+    """The first rows of a step's output as a markdown table (a cell without a value: –)."""
     return dg.MetadataValue.md(case_table(rows))
+
+
+def short_shard(job_id: str, shard_id: str) -> str:
+    """A shard by the part of its id after the job's (`r00-s00003`), as status prints it."""
+    return shard_id.removeprefix(f"{job_id}-")
+
+
+def batch_links(
+    job_id: str, batches: Mapping[str, str | None], provider: BatchProvider
+) -> dict[str, Any]:
+    """The shards and their provider batches: `provider_batches`, a table of each shard's
+    provider batch id, and `console_url/<shard>`, the batch's page in the provider's
+    console, for the providers that have one (BatchProvider.console_url)."""
+    shown = sorted(batches.items())[:SHARDS_SHOWN]
+    rows = [
+        {"shard": short_shard(job_id, shard), "provider batch": batch} for shard, batch in shown
+    ]
+    table = case_table(rows, limit=SHARDS_SHOWN)
+    caption = shown_of(len(shown), len(batches), "shards")
+    links = {
+        f"console_url/{short_shard(job_id, shard)}": dg.MetadataValue.url(url)
+        for shard, batch in shown
+        if batch and (url := provider.console_url(batch))
+    }
+    return {"provider_batches": dg.MetadataValue.md(f"{caption}\n\n{table}"), **links}
+
+
+def parquet_column_schema(spec: PipelineSpec, storage: ArtifactStorage, uri: str) -> dict[str, Any]:
+    """`dagster/column_schema` of a Parquet output: its columns and their types as the file
+    has them, each output field with its description from the spec."""
+    import pyarrow.parquet as pq
+
+    with storage.local_copy(uri) as path:
+        schema = pq.read_schema(path)
+    described = {name: field.description for name, field in spec.output.output_schema.items()}
+    columns = [
+        dg.TableColumn(
+            name=column.name, type=str(column.type), description=described.get(column.name) or None
+        )
+        for column in schema
+    ]
+    return {COLUMN_SCHEMA: dg.TableSchema(columns=columns)}
 
 
 def snapshot_metadata(spec: PipelineSpec, result: SnapshotResult, day: dt.date) -> dict[str, Any]:
@@ -71,26 +145,31 @@ def snapshot_metadata(spec: PipelineSpec, result: SnapshotResult, day: dt.date) 
     )
 
 
-def submit_metadata(spec: PipelineSpec, result: SubmitResult) -> dict[str, Any]:
-    """provider_batches: what was submitted, what is in flight, what waits for the provider's
-    quota and why, and when the next submission goes (left out when nothing waits)."""
+def submit_metadata(
+    spec: PipelineSpec, result: SubmitResult, provider: BatchProvider
+) -> dict[str, Any]:
+    """provider_batches: what was submitted (each shard's provider batch and its console
+    link), what is in flight, what waits for the provider's quota and why, and when the next
+    submission goes (left out when nothing waits)."""
     next_at = result.next_submission_at
     return {
         **lineage(spec),
         "job_id": result.job_id,
         "submitted_shards": len(result.submitted),
-        "provider_batch_ids": list(result.submitted.values())[:20],
+        **(batch_links(result.job_id, result.submitted, provider) if result.submitted else {}),
         "in_flight_shards": result.in_flight,
         "retry_shards_waiting_for_backoff": result.waiting_for_backoff,
         "shards_waiting_for_quota": result.waiting_for_quota,
         **({"quota": result.quota_reason} if result.quota_reason else {}),
         **({"next_submission_at": next_at.isoformat()} if next_at else {}),
-        "day_upper_bound_usd": result.committed_cost_usd,
+        "day_upper_bound_usd": usd(result.committed_cost_usd),
     }
 
 
-def validated_metadata(spec: PipelineSpec, result: ValidateResult) -> dict[str, Any]:
-    """validated_outputs: the rows that passed, the quality failures and a preview."""
+def validated_metadata(ctx: StepContext, result: ValidateResult) -> dict[str, Any]:
+    """validated_outputs: the rows that passed, the quality failures, a preview and the
+    Parquet's columns."""
+    spec = ctx.spec
     return file_metadata(
         spec,
         result.valid_rows,
@@ -98,28 +177,35 @@ def validated_metadata(spec: PipelineSpec, result: ValidateResult) -> dict[str, 
         job_id=result.job_id,
         quality_dead_letters=sum(result.quality_failures.values()),
         quality_dead_letters_total=result.quality_dead_letters,
-        quality_failure_rate=result.failure_rate,
+        quality_failure_rate=rate(result.failure_rate),
         quality_failures_by_rule=result.quality_failures,
         open_items=result.open_items,
-        label_distribution=result.label_distribution,
+        label_distribution=rates(result.label_distribution),
         preview=preview(result.preview),
+        **parquet_column_schema(spec, ctx.storage, result.uri),
     )
 
 
-def published_metadata(spec: PipelineSpec, result: PublishResult) -> dict[str, Any]:
-    """published_outputs: the published file and its hash."""
-    return file_metadata(spec, result.rows, result.uri, content_sha256=result.sha256)
+def published_metadata(ctx: StepContext, result: PublishResult) -> dict[str, Any]:
+    """published_outputs: the published file, its hash and its columns."""
+    return file_metadata(
+        ctx.spec,
+        result.rows,
+        result.uri,
+        content_sha256=result.sha256,
+        **parquet_column_schema(ctx.spec, ctx.storage, result.uri),
+    )
 
 
-def sample_metadata(spec: PipelineSpec, result: SampleResult) -> dict[str, Any]:
+def sample_metadata(ctx: StepContext, result: SampleResult) -> dict[str, Any]:
     """qa_sample: the sample file and a preview of it."""
-    return file_metadata(spec, result.rows, result.uri, preview=preview(result.preview))
+    return file_metadata(ctx.spec, result.rows, result.uri, preview=preview(result.preview))
 
 
-def dead_letter_metadata(spec: PipelineSpec, result: DeadLetterResult) -> dict[str, Any]:
+def dead_letter_metadata(ctx: StepContext, result: DeadLetterResult) -> dict[str, Any]:
     """dead_letter: the dead-letter file, its counts by class and a preview."""
     return file_metadata(
-        spec,
+        ctx.spec,
         result.rows,
         result.uri,
         job_id=result.job_id,
@@ -149,19 +235,26 @@ def shards_metadata(spec: PipelineSpec, result: ShardsResult, gate: BudgetGate) 
         "token_counter": estimate.token_counter,
         "expected_output_tokens_per_item": estimate.expected_output_tokens_per_item,
         "output_estimate_basis": estimate.output_basis,
-        "estimated_cost_usd": estimate.cost_usd,
-        "estimated_cost_upper_bound_usd": estimate.cost_upper_usd,
-        "day_upper_bound_usd": gate.committed_usd,
+        "estimated_cost_usd": usd(estimate.cost_usd),
+        "estimated_cost_upper_bound_usd": usd(estimate.cost_upper_usd),
+        "day_upper_bound_usd": usd(gate.committed_usd),
     }
 
 
-def import_metadata(spec: PipelineSpec, result: ImportResult) -> dict[str, Any]:
-    """batch_results: the lines imported, retries planned and the job's counts after them."""
+def import_metadata(
+    spec: PipelineSpec,
+    result: ImportResult,
+    batches: Mapping[str, str | None],
+    provider: BatchProvider,
+) -> dict[str, Any]:
+    """batch_results: the shards imported (with their provider batches, `batches` by shard
+    id), the lines, retries planned and the job's counts after them."""
     counts = result.counts
     return {
         **lineage(spec),
         "job_id": result.job_id,
         "imported_shards": len(result.imported_shards),
+        **(batch_links(result.job_id, batches, provider) if batches else {}),
         "in_flight_shards": result.in_flight_shards,
         "result_lines": result.lines.received,
         "applied": result.lines.applied,
@@ -178,7 +271,7 @@ def import_metadata(spec: PipelineSpec, result: ImportResult) -> dict[str, Any]:
         "open_items": counts.open,
         "input_tokens": counts.input_tokens,
         "output_tokens": counts.output_tokens,
-        "cost_usd": counts.cost_usd,
+        "cost_usd": usd(counts.cost_usd),
         **({"spend_breaker": result.breaker} if result.breaker else {}),
     }
 
@@ -203,16 +296,16 @@ def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[
         "open_items": report.open_items,
         "input_tokens": report.input_tokens,
         "output_tokens": report.output_tokens,
-        "input_tokens_per_item": report.input_tokens_per_item,
-        "output_tokens_per_item": report.output_tokens_per_item,
-        "cost_usd": report.cost_usd,
+        "input_tokens_per_item": round(report.input_tokens_per_item, 2),
+        "output_tokens_per_item": round(report.output_tokens_per_item, 2),
+        "cost_usd": usd(report.cost_usd),
         **({"zero_cost_reason": report.zero_cost_reason} if report.zero_cost_reason else {}),
-        "retry_cost_usd": report.retry_cost_usd,
-        "cost_per_1k_items_usd": report.cost_per_1k_items_usd,
-        "estimated_cost_usd": report.estimated_cost_usd,
-        "estimated_cost_upper_bound_usd": report.estimated_cost_upper_usd,
-        **{name: value for name, value in errors if value is not None},
-        "pipeline_month_cost_usd": month.get("cost_usd", 0.0),
+        "retry_cost_usd": usd(report.retry_cost_usd),
+        "cost_per_1k_items_usd": usd(report.cost_per_1k_items_usd),
+        "estimated_cost_usd": usd(report.estimated_cost_usd),
+        "estimated_cost_upper_bound_usd": usd(report.estimated_cost_upper_usd),
+        **{name: rate(value) for name, value in errors if value is not None},
+        "pipeline_month_cost_usd": usd(month.get("cost_usd", 0.0)),
         "pipeline_totals_as_of": dg.MetadataValue.timestamp(report.computed_at),
         "prices_as_of": report.prices_as_of,
         "report": dg.MetadataValue.md(report.markdown(spec, day)),

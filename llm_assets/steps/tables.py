@@ -6,6 +6,14 @@ from typing import Any
 
 from llm_assets.compliance.policy import redacted
 
+MISSING = "–"
+"""A table cell without a value (None or blank), as the eval report shows it too."""
+
+
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    return text if text.strip() else MISSING
+
 
 def shown_of(shown: int, total: int, what: str) -> str:
     """The caption of a table that lists the first rows only: "20 of 31 quality failures"."""
@@ -21,13 +29,14 @@ def case_table(
 ) -> str:
     """A markdown table of the first `limit` rows, for metadata the UI renders, captioned
     with how many of `total` it shows ("20 of 31 quality failures") when a total is given.
-    Personal data and credentials in the cells are shown as their type (<EMAIL>)."""
+    A cell without a value shows MISSING, not "None" or nothing. Personal data and
+    credentials in the cells are shown as their type (<EMAIL>)."""
     if not cases:
         return "_none_"
     shown = cases[:limit]
     columns = list(cases[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    cells = iter(redacted([str(case.get(c, "")) for case in shown for c in columns]))
+    cells = iter(redacted([_cell(case.get(c)) for case in shown for c in columns]))
     for _ in shown:
         row = [next(cells).replace("|", "\\|").replace("\n", " ")[:120] for _ in columns]
         lines.append("| " + " | ".join(row) + " |")

@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from llm_assets.resources.ledger import as_utc
 from llm_assets.resources.providers.base import (
@@ -104,6 +104,9 @@ def normalize_result(entry: Any) -> ItemResult:
 class AnthropicBatchProvider(RemoteBatchProvider):
     """Message Batches; control-plane calls retried here, not inside the SDK."""
 
+    console_url_template: ClassVar[str | None] = (
+        "https://console.anthropic.com/workspaces/default/batches/{batch_id}"
+    )
     reconcile_page_limit: int = 50
 
     def make_client(self, api_key: str | None) -> Any:

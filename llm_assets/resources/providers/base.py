@@ -6,6 +6,7 @@ provider's batch API; nothing outside `resources/providers/` talks to a provider
 
 import datetime as dt
 import json
+import urllib.parse
 from collections.abc import Callable, Iterator
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -157,6 +158,9 @@ class BatchProvider(dg.ConfigurableResource):
     refuses_after_create: ClassVar[bool] = False
     """True when a batch over the quota is created and then refused (OpenAI fails it while
     validating): its admission shows at a poll, not at the create."""
+    console_url_template: ClassVar[str | None] = None
+    """Where the provider's web console shows one batch, `{batch_id}` standing for its
+    provider batch id; None when the provider has no such page (see `console_url`)."""
 
     quota_wait_seconds: float = pydantic.Field(
         default=60.0,
@@ -171,6 +175,15 @@ class BatchProvider(dg.ConfigurableResource):
         description="The least time a batch created but not started counts as stuck (it "
         "must also wait four times the longest start of the model's recent batches).",
     )
+
+    def console_url(self, provider_batch_id: str) -> str | None:
+        """The provider console's page of a batch, for the operator's link in the UI; None
+        where there is none: the provider has no console page, or the shard was sent request
+        by request (an `online-` id names no provider batch)."""
+        template = self.console_url_template
+        if template is None or provider_batch_id.startswith(ONLINE_BATCH_PREFIX):
+            return None
+        return template.format(batch_id=urllib.parse.quote(provider_batch_id, safe=""))
 
     def quota_account(self) -> str:
         """Whose quota the batches count against: the endpoint or account (no secret)."""

@@ -102,6 +102,7 @@ class OpenAIBatchProvider(RemoteBatchProvider):
 
     quota_kind: ClassVar[str] = "tokens"
     refuses_after_create: ClassVar[bool] = True
+    console_url_template: ClassVar[str | None] = "https://platform.openai.com/batches/{batch_id}"
 
     def make_client(self, api_key: str | None) -> Any:
         import openai
