@@ -4,7 +4,9 @@ Every step runs as a real Dagster run on a persistent instance, so it shows in t
 the day does next, and the waiting between runs, is the lifecycle's (steps.drive): this
 module only says how its heavy steps run here (as Dagster runs of the assets in `ASSETS_OF`).
 `run_days` drives a range of days one after another with a progress line each, for
-`llm-assets run` and the demo.
+`llm-assets run` and the demo, and announces each day's outcome as the notification sensors
+do for the code location's runs (steps/notify.py): these runs are not the code location's,
+so no sensor sees them.
 """
 
 import datetime as dt
@@ -327,6 +329,61 @@ class PartitionRunner:
             raise StepFailed(f"quality gate: publication {blocked}", gate="quality")
         return self.outcome(day, run_ids)
 
+    def announce(
+        self, day: dt.date, failure: StepFailed | None = None
+    ) -> notify.Announcement | None:
+        """Announce the day's outcome once, by the notification sensors' rules (defs/sensors.py):
+        finished once the day is done, with its cost report's summary (which says when the
+        quality gate blocked publication); failed when `failure` is a failed run of the day
+        and nothing under way finishes the day. None when there is nothing to announce: the
+        day is still open, a pause or a gate stopped it between runs, another run holds it."""
+        if failure is not None and failure.run_id is not None:
+            summary = self.failed_summary(day, failure)
+        else:
+            summary = self.finished_summary(day)
+        if summary is None:
+            return None
+        return notify.announce(self.spec, summary, self.ledger)
+
+    def failed_summary(self, day: dt.date, failure: StepFailed) -> notify.PartitionSummary | None:
+        """The day's failed summary, when the failed run is the day's outcome."""
+        if failure.day_busy or notify.under_way(self.spec, day, self.ledger):
+            return None
+        return notify.summarize(
+            self.spec,
+            day,
+            self.ledger,
+            outcome="failed",
+            reason=failure.reason,
+            run_id=failure.run_id,
+        )
+
+    def finished_summary(self, day: dt.date) -> notify.PartitionSummary | None:
+        """The finished day's summary: its latest cost report's (`day_summary`), when that
+        says what the ledger says now, else the same made afresh (a report written on another
+        Dagster instance). None until the lifecycle finds every item terminal and the day
+        validated and reported."""
+        job = self.ledger.get_job(steps.job_id_of(self.spec, day))
+        if job is None or job.reported_at is None or job.retention_expired_at is not None:
+            return None
+        if not self.driver(day, [], None).decide().done:
+            return None
+        now = notify.summarize(
+            self.spec,
+            day,
+            self.ledger,
+            outcome="finished",
+            blocked=steps.publication_block(self.spec, day, self.storage),
+        )
+        report = dg.AssetRecordsFilter(
+            asset_key=asset_key(self.spec, names.COST_REPORT), asset_partitions=[day.isoformat()]
+        )
+        records = self.instance.fetch_materializations(report, limit=1).records
+        reported = reported_summary(records[0]) if records else None
+        if reported is not None and reported.fingerprint() == now.fingerprint():
+            return reported
+        return now
+
 
 class _DagsterRuns:
     """The CLI's way to run a day's heavy steps: Dagster runs on the persistent instance."""
@@ -394,7 +451,8 @@ def run_days(
     display: Progress,
     poll_interval: float = 30.0,
 ) -> list[DayOutcome]:
-    """Run the days one after another on the persistent instance, a progress line per day."""
+    """Run the days one after another on the persistent instance, a progress line per day;
+    announce each day's outcome as it ends (PartitionRunner.announce)."""
     runner = PartitionRunner(
         settings,
         spec,
@@ -414,8 +472,26 @@ def run_days(
                     task, description=f"{spec.name} {day} {stage}", completed=done, total=total
                 )
 
-            outcome = runner.run_day(day, wait=wait, progress=report)
+            try:
+                outcome = runner.run_day(day, wait=wait, progress=report)
+            except StepFailed as failure:
+                _tell(display, spec, day, runner.announce(day, failure))
+                raise
+            _tell(display, spec, day, runner.announce(day))
             outcomes.append(outcome)
             done = f"no data ({outcome.no_data})" if outcome.no_data else "done"
             display.update(task, description=f"{spec.name} {day} {done}")
     return outcomes
+
+
+def _tell(
+    display: Progress, spec: PipelineSpec, day: dt.date, told: notify.Announcement | None
+) -> None:
+    """Say when the day's summary did not reach the webhook (the error's type and status,
+    never the URL); a sent summary is on the day's cost report and in the ledger."""
+    if told is not None and told.error:
+        display.console.print(
+            f"{spec.name} {day}: notification not delivered: {told.error}",
+            markup=False,
+            highlight=False,
+        )
