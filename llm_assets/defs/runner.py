@@ -4,7 +4,9 @@ Every step runs as a real Dagster run on a persistent instance, so it shows in t
 the day does next, and the waiting between runs, is the lifecycle's (steps.drive): this
 module only says how its heavy steps run here (as Dagster runs of the assets in `ASSETS_OF`).
 `run_days` drives a range of days one after another with a progress line each, for
-`llm-assets run` and the demo.
+`llm-assets run` and the demo, and announces each day's outcome as the notification sensors
+do for the code location's runs (steps/notify.py): these runs are not the code location's,
+so no sensor sees them.
 """
 
 import datetime as dt
@@ -23,12 +25,14 @@ from llm_assets.defs.factory import (
     asset_key,
     build_pipeline_assets,
 )
+from llm_assets.defs.metadata import DAY_SUMMARY_JSON
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps import notify
 from llm_assets.util import file_lock
 from llm_assets.util.failpoints import failpoint
 from llm_assets.util.progress import ProgressFn, listening
@@ -45,10 +49,25 @@ ASSETS_OF: dict[steps.Step, tuple[str, ...]] = {
 
 
 class StepFailed(Exception):
-    """A Dagster run failed; `gate` is set when a gate blocked it (CLI exit code 2)."""
+    """The day cannot go on: a Dagster run of it failed (`run_id`), or a pause or a gate
+    stopped it between runs. `gate` is set when a gate blocked it (CLI exit code 2)."""
 
-    def __init__(self, message: str, gate: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        gate: str | None = None,
+        *,
+        run_id: str | None = None,
+        reason: str | None = None,
+        day_busy: bool = False,
+    ) -> None:
         self.gate = gate
+        self.run_id = run_id
+        self.reason = reason or message
+        """What went wrong as the day's failed summary says it (`failure_reason`)."""
+        self.day_busy = day_busy
+        """Every failed step found the day held by another run: that run's outcome is the
+        day's, not this failure."""
         super().__init__(message)
 
 
@@ -79,6 +98,17 @@ def failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
         for e in result.get_asset_check_evaluations()
         if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR
     ]
+    step_failures = [event for event in result.all_events if event.is_step_failure]
+    run_failure = next(
+        (e.message for e in result.all_events if e.event_type == dg.DagsterEventType.RUN_FAILURE),
+        None,
+    )
+    reason = failure_reason(failed_checks, step_failures, run_failure)
+    busy = day_busy(step_failures)
+
+    def failed(message: str, gate: str | None = None) -> StepFailed:
+        return StepFailed(message, gate, run_id=result.run_id, reason=reason, day_busy=busy)
+
     if failed_checks:
         gate = next(
             (CHECK_GATES[e.check_name] for e in failed_checks if e.check_name in CHECK_GATES),
@@ -89,17 +119,58 @@ def failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
             + (f": {e.description}" if e.description else "")
             for e in failed_checks
         )
-        return StepFailed(f"{gate} gate: {reasons}", gate=gate)
-    for event in result.all_events:
-        if not event.is_step_failure:
-            continue
-        data = event.step_failure_data
-        gate = None
-        if data.user_failure_data is not None:
-            gate_value = data.user_failure_data.metadata.get("gate")
-            gate = getattr(gate_value, "value", None) if gate_value is not None else None
-        return StepFailed(f"{event.step_key}: {step_failure_reason(event)}", gate=gate)
-    return StepFailed(f"run {result.run_id} failed")
+        return failed(f"{gate} gate: {reasons}", gate)
+    for event in step_failures:
+        gate_value = failure_metadata(event).get("gate")
+        gate = gate_value if isinstance(gate_value, str) else None
+        return failed(f"{event.step_key}: {step_failure_reason(event)}", gate)
+    return failed(f"run {result.run_id} failed")
+
+
+def failure_reason(
+    failed_checks: Sequence[dg.AssetCheckEvaluation],
+    step_failures: Sequence[dg.DagsterEvent],
+    run_failure: str | None = None,
+) -> str | None:
+    """Why a run failed, as a day's failed summary says it on every path: the failed checks
+    and what they said, else the failed steps and why, else the run's own failure message."""
+    if failed_checks:
+        return "; ".join(
+            f"{e.asset_key.to_user_string()} check {e.check_name} failed"
+            + (f": {e.description[:300]}" if e.description else "")
+            for e in failed_checks
+        )
+    if step_failures:
+        return "; ".join(f"{e.step_key}: {step_failure_reason(e)[:300]}" for e in step_failures)
+    return run_failure
+
+
+def failure_metadata(event: dg.DagsterEvent) -> dict[str, object]:
+    """The metadata a failed step's dg.Failure carried (empty for an error)."""
+    data = event.step_failure_data
+    if data is None or data.user_failure_data is None:
+        return {}
+    return {
+        name: getattr(value, "value", value)
+        for name, value in data.user_failure_data.metadata.items()
+    }
+
+
+def day_busy(step_failures: Sequence[dg.DagsterEvent]) -> bool:
+    """Whether every failed step found the day held by another run (`day_busy`): that run's
+    outcome is the day's, not this failure."""
+    return bool(step_failures) and all(
+        failure_metadata(event).get("day_busy") for event in step_failures
+    )
+
+
+def reported_summary(record: dg.EventLogRecord) -> notify.PartitionSummary | None:
+    """The day's summary a cost report carries as metadata (None for a report without)."""
+    materialization = record.asset_materialization
+    value = materialization.metadata.get(DAY_SUMMARY_JSON) if materialization else None
+    if value is None:
+        return None
+    return notify.PartitionSummary.model_validate(value.value)
 
 
 def step_failure_reason(event: dg.DagsterEvent) -> str:
@@ -258,6 +329,61 @@ class PartitionRunner:
             raise StepFailed(f"quality gate: publication {blocked}", gate="quality")
         return self.outcome(day, run_ids)
 
+    def announce(
+        self, day: dt.date, failure: StepFailed | None = None
+    ) -> notify.Announcement | None:
+        """Announce the day's outcome once, by the notification sensors' rules (defs/sensors.py):
+        finished once the day is done, with its cost report's summary (which says when the
+        quality gate blocked publication); failed when `failure` is a failed run of the day
+        and nothing under way finishes the day. None when there is nothing to announce: the
+        day is still open, a pause or a gate stopped it between runs, another run holds it."""
+        if failure is not None and failure.run_id is not None:
+            summary = self.failed_summary(day, failure)
+        else:
+            summary = self.finished_summary(day)
+        if summary is None:
+            return None
+        return notify.announce(self.spec, summary, self.ledger)
+
+    def failed_summary(self, day: dt.date, failure: StepFailed) -> notify.PartitionSummary | None:
+        """The day's failed summary, when the failed run is the day's outcome."""
+        if failure.day_busy or notify.under_way(self.spec, day, self.ledger):
+            return None
+        return notify.summarize(
+            self.spec,
+            day,
+            self.ledger,
+            outcome="failed",
+            reason=failure.reason,
+            run_id=failure.run_id,
+        )
+
+    def finished_summary(self, day: dt.date) -> notify.PartitionSummary | None:
+        """The finished day's summary: its latest cost report's (`day_summary`), when that
+        says what the ledger says now, else the same made afresh (a report written on another
+        Dagster instance). None until the lifecycle finds every item terminal and the day
+        validated and reported."""
+        job = self.ledger.get_job(steps.job_id_of(self.spec, day))
+        if job is None or job.reported_at is None or job.retention_expired_at is not None:
+            return None
+        if not self.driver(day, [], None).decide().done:
+            return None
+        now = notify.summarize(
+            self.spec,
+            day,
+            self.ledger,
+            outcome="finished",
+            blocked=steps.publication_block(self.spec, day, self.storage),
+        )
+        report = dg.AssetRecordsFilter(
+            asset_key=asset_key(self.spec, names.COST_REPORT), asset_partitions=[day.isoformat()]
+        )
+        records = self.instance.fetch_materializations(report, limit=1).records
+        reported = reported_summary(records[0]) if records else None
+        if reported is not None and reported.fingerprint() == now.fingerprint():
+            return reported
+        return now
+
 
 class _DagsterRuns:
     """The CLI's way to run a day's heavy steps: Dagster runs on the persistent instance."""
@@ -325,7 +451,8 @@ def run_days(
     display: Progress,
     poll_interval: float = 30.0,
 ) -> list[DayOutcome]:
-    """Run the days one after another on the persistent instance, a progress line per day."""
+    """Run the days one after another on the persistent instance, a progress line per day;
+    announce each day's outcome as it ends (PartitionRunner.announce)."""
     runner = PartitionRunner(
         settings,
         spec,
@@ -345,8 +472,26 @@ def run_days(
                     task, description=f"{spec.name} {day} {stage}", completed=done, total=total
                 )
 
-            outcome = runner.run_day(day, wait=wait, progress=report)
+            try:
+                outcome = runner.run_day(day, wait=wait, progress=report)
+            except StepFailed as failure:
+                _tell(display, spec, day, runner.announce(day, failure))
+                raise
+            _tell(display, spec, day, runner.announce(day))
             outcomes.append(outcome)
             done = f"no data ({outcome.no_data})" if outcome.no_data else "done"
             display.update(task, description=f"{spec.name} {day} {done}")
     return outcomes
+
+
+def _tell(
+    display: Progress, spec: PipelineSpec, day: dt.date, told: notify.Announcement | None
+) -> None:
+    """Say when the day's summary did not reach the webhook (the error's type and status,
+    never the URL); a sent summary is on the day's cost report and in the ledger."""
+    if told is not None and told.error:
+        display.console.print(
+            f"{spec.name} {day}: notification not delivered: {told.error}",
+            markup=False,
+            highlight=False,
+        )

@@ -15,7 +15,9 @@
   quality gate stops publication. An eval's days are polled and cancelled here; their
   steps are the eval run's.
 - `llm_assets__partition_finished` / `llm_assets__partition_failed` announce a day's outcome
-  once (steps/notify.py): the summary is claimed in the ledger by its fingerprint before it is
+  once (steps/notify.py) when the code location's runs end (sensor runs, backfills, the UI);
+  `llm-assets run` and the demo, whose runs no sensor sees, announce theirs by the same rules
+  (defs/runner.py). The summary is claimed in the ledger by its fingerprint before it is
   sent, so repeated report runs of the same day state (the CLI's and the sensor's), sensor
   ticks and daemons send it once; a day that changes (a requeue finishes it again) is
   announced again.
@@ -31,7 +33,8 @@ When a day is announced:
   - every failed step found the day held by another run (`day_busy`): that run's outcome
     is the day's;
   - the day still has items on their way: shards in flight at the provider, or retry
-    shards waiting for their backoff; the batch-status sensor finishes the day.
+    shards waiting for their backoff (not those a gate holds for an operator); the
+    batch-status sensor finishes the day.
   The quality gate fails no run (publication is skipped, see checks.BLOCKING_CHECKS): the
   day's finished summary says the gate blocked publication.
   Every other failure is final: an error in a run that nothing follows (the snapshot, a
@@ -49,8 +52,7 @@ import dagster as dg
 from llm_assets import names, steps
 from llm_assets.defs import checks
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.metadata import DAY_SUMMARY_JSON
-from llm_assets.defs.runner import ASSETS_OF, step_failure_reason
+from llm_assets.defs.runner import ASSETS_OF, day_busy, failure_reason, reported_summary
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider
@@ -283,19 +285,12 @@ def _failed_checks(context: dg.RunFailureSensorContext) -> list[dg.AssetCheckEva
 
 
 def _failure_reason(context: dg.RunFailureSensorContext) -> str | None:
-    """The failed checks and what they said, else the failed steps and why, else the run's
-    own failure message."""
-    checks = _failed_checks(context)
-    if checks:
-        return "; ".join(
-            f"{e.asset_key.to_user_string()} check {e.check_name} failed"
-            + (f": {e.description[:300]}" if e.description else "")
-            for e in checks
-        )
-    step_failures = context.get_step_failure_events()
-    if step_failures:
-        return "; ".join(f"{e.step_key}: {step_failure_reason(e)[:300]}" for e in step_failures)
-    return context.failure_event.message if context.failure_event else None
+    """Why the run failed, in the words `llm-assets run` uses for its failed runs."""
+    return failure_reason(
+        _failed_checks(context),
+        context.get_step_failure_events(),
+        context.failure_event.message if context.failure_event else None,
+    )
 
 
 def _cost_report_of(
@@ -311,29 +306,6 @@ def _cost_report_of(
     return next((record for record in records if record.asset_key == key), None)
 
 
-def _reported_summary(record: dg.EventLogRecord) -> notify.PartitionSummary | None:
-    """The day's summary the cost report carries as metadata (None for a report without)."""
-    materialization = record.asset_materialization
-    value = materialization.metadata.get(DAY_SUMMARY_JSON) if materialization else None
-    if value is None:
-        return None
-    return notify.PartitionSummary.model_validate(value.value)
-
-
-"""Set on a failed run by Dagster: "true" when run retries will launch it again."""
-
-
-def _failure_data(event: dg.DagsterEvent) -> dict[str, object]:
-    """The metadata a step's dg.Failure carried (empty for an error)."""
-    data = event.step_failure_data
-    if data is None or data.user_failure_data is None:
-        return {}
-    return {
-        name: getattr(value, "value", value)
-        for name, value in data.user_failure_data.metadata.items()
-    }
-
-
 def _carried_on(
     context: dg.RunFailureSensorContext, spec: PipelineSpec, day: dt.date, ledger: LedgerResource
 ) -> str | None:
@@ -342,17 +314,9 @@ def _carried_on(
     run = context.dagster_run
     if run.tags.get(names.WILL_RETRY_TAG) == "true":
         return "Dagster retries the run"
-    failures = context.get_step_failure_events()
-    if failures and all(_failure_data(event).get("day_busy") for event in failures):
+    if day_busy(context.get_step_failure_events()):
         return "another run holds the day; its outcome is the day's"
-    try:
-        job = steps.existing_job(spec, day, ledger)
-    except steps.MissingPrerequisite:
-        return None
-    waiting = [s for s in ledger.shards(job.job_id, ["created"]) if s.round > 0]
-    if ledger.shards(job.job_id, IN_FLIGHT_STATES) or waiting:
-        return "items are still on their way; the batch-status sensor finishes the day"
-    return None
+    return notify.under_way(spec, day, ledger)
 
 
 def _notify_partition(
@@ -379,7 +343,7 @@ def _notify_partition(
         record = _cost_report_of(context, asset_key(spec, names.COST_REPORT))
         if record is None:
             return
-        summary = _reported_summary(record) or notify.summarize(
+        summary = reported_summary(record) or notify.summarize(
             spec, day, ledger, outcome="finished", run_id=run_id
         )
         if summary.open_items:

@@ -1,13 +1,15 @@
 """Day summaries for people: what a finished or failed day did, and when to worry.
 
 A `PartitionSummary` is built from the ledger (`summarize`). The cost report carries the
-day's summary as its metadata (`day_summary`, `outcome`), and the notification sensors
-(defs/sensors.py) announce a day with the same summary: `announce` claims the summary's
-fingerprint in the ledger, and only the claimer posts it, when the spec's webhook variable
-is set, as Slack-compatible JSON (`{"text": ...}`, which Slack, Mattermost, Rocket.Chat and
-Teams' incoming-webhook bridges accept). So one day state is announced once, whichever runs,
-sensors and ticks see it; a day that changes (a requeue finishes it again with other counts,
-a failure after it finished) is announced again.
+day's summary as its metadata (`day_summary`, `outcome`), and every path that finishes a day
+announces it with the same summary: the notification sensors (defs/sensors.py) for the code
+location's runs, `run_days` (defs/runner.py) for `llm-assets run` and the demo. `announce`
+claims the summary's fingerprint in the ledger, and only the claimer posts it, when the
+spec's webhook variable is set, as Slack-compatible JSON (`{"text": ...}`, which Slack,
+Mattermost, Rocket.Chat and Teams' incoming-webhook bridges accept). So one day state is
+announced once, whichever paths, runs and ticks see it; a day that changes (a requeue
+finishes it again with other counts, a failure after it finished) is announced again.
+A failed run is the day's outcome only when nothing under way finishes the day (`under_way`).
 """
 
 import datetime as dt
@@ -22,7 +24,9 @@ from pydantic import BaseModel
 
 from llm_assets.items import ids
 from llm_assets.resources.ledger import JobCounts, LedgerResource, utcnow
+from llm_assets.resources.providers.base import IN_FLIGHT_STATES
 from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps.lifecycle import GATED
 from llm_assets.util.secrecy import webhook_url_problem
 from llm_assets.util.words import dead_letter_words, plural
 
@@ -151,6 +155,24 @@ def summarize(
             "alerts": alerts,
         }
     )
+
+
+def under_way(spec: PipelineSpec, day: dt.date, ledger: LedgerResource) -> str | None:
+    """What still finishes a day one of whose runs failed, as the ledger tells it: batches in
+    flight at the provider, or retry shards waiting for their backoff (the batch-status
+    sensor takes them on). None when nothing does, and the failure is the day's outcome; a
+    shard a gate holds waits for an operator, not for time."""
+    job = ledger.get_job(
+        ids.job_id(spec.name, day, spec.prompt.version, spec.model.provider, spec.model.name)
+    )
+    if job is None:
+        return None
+    waiting = [
+        s for s in ledger.shards(job.job_id, ["created"]) if s.round > 0 and s.raw_status != GATED
+    ]
+    if ledger.shards(job.job_id, IN_FLIGHT_STATES) or waiting:
+        return "items are still on their way; the batch-status sensor finishes the day"
+    return None
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
