@@ -100,11 +100,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("database_url", DATABASES, indirect=True)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def every_tick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The batch-status sensor polls every batch at every tick instead of on the lifecycle's
-    schedule (whose first poll comes a second after submission): for tests that tick right
-    after submitting."""
+    """In process, the batch-status sensor polls every batch at every tick instead of on the
+    lifecycle's schedule, whose first poll comes a second after submission: tests tick right
+    after submitting and count polls per tick. test_sensors.py checks the schedule itself."""
     from llm_assets.defs import sensors
 
     monkeypatch.setattr(sensors, "POLL_EVERY_SECONDS", 0.0)

@@ -211,7 +211,6 @@ def harness(tmp_path: Path, database_url: str, fake: FakeAnthropic) -> Iterator[
         yield harness
 
 
-@pytest.mark.usefixtures("every_tick_polls")
 def test_a_slow_status_call_is_cut_by_the_short_per_call_timeout(
     harness: Harness, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -232,7 +231,6 @@ def test_a_slow_status_call_is_cut_by_the_short_per_call_timeout(
     assert 100 - slow.times == 3  # one try per shard, none retried
 
 
-@pytest.mark.usefixtures("every_tick_polls")
 def test_the_deadline_bounds_the_tick_with_calls_still_running(
     harness: Harness, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -152,7 +152,6 @@ def test_a_kill_after_create_or_mid_import_neither_creates_nor_sends_again(
         assert listed >= 1
 
 
-@pytest.mark.usefixtures("every_tick_polls")
 def test_the_sensor_records_gemini_progress_then_requests_the_import_of_ended_jobs(
     harness: Harness, fake: FakeGemini
 ) -> None:

@@ -82,7 +82,6 @@ def stalled(tmp_path: Path, database_url: str) -> Iterator[tuple[Harness, FakeOp
 
 
 @pytest.mark.one_database
-@pytest.mark.usefixtures("every_tick_polls")
 def test_the_sensor_announces_stuck_batches_once_and_status_lists_them(
     stalled: tuple[Harness, FakeOpenAI],
 ) -> None:
