@@ -12,3 +12,10 @@ class NoRoutersInSummaries(pa.DataFrameModel):
     @pa.check("summary", name="no_router")
     def no_router(cls, summary: Series[str]) -> Series[bool]:  # noqa: N805
         return ~summary.str.contains("router")
+
+
+class TerseSummaries(pa.DataFrameModel):
+    """Summaries of at most five characters: every real summary fails it (a quality gate that
+    blocks a whole day)."""
+
+    summary: Series[str] = pa.Field(str_length={"max_value": 5})

@@ -1,3 +1,4 @@
-"""The `llm-assets` command line: `main` parses and dispatches, `operator`, `evaluate` and
-`promote` hold the operator's, evaluation and promotion commands, `args` the shared argument
-parsing, and `console` every table and line the commands print."""
+"""The `llm-assets` command line: `main` parses and dispatches, `run`, `operator`, `evaluate`
+and `promote` hold the run, operator's, evaluation and promotion commands, `args` the shared
+argument parsing; `console` the two consoles, `tables` tables that fit them, `text` the words,
+and `day_report`, `ledger_report` and `eval_report` what the commands print."""

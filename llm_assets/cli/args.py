@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from rich.markup import escape
 
-from llm_assets.cli.console import err, home_relative, print_error
+from llm_assets.cli.console import print_error
 from llm_assets.spec.load import SpecError, load_specs
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings
@@ -97,7 +96,5 @@ def current_job(settings: Settings, spec: PipelineSpec, day: dt.date) -> tuple[A
 def exit_for_failed_run(failure: "StepFailed", home: Path) -> NoReturn:
     """A Dagster run of the command failed: say why on stderr and exit 2 when a gate blocked
     it, 1 otherwise."""
-    label = "blocked" if failure.gate else "failed"
-    reason = escape(home_relative(str(failure), home))
-    err.print(f"[red]{label}[/red]: {reason}", highlight=False, soft_wrap=True)
+    print_error(str(failure), home, label="blocked:" if failure.gate else "failed:")
     sys.exit(EXIT_GATE if failure.gate else EXIT_ERROR)

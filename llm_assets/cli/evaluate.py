@@ -14,7 +14,7 @@ import json
 import click
 
 from llm_assets.cli.args import exit_for_failed_run, load_settings, pipeline_spec
-from llm_assets.cli.console import home_relative, print_eval, progress_bar
+from llm_assets.cli.console import progress_bar, say
 
 
 @click.command("eval")
@@ -98,10 +98,10 @@ def eval_(
         summary = {"eval_report_partition": key, "run_id": run_id, **uris}
         click.echo(json.dumps({**summary, "report": report.model_dump(mode="json")}, indent=2))
         return
-    print_eval(report, settings.home)
-    # Markdown as text: tables too wide for a terminal stay readable, and paste as is.
+    from llm_assets.cli.eval_report import print_eval, print_report
     from llm_assets.evaluation.report_markdown import render_markdown
 
-    click.echo("\n" + render_markdown(report))
-    click.echo(f"report: {home_relative(uris['markdown'], settings.home)}")
-    click.echo(f"Dagster: eval_report partition {key} of {spec.name} (run {run_id})")
+    print_eval(report, settings.home)
+    print_report(render_markdown(report))
+    say(f"report: {uris['markdown']}", home=settings.home)
+    say(f"Dagster: eval_report partition {key} of {spec.name} (run {run_id})")

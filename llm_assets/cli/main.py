@@ -1,8 +1,8 @@
 """`llm-assets`: the command line for scripts and cron (exit 0 done, 2 gate, 1 error).
 
 Commands import Dagster, the runner, the steps and the resources inside their bodies: those
-imports take seconds, and `--help` or `validate-spec` need none of them. What the commands
-print is laid out in console.py.
+imports take seconds, and `--help` or `validate-spec` need none of them. `run` is in run.py;
+what the commands print is laid out in day_report.py, ledger_report.py and eval_report.py.
 """
 
 import datetime as dt
@@ -13,32 +13,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.markup import escape
+from rich.text import Text
 
 from llm_assets.cli.args import (
     EXIT_ERROR,
     EXIT_GATE,
     current_job,
-    exit_for_failed_run,
     load_settings,
     parse_date,
     pipeline_spec,
 )
-from llm_assets.cli.console import (
-    console,
-    err,
-    home_relative,
-    print_costs,
-    print_csv,
-    print_dead_letters,
-    print_error,
-    print_outcomes,
-    print_status,
-    progress_bar,
-)
+from llm_assets.cli.console import console, err, note, print_error, say
+from llm_assets.cli.day_report import print_status
 from llm_assets.cli.evaluate import eval_
+from llm_assets.cli.ledger_report import print_costs, print_csv, print_dead_letters
 from llm_assets.cli.operator import cancel, pause, quotas, resume, retention
 from llm_assets.cli.promote import promote
+from llm_assets.cli.run import run
 from llm_assets.spec.load import SpecError, check_specs
 from llm_assets.spec.model import PipelineSpec
 
@@ -89,83 +80,11 @@ def validate_spec(path: Path | None) -> None:
     for problem in problems:
         print_error(str(problem))
     if problems:
-        err.print(f"{len(problems)} problem(s) in {target}")
+        note(f"{len(problems)} problem(s) in {target}")
         sys.exit(EXIT_ERROR)
     for spec in specs:
-        console.print(
-            escape(f"ok {spec.path}: pipeline {spec.name}"), highlight=False, soft_wrap=True
-        )
-
-
-@main.command()
-@click.argument("pipeline")
-@click.option("--date", "date_", required=True, help="Partition date, e.g. 2026-11-01.")
-@click.option("--to", "to_", default=None, help="Last date of a range (inclusive).")
-@click.option("--wait", is_flag=True, help="Drive each day until every item is terminal.")
-@click.option("--approve-budget", is_flag=True, help="Submit even above the budget gate.")
-@click.option(
-    "--poll-interval",
-    default=30.0,
-    show_default=True,
-    type=click.FloatRange(min=0.0),
-    help="Longest wait between status polls of remote batches with --wait.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def run(
-    pipeline: str,
-    date_: str,
-    to_: str | None,
-    wait: bool,
-    approve_budget: bool,
-    poll_interval: float,
-    as_json: bool,
-) -> None:
-    """Materialize a pipeline for a day or a range of days through Dagster."""
-    from llm_assets.defs.runner import StepFailed, run_days
-
-    settings = load_settings()
-    spec = pipeline_spec(settings, pipeline)
-    days = _partition_days(spec, date_, to_)
-    try:
-        outcomes = run_days(
-            settings,
-            spec,
-            days,
-            wait=wait,
-            approve_budget=approve_budget,
-            display=progress_bar(),
-            poll_interval=poll_interval,
-        )
-    except StepFailed as exc:
-        exit_for_failed_run(exc, settings.home)
-    if as_json:
-        click.echo(json.dumps([o.model_dump(mode="json") for o in outcomes], indent=2))
-    else:
-        print_outcomes(outcomes, settings.home)
-    if wait and any(not o.done for o in outcomes):
-        err.print("some items are still open; see `llm-assets status`")
-        sys.exit(EXIT_ERROR)
-
-
-def _partition_days(spec: PipelineSpec, date_: str, to_: str | None) -> list[dt.date]:
-    """The days from --date to --to, each a partition of the pipeline."""
-    from llm_assets.defs.factory import partitions_for
-    from llm_assets.defs.runner import date_range
-
-    start = parse_date(date_)
-    assert start is not None
-    try:
-        days = date_range(start, parse_date(to_))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
-    partitions = partitions_for(spec)
-    outside = [d for d in days if not partitions.has_partition_key(d.isoformat())]
-    if outside:
-        raise click.BadParameter(
-            f"{outside[0]} is not a partition of {spec.name}: partitions run from "
-            f"{spec.partitions.start_date} to today in {spec.partitions.timezone}"
-        )
-    return days
+        # One line per spec, whatever the width: a path to copy.
+        console.print(Text(f"ok {spec.path}: pipeline {spec.name}"), soft_wrap=True)
 
 
 @main.command()
@@ -438,28 +357,55 @@ def requeue(pipeline: str, date_: str, classes: tuple[str, ...], ids: str | None
         # Asked before the requeue takes the day up (it lifts a cancel first).
         print_error(str(steps.DayExpired(spec, job)))
         sys.exit(EXIT_ERROR)
-    chosen = {i.strip() for i in ids.split(",") if i.strip()} if ids else None
+    ledger = resources["ledger"]
+    chosen = None
+    unknown: list[str] = []
+    if ids:
+        chosen, unknown = _known_ids(ledger, job.job_id, ids, set(classes))
+        if unknown:
+            print_error(
+                f"{', '.join(unknown)}: no dead letter of {spec.name} {day}"
+                + (f" of class {', '.join(sorted(classes))}" if classes else "")
+                + f" has {'this id' if len(unknown) == 1 else 'these ids'}; "
+                f"`llm-assets dead-letter {spec.name} --date {day}` lists them"
+            )
+        if not chosen:
+            note("nothing requeued")
+            sys.exit(EXIT_ERROR)
     result = steps.requeue_dead_letters(
         steps.StepContext(
             spec,
             day,
-            resources["ledger"],
+            ledger,
             resources["storage"],
             resources[provider_resource_key(spec.model.provider)],
             created_by=f"cli:{getpass.getuser()} requeue",
-            log=lambda message: err.print(escape(message), highlight=False),
+            log=lambda message: note(message, home=settings.home),
         ),
         classes=set(classes) or None,
         chosen_ids=chosen,
     )
     for custom_id, reason in sorted(result.still_invalid.items()):
-        reason = escape(home_relative(reason, settings.home))
-        err.print(f"still invalid, not requeued: {custom_id}: {reason}", highlight=False)
-    console.print(
+        note(f"still invalid, not requeued: {custom_id}: {reason}", home=settings.home)
+    say(
         f"requeued {result.requeued} dead letters into {len(result.shards)} shard(s); "
-        f"`llm-assets run {spec.name} --date {day} --wait` sends them",
-        highlight=False,
+        f"`llm-assets run {spec.name} --date {day} --wait` sends them"
     )
+    if unknown:
+        sys.exit(EXIT_ERROR)
+
+
+def _known_ids(
+    ledger: "LedgerResource", job_id: str, ids: str, classes: set[str]
+) -> tuple[set[str], list[str]]:
+    """(the ids of --ids that name a dead letter of the job, of `classes` when given; the
+    others, in the order given). An id is a source id or a custom_id."""
+    given = list(dict.fromkeys(i.strip() for i in ids.split(",") if i.strip()))
+    names: set[str] = set()
+    for row in ledger.iter_dead_letters(job_id):
+        if not classes or row["error_class"] in classes:
+            names.update(x for x in (row["custom_id"], row["source_id"]) if x is not None)
+    return {i for i in given if i in names}, [i for i in given if i not in names]
 
 
 @main.command()
@@ -473,11 +419,11 @@ def demo(days: int, per_day: int) -> None:
     try:
         run_demo(load_settings(), days=days, per_day=per_day, console=console)
     except StepFailed as exc:
-        err.print(f"[red]failed[/red]: {exc}", highlight=False)
+        print_error(str(exc), label="failed:")
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
 
 
-for _command in (cancel, eval_, pause, quotas, resume, retention, promote):
+for _command in (cancel, eval_, pause, quotas, resume, retention, promote, run):
     main.add_command(_command)
 
 if __name__ == "__main__":

@@ -17,17 +17,12 @@ import sys
 from typing import TYPE_CHECKING
 
 import click
-from rich.markup import escape
 
 from llm_assets.cli.args import EXIT_ERROR, day_of, load_settings, pipeline_spec
-from llm_assets.cli.console import (
-    console,
-    count_words,
-    err,
-    plural,
-    print_pause_change,
-    print_quotas,
-)
+from llm_assets.cli.console import console, note, say
+from llm_assets.cli.ledger_report import print_pause_change, print_quotas
+from llm_assets.cli.text import count_words
+from llm_assets.util.words import plural
 
 if TYPE_CHECKING:
     from llm_assets import steps
@@ -73,9 +68,7 @@ def cancel(
         poll_interval=poll_interval,
     )
     driver = runner.driver(day, [], None)
-    ctx = dataclasses.replace(
-        driver.ctx, log=lambda message: err.print(escape(message), highlight=False)
-    )
+    ctx = dataclasses.replace(driver.ctx, log=lambda message: note(message, home=settings.home))
     try:
         result = steps.cancel_day(
             ctx, shard_ids=list(shards) or None, reason=reason or f"cancelled by {user}"
@@ -99,10 +92,9 @@ def cancel(
 
     [decision] = steps.drive([driver], until=settled, timeout_seconds=timeout).values()
     if not settled(decision):
-        err.print(
+        note(
             f"the cancelled batches are still winding down after {timeout:.0f}s; "
-            "the batch-status sensor imports them when they end",
-            highlight=False,
+            "the batch-status sensor imports them when they end"
         )
         _report(spec.name, day, ledger, job.job_id, waited=False)
         return
@@ -113,19 +105,15 @@ def _report(
     pipeline: str, day: dt.date, ledger: "LedgerResource", job_id: str, *, waited: bool
 ) -> None:
     counts = ledger.refresh_job(job_id)
-    console.print(
+    say(
         f"{pipeline} {day}: {plural(counts.total, 'item')}: "
         f"{count_words(counts.by_status, counts.dead_letters_by_class)}"
-        + ("" if waited else "; cancelled batches are imported as they end"),
-        highlight=False,
-        markup=False,
+        + ("" if waited else "; cancelled batches are imported as they end")
     )
     if counts.dead_letters_by_class.get("cancelled"):
-        console.print(
+        say(
             f"`llm-assets requeue {pipeline} --date {day} --class cancelled` sends the "
-            "cancelled items again",
-            highlight=False,
-            markup=False,
+            "cancelled items again"
         )
 
 
@@ -175,7 +163,8 @@ def retention(pipeline: str, dry_run: bool) -> None:
     spec = pipeline_spec(settings, pipeline)
     resources = build_resources(settings)
 
-    def say(message: str) -> None:
+    def listed(message: str) -> None:
+        """One line per day or artifact, whatever the width: a list to grep and copy from."""
         console.print(message, highlight=False, markup=False, soft_wrap=True)
 
     run = apply_retention(
@@ -183,8 +172,8 @@ def retention(pipeline: str, dry_run: bool) -> None:
         resources["ledger"],
         resources["storage"],
         resources[provider_resource_key(spec.model.provider)],
-        info=say,
-        warn=lambda message: err.print(escape(message), highlight=False, soft_wrap=True),
+        info=listed,
+        warn=lambda message: note(message, home=settings.home),
         dry_run=dry_run,
     )
     verb = "would expire" if dry_run else "expired"
@@ -219,11 +208,9 @@ def quotas(pipeline: str | None, reset: bool, as_json: bool) -> None:
     model = spec.model.name if spec else None
     if reset:
         forgotten = ledger.reset_quotas(provider=provider, model=model)
-        console.print(
+        say(
             f"forgot {plural(forgotten, 'learned quota')}"
-            + (f" of {provider}/{model}" if spec else ""),
-            highlight=False,
-            markup=False,
+            + (f" of {provider}/{model}" if spec else "")
         )
         return
     records = [r for r in ledger.quota_records(provider) if model is None or r.model_name == model]

@@ -10,11 +10,7 @@ import sys
 import click
 
 from llm_assets.cli.args import EXIT_ERROR, load_settings, pipeline_spec
-from llm_assets.cli.console import err, print_error
-
-
-def _note(message: str) -> None:
-    err.print(message, highlight=False, markup=False, soft_wrap=True)
+from llm_assets.cli.console import note, print_error
 
 
 @click.command()
@@ -33,13 +29,13 @@ def promote(pipeline: str, variant: str, write: bool) -> None:
         raise click.UsageError(str(exc.args[0])) from exc
     click.echo(promotion.diff(), nl=False)
     if promotion.replaced_previous:
-        _note(f"the variant {PREVIOUS!r} is replaced by the baseline before {variant}")
+        note(f"the variant {PREVIOUS!r} is replaced by the baseline before {variant}")
     for name in promotion.dropped:
-        _note(f"the variant {name!r} would equal the new baseline, so it is removed")
+        note(f"the variant {name!r} would equal the new baseline, so it is removed")
     if promotion.version_reminder:
-        _note(f"reminder: {promotion.version_reminder}")
+        note(f"reminder: {promotion.version_reminder}")
     if not promotion.comments_kept:
-        _note(
+        note(
             f"{promotion.path} is rewritten as a whole: its layout cannot be edited in place, "
             "so its comments are not kept"
         )
@@ -47,17 +43,17 @@ def promote(pipeline: str, variant: str, write: bool) -> None:
     for problem in problems:
         print_error(str(problem))
     if problems:
-        _note(f"{len(problems)} problem(s) in the promoted spec; nothing written")
+        note(f"{len(problems)} problem(s) in the promoted spec; nothing written")
         sys.exit(EXIT_ERROR)
     if not write:
-        _note("nothing written; run again with --write to apply the change")
+        note("nothing written; run again with --write to apply the change")
         return
     try:
         promotion.write()
     except ChangedSince as exc:
         print_error(str(exc))
         sys.exit(EXIT_ERROR)
-    _note(
+    note(
         f"wrote {promotion.path}: {variant} is the baseline of {spec.name}, the old one is "
         f"the variant {PREVIOUS!r}"
     )

@@ -187,7 +187,7 @@ class Preparer:
             return source_id, where, dead
         blank = [f for f in spec.source.non_blank_fields if not as_text(record.get(f)).strip()]
         if blank:
-            message = f"{where}: empty field(s) {blank}"
+            message = f"{where}: empty field{'s' if len(blank) > 1 else ''}: {', '.join(blank)}"
             dead = self.dead(source_id, source_id, "empty_field", message, position=position)
             return source_id, where, dead
         return source_id, where, render(spec, record)
