@@ -47,6 +47,9 @@ class WidthEnv(Env):
     ) -> None:
         super().__init__(tmp_path, database_url)
         self.tmp_path = tmp_path
+        # A spec's pandera_model may name a rule of tests/quality_rules.py: the CLI imports it
+        # from the repository, whatever directory the suite runs in.
+        self.vars["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
         if not priced:
             del self.vars["LLM_ASSETS_PRICES"]
         spec_file = self.specs / "support_tickets.yaml"
