@@ -199,17 +199,20 @@ def test_dead_letter_reasons_show_whole_relative_to_the_home_without_reprs(
     assert blank["error_message"].endswith(": empty field: body")
 
 
+EVAL_ONE_DAY = (
+    "eval",
+    "support_tickets",
+    "--from",
+    DAY.isoformat(),
+    "--to",
+    DAY.isoformat(),
+    "--sample",
+    "6",
+)
+
+
 def test_eval_report_is_plain_text_in_a_pipe(day: WidthEnv) -> None:
-    shown = day.at(
-        "eval",
-        "support_tickets",
-        "--from",
-        DAY.isoformat(),
-        "--to",
-        DAY.isoformat(),
-        "--sample",
-        "6",
-    )
+    shown = day.at(*EVAL_ONE_DAY)
 
     assert shown.returncode == 0, shown.stderr
     _fits(shown.stdout)
@@ -222,16 +225,7 @@ def test_eval_report_is_plain_text_in_a_pipe(day: WidthEnv) -> None:
 
 
 def test_eval_report_is_rendered_on_a_terminal(day: WidthEnv) -> None:
-    shown = day.on_terminal(
-        "eval",
-        "support_tickets",
-        "--from",
-        DAY.isoformat(),
-        "--to",
-        DAY.isoformat(),
-        "--sample",
-        "6",
-    )
+    shown = day.on_terminal(*EVAL_ONE_DAY)
 
     assert ANSI.search(shown), "nothing styled on a terminal"
     plain = ANSI.sub("", shown)

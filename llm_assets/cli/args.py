@@ -98,3 +98,14 @@ def exit_for_failed_run(failure: "StepFailed", home: Path) -> NoReturn:
     it, 1 otherwise."""
     print_error(str(failure), home, label="blocked:" if failure.gate else "failed:")
     sys.exit(EXIT_GATE if failure.gate else EXIT_ERROR)
+
+
+def poll_interval_option(help: str) -> Any:
+    """`--poll-interval`: the longest wait between status polls of remote batches."""
+    return click.option(
+        "--poll-interval",
+        default=30.0,
+        show_default=True,
+        type=click.FloatRange(min=0.0),
+        help=help,
+    )

@@ -13,7 +13,12 @@ import json
 
 import click
 
-from llm_assets.cli.args import exit_for_failed_run, load_settings, pipeline_spec
+from llm_assets.cli.args import (
+    exit_for_failed_run,
+    load_settings,
+    pipeline_spec,
+    poll_interval_option,
+)
 from llm_assets.cli.console import progress_bar, say
 
 
@@ -37,13 +42,7 @@ from llm_assets.cli.console import progress_bar, say
 )
 @click.option("--variants", default="", help="Variants to run besides the baseline, e.g. a,b.")
 @click.option("--approve-budget", is_flag=True, help="Submit even above a budget gate.")
-@click.option(
-    "--poll-interval",
-    default=30.0,
-    show_default=True,
-    type=click.FloatRange(min=0.0),
-    help="Longest wait between status polls of remote batches.",
-)
+@poll_interval_option("Longest wait between status polls of remote batches.")
 @click.option("--json", "as_json", is_flag=True, help="Print the sample and variants as JSON.")
 def eval_(
     pipeline: str,

@@ -17,6 +17,7 @@ from llm_assets.cli.args import (
     load_settings,
     parse_date,
     pipeline_spec,
+    poll_interval_option,
 )
 from llm_assets.cli.console import note, progress_bar
 from llm_assets.cli.day_report import BlockedDay, print_blocked, print_outcomes
@@ -33,13 +34,7 @@ if TYPE_CHECKING:
 @click.option("--to", "to_", default=None, help="Last date of a range (inclusive).")
 @click.option("--wait", is_flag=True, help="Drive each day until every item is terminal.")
 @click.option("--approve-budget", is_flag=True, help="Submit even above the budget gate.")
-@click.option(
-    "--poll-interval",
-    default=30.0,
-    show_default=True,
-    type=click.FloatRange(min=0.0),
-    help="Longest wait between status polls of remote batches with --wait.",
-)
+@poll_interval_option("Longest wait between status polls of remote batches with --wait.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def run(
     pipeline: str,
