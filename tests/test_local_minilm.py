@@ -33,12 +33,14 @@ def test_vectors_match_sentence_transformers(engine: LocalEngine) -> None:
 
 
 def test_a_text_alone_and_among_others_gets_the_same_vector(engine: LocalEngine) -> None:
-    """Sequences share the dense layers' rows but never attend to each other."""
+    """Sequences share the dense layers' rows but never attend to each other. The same text at
+    two places in one matrix may differ in the last bits (BLAS blocks rows by position); a
+    leak of attention between texts would move it by orders of magnitude more."""
     short, long = "Refund please", "My order arrived broken and the box was open. " * 12
     together = engine._encode([short, long, short])
     alone = engine._encode([short])
     assert np.abs(together[0] - alone[0]).max() < 1e-6
-    assert np.abs(together[0] - together[2]).max() == 0.0
+    assert np.abs(together[0] - together[2]).max() < 1e-6
     assert np.abs(together[1] - engine._encode([long])[0]).max() < 1e-6
 
 
