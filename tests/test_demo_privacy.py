@@ -179,7 +179,8 @@ def test_no_dagster_event_of_the_demo_runs_holds_a_value(demo: DemoRun) -> None:
     instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(demo.home / "dagster")))
     runs = instance.get_runs()
     events = "\n".join(str(entry) for run in runs for entry in instance.all_logs(run.run_id))
-    assert len(runs) >= 4 and "personal_data_found" in events
+    # The day's build, the import that finishes it, the eval: every kind of run the demo makes.
+    assert len(runs) >= 3 and "personal_data_found" in events
     assert _leaks(events, demo.values()) == []
 
 

@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,32 @@ def test_garbage_below_the_threshold_is_dead_lettered_and_the_rest_published(
         assert checks["quality_failure_rate.partition"] == DAY.isoformat()
         rate = checks["quality_failure_rate"].metadata["failure_rate"].value
         assert rate == round(4 / len(harness.truth), 4)
+
+
+def test_a_validation_under_way_in_another_run_is_waited_for_not_read_as_a_block(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    """A run that reads the gate while another run of the day validates it (the sensor's
+    import run and `run --wait`) waits for that run's verdict instead of reading its
+    "started, not finished" as a block; a validation that died still blocks the day."""
+    for harness in quality_harness(tmp_path, database_url, fake, max_failure_rate=0.2):
+        harness.run_day()
+        validating = harness.context(created_by="sensor", run_id="validating")
+        waiting = threading.Event()
+        reader = harness.context(created_by="cli", log=lambda line: waiting.set())
+        verdict: list[str | None] = []
+        thread = threading.Thread(target=lambda: verdict.append(steps.settled_block(reader)))
+        with validating.day_lock():
+            steps.record_gate(validating, validating.job_id, [steps.UNFINISHED])
+            thread.start()
+            assert waiting.wait(60), "the reader did not wait for the validating run"
+            assert verdict == []
+            steps.record_gate(validating, validating.job_id, [])
+        thread.join(60)
+        assert verdict == [None]
+
+        steps.record_gate(validating, validating.job_id, [steps.UNFINISHED])
+        assert steps.settled_block(reader) == f"blocked by {steps.UNFINISHED}"
 
 
 def test_garbage_above_the_threshold_blocks_publication(

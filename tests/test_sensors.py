@@ -1,16 +1,17 @@
 """The batch-status sensor: cheap polls, progress observations, one import run per batch set."""
 
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from llm_assets import names
+from llm_assets import names, steps
 from llm_assets.defs import sensors
 from llm_assets.defs.factory import asset_key, build_pipeline_assets
+from llm_assets.defs.runner import ASSETS_OF
 from llm_assets.defs.sensors import build_batch_status_sensor
 from llm_assets.resources.ledger import shard_table
 from tests.fakes.anthropic_server import FakeAnthropic
@@ -23,6 +24,10 @@ pytestmark = pytest.mark.fake_server("anthropic")
 def harness(tmp_path: Path, database_url: str, fake: FakeAnthropic) -> Iterator[Harness]:
     with fake_harness(tmp_path, database_url, fake) as harness:
         yield harness
+
+
+def keys(harness: Harness, steps_of_run: Sequence[str]) -> set[dg.AssetKey]:
+    return {asset_key(harness.spec, step) for step in steps_of_run}
 
 
 def tick(harness: Harness, sensor: dg.SensorDefinition | None = None) -> dg.SensorResult:
@@ -71,22 +76,27 @@ def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
     [request] = result.run_requests
     assert request.partition_key == DAY.isoformat()
     assert request.run_key == ",".join(sorted(s.provider_batch_id for s in shards))
-    assert set(request.asset_selection) == {asset_key(harness.spec, s) for s in names.IMPORT_ASSETS}
+    # The import's run goes on to validate, publish and report the day.
+    assert set(request.asset_selection) == keys(harness, ASSETS_OF[steps.Step.IMPORT])
+    assert set(request.asset_selection) >= keys(harness, names.IMPORT_ASSETS)
 
     retrieves = [c for c in fake.calls.entries() if c["method"] == "GET"]
     assert all("/results" not in c["path"] for c in retrieves)
 
+    # An import run that ended after the import (stopped, or the UI's materialize of
+    # batch_results alone): the validation is asked for, the report in the same run.
     assert harness.materialize("batch_results").success
     [finish] = tick(harness).run_requests
     assert finish.run_key.startswith(f"finish:{harness.job_id()}:3:")
-    assert set(finish.asset_selection) == {asset_key(harness.spec, s) for s in names.GATED_ASSETS}
+    assert set(finish.asset_selection) == keys(harness, ASSETS_OF[steps.Step.VALIDATE])
+    assert set(finish.asset_selection) == keys(harness, (*names.GATED_ASSETS, *names.REPORT_ASSETS))
     assert [r.run_key for r in tick(harness).run_requests] == [finish.run_key]
-    # The report follows once validation has run for the day, whatever its checks said;
-    # then the day is done and asks for nothing more.
+    # A validation without its report (the UI again): the report follows, whatever the
+    # checks said; then the day is done and asks for nothing more.
     assert harness.materialize(*names.GATED_ASSETS).success
     [report] = tick(harness).run_requests
     assert report.run_key == finish.run_key.replace("finish:", "report:", 1)
-    assert set(report.asset_selection) == {asset_key(harness.spec, s) for s in names.REPORT_ASSETS}
+    assert set(report.asset_selection) == keys(harness, names.REPORT_ASSETS)
     assert harness.materialize(*names.REPORT_ASSETS).success
     assert tick(harness).run_requests == []
     ended = {

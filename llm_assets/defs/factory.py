@@ -400,11 +400,19 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
         if reason:
             yield _skipped(context, pipe.key(names.VALIDATED_OUTPUTS), reason)
             return
-        _run_step(lambda: steps.record_gate(ctx, ctx.job().job_id, [steps.UNFINISHED]))
-        result: steps.ValidateResult = _run_step(lambda: steps.validate_outputs(ctx))
-        schema_failures = steps.published_frame_failures(ctx, result.uri)
-        evaluated = checks.validated_outputs_checks(pipe.spec, result, schema_failures)
-        steps.record_gate(ctx, result.job_id, checks.publication_blockers(evaluated))
+
+        def validate() -> tuple[steps.ValidateResult, list[dg.AssetCheckResult]]:
+            # The day is held from the first gate record to the last, so that another run
+            # reading the gate meanwhile waits for this verdict (steps.settled_block).
+            with ctx.day_lock():
+                steps.record_gate(ctx, ctx.job().job_id, [steps.UNFINISHED])
+                result = steps.validate_outputs(ctx)
+                schema_failures = steps.published_frame_failures(ctx, result.uri)
+                evaluated = checks.validated_outputs_checks(pipe.spec, result, schema_failures)
+                steps.record_gate(ctx, result.job_id, checks.publication_blockers(evaluated))
+                return result, evaluated
+
+        result, evaluated = _run_step(validate)
         yield from _selected_results(
             context,
             pipe.key(names.VALIDATED_OUTPUTS),
@@ -448,7 +456,7 @@ def _still_in_flight(ctx: steps.StepContext) -> str | None:
 
 def _publication_blocked(ctx: steps.StepContext) -> str | None:
     """Why a day is not published: the gate checks its latest validation failed."""
-    return steps.publication_block(ctx.spec, ctx.day, ctx.storage)
+    return _run_step(lambda: steps.settled_block(ctx))
 
 
 SKIPPED = "skipped"

@@ -41,11 +41,17 @@ from llm_assets.util.settings import Settings
 ASSETS_OF: dict[steps.Step, tuple[str, ...]] = {
     steps.Step.BUILD: names.SUBMIT_ASSETS,
     steps.Step.SUBMIT: (names.PROVIDER_BATCHES,),
-    steps.Step.IMPORT: names.IMPORT_ASSETS,
-    steps.Step.VALIDATE: names.GATED_ASSETS,
+    steps.Step.IMPORT: (*names.IMPORT_ASSETS, *names.GATED_ASSETS, *names.REPORT_ASSETS),
+    steps.Step.VALIDATE: (*names.GATED_ASSETS, *names.REPORT_ASSETS),
     steps.Step.REPORT: names.REPORT_ASSETS,
 }
-"""The assets a run materializes to carry out each of the lifecycle's heavy actions."""
+"""The assets a run materializes to carry out each of the lifecycle's heavy actions. An
+import's run goes on to validate, publish and report the day: when it leaves items open
+(retries planned, batches still in flight) validated_outputs skips the day and Dagster skips
+the steps after it in that run; when it closes the day's last items, the day is finished in
+the same run, without waiting for another sensor tick or run between the steps. A validation
+run reports the day too (the quality gate skips publication only, not the report); the
+lifecycle asks for a report alone when a validation is already newer than the last import."""
 
 
 class StepFailed(Exception):
@@ -324,7 +330,7 @@ class PartitionRunner:
         ).values()
         if decision.blocked is not None:
             raise StepFailed(decision.blocked, gate=decision.gate)
-        blocked = steps.publication_block(self.spec, day, self.storage)
+        blocked = steps.settled_block(day_driver.ctx)
         if blocked is not None:
             raise StepFailed(f"quality gate: publication {blocked}", gate="quality")
         return self.outcome(day, run_ids)

@@ -10,15 +10,16 @@
   too), cancels, reconciles and closes what a cancel left, and requests the runs the
   lifecycle names for the pipeline's days: imports of ended batches, submissions of due
   shards (retry rounds, quota waits over, shards a pause held back once it is lifted, a
-  first-round shard its own run never sent), the gated run (validation, publication) and
-  then the report run (dead letters, cost report), so the report is written also when the
-  quality gate stops publication. An eval's days are polled and cancelled here; their
-  steps are the eval run's.
+  first-round shard its own run never sent). An import's run goes on to validate, publish
+  and report the day (defs/runner.py `ASSETS_OF`), so the day whose last items it imports
+  is finished in that run, the report written also when the quality gate stops
+  publication; a day imported or validated without the rest gets a run of what is left.
+  An eval's days are polled and cancelled here; their steps are the eval run's.
 - `llm_assets__partition_finished` / `llm_assets__partition_failed` announce a day's outcome
   once (steps/notify.py) when the code location's runs end (sensor runs, backfills, the UI);
   `llm-assets run` and the demo, whose runs no sensor sees, announce theirs by the same rules
   (defs/runner.py). The summary is claimed in the ledger by its fingerprint before it is
-  sent, so repeated report runs of the same day state (the CLI's and the sensor's), sensor
+  sent, so repeated reports of the same day state (the CLI's and the sensor's), sensor
   ticks and daemons send it once; a day that changes (a requeue finishes it again) is
   announced again.
 
@@ -38,7 +39,7 @@ When a day is announced:
   The quality gate fails no run (publication is skipped, see checks.BLOCKING_CHECKS): the
   day's finished summary says the gate blocked publication.
   Every other failure is final: an error in a run that nothing follows (the snapshot, a
-  submission, an import, the report run itself), or a gate that waits for an operator (the
+  submission, an import, a validation or report), or a gate that waits for an operator (the
   budget).
 """
 

@@ -75,6 +75,7 @@ if TYPE_CHECKING:
         gate_record,
         publication_block,
         record_gate,
+        settled_block,
     )
     from llm_assets.steps.imports import (
         ImportResult,
@@ -171,7 +172,14 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "refuse_expired",
     ),
     "executor": ("DayDriver", "StepRuns", "drive", "load_state", "poll_shards"),
-    "gate": ("UNFINISHED", "GateRecord", "gate_record", "publication_block", "record_gate"),
+    "gate": (
+        "UNFINISHED",
+        "GateRecord",
+        "gate_record",
+        "publication_block",
+        "record_gate",
+        "settled_block",
+    ),
     "imports": (
         "ImportResult",
         "RequeueResult",

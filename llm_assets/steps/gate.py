@@ -7,6 +7,8 @@ record and skip the day, with that reason, instead of failing the run; `llm-asse
 published file is), and every validation replaces it, so a day that passes again is
 published again. A validation first records itself as unfinished, so a run that dies
 before its checks are recorded leaves the day blocked, never published on an old verdict.
+A run that validates holds the day from its first record to its last, so a reader that
+finds the record unfinished by another run waits for that run's verdict (`settled_block`).
 """
 
 import datetime as dt
@@ -59,3 +61,14 @@ def publication_block(spec: PipelineSpec, day: dt.date, storage: ArtifactStorage
     if record is None or not record.blocked_by:
         return None
     return "blocked by " + "; ".join(record.blocked_by)
+
+
+def settled_block(ctx: StepContext) -> str | None:
+    """`publication_block` of the context's day once no other run is validating it: a record
+    left unfinished is read again after the run that holds the day lets it go. A validation
+    that died leaves it unfinished, and the day blocked."""
+    record = gate_record(ctx.spec, ctx.day, ctx.storage)
+    if record is not None and record.blocked_by == [UNFINISHED]:
+        with ctx.day_lock():
+            pass
+    return publication_block(ctx.spec, ctx.day, ctx.storage)

@@ -17,7 +17,7 @@ from llm_assets.results import quality
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import notify
 from llm_assets.steps.context import StepContext, artifact_key, refuse_expired
-from llm_assets.steps.gate import publication_block
+from llm_assets.steps.gate import settled_block
 from llm_assets.steps.tables import case_table
 from llm_assets.steps.validate import outputs_key
 
@@ -255,7 +255,7 @@ def cost_report(ctx: StepContext) -> CostReport:
             outcome="in progress" if counts.open else "finished",
             run_id=ctx.run_id,
             counts=counts,
-            blocked=publication_block(spec, day, ctx.storage),
+            blocked=settled_block(ctx),
         ),
     )
     base = artifact_key("reports", spec.name, day.isoformat(), job.job_id)
