@@ -6,14 +6,16 @@ import dagster as dg
 from llm_assets.defs.cancel_job import build_cancel_job
 from llm_assets.defs.eval_jobs import build_eval_job, build_eval_report_asset, has_evals
 from llm_assets.defs.factory import build_pipeline_assets
+from llm_assets.defs.jobs import build_lifecycle_jobs
 from llm_assets.defs.new_data_sensor import build_new_data_sensor
 from llm_assets.defs.pause_jobs import build_pause_jobs
 from llm_assets.defs.retention_jobs import build_retention_schedule
-from llm_assets.defs.schedules import build_schedule, build_submit_job
+from llm_assets.defs.schedules import build_schedule
 from llm_assets.defs.sensors import build_batch_status_sensor, build_notification_sensors
 from llm_assets.resources import build_resources
 from llm_assets.spec.load import load_specs
 from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps import Step
 from llm_assets.util.settings import Settings
 
 
@@ -29,18 +31,22 @@ def build_definitions(
     evaluated = [spec for spec in specs if has_evals(spec)]
     assets = [asset for spec in specs for asset in build_pipeline_assets(spec, settings)]
     assets += [build_eval_report_asset(spec) for spec in evaluated]
-    jobs = {spec.name: build_submit_job(spec) for spec in specs}
-    sensors = [build_batch_status_sensor(spec, settings) for spec in specs]
+    jobs = {spec.name: build_lifecycle_jobs(spec) for spec in specs}
+    sensors = [build_batch_status_sensor(spec, settings, jobs[spec.name]) for spec in specs]
     sensors += [
-        build_new_data_sensor(spec, settings) for spec in specs if spec.automation.new_data_sensor
+        build_new_data_sensor(spec, settings, jobs[spec.name][Step.BUILD])
+        for spec in specs
+        if spec.automation.new_data_sensor
     ]
     sensors += build_notification_sensors(specs)
-    schedules = [s for spec in specs if (s := build_schedule(spec, jobs[spec.name])) is not None]
+    schedules = [
+        s for spec in specs if (s := build_schedule(spec, jobs[spec.name][Step.BUILD])) is not None
+    ]
     schedules += [s for spec in specs if (s := build_retention_schedule(spec)) is not None]
     return dg.Definitions(
         assets=assets,
         jobs=[
-            *jobs.values(),
+            *(job for of_spec in jobs.values() for job in of_spec.values()),
             *(build_cancel_job(spec, resources) for spec in specs),
             *(build_eval_job(spec, resources) for spec in evaluated),
             *(job for spec in specs for job in build_pause_jobs(spec)),

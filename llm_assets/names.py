@@ -47,9 +47,27 @@ def asset_op(pipeline: str, asset: str) -> str:
 
 
 # Jobs and their ops, one set per pipeline.
+LIFECYCLE_JOBS = {
+    "build": "submit",
+    "submit": "send",
+    "import": "import",
+    "validate": "finish",
+    "report": "report",
+}
+"""The job of each of the lifecycle's heavy actions (steps.Step's values), after the pipeline."""
+
+
+def lifecycle_job(pipeline: str, action: str) -> str:
+    """The job that carries out a lifecycle action for one of the pipeline's days:
+    `<pipeline>__submit` (snapshot, shards, submission), `__send` (shards due again),
+    `__import` (import, then finish the day when nothing is open), `__finish` (validate,
+    publish, report), `__report`."""
+    return f"{pipeline}__{LIFECYCLE_JOBS[action]}"
+
+
 def submit_job(pipeline: str) -> str:
     """Snapshot, shard and submit a day (the schedule's and a backfill's job)."""
-    return f"{pipeline}__submit"
+    return lifecycle_job(pipeline, "build")
 
 
 def cancel_job(pipeline: str) -> str:

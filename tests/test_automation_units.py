@@ -14,8 +14,9 @@ import pytest
 
 from llm_assets import names, steps
 from llm_assets.defs.factory import asset_key, build_pipeline_assets
+from llm_assets.defs.jobs import build_lifecycle_jobs
 from llm_assets.defs.new_data_sensor import build_new_data_sensor
-from llm_assets.defs.schedules import build_schedule, build_submit_job
+from llm_assets.defs.schedules import build_schedule
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.providers import provider_resource_key
@@ -166,7 +167,7 @@ def test_the_new_data_sensor_starts_from_what_the_ledger_planned(
 
 def test_the_schedule_submits_the_latest_complete_day(settings: Settings) -> None:
     spec = inbox_spec(automation={"schedule": "30 6 * * *"})
-    job = build_submit_job(spec)
+    job = build_lifecycle_jobs(spec)[steps.Step.BUILD]
     schedule = build_schedule(spec, job)
     assert schedule is not None and schedule.cron_schedule == "30 6 * * *"
     defs = dg.Definitions(

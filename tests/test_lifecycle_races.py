@@ -20,7 +20,7 @@ import openai
 import pytest
 import sqlalchemy as sa
 
-from llm_assets import names, steps
+from llm_assets import steps
 from llm_assets.resources.ledger import TERMINAL, QuotaKey
 from llm_assets.steps import quota
 from tests.fakes.anthropic_server import FakeAnthropic
@@ -242,7 +242,7 @@ def test_an_approved_day_is_not_tripped_by_the_breaker_within_what_was_approved(
         # This day's answers are five times longer; its first batch ends before the rest.
         fake.responder = summary_answer(100)
         fake.polls_per_state = 1000
-        runner.materialize(DAY, names.SUBMIT_ASSETS)
+        runner.materialize(DAY, steps.Step.BUILD)
         end_the_first_batch(harness, fake)
 
         imported = steps.import_results(context(harness))

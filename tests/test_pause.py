@@ -164,7 +164,12 @@ def test_retries_wait_for_the_resume(harness: Harness, fake: FakeOpenAI) -> None
     pause(harness)
     status = build_batch_status_sensor(harness.spec)
 
-    assert tick(harness, status).run_requests == []
+    held = tick(harness, status)
+    assert held.run_requests == []
+    # The sensor's page says why it asks for nothing (its latest tick's skip reason).
+    assert held.skip_reason is not None
+    assert held.skip_reason.skip_message.startswith(f"{harness.spec.name} is paused by ops")
+    assert REASON in held.skip_reason.skip_message
     run = harness.materialize("provider_batches")
     assert run.success and materialized(run) == set()
     assert len(fake.submitted_custom_ids()) == len(harness.truth)

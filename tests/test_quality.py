@@ -137,22 +137,26 @@ def test_a_validation_under_way_in_another_run_is_waited_for_not_read_as_a_block
     "started, not finished" as a block; a validation that died still blocks the day."""
     for harness in quality_harness(tmp_path, database_url, fake, max_failure_rate=0.2):
         harness.run_day()
-        validating = harness.context(created_by="sensor", run_id="validating")
-        waiting = threading.Event()
-        reader = harness.context(created_by="cli", log=lambda line: waiting.set())
-        verdict: list[str | None] = []
-        thread = threading.Thread(target=lambda: verdict.append(steps.settled_block(reader)))
-        with validating.day_lock():
-            steps.record_gate(validating, validating.job_id, [steps.UNFINISHED])
-            thread.start()
-            assert waiting.wait(60), "the reader did not wait for the validating run"
-            assert verdict == []
-            steps.record_gate(validating, validating.job_id, [])
-        thread.join(60)
-        assert verdict == [None]
+        _read_the_gate_while_another_run_validates(harness)
 
+
+def _read_the_gate_while_another_run_validates(harness: Harness) -> None:
+    validating = harness.context(created_by="sensor", run_id="validating")
+    waiting = threading.Event()
+    reader = harness.context(created_by="cli", log=lambda line: waiting.set())
+    verdict: list[str | None] = []
+    thread = threading.Thread(target=lambda: verdict.append(steps.settled_block(reader)))
+    with validating.day_lock():
         steps.record_gate(validating, validating.job_id, [steps.UNFINISHED])
-        assert steps.settled_block(reader) == f"blocked by {steps.UNFINISHED}"
+        thread.start()
+        assert waiting.wait(60), "the reader did not wait for the validating run"
+        assert verdict == []
+        steps.record_gate(validating, validating.job_id, [])
+    thread.join(60)
+    assert verdict == [None]
+
+    steps.record_gate(validating, validating.job_id, [steps.UNFINISHED])
+    assert steps.settled_block(reader) == f"blocked by {steps.UNFINISHED}"
 
 
 def test_garbage_above_the_threshold_blocks_publication(

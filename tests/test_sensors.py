@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from llm_assets import names, steps
 from llm_assets.defs import sensors
 from llm_assets.defs.factory import asset_key, build_pipeline_assets
-from llm_assets.defs.runner import ASSETS_OF
+from llm_assets.defs.jobs import ASSETS_OF
 from llm_assets.defs.sensors import build_batch_status_sensor
 from llm_assets.resources.ledger import shard_table
 from tests.fakes.anthropic_server import FakeAnthropic
@@ -76,7 +76,8 @@ def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
     [request] = result.run_requests
     assert request.partition_key == DAY.isoformat()
     assert request.run_key == ",".join(sorted(s.provider_batch_id for s in shards))
-    # The import's run goes on to validate, publish and report the day.
+    # The import's run goes on to validate, publish and report the day, as the named job.
+    assert request.job_name == f"{harness.spec.name}__import"
     assert set(request.asset_selection) == keys(harness, ASSETS_OF[steps.Step.IMPORT])
     assert set(request.asset_selection) >= keys(harness, names.IMPORT_ASSETS)
 
@@ -89,6 +90,7 @@ def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
     [finish] = tick(harness).run_requests
     assert finish.run_key.startswith(f"finish:{harness.job_id()}:3:")
     assert set(finish.asset_selection) == keys(harness, ASSETS_OF[steps.Step.VALIDATE])
+    assert finish.job_name == f"{harness.spec.name}__finish"
     assert set(finish.asset_selection) == keys(harness, (*names.GATED_ASSETS, *names.REPORT_ASSETS))
     assert [r.run_key for r in tick(harness).run_requests] == [finish.run_key]
     # A validation without its report (the UI again): the report follows, whatever the
@@ -97,6 +99,7 @@ def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
     [report] = tick(harness).run_requests
     assert report.run_key == finish.run_key.replace("finish:", "report:", 1)
     assert set(report.asset_selection) == keys(harness, names.REPORT_ASSETS)
+    assert report.job_name == f"{harness.spec.name}__report"
     assert harness.materialize(*names.REPORT_ASSETS).success
     assert tick(harness).run_requests == []
     ended = {

@@ -7,9 +7,11 @@ import json
 from collections.abc import Callable
 
 import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from llm_assets import names, steps
-from llm_assets.defs.factory import asset_key, partitions_for
+from llm_assets.defs.factory import partitions_for
+from llm_assets.defs.jobs import asset_keys, build_lifecycle_jobs
 from llm_assets.items.source import FileDays, file_days, list_source_files
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.storage import ArtifactStorage
@@ -17,7 +19,9 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings, sensor_interval
 
 
-def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDefinition:
+def build_new_data_sensor(
+    spec: PipelineSpec, settings: Settings, submit_job: UnresolvedAssetJobDefinition | None = None
+) -> dg.SensorDefinition:
     """Submit the days a new or changed source file touches, once per file version.
 
     The cursor maps each source file to its version. A file whose version is not in the
@@ -30,7 +34,7 @@ def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDe
     and keeps its cursor, so the files that came meanwhile are requested after the resume.
     """
     source = settings.resolve_source_uri(spec.source.uri)
-    submit_keys = [asset_key(spec, step) for step in names.SUBMIT_ASSETS]
+    job = submit_job if submit_job is not None else build_lifecycle_jobs(spec)[steps.Step.BUILD]
     partitions = partitions_for(spec)
 
     @dg.sensor(
@@ -40,7 +44,7 @@ def build_new_data_sensor(spec: PipelineSpec, settings: Settings) -> dg.SensorDe
         minimum_interval_seconds=sensor_interval(settings, 10),
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={"storage", "ledger"},
-        asset_selection=submit_keys,
+        jobs=[job],
     )
     def new_data(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         paused = steps.pause_reason(context.resources.ledger, spec.name)
@@ -140,7 +144,8 @@ def _file_requests(
         dg.RunRequest(
             run_key=names.new_file_run_key(uri, version, day.isoformat()),
             partition_key=day.isoformat(),
-            asset_selection=[asset_key(spec, step) for step in names.SUBMIT_ASSETS],
+            job_name=names.submit_job(spec.name),
+            asset_selection=asset_keys(spec, steps.Step.BUILD),
             tags={names.SOURCE_FILE_TAG: uri[-200:]},
         )
         for day in due

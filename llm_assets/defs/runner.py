@@ -2,7 +2,8 @@
 
 Every step runs as a real Dagster run on a persistent instance, so it shows in the UI. What
 the day does next, and the waiting between runs, is the lifecycle's (steps.drive): this
-module only says how its heavy steps run here (as Dagster runs of the assets in `ASSETS_OF`).
+module only says how its heavy steps run here: as runs of the pipeline's named jobs
+(defs/jobs.py), in this process, on the persistent instance.
 `run_days` drives a range of days one after another with a progress line each, for
 `llm-assets run` and the demo, and announces each day's outcome as the notification sensors
 do for the code location's runs (steps/notify.py): these runs are not the code location's,
@@ -10,6 +11,7 @@ so no sensor sees them.
 """
 
 import datetime as dt
+import functools
 import getpass
 import os
 from collections.abc import Callable, Sequence
@@ -25,6 +27,7 @@ from llm_assets.defs.factory import (
     asset_key,
     build_pipeline_assets,
 )
+from llm_assets.defs.jobs import asset_keys, build_lifecycle_jobs, job_name
 from llm_assets.defs.metadata import DAY_SUMMARY_JSON
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource
@@ -37,21 +40,6 @@ from llm_assets.util import file_lock
 from llm_assets.util.failpoints import failpoint
 from llm_assets.util.progress import ProgressFn, listening
 from llm_assets.util.settings import Settings
-
-ASSETS_OF: dict[steps.Step, tuple[str, ...]] = {
-    steps.Step.BUILD: names.SUBMIT_ASSETS,
-    steps.Step.SUBMIT: (names.PROVIDER_BATCHES,),
-    steps.Step.IMPORT: (*names.IMPORT_ASSETS, *names.GATED_ASSETS, *names.REPORT_ASSETS),
-    steps.Step.VALIDATE: (*names.GATED_ASSETS, *names.REPORT_ASSETS),
-    steps.Step.REPORT: names.REPORT_ASSETS,
-}
-"""The assets a run materializes to carry out each of the lifecycle's heavy actions. An
-import's run goes on to validate, publish and report the day: when it leaves items open
-(retries planned, batches still in flight) validated_outputs skips the day and Dagster skips
-the steps after it in that run; when it closes the day's last items, the day is finished in
-the same run, without waiting for another sensor tick or run between the steps. A validation
-run reports the day too (the quality gate skips publication only, not the report); the
-lifecycle asks for a report alone when a validation is already newer than the last import."""
 
 
 class StepFailed(Exception):
@@ -230,28 +218,32 @@ class PartitionRunner:
         return provider
 
     def materialize(
-        self, day: dt.date, step_names: Sequence[str], progress: ProgressFn | None = None
+        self, day: dt.date, step: steps.Step, progress: ProgressFn | None = None
     ) -> str:
+        """Run the pipeline's job for the lifecycle action `step` on the day; its run id."""
         tags = {names.CREATED_BY_TAG: f"cli:{getpass.getuser()}"}
         if self.approve_budget:
             tags[names.APPROVE_BUDGET_TAG] = "true"
         with listening(progress):
-            result = self._materialize(day, step_names, tags)
+            result = self._materialize(day, step, tags)
         if not result.success:
             raise failure_of(result)
         failpoint("runner.between_runs")
         return result.run_id
 
+    @functools.cached_property
+    def _definitions(self) -> dg.Definitions:
+        jobs = build_lifecycle_jobs(self.spec).values()
+        return dg.Definitions(assets=self.assets, jobs=list(jobs), resources=self.resources)
+
     def _materialize(
-        self, day: dt.date, step_names: Sequence[str], tags: dict[str, str]
+        self, day: dt.date, step: steps.Step, tags: dict[str, str]
     ) -> dg.ExecuteInProcessResult:
-        return dg.materialize(
-            self.assets,
+        return self._definitions.resolve_job_def(job_name(self.spec, step)).execute_in_process(
             run_config={"loggers": {"console": {"config": {"log_level": self.log_level}}}},
             instance=self.instance,
-            resources=self.resources,
             partition_key=day.isoformat(),
-            selection=[asset_key(self.spec, s) for s in step_names],
+            asset_selection=asset_keys(self.spec, step),
             tags=tags,
             raise_on_error=False,
         )
@@ -309,7 +301,7 @@ class PartitionRunner:
             raise StepFailed(paused, gate="paused")
         run_ids: list[str] = []
         day_driver = self.driver(day, run_ids, progress)
-        run_ids.append(self.materialize(day, names.SUBMIT_ASSETS, progress))
+        run_ids.append(self.materialize(day, steps.Step.BUILD, progress))
         if steps.no_source_rows(self.spec, day, self.storage):
             # request_shards made no job: there is nothing to wait for, import or report.
             return DayOutcome(
@@ -401,7 +393,7 @@ class _DagsterRuns:
 
     def run(self, day: steps.DayDriver, action: steps.Action) -> None:
         shown = self.progress if action.step in (steps.Step.BUILD, steps.Step.SUBMIT) else None
-        self.run_ids.append(self.runner.materialize(day.ctx.day, ASSETS_OF[action.step], shown))
+        self.run_ids.append(self.runner.materialize(day.ctx.day, action.step, shown))
 
 
 def _progress_of(

@@ -1,9 +1,7 @@
-"""Jobs and schedules: the submit job behind UI backfills and fixed-time runs.
-
-A day is submitted by `<pipeline>__submit` (snapshot, shards with the budget check,
-submission); the batch-status sensor finishes it when the provider is done. Backfilling that
-job over a date range in the UI launches one run, and so one provider job, per day. A spec
-with `automation.schedule` submits the latest complete day on that cron.
+"""The schedule: a spec with `automation.schedule` submits the latest complete day on that
+cron, as a run of `<pipeline>__submit` (defs/jobs.py: snapshot, shards with the budget check,
+submission); the batch-status sensor finishes the day when the provider is done. Backfilling
+that job over a date range in the UI launches one run, and so one provider job, per day.
 """
 
 import datetime as dt
@@ -13,18 +11,7 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from llm_assets import names
-from llm_assets.defs.factory import asset_key, partitions_for
 from llm_assets.spec.model import PipelineSpec
-
-
-def build_submit_job(spec: PipelineSpec) -> UnresolvedAssetJobDefinition:
-    return dg.define_asset_job(
-        names.submit_job(spec.name),
-        selection=[asset_key(spec, step) for step in names.SUBMIT_ASSETS],
-        partitions_def=partitions_for(spec),
-        description=f"Snapshot, shard and submit one day of {spec.name}; backfill it for a "
-        "date range (one provider job per day). The batch-status sensor does the rest.",
-    )
 
 
 def build_schedule(

@@ -11,7 +11,7 @@
   lifecycle names for the pipeline's days: imports of ended batches, submissions of due
   shards (retry rounds, quota waits over, shards a pause held back once it is lifted, a
   first-round shard its own run never sent). An import's run goes on to validate, publish
-  and report the day (defs/runner.py `ASSETS_OF`), so the day whose last items it imports
+  and report the day (defs/jobs.py `ASSETS_OF`), so the day whose last items it imports
   is finished in that run, the report written also when the quality gate stops
   publication; a day imported or validated without the rest gets a run of what is left.
   An eval's days are polled and cancelled here; their steps are the eval run's.
@@ -46,14 +46,16 @@ When a day is announced:
 import datetime as dt
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from llm_assets import names, steps
 from llm_assets.defs import checks
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.runner import ASSETS_OF, day_busy, failure_reason, reported_summary
+from llm_assets.defs.jobs import asset_keys, build_lifecycle_jobs, job_name
+from llm_assets.defs.runner import day_busy, failure_reason, reported_summary
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider
@@ -81,10 +83,14 @@ SENSOR = "sensor"
 
 
 def build_batch_status_sensor(
-    spec: PipelineSpec, settings: Settings | None = None
+    spec: PipelineSpec,
+    settings: Settings | None = None,
+    jobs: Mapping[steps.Step, UnresolvedAssetJobDefinition] | None = None,
 ) -> dg.SensorDefinition:
+    """The sensor of one pipeline; it requests runs of the pipeline's lifecycle `jobs` (the
+    code location's, built here when not given)."""
     provider_key = provider_resource_key(spec.model.provider)
-    keys = {step: [asset_key(spec, a) for a in assets] for step, assets in ASSETS_OF.items()}
+    jobs = jobs if jobs is not None else build_lifecycle_jobs(spec)
     submit_key = asset_key(spec, names.PROVIDER_BATCHES)
     results_key = asset_key(spec, names.BATCH_RESULTS)
 
@@ -96,7 +102,7 @@ def build_batch_status_sensor(
         minimum_interval_seconds=sensor_interval(settings, TICK_SECONDS),
         default_status=dg.DefaultSensorStatus.RUNNING,
         required_resource_keys={"ledger", "storage", provider_key},
-        asset_selection=sorted({key for selected in keys.values() for key in selected}),
+        jobs=[jobs[step] for step in sorted(_RUNS)],
     )
     def batch_status(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         ledger: LedgerResource = context.resources.ledger
@@ -112,16 +118,23 @@ def build_batch_status_sensor(
                     "submission wait for it"
                 )
             if day.ctx.spec.parent is None:
-                run_requests += [
-                    _request(keys, day, a) for a in decision.actions if a.step in _RUNS
-                ]
+                run_requests += [_request(day, a) for a in decision.actions if a.step in _RUNS]
         events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = [
             _observation(submit_key, shard, day) for shard, day in polled
         ]
         events += [
             found for day in days if (found := _tell_stuck(context, day, provider, results_key))
         ]
-        return dg.SensorResult(run_requests=run_requests, asset_events=events)
+        # A paused pipeline says so on the sensor's page, as its latest tick's reason.
+        paused = None if run_requests else steps.pause_reason(ledger, spec.name)
+        return dg.SensorResult(
+            run_requests=run_requests,
+            asset_events=events,
+            skip_reason=f"{spec.name} is {paused}; batches in flight are still polled and "
+            "imported, nothing is sent until it is resumed"
+            if paused
+            else None,
+        )
 
     return batch_status
 
@@ -223,18 +236,17 @@ def _poll(
     return [(shard, day_of[shard.shard_id]) for shard in polled]
 
 
-def _request(
-    keys: dict[steps.Step, list[dg.AssetKey]], day: steps.DayDriver, action: steps.Action
-) -> dg.RunRequest:
-    """The run that carries out a heavy action of a day, keyed by what it does in which
-    state, so each is requested once."""
+def _request(day: steps.DayDriver, action: steps.Action) -> dg.RunRequest:
+    """The run of the pipeline's job for a heavy action of a day, keyed by what it does in
+    which state, so each is requested once."""
     tags = {}
     if action.step == steps.Step.IMPORT and action.shard_ids:
         tags[names.PROVIDER_BATCHES_TAG] = action.key[:200]
     return dg.RunRequest(
         run_key=names.lifecycle_run_key(action.key),
         partition_key=day.ctx.day.isoformat(),
-        asset_selection=keys[action.step],
+        job_name=job_name(day.ctx.spec, action.step),
+        asset_selection=asset_keys(day.ctx.spec, action.step),
         tags=tags,
     )
 
