@@ -30,9 +30,11 @@ def keys(harness: Harness, steps_of_run: Sequence[str]) -> set[dg.AssetKey]:
     return {asset_key(harness.spec, step) for step in steps_of_run}
 
 
-def tick(harness: Harness, sensor: dg.SensorDefinition | None = None) -> dg.SensorResult:
+def tick(
+    harness: Harness, sensor: dg.SensorDefinition | None = None, cursor: str | None = None
+) -> dg.SensorResult:
     """One evaluation of a sensor of the harness's pipeline (its batch-status sensor unless
-    another is given), with no cursor, as on a first tick."""
+    another is given), with the cursor of the tick before (none: as on a first tick)."""
     sensor = sensor or build_batch_status_sensor(harness.spec)
     defs = dg.Definitions(
         assets=build_pipeline_assets(harness.spec, harness.settings),
@@ -44,6 +46,7 @@ def tick(harness: Harness, sensor: dg.SensorDefinition | None = None) -> dg.Sens
         resources=harness.resources,
         definitions=defs,
         sensor_name=sensor.name,
+        cursor=cursor,
     )
     data = sensor.evaluate_tick(context)
     return dg.SensorResult(
@@ -62,16 +65,30 @@ def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
 
     first = tick(harness)
 
+    # One observation of the day on provider_batches: its state, and every shard's batch.
     assert first.run_requests == []
-    assert len(first.asset_events) == len(shards) == 3
-    for event in first.asset_events:
-        assert isinstance(event, dg.AssetObservation)
-        assert event.asset_key == asset_key(harness.spec, "provider_batches")
-        assert event.partition == DAY.isoformat()
-        assert event.metadata["status"].value == "running"
+    [event] = first.asset_events
+    assert isinstance(event, dg.AssetObservation)
+    assert event.asset_key == asset_key(harness.spec, "provider_batches")
+    assert event.partition == DAY.isoformat()
+    assert event.tags[names.DAY_STATE_TAG] == "running"
+    assert event.metadata["day_state"].value == "running"
+    items = len(harness.truth)
+    assert event.description == f"running: 3 batches in flight; 0 of {items} items ended"
+    table = event.metadata["provider_batches"].value
+    assert all(str(s.provider_batch_id) in table for s in shards)
+    assert table.count("| running |") == len(shards) == 3
 
-    while not (result := tick(harness)).run_requests:
-        pass
+    # The next tick, with nothing changed at the provider, observes nothing new.
+    second = tick(harness, cursor=first.cursor)
+    assert second.run_requests == [] and second.asset_events == []
+
+    cursor = second.cursor
+    observed: list[dg.AssetObservation] = []
+    while not (result := tick(harness, cursor=cursor)).run_requests:
+        cursor = result.cursor
+        observed += [e for e in result.asset_events if isinstance(e, dg.AssetObservation)]
+    observed += [e for e in result.asset_events if isinstance(e, dg.AssetObservation)]
 
     [request] = result.run_requests
     assert request.partition_key == DAY.isoformat()
@@ -102,11 +119,15 @@ def test_sensor_records_progress_then_requests_the_import_of_ended_batches(
     assert report.job_name == f"{harness.spec.name}__report"
     assert harness.materialize(*names.REPORT_ASSETS).success
     assert tick(harness).run_requests == []
-    ended = {
-        e.metadata["shard_id"].value: e.metadata["completed_requests"].value
-        for e in result.asset_events
-    }
-    assert ended == {s.shard_id: s.item_count for s in shards}
+    # The last observation before the import: every batch ended, every request done.
+    table = observed[-1].metadata["provider_batches"].value
+    assert all(f"| {s.item_count}/{s.item_count} |" in table for s in shards)
+    assert "next: import" in str(observed[-1].description)
+    # Once the day is finished, the tick after the one that saw it open says so once.
+    done = tick(harness, cursor=result.cursor)
+    [last] = done.asset_events
+    assert last.tags[names.DAY_STATE_TAG] == "done"
+    assert tick(harness, cursor=done.cursor).asset_events == []
 
 
 def test_sensor_requests_submission_of_planned_retry_shards(
@@ -134,10 +155,15 @@ def test_sensor_stops_polling_at_its_deadline_and_resumes_next_tick(
     harness.submit()
     monkeypatch.setattr(sensors, "POLL_DEADLINE_SECONDS", -1.0)
 
-    assert tick(harness).asset_events == []
+    def polls() -> int:
+        return sum(1 for c in fake.calls.entries() if c["method"] == "GET")
+
+    tick(harness)
+    assert polls() == 0
 
     monkeypatch.setattr(sensors, "POLL_DEADLINE_SECONDS", 30.0)
-    assert len(tick(harness).asset_events) == 3
+    tick(harness)
+    assert polls() == 3
 
 
 def test_a_tick_polls_only_the_batches_that_are_due(
@@ -160,9 +186,11 @@ def test_a_tick_polls_only_the_batches_that_are_due(
     def polls() -> int:
         return sum(1 for c in fake.calls.entries() if c["method"] == "GET")
 
-    assert len(tick(harness).asset_events) == len(shards) == 3
+    first = tick(harness)
     asked = polls()
-    assert tick(harness).asset_events == []
+    assert asked == len(shards) == 3
+    # Nothing polled, nothing changed: no observation either.
+    assert tick(harness, cursor=first.cursor).asset_events == []
     assert polls() == asked
     assert build_batch_status_sensor(harness.spec).minimum_interval_seconds == sensors.TICK_SECONDS
     assert sensors.TICK_SECONDS <= 15

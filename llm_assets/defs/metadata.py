@@ -15,6 +15,8 @@ from typing import Any
 
 import dagster as dg
 
+from llm_assets.names import DAY_STATE_TAG
+from llm_assets.resources.ledger import JobCounts
 from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
@@ -32,6 +34,7 @@ from llm_assets.steps import (
     ValidateResult,
     no_source_rows_reason,
 )
+from llm_assets.steps.day_state import DayStateView
 from llm_assets.steps.tables import case_table, shown_of
 
 DAY_SUMMARY_JSON = "day_summary_json"
@@ -313,3 +316,40 @@ def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[
         "day_summary": dg.MetadataValue.md(report.day_summary.markdown()),
         DAY_SUMMARY_JSON: dg.MetadataValue.json(report.day_summary.model_dump(mode="json")),
     }
+
+
+def day_state_observation(
+    key: dg.AssetKey, day: dt.date, view: DayStateView, counts: JobCounts, shards: Sequence[Any]
+) -> dg.AssetObservation:
+    """The day's state on its partition of provider_batches (the batch-status sensor's, when
+    it changes): the state as a tag and the observation's description, the day's items and
+    each shard's batch and progress."""
+    shown = sorted(shards, key=lambda s: s.shard_id)[:SHARDS_SHOWN]
+    rows = [
+        {
+            "shard": short_shard(s.job_id, s.shard_id),
+            "provider batch": s.provider_batch_id,
+            "status": s.status,
+            "provider status": s.raw_status,
+            "requests done": f"{s.completed_requests + s.failed_requests}/{s.item_count}",
+        }
+        for s in shown
+    ]
+    table = (
+        f"{shown_of(len(shown), len(shards), 'shards')}\n\n{case_table(rows, limit=SHARDS_SHOWN)}"
+    )
+    return dg.AssetObservation(
+        asset_key=key,
+        partition=day.isoformat(),
+        description=f"{view.state}: {view.description}",
+        tags={DAY_STATE_TAG: view.state.replace(" ", "_")},
+        metadata={
+            "day_state": view.state,
+            "state": view.description,
+            "items": counts.total,
+            "open_items": counts.open,
+            "succeeded": counts.succeeded,
+            "dead_letters": counts.dead_letters,
+            "provider_batches": dg.MetadataValue.md(table),
+        },
+    )

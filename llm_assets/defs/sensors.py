@@ -45,6 +45,7 @@ When a day is announced:
 
 import datetime as dt
 import functools
+import json
 import time
 from collections.abc import Callable, Mapping
 
@@ -53,6 +54,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 
 from llm_assets import names, steps
 from llm_assets.defs import checks
+from llm_assets.defs import metadata as asset_metadata
 from llm_assets.defs.factory import asset_key
 from llm_assets.defs.jobs import asset_keys, build_lifecycle_jobs, job_name
 from llm_assets.defs.runner import day_busy, failure_reason, reported_summary
@@ -62,6 +64,7 @@ from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import notify, stuck
+from llm_assets.steps.day_state import day_state
 from llm_assets.steps.executor import PollLimits, job_spec, poll_many
 from llm_assets.util.settings import Settings, sensor_interval
 
@@ -108,10 +111,12 @@ def build_batch_status_sensor(
         ledger: LedgerResource = context.resources.ledger
         provider: BatchProvider = getattr(context.resources, provider_key)
         days = _open_days(spec, ledger, context.resources.storage, provider, context.log.info)
-        polled = _poll(context, days, provider)
+        _poll(context, days, provider)
         run_requests = []
+        states = _DayStates(submit_key, context.cursor)
         for day in days:
             decision = day.advance(only=_CHEAP)
+            states.saw(day, decision)
             if decision.blocked is not None and decision.gate == steps.lifecycle.PAUSED:
                 context.log.info(
                     f"{day.ctx.spec.name} {day.ctx.day}: {decision.blocked}; shards due for "
@@ -120,7 +125,7 @@ def build_batch_status_sensor(
             if day.ctx.spec.parent is None:
                 run_requests += [_request(day, a) for a in decision.actions if a.step in _RUNS]
         events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = [
-            _observation(submit_key, shard, day) for shard, day in polled
+            *states.changed(spec, ledger, context.resources.storage, provider)
         ]
         events += [
             found for day in days if (found := _tell_stuck(context, day, provider, results_key))
@@ -130,6 +135,7 @@ def build_batch_status_sensor(
         return dg.SensorResult(
             run_requests=run_requests,
             asset_events=events,
+            cursor=states.cursor(),
             skip_reason=f"{spec.name} is {paused}; batches in flight are still polled and "
             "imported, nothing is sent until it is resumed"
             if paused
@@ -251,21 +257,62 @@ def _request(day: steps.DayDriver, action: steps.Action) -> dg.RunRequest:
     )
 
 
-def _observation(submit_key: dg.AssetKey, shard: ShardRecord, day: dt.date) -> dg.AssetObservation:
-    """A polled shard's provider status, shown on the day's provider_batches in the UI."""
-    return dg.AssetObservation(
-        asset_key=submit_key,
-        partition=day.isoformat(),
-        metadata={
-            "shard_id": shard.shard_id,
-            "provider_batch_id": shard.provider_batch_id or "",
-            "status": shard.status,
-            "provider_status": shard.raw_status or "",
-            "requests": shard.item_count,
-            "completed_requests": shard.completed_requests,
-            "failed_requests": shard.failed_requests,
-        },
-    )
+class _DayStates:
+    """The pipeline's days whose state (steps/day_state.py) changed since the last tick, as
+    observations of their provider_batches partition. The cursor holds each open day's last
+    state; a day that left the open days (finished, or expired) is looked at once more, so
+    its last observation says how it ended."""
+
+    def __init__(self, key: dg.AssetKey, cursor: str | None) -> None:
+        self.key = key
+        self.before: dict[str, str] = json.loads(cursor) if cursor else {}
+        self.now: dict[str, str] = {}
+        self.events: list[dg.AssetObservation] = []
+
+    def saw(self, day: steps.DayDriver, decision: steps.Decision) -> None:
+        if day.ctx.spec.parent is not None or day.last_state is None:
+            return  # an eval's day: its pipeline's assets are not the eval's
+        view = day_state(day.last_state, decision)
+        shards = day.ledger.shards(day.ctx.job_id)
+        fingerprint = json.dumps(
+            [view.state, view.description]
+            + [[s.status, s.raw_status, s.completed_requests, s.failed_requests] for s in shards]
+        )
+        self.now[day.ctx.job_id] = fingerprint
+        if self.before.get(day.ctx.job_id) != fingerprint:
+            self.events.append(
+                asset_metadata.day_state_observation(
+                    self.key, day.ctx.day, view, day.counts, shards
+                )
+            )
+
+    def changed(
+        self,
+        spec: PipelineSpec,
+        ledger: LedgerResource,
+        storage: ArtifactStorage,
+        provider: BatchProvider,
+    ) -> list[dg.AssetObservation]:
+        """The observations of this tick, with the last of the days that are no longer open."""
+        for job_id in sorted(set(self.before) - set(self.now)):
+            job = ledger.get_job(job_id)
+            if job is None:
+                continue
+            ctx = steps.StepContext(
+                job_spec(spec, job),
+                job.partition_date,
+                ledger,
+                storage,
+                provider,
+                created_by=SENSOR,
+            )
+            day = steps.DayDriver(ctx)
+            self.saw(day, day.decide())
+            self.now.pop(job_id, None)  # looked at once, then forgotten
+        return self.events
+
+    def cursor(self) -> str:
+        return json.dumps(self.now, sort_keys=True)
 
 
 def _partition_of(
