@@ -229,7 +229,9 @@ def test_every_file_a_day_writes_is_as_readable_as_the_umask_lets_it_be(
 
 
 def test_rematerializing_any_step_changes_nothing(platform: Platform) -> None:
-    platform.materialize()
+    first = platform.materialize()
+    planned = platform.metadata(first, "request_shards")
+    sent = platform.metadata(first, "provider_batches")
     job = steps.existing_job(platform.spec, DAY, platform.ledger)
     before = sorted((r["custom_id"], r["status"], r["attempts"]) for r in platform.rows(job.job_id))
     batches = platform.provider_batches()
@@ -244,11 +246,25 @@ def test_rematerializing_any_step_changes_nothing(platform: Platform) -> None:
         assert after == before, step
         assert platform.provider_batches() == batches, step
         assert platform.ledger.shards(job.job_id) == shards, step
+        # A re-run that finds nothing to do says so and keeps the day's figures.
         if step == "request_shards":
-            assert platform.metadata(result, step)["new_items"] == 0
-            assert platform.metadata(result, step)["shards_created"] == 0
+            again = platform.metadata(result, step)
+            assert (again["new_items"], again["shards_created"]) == (0, 0)
+            day_figures = ["items", "shards", "estimated_input_tokens", "estimated_cost_usd"]
+            assert [again[k] for k in day_figures] == [planned[k] for k in day_figures]
+            assert planned["items"] == len(before) and planned["shards"] == len(shards)
+            assert planned["estimated_input_tokens"] > 0
+            assert again["outcome"] == (
+                f"nothing to do: the day's {len(before)} items are in {len(shards)} shards an "
+                "earlier run built"
+            )
+            assert "outcome" not in planned
         if step == "provider_batches":
-            assert platform.metadata(result, step)["submitted_shards"] == 0
+            again = platform.metadata(result, step)
+            assert again["submitted_shards"] == 0
+            assert again["provider_batches"] == sent["provider_batches"]
+            assert all(str(s.provider_batch_id) in again["provider_batches"] for s in shards)
+            assert again["outcome"].startswith("nothing to do: the day's ")
         if step == "input_snapshot":
             assert platform.metadata(result, step)["reused_existing_snapshot"] is True
 

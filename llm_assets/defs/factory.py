@@ -287,7 +287,13 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
                 checks.budget_check(gate),
                 checks.compliance_check(screened, result.personal_data),
             ],
-            metadata=asset_metadata.shards_metadata(pipe.spec, result, gate),
+            metadata=asset_metadata.shards_metadata(
+                pipe.spec,
+                result,
+                gate,
+                ctx.ledger.counts(result.job_id).total,
+                ctx.ledger.shards(result.job_id),
+            ),
         )
 
     return request_shards
@@ -323,7 +329,9 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
             yield _skipped(context, pipe.key(names.PROVIDER_BATCHES), str(paused))
             return
         yield dg.MaterializeResult(
-            metadata=asset_metadata.submit_metadata(pipe.spec, result, ctx.batch_provider)
+            metadata=asset_metadata.submit_metadata(
+                pipe.spec, result, ctx.batch_provider, ctx.ledger.shards(result.job_id)
+            )
         )
 
     return provider_batches

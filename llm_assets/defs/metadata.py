@@ -16,7 +16,7 @@ from typing import Any
 import dagster as dg
 
 from llm_assets.names import DAY_STATE_TAG
-from llm_assets.resources.ledger import JobCounts
+from llm_assets.resources.ledger import JobCounts, ShardRecord
 from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
@@ -149,17 +149,28 @@ def snapshot_metadata(spec: PipelineSpec, result: SnapshotResult, day: dt.date) 
 
 
 def submit_metadata(
-    spec: PipelineSpec, result: SubmitResult, provider: BatchProvider
+    spec: PipelineSpec,
+    result: SubmitResult,
+    provider: BatchProvider,
+    day_shards: Sequence[ShardRecord],
 ) -> dict[str, Any]:
-    """provider_batches: what was submitted (each shard's provider batch and its console
-    link), what is in flight, what waits for the provider's quota and why, and when the next
-    submission goes (left out when nothing waits)."""
+    """provider_batches: how many shards this run submitted, every batch of the day (each
+    shard's provider batch and its console link), what is in flight, what waits for the
+    provider's quota and why, and when the next submission goes (left out when nothing
+    waits). A run that submits nothing says so and keeps the day's batches."""
     next_at = result.next_submission_at
+    batches = {s.shard_id: s.provider_batch_id for s in day_shards if s.provider_batch_id}
+    idle = not (result.submitted or result.waiting_for_backoff or result.waiting_for_quota)
     return {
         **lineage(spec),
         "job_id": result.job_id,
+        **(
+            {"outcome": f"nothing to do: the day's {len(batches)} batches were submitted before"}
+            if idle and batches
+            else {}
+        ),
         "submitted_shards": len(result.submitted),
-        **(batch_links(result.job_id, result.submitted, provider) if result.submitted else {}),
+        **(batch_links(result.job_id, batches, provider) if batches else {}),
         "in_flight_shards": result.in_flight,
         "retry_shards_waiting_for_backoff": result.waiting_for_backoff,
         "shards_waiting_for_quota": result.waiting_for_quota,
@@ -217,14 +228,34 @@ def dead_letter_metadata(ctx: StepContext, result: DeadLetterResult) -> dict[str
     )
 
 
-def shards_metadata(spec: PipelineSpec, result: ShardsResult, gate: BudgetGate) -> dict[str, Any]:
-    """request_shards: new items, input dead letters, shards, the estimate and the day's bound."""
+def shards_metadata(
+    spec: PipelineSpec,
+    result: ShardsResult,
+    gate: BudgetGate,
+    day_items: int,
+    day_shards: Sequence[ShardRecord],
+) -> dict[str, Any]:
+    """request_shards: what this run added (new items, input dead letters, shards) and the
+    day as a whole (its items, first-round shards and their estimate), so a run that finds
+    nothing new says so and keeps the day's figures."""
     estimate = result.estimate
+    planned = [s for s in day_shards if s.round == 0]
+    this_run = {}
+    if result.new_items:
+        this_run = {
+            "input_tokens_exact": estimate.input_tokens_exact,
+            "token_counter": estimate.token_counter,
+            "expected_output_tokens_per_item": estimate.expected_output_tokens_per_item,
+            "output_estimate_basis": estimate.output_basis,
+        }
     return {
         **lineage(spec),
         "job_id": result.job_id,
         "code_version": spec.prompt_code_version,
+        **({} if result.new_items else {"outcome": nothing_new(day_items, len(planned))}),
         "snapshot_rows": result.snapshot_rows,
+        "items": day_items,
+        "shards": len(planned),
         "new_items": result.new_items,
         "already_in_ledger": result.already_known,
         "input_dead_letters": sum(result.input_dead_letters.values()),
@@ -233,15 +264,17 @@ def shards_metadata(spec: PipelineSpec, result: ShardsResult, gate: BudgetGate) 
         "personal_data_found": result.personal_data,
         "shards_created": len(result.shards_created),
         "shard_uris": result.shard_uris[:20],
-        "estimated_input_tokens": estimate.input_tokens,
-        "input_tokens_exact": estimate.input_tokens_exact,
-        "token_counter": estimate.token_counter,
-        "expected_output_tokens_per_item": estimate.expected_output_tokens_per_item,
-        "output_estimate_basis": estimate.output_basis,
-        "estimated_cost_usd": usd(estimate.cost_usd),
-        "estimated_cost_upper_bound_usd": usd(estimate.cost_upper_usd),
+        "estimated_input_tokens": sum(s.estimated_input_tokens for s in planned),
+        **this_run,
+        "estimated_cost_usd": usd(sum(s.estimated_cost_usd for s in planned)),
+        "estimated_cost_upper_bound_usd": usd(sum(s.estimated_cost_upper_usd for s in planned)),
         "day_upper_bound_usd": usd(gate.committed_usd),
     }
+
+
+def nothing_new(items: int, shards: int) -> str:
+    """What a re-run of request_shards that found no new item says."""
+    return f"nothing to do: the day's {items} items are in {shards} shards an earlier run built"
 
 
 def import_metadata(
