@@ -247,14 +247,13 @@ def test_a_date_backfill_submits_one_provider_job_per_day_and_skips_an_empty_day
     )
 
     backfill = platform.dev.wait_for_backfill(backfill_id)
-    # Every run succeeds. Dagster's backfill counts a partition its runs did not materialize
-    # as failed: the empty day's skipped steps, and nothing else (docs/decisions.md).
+    # Every run succeeds, and so does the backfill: the empty day is materialized as empty.
     assert {run["status"] for run in backfill["runs"]} == {"SUCCESS"}, backfill["runs"]
-    assert backfill["status"] == "COMPLETED_FAILED"
+    assert backfill["status"] == "COMPLETED_SUCCESS"
     assert platform.dev.backfill_asset_counts(backfill_id) == {
         "input_snapshot": (3, 0),
-        "request_shards": (2, 1),
-        "provider_batches": (2, 1),
+        "request_shards": (3, 0),
+        "provider_batches": (3, 0),
     }
     # The empty day says why in its snapshot and its WARN check; no job, nothing published.
     assert platform.ledger.jobs_for_partition(spec.name, EMPTY_DAY) == []
@@ -286,12 +285,14 @@ def test_a_date_backfill_submits_one_provider_job_per_day_and_skips_an_empty_day
             reason,
         )
         for step in submit[1:]:
-            assert not instance.fetch_materializations(
+            [empty] = instance.fetch_materializations(
                 dg.AssetRecordsFilter(
                     asset_key=asset_key(spec, step), asset_partitions=[EMPTY_DAY.isoformat()]
                 ),
-                limit=1,
-            ).records, step
+                limit=2,
+            ).records
+            assert empty.asset_materialization is not None
+            assert empty.asset_materialization.metadata["no_source_rows"].value == reason
     finally:
         instance.dispose()
     for day in BACKFILL_DAYS:

@@ -1,4 +1,5 @@
-"""A day with no source rows: input_snapshot says so and the rest of the day is skipped."""
+"""A day with no source rows: input_snapshot says so and every later step materializes the
+day as empty, with nothing to check."""
 
 import datetime as dt
 import json
@@ -11,6 +12,7 @@ import sqlalchemy as sa
 
 from llm_assets import names, steps
 from llm_assets.defs import checks
+from llm_assets.defs.factory import build_pipeline_assets
 from llm_assets.resources.ledger import job_table
 from tests.test_cli import Env
 from tests.test_pipeline import DAY, Platform
@@ -29,17 +31,36 @@ def materialized(result: dg.ExecuteInProcessResult) -> set[str]:
     return {e.asset_key.path[-1] for e in result.get_asset_materialization_events()}
 
 
-def test_an_empty_day_is_snapshotted_and_skipped_and_a_day_with_rows_runs(
+def test_an_empty_day_is_materialized_as_empty_and_a_day_with_rows_runs(
     platform: Platform,
 ) -> None:
     spec = platform.spec
     empty = platform.materialize(day=EMPTY)
 
+    # Every step materializes the empty day (the UI shows it run), each saying why it had
+    # nothing to do, and every check has an outcome: only source_rows fails (a warning).
     assert empty.success
-    assert materialized(empty) == {"input_snapshot"}
-    skipped = {e.step_key for e in empty.all_events if e.event_type_value == "STEP_SKIPPED"}
-    assert skipped == {f"{spec.name}__{s}" for s in names.ASSETS[2:]}
+    assert materialized(empty) == set(names.ASSETS)
+    assert not [e for e in empty.all_events if e.event_type_value == "STEP_SKIPPED"]
     assert not [e for e in empty.all_events if e.is_step_failure]
+    reason = f"no source rows for {EMPTY}"
+    for step in names.ASSETS[1:]:
+        [later] = empty.asset_materializations_for_node(f"{spec.name}__{step}")
+        assert later.metadata["no_source_rows"].value == reason, step
+        assert later.metadata["day_state"].value == "empty", step
+    evaluations = empty.get_asset_check_evaluations()
+    planned = {
+        (spec_.asset_key.path[-1], spec_.name)
+        for asset in build_pipeline_assets(spec, platform.settings)
+        for spec_ in asset.check_specs
+    }
+    assert {(e.asset_key.path[-1], e.check_name) for e in evaluations} == planned
+    assert [e.check_name for e in evaluations if not e.passed] == [checks.SOURCE_ROWS]
+    assert all(
+        e.description == f"{reason}: nothing to check"
+        for e in evaluations
+        if e.check_name != checks.SOURCE_ROWS
+    )
     [snapshot] = empty.asset_materializations_for_node(f"{spec.name}__input_snapshot")
     assert snapshot.metadata["no_source_rows"].value == "no source rows for 2026-11-08"
     assert snapshot.metadata["dagster/row_count"].value == 0

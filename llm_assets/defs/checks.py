@@ -360,11 +360,6 @@ def budget_check(gate: BudgetGate) -> dg.AssetCheckResult:
     )
 
 
-def empty_day_budget_check(reason: str) -> dg.AssetCheckResult:
-    """The budget check of a day with no source rows: nothing is requested, nothing spent."""
-    return _result(BUDGET, True, dg.AssetCheckSeverity.ERROR, {"reason": reason})
-
-
 def compliance_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:
     return dg.AssetCheckSpec(
         COMPLIANCE,
@@ -392,11 +387,6 @@ def compliance_check(gate: ComplianceGate, personal_data: dict[str, int]) -> dg.
         },
         gate.reason,
     )
-
-
-def empty_day_compliance_check(reason: str) -> dg.AssetCheckResult:
-    """The compliance check of a day with no source rows: nothing was read, nothing blocked."""
-    return _result(COMPLIANCE, True, dg.AssetCheckSeverity.ERROR, {"reason": reason})
 
 
 def cost_drift_check_spec(key: dg.AssetKey) -> dg.AssetCheckSpec:

@@ -91,18 +91,40 @@ def _run_step(fn: Callable[[], Any]) -> Any:
 
 
 def _empty_day(context: dg.AssetExecutionContext, ctx: steps.StepContext) -> bool:
-    """Whether the day has no source rows, logged with why the asset is not materialized.
+    """Whether the day has no source rows (its snapshot is empty), logged.
 
-    Assets that skip empty days are declared `output_required=False` and yield no
-    materialization then, so Dagster skips their downstream assets in the same run.
+    Every step after the snapshot then materializes the day as empty (`_empty_outcome`), so
+    a run or a backfill over empty days succeeds, every asset shows the day as run, and no
+    check is left skipped.
     """
     if not steps.no_source_rows(ctx.spec, ctx.day, ctx.storage):
         return False
     context.log.info(
-        f"{steps.no_source_rows_reason(ctx.day)}: {context.asset_key.to_user_string()} is "
-        "not materialized and the later steps of the day are skipped"
+        f"{steps.no_source_rows_reason(ctx.day)}: {context.asset_key.to_user_string()} has "
+        "nothing to do"
     )
     return True
+
+
+def _empty_outcome(
+    context: dg.AssetExecutionContext, pipe: "_Pipeline", step: str
+) -> tuple[dict[str, Any], list[dg.AssetCheckResult]]:
+    """An empty day's materialization of a step: its metadata (`no_source_rows`, the day's
+    state `empty`) and each of its selected checks passed with nothing to check."""
+    reason = steps.no_source_rows_reason(dt.date.fromisoformat(context.partition_key))
+    key = pipe.key(step)
+    evaluated = [
+        dg.AssetCheckResult(
+            asset_key=key,
+            check_name=check.name,
+            passed=True,
+            description=f"{reason}: nothing to check",
+            metadata={"no_source_rows": reason},
+        )
+        for check in sorted(context.selected_asset_check_keys, key=lambda c: c.name)
+        if check.asset_key == key
+    ]
+    return asset_metadata.empty_day_metadata(pipe.spec, reason), evaluated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +267,7 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
         provider=True,
         description="JSONL request shards with stable custom_ids, a token and cost estimate and "
         "the budget gate; bad input is dead-lettered here. A day with no source rows gets no "
-        "job and is not materialized, so its later steps skip.",
+        "job: this and every later step materialize it as empty.",
         kinds={"jsonl", pipe.spec.model.provider},
         code_version=pipe.spec.prompt_code_version,
         check_specs=pipe.partitioned(
@@ -262,8 +284,8 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
         created_by = context.run.tags.get(names.CREATED_BY_TAG, "dagster")
         ctx = pipe.context(context, provider=True, created_by=created_by)
         if _empty_day(context, ctx):
-            yield checks.empty_day_budget_check(steps.no_source_rows_reason(ctx.day))
-            yield checks.empty_day_compliance_check(steps.no_source_rows_reason(ctx.day))
+            metadata, evaluated = _empty_outcome(context, pipe, names.REQUEST_SHARDS)
+            yield dg.MaterializeResult(metadata=metadata, check_results=evaluated)
             return
         approve, who = approval_of(context, config)
         result: steps.ShardsResult = _run_step(lambda: steps.build_shards(ctx))
@@ -315,6 +337,9 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
     ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
         ctx = pipe.context(context, provider=True)
         if _empty_day(context, ctx):
+            yield dg.MaterializeResult(
+                metadata=_empty_outcome(context, pipe, names.PROVIDER_BATCHES)[0]
+            )
             return
         approve, who = approval_of(context, config)
         try:
@@ -362,6 +387,9 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
     )
     def batch_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ctx = pipe.context(context, provider=True)
+        if _empty_day(context, ctx):
+            metadata, evaluated = _empty_outcome(context, pipe, names.BATCH_RESULTS)
+            return dg.MaterializeResult(metadata=metadata, check_results=evaluated)
         result: steps.ImportResult = _run_step(lambda: steps.import_results(ctx))
         for problem in result.provider_file_errors:
             context.log.warning(problem)
@@ -404,6 +432,12 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
         context: dg.AssetExecutionContext,
     ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult | dg.AssetObservation]:
         ctx = pipe.context(context)
+        if _empty_day(context, ctx):
+            metadata, evaluated = _empty_outcome(context, pipe, names.VALIDATED_OUTPUTS)
+            yield from _selected_results(
+                context, pipe.key(names.VALIDATED_OUTPUTS), evaluated, metadata
+            )
+            return
         reason = _still_in_flight(ctx)
         if reason:
             yield _skipped(context, pipe.key(names.VALIDATED_OUTPUTS), reason)
@@ -508,6 +542,9 @@ class _ReportingStep(Generic[_R]):
             context: dg.AssetExecutionContext,
         ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
             ctx = pipe.context(context)
+            if _empty_day(context, ctx):
+                yield dg.MaterializeResult(metadata=_empty_outcome(context, pipe, self.step)[0])
+                return
             reason = self.skip(ctx)
             if reason:
                 yield _skipped(context, pipe.key(self.step), reason)
@@ -532,6 +569,10 @@ def _cost_report(pipe: _Pipeline) -> dg.AssetsDefinition:
         context: dg.AssetExecutionContext,
     ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult | dg.AssetObservation]:
         ctx = pipe.context(context)
+        if _empty_day(context, ctx):
+            metadata, evaluated = _empty_outcome(context, pipe, names.COST_REPORT)
+            yield from _selected_results(context, pipe.key(names.COST_REPORT), evaluated, metadata)
+            return
         reason = _still_in_flight(ctx)
         if reason:
             yield _skipped(context, pipe.key(names.COST_REPORT), reason)

@@ -386,3 +386,8 @@ def day_state_observation(
             "provider_batches": dg.MetadataValue.md(table),
         },
     )
+
+
+def empty_day_metadata(spec: PipelineSpec, reason: str) -> dict[str, Any]:
+    """A step's materialization of a day with no source rows: nothing to do, and why."""
+    return {**lineage(spec), "no_source_rows": reason, "day_state": "empty"}

@@ -303,7 +303,9 @@ class PartitionRunner:
         day_driver = self.driver(day, run_ids, progress)
         run_ids.append(self.materialize(day, steps.Step.BUILD, progress))
         if steps.no_source_rows(self.spec, day, self.storage):
-            # request_shards made no job: there is nothing to wait for, import or report.
+            # request_shards made no job: nothing to wait for, import or report. The later
+            # steps materialize the day as empty, as a UI "Materialize all" does.
+            run_ids.append(self.materialize(day, steps.Step.IMPORT))
             return DayOutcome(
                 pipeline=self.spec.name,
                 date=day,

@@ -366,6 +366,12 @@ def _cost_report_of(
     return next((record for record in records if record.asset_key == key), None)
 
 
+def _empty_day_report(record: dg.EventLogRecord) -> bool:
+    """A cost report of a day with no source rows: no path announces such a day."""
+    materialization = record.asset_materialization
+    return materialization is not None and "no_source_rows" in materialization.metadata
+
+
 def _carried_on(
     context: dg.RunFailureSensorContext, spec: PipelineSpec, day: dt.date, ledger: LedgerResource
 ) -> str | None:
@@ -401,7 +407,7 @@ def _notify_partition(
         )
     else:
         record = _cost_report_of(context, asset_key(spec, names.COST_REPORT))
-        if record is None:
+        if record is None or _empty_day_report(record):
             return
         summary = reported_summary(record) or notify.summarize(
             spec, day, ledger, outcome="finished", run_id=run_id
