@@ -608,6 +608,12 @@ def test_cli_eval_prints_each_variant_and_exits_2_when_a_budget_blocks(
 
     assert blocked.returncode == 2, blocked.stderr
     assert "budget" in blocked.stderr
+    # What was blocked, and the same eval again with the approval, on stdout.
+    told = " ".join(blocked.stdout.split())
+    span = f"reviews {DAYS[0]} to {DAYS[-1]}"
+    assert f"eval of {span}: blocked by the budget gate" in told, told
+    again = f"llm-assets eval reviews --from {DAYS[0]} --to {DAYS[-1]} --sample 9 --seed 1"
+    assert f"to go on: `{again} --approve-budget`" in told, told
 
 
 def test_a_paused_pipeline_is_not_evaluated(world: World) -> None:

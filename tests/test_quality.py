@@ -242,7 +242,8 @@ def test_the_cli_exits_2_with_the_check_reason(
     write_reviews(tmp_path / "home", DAY, 24)
     env = cli_env(tmp_path, database_url, spec, fake)
     result = subprocess.run(
-        [CLI, "run", spec["name"], "--date", DAY.isoformat(), "--wait", "--poll-interval", "0"],
+        [CLI, "run", spec["name"], "--date", DAY.isoformat(), "--wait", "--poll-interval", "0"]
+        + ["--json"],
         env=env,
         capture_output=True,
         text=True,
@@ -253,6 +254,12 @@ def test_the_cli_exits_2_with_the_check_reason(
     last = result.stderr.strip().splitlines()[-1]
     reason = "blocked by quality_failure_rate (16.7% > 5.0%)"
     assert last == f"blocked: quality gate: publication {reason}"
+    # --json says the same on stdout: the day, what blocked it, its items and what comes next.
+    [held] = json.loads(result.stdout)
+    assert (held["pipeline"], held["date"], held["done"]) == (spec["name"], DAY.isoformat(), False)
+    assert (held["blocked"], held["reason"]) == ("quality", f"quality gate: publication {reason}")
+    assert held["items"] == 24 and held["dead_letters_by_class"] == {"quality": 4}
+    assert "llm-assets requeue" in held["next_step"] and held["not_run"] == []
 
     # `status` names the gate that holds the day, first, and in its JSON.
     status = [CLI, "status", spec["name"], "--date", DAY.isoformat()]

@@ -10,16 +10,21 @@ paused pipeline), 1 on any other error.
 
 import getpass
 import json
+from typing import TYPE_CHECKING
 
 import click
 
 from llm_assets.cli.args import (
     exit_for_failed_run,
     load_settings,
+    parse_date,
     pipeline_spec,
     poll_interval_option,
 )
 from llm_assets.cli.console import progress_bar, say
+
+if TYPE_CHECKING:
+    from llm_assets.defs.runner import StepFailed
 
 
 @click.command("eval")
@@ -91,6 +96,12 @@ def eval_(
             display=progress_bar(),
         )
     except StepFailed as failure:
+        if failure.gate:
+            again = f"llm-assets eval {spec.name} --from {from_} --to {to_}"
+            again += f" --sample {size}" if size is not None else ""
+            again += f" --seed {seed}" if seed is not None else ""
+            again += f" --variants {','.join(named)}" if named else ""
+            _say_blocked(spec.name, failure, from_, to_, again, as_json=as_json)
         exit_for_failed_run(failure, settings.home)
     report, uris = load_report(spec.name, key, resources["storage"])
     if as_json:
@@ -104,3 +115,30 @@ def eval_(
     print_report(render_markdown(report))
     say(f"report: {uris['markdown']}", home=settings.home)
     say(f"Dagster: eval_report partition {key} of {spec.name} (run {run_id})")
+
+
+def _say_blocked(
+    pipeline: str,
+    failure: "StepFailed",
+    from_: str,
+    to_: str,
+    again: str,
+    *,
+    as_json: bool,
+) -> None:
+    """An eval a gate stopped: which gate, what was being evaluated, and the command that goes
+    on (`again` runs the same eval; the gate's own reason is the `blocked:` line on stderr)."""
+    from llm_assets.cli.day_report import GATE_WORDS
+    from llm_assets.cli.run import next_step
+
+    assert failure.gate is not None
+    day = parse_date(from_)
+    to_go_on = next_step(failure.gate, pipeline, day, again) if day else f"`{again}`"
+    if as_json:
+        held = {"pipeline": pipeline, "from": from_, "to": to_, "blocked": failure.gate}
+        held |= {"reason": str(failure), "next_step": to_go_on}
+        click.echo(json.dumps(held, indent=2))
+        return
+    gate = GATE_WORDS.get(failure.gate, f"the {failure.gate} gate")
+    say(f"eval of {pipeline} {from_} to {to_}: blocked by {gate}; no report was written")
+    say(f"to go on: {to_go_on}")

@@ -1,13 +1,15 @@
 """`llm-assets run`: materialize a pipeline's days through Dagster, one day after another, and
 print what each came to. A day a gate blocks stops the run (exit 2): the days before it are
 shown as usual, then a summary of the blocked day (its items so far, cost and estimate, the
-days not run) with the command to go on with, and the gate's reason on stderr."""
+days not run) with the command to go on with, and the gate's reason on stderr. With
+`--json` the same is one JSON list: an object per day run, then one for the day it stopped
+at (`blocked` and its counts, or `failed`)."""
 
 import dataclasses
 import datetime as dt
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,7 +27,7 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings
 
 if TYPE_CHECKING:
-    from llm_assets.defs.runner import DayOutcome
+    from llm_assets.defs.runner import DayOutcome, StepFailed
 
 
 @click.command()
@@ -64,20 +66,47 @@ def run(
                 poll_interval=poll_interval,
             )
         except StepFailed as exc:
-            if not as_json:
+            blocked = None
+            if exc.gate:
+                blocked = _blocked_day(settings, spec, day, exc.gate, days[n + 1 :], wait)
+            if as_json:
+                held = [_held_json(spec.name, day, exc, blocked)]
+                click.echo(json.dumps([*map(_outcome_json, outcomes), *held], indent=2))
+            else:
                 if outcomes:
                     print_outcomes(outcomes, settings.home)
-                if exc.gate:
-                    rest = days[n + 1 :]
-                    print_blocked(_blocked_day(settings, spec, day, exc.gate, rest, wait))
+                if blocked is not None:
+                    print_blocked(blocked)
             exit_for_failed_run(exc, settings.home)
     if as_json:
-        click.echo(json.dumps([o.model_dump(mode="json") for o in outcomes], indent=2))
+        click.echo(json.dumps([_outcome_json(o) for o in outcomes], indent=2))
     else:
         print_outcomes(outcomes, settings.home)
     if wait and any(not o.done for o in outcomes):
         note("some items are still open; see `llm-assets status`")
         sys.exit(EXIT_ERROR)
+
+
+def _outcome_json(outcome: "DayOutcome") -> dict[str, Any]:
+    return outcome.model_dump(mode="json")
+
+
+def _held_json(
+    pipeline: str, day: dt.date, failure: "StepFailed", blocked: BlockedDay | None
+) -> dict[str, Any]:
+    """The day a run stopped at, for `run --json`: what blocked it (a gate: `blocked`, with
+    the ledger's counts and the command that goes on) or that a run of it failed."""
+    held: dict[str, Any] = {"pipeline": pipeline, "date": day.isoformat(), "done": False}
+    if blocked is None:
+        return held | {"failed": failure.reason, "run_id": failure.run_id}
+    fields = dataclasses.asdict(blocked)
+    fields.pop("day")
+    return held | {
+        "blocked": blocked.gate,
+        "reason": str(failure),
+        **{k: v for k, v in fields.items() if k not in ("pipeline", "gate", "not_run")},
+        "not_run": [d.isoformat() for d in blocked.not_run],
+    }
 
 
 def _partition_days(spec: PipelineSpec, date_: str, to_: str | None) -> list[dt.date]:
