@@ -42,14 +42,16 @@ def build_definitions(
     schedules = [
         s for spec in specs if (s := build_schedule(spec, jobs[spec.name][Step.BUILD])) is not None
     ]
-    schedules += [s for spec in specs if (s := build_retention_schedule(spec)) is not None]
+    schedules += [
+        s for spec in specs if (s := build_retention_schedule(spec, resources)) is not None
+    ]
     return dg.Definitions(
         assets=assets,
         jobs=[
             *(job for of_spec in jobs.values() for job in of_spec.values()),
             *(build_cancel_job(spec, resources) for spec in specs),
             *(build_eval_job(spec, resources) for spec in evaluated),
-            *(job for spec in specs for job in build_pause_jobs(spec)),
+            *(job for spec in specs for job in build_pause_jobs(spec, resources)),
         ],
         sensors=sensors,
         schedules=schedules,

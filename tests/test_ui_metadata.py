@@ -309,6 +309,18 @@ def _launchpad_resources(job: dg.JobDefinition) -> set[str]:
     return set(fields["resources"].config_type.fields)
 
 
+def test_pause_resume_and_retention_jobs_offer_only_their_resources(tmp_path: Path) -> None:
+    spec = review_spec("openai", "gpt-4o-mini", name="reviews", retention={"artifacts_days": 14})
+    defs = _definitions(tmp_path, spec)
+
+    for job, wanted in (
+        (names.pause_job("reviews"), {"ledger"}),
+        (names.resume_job("reviews"), {"ledger"}),
+        (names.retention_job("reviews"), {"ledger", "storage", "openai_provider"}),
+    ):
+        assert _launchpad_resources(defs.resolve_job_def(job)) - {"io_manager"} == wanted, job
+
+
 def test_eval_and_cancel_jobs_carry_only_their_providers_resources(tmp_path: Path) -> None:
     spec = review_spec(
         "openai",

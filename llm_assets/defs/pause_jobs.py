@@ -1,6 +1,9 @@
 """The pause and resume jobs: `<pipeline>__pause` and `<pipeline>__resume`, launched from the
 UI's Launchpad, do what `llm-assets pause` and `resume` do (see steps/pause.py)."""
 
+from collections.abc import Mapping
+from typing import Any
+
 import dagster as dg
 
 from llm_assets import names, steps
@@ -25,10 +28,15 @@ class ResumeConfig(dg.Config):
     """Who resumes; by default the run's llm_assets/created_by tag, else the run."""
 
 
-def build_pause_jobs(spec: PipelineSpec) -> list[dg.JobDefinition]:
+def build_pause_jobs(
+    spec: PipelineSpec, resources: Mapping[str, Any] | None = None
+) -> list[dg.JobDefinition]:
     """The pipeline's pause and resume jobs, each one op over the ledger; both are
-    idempotent, so launching one twice changes nothing the second time."""
+    idempotent, so launching one twice changes nothing the second time. Given `resources`
+    (the code location's), they bind the ledger alone, so their Launchpad offers only its
+    configuration, not every provider's."""
     pipeline = spec.name
+    bound = None if resources is None else {"ledger": resources["ledger"]}
 
     @dg.op(
         name=names.pause_op(pipeline),
@@ -66,6 +74,7 @@ def build_pause_jobs(spec: PipelineSpec) -> list[dg.JobDefinition]:
         description=f"Pause {pipeline}: no sensor, schedule, backfill or CLI run submits "
         "anything for it until it is resumed; batches in flight are still imported and their "
         "days finished. Run config: reason (and by).",
+        resource_defs=bound,
     )
     def pause_job() -> None:
         pause()
@@ -73,6 +82,7 @@ def build_pause_jobs(spec: PipelineSpec) -> list[dg.JobDefinition]:
     @dg.job(
         name=names.resume_job(pipeline),
         description=f"Resume {pipeline}: the sensors submit what waited while it was paused.",
+        resource_defs=bound,
     )
     def resume_job() -> None:
         resume()

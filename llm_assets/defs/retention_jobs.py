@@ -8,7 +8,8 @@ same work and prints the same report."""
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import dagster as dg
 import pydantic
@@ -83,8 +84,14 @@ class RetentionConfig(dg.Config):
     )
 
 
-def build_retention_job(spec: PipelineSpec) -> dg.JobDefinition:
+def build_retention_job(
+    spec: PipelineSpec, resources: Mapping[str, Any] | None = None
+) -> dg.JobDefinition:
+    """The retention job of a pipeline, with the ledger, the storage and the pipeline's
+    provider; given `resources` (the code location's) it binds these three, so its Launchpad
+    offers only their configuration."""
     provider_key = provider_resource_key(spec.model.provider)
+    keys = ("ledger", "storage", provider_key)
 
     @dg.op(
         name=names.retention_op(spec.name),
@@ -123,6 +130,7 @@ def build_retention_job(spec: PipelineSpec) -> dg.JobDefinition:
         "the ledger's answers, outputs and pseudonyms, and their evals' data (days with open "
         "work are never touched); and delete provider files left after import.",
         tags={names.OPERATOR_TAG: "retention"},
+        resource_defs=None if resources is None else {key: resources[key] for key in keys},
     )
     def retention_job() -> None:
         apply()
@@ -130,7 +138,9 @@ def build_retention_job(spec: PipelineSpec) -> dg.JobDefinition:
     return retention_job
 
 
-def build_retention_schedule(spec: PipelineSpec) -> dg.ScheduleDefinition | None:
+def build_retention_schedule(
+    spec: PipelineSpec, resources: Mapping[str, Any] | None = None
+) -> dg.ScheduleDefinition | None:
     """The daily schedule of the retention job, when the spec sets artifacts_days."""
     if spec.retention.artifacts_days is None:
         return None
@@ -138,7 +148,7 @@ def build_retention_schedule(spec: PipelineSpec) -> dg.ScheduleDefinition | None
         name=names.retention_schedule(spec.name),
         cron_schedule=RETENTION_CRON,
         execution_timezone=spec.partitions.timezone,
-        job=build_retention_job(spec),
+        job=build_retention_job(spec, resources),
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=f"Applies {spec.name}'s retention section daily.",
     )
