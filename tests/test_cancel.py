@@ -61,13 +61,17 @@ def running(status: BatchStatus) -> bool:
 
 
 def settle_and_import(harness: Harness) -> None:
-    """Poll the cancelled batches until they end, then import, as the sensor would."""
+    """Poll the cancelled batches until they end, then import, as the sensor would; the
+    import's materialization says the day was cancelled."""
     for _ in range(20):
         shards = harness.ledger.shards(harness.job_id(), ["submitted", "running"])
         if not shards:
             break
         steps.poll_shards(harness.ledger, harness.provider, shards)
-    assert harness.materialize("batch_results").success
+    imported = harness.materialize("batch_results")
+    assert imported.success
+    [results] = imported.asset_materializations_for_node(f"{harness.spec.name}__batch_results")
+    assert results.metadata["day_state"].value == "cancelled"
 
 
 def test_cancel_mid_day_keeps_what_ran_and_requeue_finishes_the_day(
@@ -147,8 +151,14 @@ def test_a_cancel_from_a_dagster_run_closes_unsent_shards_and_sensors_leave_the_
     assert DAY.isoformat() not in {r.partition_key for r in requests}
     [report] = status_tick(harness).run_requests
     assert {key.path[-1] for key in report.asset_selection or []} == set(names.REPORT_ASSETS)
-    assert harness.materialize(*names.REPORT_ASSETS).success
+    reported = harness.materialize(*names.REPORT_ASSETS)
+    assert reported.success
     assert status_tick(harness).run_requests == []
+    # The day's report says it was cancelled, by whom and why, and how to send it again.
+    [cost] = reported.asset_materializations_for_node(f"{harness.spec.name}__cost_report")
+    assert cost.metadata["day_state"].value == "cancelled"
+    said = cost.metadata["cancelled"].value
+    assert "(source file is wrong)" in said and "--class cancelled" in said
 
     requeued = steps.requeue_dead_letters(context(harness), classes={"cancelled"})
     assert requeued.requeued == REVIEWS

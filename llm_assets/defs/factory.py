@@ -407,7 +407,10 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
                 checks.duplicate_results_check(result.lines.duplicates, result.lines.duplicate_ids),
                 _stuck_check(ctx),
             ],
-            metadata=asset_metadata.import_metadata(pipe.spec, result, batches, ctx.batch_provider),
+            metadata={
+                **asset_metadata.import_metadata(pipe.spec, result, batches, ctx.batch_provider),
+                **asset_metadata.cancel_metadata(ctx.spec.name, ctx.day, ctx.job()),
+            },
         )
 
     return batch_results
@@ -582,7 +585,10 @@ def _cost_report(pipe: _Pipeline) -> dg.AssetsDefinition:
             context,
             pipe.key(names.COST_REPORT),
             [checks.cost_drift_check(report.drift)],
-            asset_metadata.cost_metadata(pipe.spec, report, ctx.day),
+            {
+                **asset_metadata.cost_metadata(pipe.spec, report, ctx.day),
+                **asset_metadata.cancel_metadata(ctx.spec.name, ctx.day, ctx.job()),
+            },
         )
 
     return cost_report

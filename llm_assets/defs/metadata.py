@@ -16,7 +16,7 @@ from typing import Any
 import dagster as dg
 
 from llm_assets.names import DAY_STATE_TAG
-from llm_assets.resources.ledger import JobCounts, ShardRecord
+from llm_assets.resources.ledger import JobCounts, JobRecord, ShardRecord
 from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
@@ -391,3 +391,18 @@ def day_state_observation(
 def empty_day_metadata(spec: PipelineSpec, reason: str) -> dict[str, Any]:
     """A step's materialization of a day with no source rows: nothing to do, and why."""
     return {**lineage(spec), "no_source_rows": reason, "day_state": "empty"}
+
+
+def cancel_metadata(pipeline: str, day: dt.date, job: JobRecord) -> dict[str, Any]:
+    """What a cancelled day's batch_results and cost_report add: the day's state `cancelled`,
+    who cancelled it, when and why, and how its cancelled items are sent again. Nothing for a
+    day that is not cancelled."""
+    if job.cancelled_at is None:
+        return {}
+    return {
+        "day_state": "cancelled",
+        "cancelled": f"by {job.cancelled_by or 'an operator'} at "
+        f"{job.cancelled_at:%Y-%m-%d %H:%M} UTC ({job.cancel_reason or 'no reason given'}); "
+        f"`llm-assets requeue {pipeline} --date {day} --class cancelled` sends its cancelled "
+        "items again",
+    }
