@@ -26,6 +26,10 @@ _BACKFILL_UNDER_WAY = ("REQUESTED", "CANCELING", "FAILING")
 """Backfill statuses the daemon has not ended yet."""
 
 
+class ServerError(AssertionError):
+    """The webserver answered a query with a server error, three times over."""
+
+
 @dataclass(frozen=True)
 class DagsterDev:
     url: str
@@ -33,13 +37,30 @@ class DagsterDev:
     log: Path
 
     def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The query's data. A server error (HTTP 5xx: the webserver's SQLite storage busy
+        under the daemon's writes, say) is asked again twice, then reported with the
+        server's answer and the log's tail."""
         request = urllib.request.Request(
             f"{self.url}/graphql",
             data=json.dumps({"query": query, "variables": variables or {}}).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=60) as response:
-            body = json.loads(response.read())
+        for attempt in range(3):
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    body = json.loads(response.read())
+                break
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500:
+                    raise
+                answer = exc.read().decode(errors="replace")[-3000:]
+                if attempt == 2:
+                    tail = self.log.read_text(errors="replace")[-4000:]
+                    raise ServerError(
+                        f"HTTP {exc.code} from {self.url}/graphql:\n{answer}\n"
+                        f"dagster dev log tail:\n{tail}"
+                    ) from exc
+                time.sleep(1.0)  # another process's transient error, not synchronization
         if body.get("errors"):
             raise AssertionError(f"GraphQL errors: {body['errors']}")
         return body["data"]
@@ -186,7 +207,7 @@ def dagster_dev(env: dict[str, str], log: Path) -> Iterator[DagsterDev]:
                         "{ workspaceOrError { ... on Workspace { locationEntries { name "
                         "loadStatus locationOrLoadError { __typename } } } } }"
                     )
-                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                except (urllib.error.URLError, ConnectionError, TimeoutError, ServerError):
                     return None
                 entries = data["workspaceOrError"].get("locationEntries") or []
                 ready = [

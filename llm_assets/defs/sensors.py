@@ -217,10 +217,11 @@ def _open_days(
 
 def _poll(
     context: dg.SensorEvaluationContext, days: list[steps.DayDriver], provider: BatchProvider
-) -> list[tuple[ShardRecord, dt.date]]:
+) -> None:
     """Every day's due polls in one pool, bounded by the tick's deadline (see PollLimits);
-    shards left for the next tick are least recently polled first then."""
-    due: list[tuple[ShardRecord, dt.date]] = []
+    shards left for the next tick are least recently polled first then. What a poll learned
+    is in the ledger, where the days' states are read from."""
+    due: list[ShardRecord] = []
     for day in days:
         wanted = {
             shard_id
@@ -230,16 +231,13 @@ def _poll(
         }
         if wanted:
             shards = day.ledger.shards(day.ctx.job_id, IN_FLIGHT_STATES)
-            due += [(s, day.ctx.day) for s in shards if s.shard_id in wanted]
+            due += [s for s in shards if s.shard_id in wanted]
     if not due:
-        return []
-    due.sort(key=lambda item: (item[0].updated_at or utcnow(), item[0].shard_id))
-    limits = days[0].poll_limits
-    polled = poll_many(days[0].ledger, provider, [shard for shard, _ in due], limits)
+        return
+    due.sort(key=lambda shard: (shard.updated_at or utcnow(), shard.shard_id))
+    polled = poll_many(days[0].ledger, provider, due, days[0].poll_limits)
     if len(polled) < len(due):
         context.log.info(f"{len(due) - len(polled)} shards left for the next tick")
-    day_of = {shard.shard_id: day for shard, day in due}
-    return [(shard, day_of[shard.shard_id]) for shard in polled]
 
 
 def _request(day: steps.DayDriver, action: steps.Action) -> dg.RunRequest:
