@@ -31,7 +31,7 @@ test: install
 # end-to-end ones (marked one_database), on SQLite only (the PostgreSQL halves are
 # deselected, not skipped); `make test` runs everything.
 QUICK_TESTS = tests/test_automation_units.py tests/test_bad_input.py tests/test_custom_ids.py \
-	tests/test_eval_metrics.py tests/test_eval_prices.py tests/test_eval_recommend.py \
+	tests/test_day_state.py tests/test_eval_metrics.py tests/test_eval_prices.py tests/test_eval_recommend.py \
 	tests/test_eval_report.py tests/test_eval_spec.py tests/test_ledger.py \
 	tests/test_lifecycle.py tests/test_pii_forms.py tests/test_provider_contract.py \
 	tests/test_quota_learning.py tests/test_request_lines.py tests/test_secret_urls.py \
