@@ -93,7 +93,7 @@ def _run_step(fn: Callable[[], Any]) -> Any:
 def _empty_day(context: dg.AssetExecutionContext, ctx: steps.StepContext) -> bool:
     """Whether the day has no source rows (its snapshot is empty), logged.
 
-    Every step after the snapshot then materializes the day as empty (`_empty_outcome`), so
+    Every step after the snapshot then materializes the day as empty (`_empty_results`), so
     a run or a backfill over empty days succeeds, every asset shows the day as run, and no
     check is left skipped.
     """
@@ -106,11 +106,11 @@ def _empty_day(context: dg.AssetExecutionContext, ctx: steps.StepContext) -> boo
     return True
 
 
-def _empty_outcome(
+def _empty_results(
     context: dg.AssetExecutionContext, pipe: "_Pipeline", step: str
-) -> tuple[dict[str, Any], list[dg.AssetCheckResult]]:
-    """An empty day's materialization of a step: its metadata (`no_source_rows`, the day's
-    state `empty`) and each of its selected checks passed with nothing to check."""
+) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+    """An empty day's outcome of a step: its materialization (metadata `no_source_rows` and
+    the day's state `empty`) and each of its selected checks passed with nothing to check."""
     reason = steps.no_source_rows_reason(dt.date.fromisoformat(context.partition_key))
     key = pipe.key(step)
     evaluated = [
@@ -124,7 +124,8 @@ def _empty_outcome(
         for check in sorted(context.selected_asset_check_keys, key=lambda c: c.name)
         if check.asset_key == key
     ]
-    return asset_metadata.empty_day_metadata(pipe.spec, reason), evaluated
+    metadata = asset_metadata.empty_day_metadata(pipe.spec, reason)
+    yield from _selected_results(context, key, evaluated, metadata)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +248,7 @@ def _input_snapshot(pipe: _Pipeline) -> dg.AssetsDefinition:
         result = _run_step(lambda: steps.take_snapshot(ctx, pipe.source_uri))
         if result.empty:
             context.log.warning(
-                f"{steps.no_source_rows_reason(ctx.day)}: the later steps of the day are skipped"
+                f"{steps.no_source_rows_reason(ctx.day)}: the later steps have nothing to do"
             )
         return dg.MaterializeResult(
             check_results=[
@@ -284,8 +285,7 @@ def _request_shards(pipe: _Pipeline) -> dg.AssetsDefinition:
         created_by = context.run.tags.get(names.CREATED_BY_TAG, "dagster")
         ctx = pipe.context(context, provider=True, created_by=created_by)
         if _empty_day(context, ctx):
-            metadata, evaluated = _empty_outcome(context, pipe, names.REQUEST_SHARDS)
-            yield dg.MaterializeResult(metadata=metadata, check_results=evaluated)
+            yield from _empty_results(context, pipe, names.REQUEST_SHARDS)
             return
         approve, who = approval_of(context, config)
         result: steps.ShardsResult = _run_step(lambda: steps.build_shards(ctx))
@@ -334,12 +334,10 @@ def _provider_batches(pipe: _Pipeline) -> dg.AssetsDefinition:
     )
     def provider_batches(
         context: dg.AssetExecutionContext, config: BudgetApproval
-    ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult | dg.AssetObservation]:
         ctx = pipe.context(context, provider=True)
         if _empty_day(context, ctx):
-            yield dg.MaterializeResult(
-                metadata=_empty_outcome(context, pipe, names.PROVIDER_BATCHES)[0]
-            )
+            yield from _empty_results(context, pipe, names.PROVIDER_BATCHES)
             return
         approve, who = approval_of(context, config)
         try:
@@ -385,11 +383,13 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
             ]
         ),
     )
-    def batch_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    def batch_results(
+        context: dg.AssetExecutionContext,
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
         ctx = pipe.context(context, provider=True)
         if _empty_day(context, ctx):
-            metadata, evaluated = _empty_outcome(context, pipe, names.BATCH_RESULTS)
-            return dg.MaterializeResult(metadata=metadata, check_results=evaluated)
+            yield from _empty_results(context, pipe, names.BATCH_RESULTS)
+            return
         result: steps.ImportResult = _run_step(lambda: steps.import_results(ctx))
         for problem in result.provider_file_errors:
             context.log.warning(problem)
@@ -401,7 +401,7 @@ def _batch_results(pipe: _Pipeline) -> dg.AssetsDefinition:
             for s in ctx.ledger.shards(result.job_id)
             if s.shard_id in imported
         }
-        return dg.MaterializeResult(
+        yield dg.MaterializeResult(
             check_results=[
                 checks.missing_results_check(missing, counts),
                 checks.duplicate_results_check(result.lines.duplicates, result.lines.duplicate_ids),
@@ -436,10 +436,7 @@ def _validated_outputs(pipe: _Pipeline) -> dg.AssetsDefinition:
     ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult | dg.AssetObservation]:
         ctx = pipe.context(context)
         if _empty_day(context, ctx):
-            metadata, evaluated = _empty_outcome(context, pipe, names.VALIDATED_OUTPUTS)
-            yield from _selected_results(
-                context, pipe.key(names.VALIDATED_OUTPUTS), evaluated, metadata
-            )
+            yield from _empty_results(context, pipe, names.VALIDATED_OUTPUTS)
             return
         reason = _still_in_flight(ctx)
         if reason:
@@ -543,10 +540,10 @@ class _ReportingStep(Generic[_R]):
         )
         def reporting_step(
             context: dg.AssetExecutionContext,
-        ) -> Iterator[dg.MaterializeResult | dg.AssetObservation]:
+        ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult | dg.AssetObservation]:
             ctx = pipe.context(context)
             if _empty_day(context, ctx):
-                yield dg.MaterializeResult(metadata=_empty_outcome(context, pipe, self.step)[0])
+                yield from _empty_results(context, pipe, self.step)
                 return
             reason = self.skip(ctx)
             if reason:
@@ -573,8 +570,7 @@ def _cost_report(pipe: _Pipeline) -> dg.AssetsDefinition:
     ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult | dg.AssetObservation]:
         ctx = pipe.context(context)
         if _empty_day(context, ctx):
-            metadata, evaluated = _empty_outcome(context, pipe, names.COST_REPORT)
-            yield from _selected_results(context, pipe.key(names.COST_REPORT), evaluated, metadata)
+            yield from _empty_results(context, pipe, names.COST_REPORT)
             return
         reason = _still_in_flight(ctx)
         if reason:
