@@ -10,7 +10,6 @@ ones `cancelled`, which `llm-assets requeue --class cancelled` sends again. PIPE
 an eval's pipeline (`<pipeline>__<variant>__<digest>`, as `llm-assets eval` prints it).
 """
 
-import dataclasses
 import datetime as dt
 import getpass
 import sys
@@ -25,7 +24,6 @@ from llm_assets.cli.text import count_words
 from llm_assets.util.words import plural
 
 if TYPE_CHECKING:
-    from llm_assets import steps
     from llm_assets.resources.ledger import LedgerResource
 
 
@@ -53,13 +51,11 @@ def cancel(
     poll_interval: float,
 ) -> None:
     """Cancel a day (or shards of it): batches in flight are cancelled and imported."""
-    from llm_assets import steps
     from llm_assets.defs.runner import PartitionRunner, persistent_instance
 
     settings = load_settings()
     spec, resources, job = day_of(settings, pipeline, date_)
     day = job.partition_date
-    user = getpass.getuser()
     runner = PartitionRunner(
         settings,
         spec,
@@ -67,38 +63,23 @@ def cancel(
         resources=resources,
         poll_interval=poll_interval,
     )
-    driver = runner.driver(day, [], None)
-    ctx = dataclasses.replace(driver.ctx, log=lambda message: note(message, home=settings.home))
     try:
-        result = steps.cancel_day(
-            ctx, shard_ids=list(shards) or None, reason=reason or f"cancelled by {user}"
+        result, settled = runner.cancel(
+            day,
+            shard_ids=list(shards) or None,
+            reason=reason or f"cancelled by {getpass.getuser()}",
+            wait=not no_wait,
+            timeout=timeout,
+            log=lambda message: note(message, home=settings.home),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    ledger = resources["ledger"]
-    if no_wait or not result.settling:
-        _report(spec.name, day, ledger, job.job_id, waited=False)
-        return
-    settling = set(result.settling)
-
-    def settled(decision: "steps.Decision") -> bool:
-        """The whole day finished, or the chosen shards imported."""
-        if result.whole_day:
-            return decision.done or (decision.blocked is not None and decision.settled)
-        state = driver.last_state
-        return state is not None and all(
-            s.status == "imported" for s in state.shards if s.shard_id in settling
-        )
-
-    [decision] = steps.drive([driver], until=settled, timeout_seconds=timeout).values()
-    if not settled(decision):
+    if result.settling and not no_wait and not settled:
         note(
             f"the cancelled batches are still winding down after {timeout:.0f}s; "
             "the batch-status sensor imports them when they end"
         )
-        _report(spec.name, day, ledger, job.job_id, waited=False)
-        return
-    _report(spec.name, day, ledger, job.job_id, waited=True)
+    _report(spec.name, day, resources["ledger"], job.job_id, waited=settled)
 
 
 def _report(

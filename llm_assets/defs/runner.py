@@ -10,6 +10,7 @@ do for the code location's runs (steps/notify.py): these runs are not the code l
 so no sensor sees them.
 """
 
+import dataclasses
 import datetime as dt
 import functools
 import getpass
@@ -328,6 +329,39 @@ class PartitionRunner:
         if blocked is not None:
             raise StepFailed(f"quality gate: publication {blocked}", gate="quality")
         return self.outcome(day, run_ids)
+
+    def cancel(
+        self,
+        day: dt.date,
+        *,
+        shard_ids: list[str] | None,
+        reason: str,
+        wait: bool,
+        timeout: float,
+        log: Callable[[str], None] | None = None,
+    ) -> tuple[steps.CancelResult, bool]:
+        """Cancel the day (`shard_ids` None) or the chosen shards (steps.cancel_day); with
+        `wait`, drive the day until what was cancelled has settled and is imported: the whole
+        day finished (or held by a gate with nothing under way), or the chosen shards imported.
+        Returns the cancel and whether it settled within `timeout` seconds."""
+        driver = self.driver(day, [], None)
+        if log is not None:
+            driver = dataclasses.replace(driver, ctx=dataclasses.replace(driver.ctx, log=log))
+        result = steps.cancel_day(driver.ctx, shard_ids=shard_ids, reason=reason)
+        if not wait or not result.settling:
+            return result, not result.settling
+        settling = set(result.settling)
+
+        def settled(decision: steps.Decision) -> bool:
+            if result.whole_day:
+                return decision.done or (decision.blocked is not None and decision.settled)
+            state = driver.last_state
+            return state is not None and all(
+                s.status == "imported" for s in state.shards if s.shard_id in settling
+            )
+
+        [decision] = steps.drive([driver], until=settled, timeout_seconds=timeout).values()
+        return result, settled(decision)
 
     def announce(
         self, day: dt.date, failure: StepFailed | None = None
