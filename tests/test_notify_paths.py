@@ -20,6 +20,7 @@ from llm_assets import names, steps
 from llm_assets.defs.factory import asset_key
 from llm_assets.defs.metadata import DAY_SUMMARY_JSON
 from llm_assets.demo.run import DEMO_PIPELINE, DEMO_START
+from llm_assets.demo.tour import STRICT_PIPELINE
 from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.steps import notify
@@ -262,12 +263,20 @@ def test_the_demo_announces_each_of_its_days_once(
     result = run_command([CLI, "demo", "--days", "2", "--per-day", "30"], env, timeout=900)
 
     assert result.returncode == 0, result.stdout + result.stderr
-    days = [DEMO_START, DEMO_START + dt.timedelta(days=1)]
-    assert [(p["llm_assets"]["pipeline"], p["llm_assets"]["date"]) for p in webhook] == [
-        (DEMO_PIPELINE, day.isoformat()) for day in days
+    # The second day is cancelled once submitted, requeued and finished: announced once, when
+    # it finished. The empty day after it has nothing to announce; the strict pipeline's
+    # blocked day is announced as finished and not published.
+    days = [
+        (DEMO_PIPELINE, DEMO_START),
+        (DEMO_PIPELINE, DEMO_START + dt.timedelta(days=1)),
+        (STRICT_PIPELINE, DEMO_START),
     ]
-    for post, day in zip(webhook, days, strict=True):
+    assert [(p["llm_assets"]["pipeline"], p["llm_assets"]["date"]) for p in webhook] == [
+        (pipeline, day.isoformat()) for pipeline, day in days
+    ]
+    for post, (pipeline, day) in zip(webhook, days, strict=True):
         summary = post["llm_assets"]
         assert summary["outcome"] == "finished" and summary["open_items"] == 0
-        key = dg.AssetKey([DEMO_PIPELINE, "cost_report"])
+        assert (summary.get("blocked") is not None) == (pipeline == STRICT_PIPELINE), summary
+        key = dg.AssetKey([pipeline, "cost_report"])
         assert reported(home / "dagster", key, day)[DAY_SUMMARY_JSON] == summary

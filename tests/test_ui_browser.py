@@ -1,18 +1,18 @@
-"""The Dagster UI in headless Chromium: what an operator looks at after days have run.
+"""The Dagster UI in headless Chromium: what an operator looks at after `make demo`.
 
-`dagster dev` runs on loopback against a fresh instance, and `llm-assets run --wait` runs
-three days into the same instance: the demo day 2026-11-02 of support_tickets, the empty day
-2026-11-03 (no demo rows), and 2026-11-02 of support_tickets_strict, a copy of the spec whose
-summaries must be longer than the local model writes for some tickets, so that its quality
-gate blocks publication. A real browser (Debian's chromium and chromedriver driven by
-Selenium; no browser is ever downloaded) opens the asset graph, the materialization metadata
-and checks of validated_outputs, the empty day's failed source_rows check, the skipped
-publication and the failed gate check of the strict day, and the day's summary on
-cost_report. Screenshots go to docs/screenshots/ with LLM_ASSETS_SAVE_SCREENSHOTS=1, else to
-a temporary folder.
+`dagster dev` runs on loopback against a fresh instance, and `llm-assets demo` (what `make
+demo` runs) makes its days into the same instance: the demo's days of support_tickets (the
+last one cancelled once submitted, requeued and finished), the empty day after them, the
+first day blocked by support_tickets_strict's quality gate, and the eval. A real browser
+(Debian's chromium and chromedriver driven by Selenium; no browser is ever downloaded) walks
+docs/ui.md's tour: the asset graph, the materialization metadata and checks of
+validated_outputs, the empty day's failed source_rows check, the skipped publication and the
+failed gate check of the strict day, the day's summary on cost_report, the cancelled day's
+events and runs, the eval's partition; and the tour's figures are checked against the demo's.
+Screenshots go to docs/screenshots/ with LLM_ASSETS_SAVE_SCREENSHOTS=1, else to a temporary
+folder.
 """
 
-import datetime as dt
 import json
 import os
 import re
@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import yaml
 from selenium import webdriver
 from selenium.common.exceptions import (
     NoSuchElementException,
@@ -40,8 +39,8 @@ from selenium.webdriver.support.wait import WebDriverWait
 from llm_assets import names
 from llm_assets.defs import checks
 from llm_assets.defs.factory import SKIPPED
-from llm_assets.demo.data import generate_demo_data
 from llm_assets.demo.run import DEMO_START
+from llm_assets.demo.tour import CANCEL_REASON, STRICT_PIPELINE
 from llm_assets.spec.load import load_specs
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import REPO_ROOT
@@ -55,14 +54,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 PIPELINE = "support_tickets"
 DAY = DEMO_START.isoformat()
-EMPTY_DAY = (DEMO_START + dt.timedelta(days=1)).isoformat()
-"""The demo data covers DAY alone, so the next day has no source rows."""
-STRICT = "support_tickets_strict"
-STRICT_MIN_SUMMARY = 190
-"""support_tickets_strict's summary.min_length: the local model's extractive summaries of the
-shorter demo tickets cannot reach it, so those answers are quality dead letters, more of them
-than quality.max_failure_rate allows."""
-TICKETS = 30
+STRICT = STRICT_PIPELINE
 PAGE_TIMEOUT = 90.0
 WIDTH = 1920
 """Wide enough for the whole graph to fit at a zoom where Dagster draws full asset nodes."""
@@ -121,30 +113,36 @@ class Ui:
     dev: DagsterDev
     spec: PipelineSpec
     strict: PipelineSpec
-    outcome: dict[str, Any]
-    """`llm-assets run --json` of the day: job_id, run_ids, succeeded, ..."""
-    empty: dict[str, Any]
-    """`llm-assets run --json` of the empty day."""
-    blocked: str
-    """What `llm-assets run` of the strict day said held it: "blocked by quality_failure_rate
-    (23.3% > 5.0%)"."""
-    evaluation: dict[str, Any]
-    """`llm-assets eval --json` of the demo day: eval_report_partition, run_id, report."""
+    demo: dict[str, Any]
+    """`llm-assets demo --json`: each day's outcome, the cancelled, empty and blocked days and
+    the eval."""
     screenshots: Path
     debug: Path
 
+    def day(self, date: str) -> dict[str, Any]:
+        """The demo's outcome of the day: job_id, run_ids, succeeded, ..."""
+        [outcome] = [d for d in self.demo["days"] if d["date"] == date]
+        return outcome
 
-def strict_copy(spec_path: Path) -> str:
-    """The demo spec as support_tickets_strict, with summaries of at least STRICT_MIN_SUMMARY
-    characters."""
-    spec = yaml.safe_load(spec_path.read_text())
-    spec["name"] = STRICT
-    spec["output"]["schema"]["summary"]["min_length"] = STRICT_MIN_SUMMARY
-    return yaml.safe_dump(spec, sort_keys=False)
+    @property
+    def outcome(self) -> dict[str, Any]:
+        return self.day(DAY)
 
+    @property
+    def empty_day(self) -> str:
+        return str(self.demo["empty_day"])
 
-def run_day(env: dict[str, str], pipeline: str, day: str) -> subprocess.CompletedProcess[str]:
-    return cli(env, "run", pipeline, "--date", day, "--wait", "--json")
+    @property
+    def cancelled_day(self) -> str:
+        return str(self.demo["cancelled"]["date"])
+
+    @property
+    def blocked(self) -> str:
+        """What held the strict day: "blocked by quality_failure_rate (26.1% > 5.0%)"."""
+        reason = str(self.demo["blocked"]["reason"])
+        held = re.fullmatch(r"quality gate: publication (blocked by .+)", reason)
+        assert held, reason
+        return held[1]
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -153,26 +151,24 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
         check=False,
     )
 
 
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
-    """`dagster dev` on a fresh instance holding the demo day, an empty day and a day whose
-    publication the quality gate blocked, each run by `llm-assets run --wait`."""
+    """`dagster dev` on a fresh instance holding what `make demo` makes: the demo's days (the
+    last one cancelled once submitted and requeued), the empty day after them, the first day
+    blocked by support_tickets_strict's quality gate, and the eval."""
     tmp = tmp_path_factory.mktemp("ui")
-    home, dagster_home, pipelines = tmp / ".llm_assets", tmp / "dagster", tmp / "pipelines"
+    home, dagster_home = tmp / ".llm_assets", tmp / "dagster"
     dagster_home.mkdir()
-    pipelines.mkdir()
     # No telemetry, and no "join the community" dialog over the pages.
     (dagster_home / "dagster.yaml").write_text(
         "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
     )
-    demo_spec = REPO_ROOT / "pipelines" / f"{PIPELINE}.yaml"
-    (pipelines / demo_spec.name).write_text(demo_spec.read_text())
-    (pipelines / f"{STRICT}.yaml").write_text(strict_copy(demo_spec))
+    pipelines = REPO_ROOT / "pipelines"
     specs = {s.name: s for s in load_specs(pipelines)}
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_ASSETS_")}
     env |= {
@@ -188,41 +184,18 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
         screenshots.mkdir()
 
     with dagster_dev(env, tmp / "dagster-dev.log") as dev:
-        # The sensors would submit the days again and request finish and report runs of their
-        # own, which would race the pages: the CLI is the only thing that runs here. Stopped
-        # before the data exists, so no sensor tick can have seen it.
+        # The sensors would request runs of their own for the demo's days, which would race
+        # the pages: the demo is the only thing that runs here. Stopped before the data
+        # exists, so no sensor tick can have seen it.
         dev.stop_sensors_and_schedules()
-        generate_demo_data(home / "demo", start=DEMO_START, days=1, tickets_per_day=TICKETS)
-
-        done = run_day(env, PIPELINE, EMPTY_DAY)
-        assert done.returncode == 0, f"llm-assets run failed:\n{done.stdout}\n{done.stderr}"
-        [empty] = json.loads(done.stdout)
-        assert empty["done"] and empty["no_data"] == f"no source rows for {EMPTY_DAY}", empty
-
-        done = run_day(env, PIPELINE, DAY)
-        assert done.returncode == 0, f"llm-assets run failed:\n{done.stdout}\n{done.stderr}"
-        [outcome] = json.loads(done.stdout)
-        assert outcome["done"] and outcome["succeeded"] > 0, outcome
-
-        done = run_day(env, STRICT, DAY)
-        # Exit 2: a gate held the day; the last line says which.
-        assert done.returncode == 2, f"llm-assets run:\n{done.stdout}\n{done.stderr}"
-        said = done.stderr.strip().splitlines()[-1]
-        held = re.fullmatch(r"blocked: quality gate: publication (blocked by .+)", said)
-        assert held, done.stderr
-
-        # The demo spec's variants on a sample of the day: a partition of eval_report.
-        done = cli(env, "eval", PIPELINE, "--from", DAY, "--to", DAY, "--sample", "10", "--json")
-        assert done.returncode == 0, f"llm-assets eval:\n{done.stdout}\n{done.stderr}"
-        evaluation = json.loads(done.stdout)
+        done = cli(env, "demo", "--json")
+        (tmp / "demo.txt").write_text(done.stderr)
+        assert done.returncode == 0, f"llm-assets demo failed:\n{done.stdout}\n{done.stderr}"
         yield Ui(
             dev=dev,
             spec=specs[PIPELINE],
             strict=specs[STRICT],
-            outcome=outcome,
-            empty=empty,
-            blocked=held[1],
-            evaluation=evaluation,
+            demo=json.loads(done.stdout),
             screenshots=screenshots,
             debug=tmp,
         )
@@ -400,7 +373,7 @@ def test_asset_graph_shows_every_step_with_its_checks(browser: WebDriver, ui: Ui
         return nodes if all(runs for _, runs in nodes.values()) else None
 
     nodes = wait_for(browser, ui, "every node's latest run", loaded_nodes)
-    cli_runs = set(ui.outcome["run_ids"]) | set(ui.empty["run_ids"])
+    cli_runs = {run_id for day in ui.demo["days"] for run_id in day["run_ids"]}
     for step, (text, runs) in nodes.items():
         assert runs <= cli_runs, f"{step}: not the CLI's runs {runs}\n{text}"
         if step == "input_snapshot":
@@ -454,20 +427,27 @@ def test_checks_tab_shows_the_validation_checks_passed(browser: WebDriver, ui: U
     assert wait_for(browser, ui, "the evaluation", lambda b: labelled(b, "Evaluation result")) == (
         "Passed"
     )
-    # Check results are partitioned: the evaluation names its day.
-    assert wait_for(browser, ui, "the partition", lambda b: labelled(b, "Partition")) == DAY
+    # Check results are partitioned: the latest evaluation is the demo's last day, the empty
+    # one, which passed with nothing to check rather than being left Skipped.
+    empty = ui.empty_day
+    assert wait_for(browser, ui, "the partition", lambda b: labelled(b, "Partition")) == empty
     about = page_text(browser, ui)
+    assert f"no source rows for {empty}: nothing to check" in about
     # A gate check fails without failing the run; publication is what it holds.
     assert "This is a non-blocking asset check." in about
     assert "Gates publication: quality dead letters stay within quality.max_failure_rate." in about
-    metadata = wait_for(browser, ui, "the check's metadata", table_rows)
-    assert float(metadata["failure_rate"]) == 0
-    assert float(metadata["max_failure_rate"]) == ui.spec.quality.max_failure_rate
-    assert metadata["valid_rows"] == str(ui.outcome["succeeded"])
-    assert checks.BLOCKS_PUBLICATION not in metadata
-    # The evaluation belongs to the day's materialization: it links to the same run.
-    assert wait_for(browser, ui, "the run link", linked_runs) == {materialization_run(ui)}
     browser.save_screenshot(str(ui.screenshots / "asset-checks.png"))
+
+    # Every day's evaluation passed: the days with tickets on their figures.
+    browser.find_element(By.XPATH, "//*[normalize-space()='Execution history']").click()
+    days = {day["date"] for day in ui.demo["days"]}
+
+    def every_day(b: WebDriver) -> list[tuple[str, str, str, str]] | None:
+        rows = history_rows(b)
+        return rows if {row[2] for row in rows} == days else None
+
+    rows = wait_for(browser, ui, "every day in the history", every_day)
+    assert {result for result, *_ in rows} == {"Passed"}, rows
 
 
 def history_rows(b: WebDriver) -> list[tuple[str, str, str, str]]:
@@ -481,9 +461,12 @@ def history_rows(b: WebDriver) -> list[tuple[str, str, str, str]]:
 
 
 def test_the_empty_day_fails_its_source_rows_check(browser: WebDriver, ui: Ui) -> None:
-    open_check(browser, ui, PIPELINE, "input_snapshot", checks.SOURCE_ROWS, 480)
+    open_check(browser, ui, PIPELINE, "input_snapshot", checks.SOURCE_ROWS, 560)
     browser.find_element(By.XPATH, "//*[normalize-space()='Execution history']").click()
-    wait_for(browser, ui, "both days in the history", lambda b: len(history_rows(b)) == 2)
+    days = {day["date"] for day in ui.demo["days"]}
+    wait_for(
+        browser, ui, "every day in the history", lambda b: {r[2] for r in history_rows(b)} == days
+    )
     wait_for(
         browser,
         ui,
@@ -491,12 +474,15 @@ def test_the_empty_day_fails_its_source_rows_check(browser: WebDriver, ui: Ui) -
         Settled(lambda b: b.find_element(By.TAG_NAME, "table")),
     )
 
-    rows = wait_for(browser, ui, "the history", history_rows)
-    # Newest first: the demo day passed after the empty day failed, as a warning.
-    assert rows == [
-        ("Passed", "check_circle", DAY, "-"),
-        ("Failed", "warning_outline", EMPTY_DAY, f"no source rows for {EMPTY_DAY}"),
-    ]
+    # Newest first: the empty day, the demo's last, failed as a warning; every other day
+    # passed (the cancelled day twice: its first submission and the requeue's).
+    first, *others = wait_for(browser, ui, "the history", history_rows)
+    empty = ui.empty_day
+    assert first == ("Failed", "warning_outline", empty, f"no source rows for {empty}")
+    assert {(result, icon, text) for result, icon, _, text in others} == {
+        ("Passed", "check_circle", "-")
+    }
+    assert sorted(day for _, _, day, _ in others) == sorted([*days - {empty}, ui.cancelled_day])
     # The list shows the check as failed while one of its days has.
     assert wait_for(
         browser, ui, "the status", lambda b: check_statuses(b, [checks.SOURCE_ROWS])
@@ -580,9 +566,12 @@ def test_the_gate_check_shows_what_blocked_the_day(browser: WebDriver, ui: Ui) -
         "the failure cases",
         lambda b: b.find_element(By.CSS_SELECTOR, "[role=dialog]").text,
     )
-    assert cases.startswith(f"failure_cases\nall {failed} quality failures\n"), cases
-    too_short = f"String should have at least {STRICT_MIN_SUMMARY} characters"
-    assert cases.count("summary.string_too_short") == cases.count(too_short) == failed, cases
+    listed = min(failed, 20)
+    caption = f"{listed} of {failed}" if listed < failed else f"all {failed}"
+    assert cases.startswith(f"failure_cases\n{caption} quality failures\n"), cases
+    min_length = ui.strict.output.output_schema["summary"].min_length
+    too_short = f"String should have at least {min_length} characters"
+    assert cases.count("summary.string_too_short") == cases.count(too_short) == listed, cases
 
 
 def test_cost_report_shows_the_day_summary(browser: WebDriver, ui: Ui) -> None:
@@ -629,8 +618,8 @@ def test_the_blocked_days_summary_names_the_gate(browser: WebDriver, ui: Ui) -> 
 
 
 def test_the_eval_report_partition_shows_the_comparison(browser: WebDriver, ui: Ui) -> None:
-    key = ui.evaluation["eval_report_partition"]
-    report = ui.evaluation["report"]
+    key = ui.demo["eval"]["eval_report_partition"]
+    report = ui.demo["eval"]["report"]
     open_page(browser, ui, f"/assets/{PIPELINE}/eval_report?view=partitions&partition={key}", 1500)
 
     def metadata(b: WebDriver) -> dict[str, str] | None:
@@ -643,12 +632,97 @@ def test_the_eval_report_partition_shows_the_comparison(browser: WebDriver, ui: 
     )
     chosen = (report["recommendation"] or {}).get("chosen")
     assert rows["recommended"] == (chosen["name"] if chosen else "none")
-    assert rows["sampled_items"] == "10"
+    assert rows["sampled_items"] == str(report["sample_items"]) == str(ui.spec.eval.sample)
     assert rows["eval_id"] == key
     assert rows["scored"] == "category against agent_category (accuracy)"
     names = [variant["name"] for variant in report["variants"]]
     assert names == ["baseline", *ui.spec.variants]
     for name in names:
         assert f"score/{name}" in rows and f"failure_rate/{name}" in rows
-    assert wait_for(browser, ui, "the run link", linked_runs) == {ui.evaluation["run_id"]}
+    assert wait_for(browser, ui, "the run link", linked_runs) == {ui.demo["eval"]["run_id"]}
     browser.save_screenshot(str(ui.screenshots / "eval-report.png"))
+
+
+def event_rows(b: WebDriver, day: str) -> list[WebElement]:
+    """The Events tab's list: the rows of the day's events, newest first."""
+    return b.find_elements(By.XPATH, f"//div[@data-index][.//span[normalize-space()='{day}']]")
+
+
+def test_the_cancelled_day_keeps_its_cancel_in_the_events(browser: WebDriver, ui: Ui) -> None:
+    day = ui.cancelled_day
+    assert ui.demo["cancelled"]["cancelled"] > 0
+    assert ui.demo["cancelled"]["requeued"] == ui.demo["cancelled"]["cancelled"]
+    assert ui.day(day)["open_items"] == 0 and ui.day(day)["dead_letters_by_class"] == {
+        "compliance": 1
+    }
+    open_page(browser, ui, f"/assets/{PIPELINE}/batch_results?view=events", 900)
+    # Two imports of the day: the cancelled batches', then the requeued items'.
+    rows = wait_for(browser, ui, "the day's two imports", lambda b: event_rows(b, day)[1:])
+    rows[-1].click()
+
+    def cancelled(b: WebDriver) -> dict[str, str] | None:
+        shown = table_rows(b)
+        return shown if shown.get("day_state") == "cancelled" else None
+
+    metadata = wait_for(browser, ui, "the cancelled import's metadata", cancelled)
+    wait_for(
+        browser, ui, "the page to settle", Settled(lambda b: b.find_element(By.TAG_NAME, "table"))
+    )
+    assert CANCEL_REASON in metadata["cancelled"], metadata
+    requeue = f"`llm-assets requeue {PIPELINE} --date {day} --class cancelled`"
+    assert requeue in metadata["cancelled"], metadata
+    assert metadata["succeeded"] == "0" and metadata["open_items"] == "0", metadata
+    row = browser.find_element(By.XPATH, "//tr[td[normalize-space()='cancelled']]")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", row)
+    wait_for(
+        browser,
+        ui,
+        "the scrolled page to settle",
+        Settled(lambda b: b.find_element(By.XPATH, "//tr[td[normalize-space()='cancelled']]")),
+    )
+    browser.save_screenshot(str(ui.screenshots / "cancelled-day.png"))
+
+
+def test_the_runs_of_a_day_are_named_by_what_they_do(browser: WebDriver, ui: Ui) -> None:
+    day = ui.cancelled_day
+    data = ui.dev.graphql(
+        "query($tags: [ExecutionTag!]) { runsOrError(filter: {tags: $tags}) { "
+        "... on Runs { results { runId jobName } } } }",
+        {"tags": [{"key": "dagster/partition", "value": day}]},
+    )
+    runs = data["runsOrError"]["results"]
+    jobs = [run["jobName"] for run in runs]
+    submit, imports = names.submit_job(PIPELINE), names.lifecycle_job(PIPELINE, "import")
+    # Newest first: submitted, cancelled and imported, requeued and submitted, imported.
+    assert jobs[0] == imports and jobs[-1] == submit and jobs.count(submit) == 2, jobs
+    open_page(browser, ui, f"/runs?q%5B0%5D=tag%3Adagster%2Fpartition%3D{day}", 900)
+
+    def shown(b: WebDriver) -> list[str] | None:
+        found = re.findall(rf"^{PIPELINE}__\w+$", page_text(b, ui), re.MULTILINE)
+        return found if len(found) == len(jobs) else None
+
+    assert wait_for(browser, ui, "the day's runs", shown) == jobs
+    browser.save_screenshot(str(ui.screenshots / "day-runs.png"))
+
+
+def test_the_tour_describes_what_the_demo_made(ui: Ui) -> None:
+    """docs/ui.md's figures are the demo's: its days, the cancel, the blocked day, the eval."""
+    tour = " ".join((REPO_ROOT / "docs" / "ui.md").read_text().split())
+    outcome, cancelled = ui.outcome, ui.demo["cancelled"]
+    by_class = ", ".join(
+        f"{count} {name}"
+        for name, count in sorted(
+            outcome["dead_letters_by_class"].items(), key=lambda kv: (-kv[1], kv[0])
+        )
+    )
+    for said in (
+        f"blocked: quality gate: publication {ui.blocked}",
+        f"{outcome['total']} items: {outcome['succeeded']} succeeded, "
+        f"{outcome['dead_letters']} dead letters ({by_class})",
+        f"`support_tickets` {ui.cancelled_day}: submitted, cancelled while its batches were in "
+        f"flight ({cancelled['cancelled']} items cancelled;",
+        f"`support_tickets` {ui.empty_day}: a day the demo data has no tickets for",
+        f"the demo's is `{ui.demo['eval']['eval_report_partition']}`",
+        f"the eval of the spec's variants on {ui.demo['eval']['report']['sample_items']} tickets",
+    ):
+        assert said in tour, said

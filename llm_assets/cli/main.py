@@ -411,16 +411,29 @@ def _known_ids(
 @main.command()
 @click.option("--days", default=3, show_default=True, help="How many days of tickets.")
 @click.option("--per-day", default=120, show_default=True, help="Tickets per day.")
-def demo(days: int, per_day: int) -> None:
-    """Generate support tickets and run the demo pipeline end to end on the local provider."""
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print what the demo did as JSON on stdout (the tables go to stderr).",
+)
+def demo(days: int, per_day: int, as_json: bool) -> None:
+    """Generate support tickets and run the demo pipeline end to end on the local provider:
+    the days, one cancelled and requeued, an empty day, a day blocked by the strict
+    pipeline's quality gate, then the eval of the pipeline's variants."""
+    from llm_assets.cli.console import err
     from llm_assets.defs.runner import StepFailed
     from llm_assets.demo.run import run_demo
 
     try:
-        run_demo(load_settings(), days=days, per_day=per_day, console=console)
+        done = run_demo(
+            load_settings(), days=days, per_day=per_day, console=err if as_json else console
+        )
     except StepFailed as exc:
         print_error(str(exc), label="failed:")
         sys.exit(EXIT_GATE if exc.gate else EXIT_ERROR)
+    if as_json:
+        click.echo(json.dumps(done, indent=2))
 
 
 for _command in (cancel, eval_, pause, quotas, resume, retention, promote, run):

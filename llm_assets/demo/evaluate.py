@@ -22,14 +22,17 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings
 
 
-def evaluate(settings: Settings, spec: PipelineSpec, days: list[dt.date], console: Console) -> None:
-    """Run the spec's eval over `days` and print it. A gate that blocks a variant's day (a
-    blocked ticket can make a day's few sampled items cross compliance.max_blocked_rate) is
-    said, and the demo goes on."""
+def evaluate(
+    settings: Settings, spec: PipelineSpec, days: list[dt.date], console: Console
+) -> dict[str, object] | None:
+    """Run the spec's eval over `days` and print it; as `llm-assets eval --json` has it (the
+    eval_report partition, the run id, the report and where its files are). A
+    gate that blocks a variant's day (a blocked ticket can make a day's few sampled items
+    cross compliance.max_blocked_rate) is said, and the demo goes on (None)."""
     resources = build_resources(settings)
     config = {"from": days[0].isoformat(), "to": days[-1].isoformat(), "poll_interval": 1.0}
     try:
-        key, _ = run_eval_job(
+        key, run_id = run_eval_job(
             settings,
             spec,
             config,
@@ -40,7 +43,7 @@ def evaluate(settings: Settings, spec: PipelineSpec, days: list[dt.date], consol
     except StepFailed as failure:
         reason = home_relative(str(failure), settings.home)
         console.print(f"eval blocked: {reason}", style="yellow", highlight=False, markup=False)
-        return
+        return None
     report, uris = load_report(spec.name, key, resources["storage"])
     console.print(_eval_table(report))
     if report.recommendation is not None:
@@ -54,6 +57,8 @@ def evaluate(settings: Settings, spec: PipelineSpec, days: list[dt.date], consol
         highlight=False,
         markup=False,
     )
+    summary = {"eval_report_partition": key, "run_id": run_id, **uris}
+    return {**summary, "report": report.model_dump(mode="json")}
 
 
 def _eval_table(report: EvalReport) -> Table:

@@ -14,6 +14,7 @@ from llm_assets import steps
 from llm_assets.cli.console import progress_bar
 from llm_assets.compliance.policy import COMPLIANCE
 from llm_assets.defs.runner import DayOutcome, run_days
+from llm_assets.demo import tour
 from llm_assets.demo.data import generate_demo_data
 from llm_assets.demo.evaluate import evaluate
 from llm_assets.resources import build_resources
@@ -48,9 +49,12 @@ def run_demo(
     days: int,
     per_day: int,
     console: Console,
-) -> list[dict[str, Any]]:
-    """Generate `days` days of tickets, run each to the end, evaluate the pipeline's variants
-    on them and print what happened where."""
+) -> dict[str, Any]:
+    """Generate `days` days of tickets, run each to the end (the last one cancelled and
+    requeued on the way), the day after them (empty) and the first again on the strict
+    pipeline (blocked), evaluate the pipeline's variants, and print what happened where.
+    Returns the same as a JSON-able dict: each day's outcome, the cancelled day, the empty
+    day, the blocked day, the eval."""
     spec = _demo_spec(settings)
     generated = generate_demo_data(
         settings.home / "demo", start=DEMO_START, days=days, tickets_per_day=per_day
@@ -64,20 +68,42 @@ def run_demo(
         row["ticket_id"]: row["category"]
         for row in map(json.loads, generated.truth_path.read_text().splitlines())
     }
+    # The last day is cancelled once submitted and requeued, and the day after it has no
+    # tickets: with the strict pipeline's blocked day, every kind of day docs/ui.md shows.
+    *plain, cancelled_day = generated.days
+    empty_day = cancelled_day + dt.timedelta(days=1)
     outcomes = run_days(
-        settings, spec, generated.days, wait=True, approve_budget=False, display=progress_bar()
+        settings, spec, plain, wait=True, approve_budget=False, display=progress_bar()
     )
+    cancelled = tour.cancel_and_requeue(settings, spec, cancelled_day)
+    outcomes += [cancelled.outcome, tour.run_day(settings, spec, empty_day)]
+    blocked = tour.run_blocked_day(settings, DEMO_START, console)
     scored: list[tuple[DayOutcome, int, int]] = []
     for outcome in outcomes:
-        correct, judged = accuracy(settings, spec.name, outcome.date, truth)
+        correct, judged = (
+            (0, 0) if outcome.no_data else accuracy(settings, spec.name, outcome.date, truth)
+        )
         scored.append((outcome, correct, judged))
     console.print(_summary_table(spec, scored))
-    evaluate(settings, spec, generated.days, console)
+    console.print(_tour_lines(spec, cancelled, empty_day, blocked), highlight=False)
+    evaluation = evaluate(settings, spec, generated.days, console)
     console.print(_where_things_are(settings, spec), highlight=False)
-    return [
-        {**outcome.model_dump(mode="json"), "correct": correct, "judged": judged}
-        for outcome, correct, judged in scored
-    ]
+    return {
+        "days": [
+            {**outcome.model_dump(mode="json"), "correct": correct, "judged": judged}
+            for outcome, correct, judged in scored
+        ],
+        "cancelled": {
+            "date": cancelled_day.isoformat(),
+            "cancelled": cancelled.cancelled,
+            "requeued": cancelled.requeued,
+        },
+        "empty_day": empty_day.isoformat(),
+        "blocked": None
+        if blocked is None
+        else {"pipeline": tour.STRICT_PIPELINE, "date": DEMO_START.isoformat(), "reason": blocked},
+        "eval": evaluation,
+    }
 
 
 def _demo_spec(settings: Settings) -> PipelineSpec:
@@ -154,6 +180,22 @@ def _summary_table(spec: PipelineSpec, scored: list[tuple[DayOutcome, int, int]]
         f"{correct / judged:.1%}" if judged else "-",
     )
     return table
+
+
+def _tour_lines(
+    spec: PipelineSpec, cancelled: tour.CancelledDay, empty_day: dt.date, blocked: str | None
+) -> str:
+    """The days the UI tour (docs/ui.md) shows besides the ordinary ones."""
+    day = cancelled.outcome.date
+    lines = [
+        f"{day}: cancelled once submitted ({cancelled.cancelled} items cancelled), "
+        f"{cancelled.requeued} requeued with `llm-assets requeue {spec.name} --date {day} "
+        "--class cancelled`, then run to the end",
+        f"{empty_day}: no tickets, an empty day",
+    ]
+    if blocked is not None:
+        lines.append(f"{tour.STRICT_PIPELINE} {DEMO_START}: blocked: {blocked}")
+    return "\n".join(lines)
 
 
 def _where_things_are(settings: Settings, spec: PipelineSpec) -> str:
