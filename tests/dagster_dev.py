@@ -181,14 +181,16 @@ def _restore_sigint() -> None:
 
 
 @contextmanager
-def dagster_dev(env: dict[str, str], log: Path) -> Iterator[DagsterDev]:
+def dagster_dev(env: dict[str, str], log: Path, *, daemon: bool = True) -> Iterator[DagsterDev]:
     """Run `dagster dev -w workspace.yaml` from the repo with `env`; yields once the code
-    location has loaded."""
+    location has loaded. Without `daemon`, the webserver alone (`dagster-webserver`): the
+    pages, and no sensor, schedule or backfill runs."""
     port = free_port()
-    dagster = str(Path(sys.executable).parent / "dagster")
+    bin_dir = Path(sys.executable).parent
+    command = [str(bin_dir / "dagster"), "dev"] if daemon else [str(bin_dir / "dagster-webserver")]
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+            [*command, "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
             cwd=REPO_ROOT,
             env=env,
             stdout=out,

@@ -19,6 +19,14 @@ from tests.harness import Harness
 @contextlib.contextmanager
 def loopback_webhook(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """A Slack-style webhook on loopback, set as the spec's webhook; yields what it is sent."""
+    with webhook_server() as (url, posts):
+        monkeypatch.setenv("LLM_ASSETS_WEBHOOK_URL", url)
+        yield posts
+
+
+@contextlib.contextmanager
+def webhook_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A Slack-style webhook on loopback: its URL, and what it is sent."""
     posts: list[dict[str, Any]] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -32,8 +40,7 @@ def loopback_webhook(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str,
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("LLM_ASSETS_WEBHOOK_URL", f"http://127.0.0.1:{server.server_port}/hook")
-    yield posts
+    yield f"http://127.0.0.1:{server.server_port}/hook", posts
     server.shutdown()
     server.server_close()
 

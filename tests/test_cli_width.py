@@ -9,6 +9,7 @@ report is rendered, never printed as Markdown source; a run a gate blocks says w
 it, how far the day got and what to run next; `requeue --ids` names the ids it does not know.
 """
 
+import io
 import json
 import os
 import pty
@@ -20,8 +21,16 @@ from pathlib import Path
 import pytest
 import yaml
 from rich.cells import cell_len
+from rich.console import Console
 
+from llm_assets.cli.tables import FitTables
+from llm_assets.demo.evaluate import print_eval
+from llm_assets.demo.run import DEMO_PIPELINE, print_days
+from llm_assets.evaluation.report import EvalReport
 from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, LedgerResource, utcnow
+from llm_assets.spec.load import load_specs
+from llm_assets.util.settings import REPO_ROOT
+from tests.demo_run import shared_demo
 from tests.harness import CLI
 from tests.ledger_helpers import set_item_status
 from tests.test_cli import DAY, Env
@@ -234,30 +243,26 @@ def test_eval_report_is_rendered_on_a_terminal(day: WidthEnv) -> None:
     assert "Confusion matrices" in plain
 
 
-def test_demo_tables_cut_no_cell_at_80_columns(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "LLM_ASSETS_HOME": str(tmp_path / "home"),
-        "DAGSTER_HOME": str(tmp_path / "dagster"),
-        "COLUMNS": str(COLUMNS),
-    }
-    for name in ("LLM_ASSETS_DATABASE_URL", "LLM_ASSETS_PIPELINES", "LLM_ASSETS_PRICES"):
-        env.pop(name, None)
+def test_demo_tables_cut_no_cell_at_80_columns(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The session's demo (tests/demo_run.py) printed again the way the demo prints it, on a
+    console of 80 columns fitted as the CLI's are: its table of days, the tour's days and the
+    eval's table."""
+    made = shared_demo(tmp_path_factory).made
+    spec = next(s for s in load_specs(REPO_ROOT / "pipelines") if s.name == DEMO_PIPELINE)
+    out = io.StringIO()
+    console = Console(file=out, width=COLUMNS)
+    console.push_render_hook(FitTables(console))
 
-    shown = subprocess.run(
-        [CLI, "demo", "--days", "1", "--per-day", "40"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    print_days(console, spec, made)
+    report = EvalReport.model_validate(made["eval"]["report"])
+    print_eval(console, report, made["eval"]["eval_report_partition"], "eval/report.md")
 
-    assert shown.returncode == 0, shown.stderr
-    _fits(shown.stdout)
-    words = _tokens(shown.stdout)
+    shown = out.getvalue()
+    _fits(shown)
+    words = _tokens(shown)
     assert {"2026-11-02", "succeeded", "accuracy", "baseline", "terse_labels", "body_only"} <= words
-    assert words & {"recommended", "passes", "fails"}
+    assert {made["empty_day"] + ":", "recommended"} <= words
+    assert f"{made['blocked']['pipeline']} {made['blocked']['date']}: blocked:" in shown
 
 
 @pytest.mark.parametrize(

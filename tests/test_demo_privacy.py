@@ -5,15 +5,15 @@ the pseudonym table's, no line the CLI prints and no Dagster event of its runs; 
 counts what was redacted and what was blocked. The demo's eval replays a sample of the day
 through every variant of the pipeline, to the last answer, with the same policy.
 
-One day of PER_DAY tickets is the smallest demo day with a card number as well as the pasted
-API key (one of them per BLOCKED_EVERY tickets), and it gives contact details of every kind.
-The CLI runs as a subprocess, as `make demo` runs it, so all it logs is in its output. Only
+The demo is the session's (tests/demo_run.py): `llm-assets demo` with its defaults, run as a
+subprocess as `make demo` runs it, so all it logs is in its output; its days hold a card
+number and the pasted API key (one of them per BLOCKED_EVERY tickets) and contact details of
+every kind. Only
 the input snapshots, the eval's sample (rows of the snapshot) and the demo's own inbox and
 truth files hold the values: they are the source as it was read.
 """
 
 import json
-import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -31,23 +31,23 @@ from llm_assets.demo.data import BAD_ROW_REASONS, BLOCKED_EVERY
 from llm_assets.demo.run import DEMO_START
 from llm_assets.resources.ledger import metadata
 from llm_assets.util.settings import REPO_ROOT
-from tests.eval_harness import run_command
-from tests.harness import CLI
+from tests.demo_run import shared_demo
 
 pytestmark = pytest.mark.slow
 
-PER_DAY = 2 * BLOCKED_EVERY
 REDACTED = ("email", "phone", "iban", "ip_address")
 BLOCKED = ("card", "credential")
 PLACEHOLDERS = ("<EMAIL_1>", "<PHONE_1>", "<IBAN_1>", "<IP_ADDRESS_1>")
 
 
 @dataclass(frozen=True)
-class DemoRun:
+class Demo:
     home: Path
     output: str
     """The CLI's stdout and stderr: the demo table and every log line."""
     truth: list[dict[str, Any]]
+    made: dict[str, Any]
+    """`llm-assets demo --json`."""
 
     def values(self) -> dict[str, str]:
         """Each personal value of the generated tickets (card numbers and IBANs also without
@@ -69,20 +69,15 @@ class DemoRun:
                 return cells
         raise AssertionError(f"no table row {first_cell!r} in:\n{self.output}")
 
+    def items(self) -> int:
+        """The demo pipeline's items over its days."""
+        return sum(day["total"] for day in self.made["days"])
+
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
-    home = tmp_path_factory.mktemp("demo_privacy")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("LLM_ASSETS_") and k != "DAGSTER_HOME"
-    }
-    env.update({"LLM_ASSETS_HOME": str(home), "COLUMNS": "200"})
-    result = run_command([CLI, "demo", "--days", "1", "--per-day", str(PER_DAY)], env, timeout=900)
-    assert result.returncode == 0, result.stdout + result.stderr
-    truth = [json.loads(line) for line in (home / "demo" / "truth.jsonl").read_text().splitlines()]
-    return DemoRun(home, result.stdout + result.stderr, truth)
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    run = shared_demo(tmp_path_factory)
+    return Demo(run.home, run.output, run.truth(), run.made)
 
 
 def eval_sample() -> int:
@@ -106,27 +101,28 @@ def _files_text(root: Path) -> str:
     return "\n".join(chunks)
 
 
-def test_the_day_holds_every_kind_of_personal_data(demo: DemoRun) -> None:
+def test_the_day_holds_every_kind_of_personal_data(demo: Demo) -> None:
     kinds = Counter(demo.values().values())
     assert set(kinds) == {*REDACTED, *BLOCKED}
     blocked = [row for row in demo.truth if set(row.get("personal_data", {})) & set(BLOCKED)]
-    assert len(blocked) == PER_DAY // BLOCKED_EVERY == 2
+    tickets = sum(1 for row in demo.truth if row.get("ticket_id"))
+    assert len(blocked) == tickets // BLOCKED_EVERY > 1
 
 
 def test_no_request_file_holds_a_value_and_each_kind_went_as_a_placeholder(
-    demo: DemoRun,
+    demo: Demo,
 ) -> None:
     requests = "\n".join(
         _files_text(root)
         for root in (demo.home / "artifacts" / "shards", demo.home / "local_provider")
         if root.exists()
     )
-    assert requests.count('"custom_id"') >= PER_DAY
+    assert requests.count('"custom_id"') >= demo.items()
     assert all(placeholder in requests for placeholder in PLACEHOLDERS)
     assert _leaks(requests, demo.values()) == []
 
 
-def test_no_artifact_made_from_the_prompts_holds_a_value(demo: DemoRun) -> None:
+def test_no_artifact_made_from_the_prompts_holds_a_value(demo: Demo) -> None:
     artifacts = demo.home / "artifacts"
     read = ("snapshots", "eval", "shards")
     kinds = sorted(p.name for p in artifacts.iterdir() if p.name not in read)
@@ -141,7 +137,7 @@ def test_no_artifact_made_from_the_prompts_holds_a_value(demo: DemoRun) -> None:
 
 
 def test_no_ledger_row_holds_a_value_and_blocked_items_name_only_their_types(
-    demo: DemoRun,
+    demo: Demo,
 ) -> None:
     engine = sa.create_engine(f"sqlite:///{demo.home / 'ledger.db'}")
     rows: list[str] = []
@@ -156,7 +152,7 @@ def test_no_ledger_row_holds_a_value_and_blocked_items_name_only_their_types(
             )
         ).all()
     engine.dispose()
-    assert len(rows) > PER_DAY
+    assert len(rows) > demo.items()
     assert _leaks("\n".join(rows), demo.values()) == []
 
     carried = {
@@ -170,12 +166,14 @@ def test_no_ledger_row_holds_a_value_and_blocked_items_name_only_their_types(
         assert all(kind in message for kind in carried[source_id]), message
 
 
-def test_no_line_the_cli_prints_holds_a_value(demo: DemoRun) -> None:
-    assert f"2 of {PER_DAY + 5} items" in demo.output
+def test_no_line_the_cli_prints_holds_a_value(demo: Demo) -> None:
+    first = demo.made["days"][0]
+    blocked = first["dead_letters_by_class"]["compliance"]
+    assert f"{blocked} of {first['total']} items" in demo.output
     assert _leaks(demo.output, demo.values()) == []
 
 
-def test_no_dagster_event_of_the_demo_runs_holds_a_value(demo: DemoRun) -> None:
+def test_no_dagster_event_of_the_demo_runs_holds_a_value(demo: Demo) -> None:
     instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(demo.home / "dagster")))
     runs = instance.get_runs()
     events = "\n".join(str(entry) for run in runs for entry in instance.all_logs(run.run_id))
@@ -184,7 +182,7 @@ def test_no_dagster_event_of_the_demo_runs_holds_a_value(demo: DemoRun) -> None:
     assert _leaks(events, demo.values()) == []
 
 
-def test_the_demo_table_counts_redacted_values_and_blocked_tickets(demo: DemoRun) -> None:
+def test_the_demo_table_counts_redacted_values_and_blocked_tickets(demo: Demo) -> None:
     prompts: dict[str, str] = {}
     inbox = demo.home / "demo" / "inbox" / f"tickets-{DEMO_START.isoformat()}.jsonl"
     for line in inbox.read_text().splitlines():
@@ -193,6 +191,7 @@ def test_the_demo_table_counts_redacted_values_and_blocked_tickets(demo: DemoRun
     redacted = sum(
         prompts[row["ticket_id"]].count(value)
         for row in demo.truth
+        if row["ticket_id"] in prompts
         for kind, values in row.get("personal_data", {}).items()
         if kind in REDACTED
         for value in values
@@ -202,12 +201,16 @@ def test_the_demo_table_counts_redacted_values_and_blocked_tickets(demo: DemoRun
     assert "personal data" in header
     column = header.index("personal data")
     day = demo.table_row(DEMO_START.isoformat())
-    assert day[column] == f"redacted {redacted}, blocked 2"
-    assert demo.table_row("all")[column] == day[column]
-    assert day[header.index("dead letters by class")] == "compliance 2, input 5"
+    first = demo.made["days"][0]
+    blocked = first["dead_letters_by_class"]["compliance"]
+    assert day[column] == f"redacted {redacted}, blocked {blocked}"
+    classes = f"compliance {blocked}, input {len(BAD_ROW_REASONS)}"
+    assert day[header.index("dead letters by class")] == classes
+    all_blocked = sum(d["dead_letters_by_class"].get("compliance", 0) for d in demo.made["days"])
+    assert demo.table_row("all")[column].endswith(f", blocked {all_blocked}")
 
 
-def eval_rows(demo: DemoRun, columns: str, table: str) -> list[Any]:
+def eval_rows(demo: Demo, columns: str, table: str) -> list[Any]:
     """(pipeline, *columns) of the rows of a ledger table that belong to the demo's eval."""
     engine = sa.create_engine(f"sqlite:///{demo.home / 'ledger.db'}")
     with engine.connect() as conn:
@@ -221,7 +224,7 @@ def eval_rows(demo: DemoRun, columns: str, table: str) -> list[Any]:
     return list(rows)
 
 
-def test_the_demo_evaluates_every_variant_on_the_same_tickets_to_the_end(demo: DemoRun) -> None:
+def test_the_demo_evaluates_every_variant_on_the_same_tickets_to_the_end(demo: Demo) -> None:
     rows = eval_rows(demo, "t.source_id, t.status", "llm_batch_result")
     size = eval_sample()
     sampled: dict[str, set[str]] = {}
@@ -231,7 +234,7 @@ def test_the_demo_evaluates_every_variant_on_the_same_tickets_to_the_end(demo: D
     assert sorted(sampled) == ["baseline", "body_only", "terse_labels"]
     assert len(rows) == 3 * size
     assert sampled["baseline"] == sampled["body_only"] == sampled["terse_labels"]
-    assert size < PER_DAY
+    assert size < demo.items()
 
     def eval_row(variant: str) -> str:
         """The line of the eval table (no vertical rules) for the variant."""
@@ -264,7 +267,7 @@ def test_the_demo_evaluates_every_variant_on_the_same_tickets_to_the_end(demo: D
         # Tickets the policy blocked or the checks refused were never sent: dead letters, but
         # no failure of the variant.
         never_sent = variant["dead_letters_by_class"]
-        assert set(never_sent) <= {"input", "compliance"} and sum(never_sent.values()) > 0
+        assert set(never_sent) <= {"input", "compliance"}
         assert variant["failure_rate"] == 0.0
         assert variant["n"] == scored
         assert variant["score"] == pytest.approx(correct[variant["name"]] / scored)

@@ -26,6 +26,7 @@ from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.steps import notify
 from llm_assets.steps.lifecycle import GATED
 from tests.day_notices import announce, loopback_webhook
+from tests.demo_run import shared_demo
 from tests.eval_harness import run_command
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, Harness, first_time, make_harness, truthful
@@ -245,32 +246,17 @@ def test_a_retry_round_a_gate_holds_is_not_on_its_way(tmp_path: Path, database_u
     assert notify.under_way(spec, DAY, ledger) is None
 
 
-@pytest.mark.slow
 def test_the_demo_announces_each_of_its_days_once(
-    tmp_path: Path, webhook: list[dict[str, Any]]
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    home = tmp_path / "demo"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("LLM_ASSETS_") and k != "DAGSTER_HOME"
-    }
-    env |= {
-        "LLM_ASSETS_HOME": str(home),
-        "LLM_ASSETS_WEBHOOK_URL": os.environ["LLM_ASSETS_WEBHOOK_URL"],
-    }
-
-    result = run_command([CLI, "demo", "--days", "2", "--per-day", "30"], env, timeout=900)
-
-    assert result.returncode == 0, result.stdout + result.stderr
-    # The second day is cancelled once submitted, requeued and finished: announced once, when
-    # it finished. The empty day after it has nothing to announce; the strict pipeline's
-    # blocked day is announced as finished and not published.
-    days = [
-        (DEMO_PIPELINE, DEMO_START),
-        (DEMO_PIPELINE, DEMO_START + dt.timedelta(days=1)),
-        (STRICT_PIPELINE, DEMO_START),
-    ]
+    demo = shared_demo(tmp_path_factory)
+    # Each day is announced once, when it finished: the cancelled day once its requeued items
+    # had; the empty day has nothing to announce; the strict pipeline's blocked day is
+    # announced as finished and not published.
+    days = [(DEMO_PIPELINE, dt.date.fromisoformat(d["date"])) for d in demo.made["days"]]
+    days = [(pipeline, day) for pipeline, day in days if day.isoformat() != demo.made["empty_day"]]
+    days.append((STRICT_PIPELINE, DEMO_START))
+    webhook = demo.posts
     assert [(p["llm_assets"]["pipeline"], p["llm_assets"]["date"]) for p in webhook] == [
         (pipeline, day.isoformat()) for pipeline, day in days
     ]
@@ -279,4 +265,4 @@ def test_the_demo_announces_each_of_its_days_once(
         assert summary["outcome"] == "finished" and summary["open_items"] == 0
         assert (summary.get("blocked") is not None) == (pipeline == STRICT_PIPELINE), summary
         key = dg.AssetKey([pipeline, "cost_report"])
-        assert reported(home / "dagster", key, day)[DAY_SUMMARY_JSON] == summary
+        assert reported(demo.dagster_home, key, day)[DAY_SUMMARY_JSON] == summary

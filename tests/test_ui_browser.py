@@ -17,7 +17,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from llm_assets.spec.load import load_specs
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import REPO_ROOT
 from tests.dagster_dev import DagsterDev, dagster_dev
+from tests.demo_run import shared_demo
 
 pytestmark = pytest.mark.slow
 
@@ -145,57 +145,27 @@ class Ui:
         return held[1]
 
 
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "llm-assets"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
-    """`dagster dev` on a fresh instance holding what `make demo` makes: the demo's days (the
-    last one cancelled once submitted and requeued), the empty day after them, the first day
-    blocked by support_tickets_strict's quality gate, and the eval."""
+    """The Dagster webserver over what `make demo` made (tests/demo_run.py): the demo's days
+    (the last one cancelled once submitted and requeued), the empty day after them, the first
+    day blocked by support_tickets_strict's quality gate, and the eval. No daemon: nothing
+    runs but what the demo ran."""
     tmp = tmp_path_factory.mktemp("ui")
-    home, dagster_home = tmp / ".llm_assets", tmp / "dagster"
-    dagster_home.mkdir()
-    # No telemetry, and no "join the community" dialog over the pages.
-    (dagster_home / "dagster.yaml").write_text(
-        "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
-    )
-    pipelines = REPO_ROOT / "pipelines"
-    specs = {s.name: s for s in load_specs(pipelines)}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_ASSETS_")}
-    env |= {
-        "LLM_ASSETS_HOME": str(home),
-        "LLM_ASSETS_PIPELINES": str(pipelines),
-        "DAGSTER_HOME": str(dagster_home),
-    }
+    demo = shared_demo(tmp_path_factory)
+    specs = {s.name: s for s in load_specs(REPO_ROOT / "pipelines")}
     if os.environ.get(SCREENSHOTS_ENV) == "1":
         screenshots = REPO_ROOT / "docs" / "screenshots"
         screenshots.mkdir(parents=True, exist_ok=True)
     else:
         screenshots = tmp / "screenshots"
         screenshots.mkdir()
-
-    with dagster_dev(env, tmp / "dagster-dev.log") as dev:
-        # The sensors would request runs of their own for the demo's days, which would race
-        # the pages: the demo is the only thing that runs here. Stopped before the data
-        # exists, so no sensor tick can have seen it.
-        dev.stop_sensors_and_schedules()
-        done = cli(env, "demo", "--json")
-        (tmp / "demo.txt").write_text(done.stderr)
-        assert done.returncode == 0, f"llm-assets demo failed:\n{done.stdout}\n{done.stderr}"
+    with dagster_dev(demo.env, tmp / "dagster-webserver.log", daemon=False) as dev:
         yield Ui(
             dev=dev,
             spec=specs[PIPELINE],
             strict=specs[STRICT],
-            demo=json.loads(done.stdout),
+            demo=demo.made,
             screenshots=screenshots,
             debug=tmp,
         )

@@ -45,20 +45,24 @@ def evaluate(
         console.print(f"eval blocked: {reason}", style="yellow", highlight=False, markup=False)
         return None
     report, uris = load_report(spec.name, key, resources["storage"])
+    print_eval(console, report, key, home_relative(uris["markdown"], settings.home))
+    summary = {"eval_report_partition": key, "run_id": run_id, **uris}
+    return {**summary, "report": report.model_dump(mode="json")}
+
+
+def print_eval(console: Console, report: EvalReport, key: str, markdown: str) -> None:
+    """The eval's table, its recommendation and notes, and where its full report is."""
     console.print(_eval_table(report))
     if report.recommendation is not None:
         console.print(report.recommendation.reason, highlight=False, markup=False)
     for note in report.notes:
         console.print(note, style="yellow", highlight=False, markup=False)
     console.print(
-        f"The full report (confusion matrices, macro-F1, tokens): "
-        f"{home_relative(uris['markdown'], settings.home)}; in the UI, eval_report partition "
-        f"{key}.",
+        f"The full report (confusion matrices, macro-F1, tokens): {markdown}; in the UI, "
+        f"eval_report partition {key}.",
         highlight=False,
         markup=False,
     )
-    summary = {"eval_report_partition": key, "run_id": run_id, **uris}
-    return {**summary, "report": report.model_dump(mode="json")}
 
 
 def _eval_table(report: EvalReport) -> Table:

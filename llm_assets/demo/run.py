@@ -78,32 +78,39 @@ def run_demo(
     cancelled = tour.cancel_and_requeue(settings, spec, cancelled_day)
     outcomes += [cancelled.outcome, tour.run_day(settings, spec, empty_day)]
     blocked = tour.run_blocked_day(settings, DEMO_START, console)
-    scored: list[tuple[DayOutcome, int, int]] = []
+    made: dict[str, Any] = {"days": []}
     for outcome in outcomes:
         correct, judged = (
             (0, 0) if outcome.no_data else accuracy(settings, spec.name, outcome.date, truth)
         )
-        scored.append((outcome, correct, judged))
-    console.print(_summary_table(spec, scored))
-    console.print(_tour_lines(spec, cancelled, empty_day, blocked), highlight=False)
-    evaluation = evaluate(settings, spec, generated.days, console)
-    console.print(_where_things_are(settings, spec), highlight=False)
-    return {
-        "days": [
-            {**outcome.model_dump(mode="json"), "correct": correct, "judged": judged}
-            for outcome, correct, judged in scored
-        ],
-        "cancelled": {
-            "date": cancelled_day.isoformat(),
-            "cancelled": cancelled.cancelled,
-            "requeued": cancelled.requeued,
-        },
-        "empty_day": empty_day.isoformat(),
-        "blocked": None
-        if blocked is None
-        else {"pipeline": tour.STRICT_PIPELINE, "date": DEMO_START.isoformat(), "reason": blocked},
-        "eval": evaluation,
+        day = outcome.model_dump(mode="json")
+        made["days"].append({**day, "correct": correct, "judged": judged})
+    made["cancelled"] = {
+        "date": cancelled_day.isoformat(),
+        "cancelled": cancelled.cancelled,
+        "requeued": cancelled.requeued,
     }
+    made["empty_day"] = empty_day.isoformat()
+    made["blocked"] = (
+        None
+        if blocked is None
+        else {"pipeline": tour.STRICT_PIPELINE, "date": DEMO_START.isoformat(), "reason": blocked}
+    )
+    print_days(console, spec, made)
+    made["eval"] = evaluate(settings, spec, generated.days, console)
+    console.print(_where_things_are(settings, spec), highlight=False)
+    return made
+
+
+def print_days(console: Console, spec: PipelineSpec, made: dict[str, Any]) -> None:
+    """The demo's table of days (from run_demo's dict) and a line for each day of the tour:
+    the cancelled, the empty and the blocked one."""
+    scored = [
+        (DayOutcome.model_validate(day), int(day["correct"]), int(day["judged"]))
+        for day in made["days"]
+    ]
+    console.print(_summary_table(spec, scored))
+    console.print(_tour_lines(spec, made), highlight=False)
 
 
 def _demo_spec(settings: Settings) -> PipelineSpec:
@@ -182,19 +189,18 @@ def _summary_table(spec: PipelineSpec, scored: list[tuple[DayOutcome, int, int]]
     return table
 
 
-def _tour_lines(
-    spec: PipelineSpec, cancelled: tour.CancelledDay, empty_day: dt.date, blocked: str | None
-) -> str:
+def _tour_lines(spec: PipelineSpec, made: dict[str, Any]) -> str:
     """The days the UI tour (docs/ui.md) shows besides the ordinary ones."""
-    day = cancelled.outcome.date
+    cancelled, blocked = made["cancelled"], made["blocked"]
+    day = cancelled["date"]
     lines = [
-        f"{day}: cancelled once submitted ({cancelled.cancelled} items cancelled), "
-        f"{cancelled.requeued} requeued with `llm-assets requeue {spec.name} --date {day} "
+        f"{day}: cancelled once submitted ({cancelled['cancelled']} items cancelled), "
+        f"{cancelled['requeued']} requeued with `llm-assets requeue {spec.name} --date {day} "
         "--class cancelled`, then run to the end",
-        f"{empty_day}: no tickets, an empty day",
+        f"{made['empty_day']}: no tickets, an empty day",
     ]
     if blocked is not None:
-        lines.append(f"{tour.STRICT_PIPELINE} {DEMO_START}: blocked: {blocked}")
+        lines.append(f"{blocked['pipeline']} {blocked['date']}: blocked: {blocked['reason']}")
     return "\n".join(lines)
 
 
