@@ -5,14 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export LLM_ASSETS_HOME ?= $(CURDIR)/.llm_assets
 
-.PHONY: install demo test test-quick ui lint typecheck clean bench
+.PHONY: install demo test test-quick ui worker lint typecheck clean bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU wheel of torch; an unpinned torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[local,dev]"
+	$(PY) -m pip install --quiet -e ".[local,dev,celery]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -47,6 +47,12 @@ ui: install
 	home="$${DAGSTER_HOME:-$(LLM_ASSETS_HOME)/dagster}"; mkdir -p "$$home"; \
 	test -f "$$home/dagster.yaml" || printf 'telemetry:\n  enabled: false\nnux:\n  enabled: false\n' > "$$home/dagster.yaml"; \
 	DAGSTER_HOME="$$home" $(VENV)/bin/dagster dev -w workspace.yaml --port $(UI_PORT)
+
+# A Celery worker for LLM_ASSETS_EXECUTOR=celery: it takes the steps of any run on the broker
+# (LLM_ASSETS_CELERY_BROKER, LLM_ASSETS_CELERY_BACKEND; celery.yaml). Start one per machine
+# with the same LLM_ASSETS_* and DAGSTER_* environment as the code location.
+worker: install
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dagster-celery worker start -A dagster_celery.app -y celery.yaml
 
 # One day of N items through every step on SQLite and on PostgreSQL (127.0.0.1:5432, database
 # llm_assets_bench dropped and created per run); bench/README.md has the results. Each

@@ -56,9 +56,48 @@ def build_definitions(
         sensors=sensors,
         schedules=schedules,
         resources=resources,
-        # Steps are thin I/O over the ledger and the provider; a subprocess per step would
-        # cost seconds each. Runs stay isolated from each other by the run launcher.
-        executor=dg.in_process_executor,
+        executor=build_executor(settings),
+    )
+
+
+EXECUTORS = ("in_process", "celery")
+CELERY_SETTINGS = {
+    # A step's task is acknowledged when it ends, not when a worker takes it: the broker
+    # hands the task of a worker that died mid-step to another worker, which runs the step
+    # again (the ledger's idempotent writes make the repeat harmless).
+    "task_acks_late": True,
+    "task_reject_on_worker_lost": True,
+    "worker_prefetch_multiplier": 1,
+}
+"""The Celery settings of the executor; celery.yaml gives the workers the same."""
+
+
+def build_executor(settings: Settings) -> dg.ExecutorDefinition:
+    """Where a run's steps execute. `in_process` (the default): steps are thin I/O over the
+    ledger and the provider, and a subprocess per step would cost seconds each; runs stay
+    isolated from each other by the run launcher. `celery`: each step is a Celery task that
+    any worker (`make worker`) takes, so the days of a backfill and the steps of a run spread
+    over machines; broker and result backend from LLM_ASSETS_CELERY_BROKER and
+    LLM_ASSETS_CELERY_BACKEND (docs/operations.md, "More than one machine")."""
+    if settings.executor == "in_process":
+        return dg.in_process_executor
+    if settings.executor != "celery":
+        raise ValueError(
+            f"LLM_ASSETS_EXECUTOR={settings.executor!r}: choose one of {', '.join(EXECUTORS)}"
+        )
+    try:
+        from dagster_celery import celery_executor
+    except ImportError as exc:
+        raise ValueError(
+            "LLM_ASSETS_EXECUTOR=celery needs dagster-celery: pip install -e '.[celery]'"
+        ) from exc
+    return celery_executor.configured(
+        {
+            "broker": {"env": "LLM_ASSETS_CELERY_BROKER"},
+            "backend": {"env": "LLM_ASSETS_CELERY_BACKEND"},
+            "config_source": CELERY_SETTINGS,
+        },
+        name="celery",
     )
 
 

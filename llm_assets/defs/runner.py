@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.execution.execution_result import ExecutionResult
 from pydantic import BaseModel
 from rich.progress import Progress, TaskID
 
@@ -86,7 +87,7 @@ class DayOutcome(BaseModel):
     """Set on a day with no source rows (why): nothing was requested and nothing is open."""
 
 
-def failure_of(result: dg.ExecuteInProcessResult) -> StepFailed:
+def failure_of(result: ExecutionResult) -> StepFailed:
     gate: str | None
     failed_checks = [
         e
@@ -237,9 +238,9 @@ class PartitionRunner:
         jobs = build_lifecycle_jobs(self.spec).values()
         return dg.Definitions(assets=self.assets, jobs=list(jobs), resources=self.resources)
 
-    def _materialize(
-        self, day: dt.date, step: steps.Step, tags: dict[str, str]
-    ) -> dg.ExecuteInProcessResult:
+    def _materialize(self, day: dt.date, step: steps.Step, tags: dict[str, str]) -> ExecutionResult:
+        if self.settings.executor == "celery":
+            return self._execute_on_workers(day, step, tags)
         return self._definitions.resolve_job_def(job_name(self.spec, step)).execute_in_process(
             run_config={"loggers": {"console": {"config": {"log_level": self.log_level}}}},
             instance=self.instance,
@@ -248,6 +249,25 @@ class PartitionRunner:
             tags=tags,
             raise_on_error=False,
         )
+
+    def _execute_on_workers(
+        self, day: dt.date, step: steps.Step, tags: dict[str, str]
+    ) -> ExecutionResult:
+        """The run of the code location's job (llm_assets.definitions), whose executor sends
+        each step to a Celery worker; this process waits for the run to end."""
+        from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+        repository = ReconstructableRepository.for_module(
+            "llm_assets.definitions", "defs", working_directory=str(Path.cwd())
+        )
+        job = repository.get_reconstructable_job(job_name(self.spec, step))
+        with dg.execute_job(
+            job,
+            instance=self.instance,
+            tags={**tags, "dagster/partition": day.isoformat()},
+            raise_on_error=False,
+        ) as result:
+            return result
 
     def outcome(self, day: dt.date, run_ids: list[str]) -> DayOutcome:
         job = steps.existing_job(self.spec, day, self.ledger)

@@ -2,9 +2,10 @@
 
 Inactive unless LLM_ASSETS_FAILPOINT names a point, as `name` or `name:n` (die the n-th time
 the point is passed in this process). The process then kills itself with SIGKILL: no
-cleanup, no finally blocks, exactly like the OOM killer or a lost machine. A test that
-searches many interleavings in one process installs a handler instead (`handled_by`): it is
-told of every point passed and may raise there.
+cleanup, no finally blocks, exactly like the OOM killer or a lost machine (with
+LLM_ASSETS_FAILPOINT_SCOPE=group, its whole process group: a Celery worker and its children).
+A test that searches many interleavings in one process installs a handler instead
+(`handled_by`): it is told of every point passed and may raise there.
 """
 
 import contextlib
@@ -54,4 +55,8 @@ def failpoint(name: str) -> None:
         return
     _passed[name] += 1
     if _passed[name] >= int(nth or 1):
+        if os.environ.get("LLM_ASSETS_FAILPOINT_SCOPE") == "group":
+            # The whole process group: a Celery worker with its pool and step processes, as
+            # when its machine is lost.
+            os.killpg(os.getpgid(0), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -21,6 +21,9 @@ class Settings(BaseModel):
     sensor_interval_seconds: int | None = None
     """LLM_ASSETS_SENSOR_INTERVAL_SECONDS: how often the sensors may run (default: each
     sensor's own, 30–60 s); tests and demos set a few seconds."""
+    executor: str = "in_process"
+    """LLM_ASSETS_EXECUTOR: `in_process` (a run's steps in its own process) or `celery` (each
+    step a Celery task on any worker: LLM_ASSETS_CELERY_BROKER, LLM_ASSETS_CELERY_BACKEND)."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
@@ -37,6 +40,7 @@ class Settings(BaseModel):
             sensor_interval_seconds=int(env["LLM_ASSETS_SENSOR_INTERVAL_SECONDS"])
             if env.get("LLM_ASSETS_SENSOR_INTERVAL_SECONDS")
             else None,
+            executor=env.get("LLM_ASSETS_EXECUTOR") or "in_process",
         )
 
     def resolve_source_uri(self, uri: str) -> str:

@@ -1,0 +1,199 @@
+"""More than one worker: a day's steps as Celery tasks (LLM_ASSETS_EXECUTOR=celery) on the
+RabbitMQ broker and Redis result backend of the test machine, and a worker SIGKILLed in the
+middle of a step.
+
+`llm-assets run --wait` over three demo days drives each day (its runs on the production
+dagster.yaml's PostgreSQL instance, the ledger in PostgreSQL too); every step of every run
+is a task that a worker (`dagster-celery worker start`, what `make worker` runs) takes. The
+first worker dies with its whole process group at a failpoint in the middle of the first
+day's shard building, as a lost machine would; the broker gives its unacknowledged task to
+the second worker, started after it died, which runs the step again and finishes the three
+days. Every item ends in exactly one terminal state and no shard is sent twice.
+
+Needs RabbitMQ on 127.0.0.1:5672 and Redis on 127.0.0.1:6379 (.ci/run starts them) and the
+suite's PostgreSQL; without them the test is skipped with the reason, and under CI=true it
+fails.
+"""
+
+import contextlib
+import datetime as dt
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from llm_assets.demo.data import generate_demo_data
+from llm_assets.demo.run import DEMO_PIPELINE, DEMO_START
+from llm_assets.resources.ledger import LedgerResource
+from llm_assets.util.settings import REPO_ROOT
+from tests.conftest import IN_CI, PG_URL
+from tests.harness import CLI
+
+pytestmark = pytest.mark.slow
+
+BROKER = "pyamqp://guest@127.0.0.1:5672//"
+BACKEND = "redis://127.0.0.1:6379/0"
+DAYS = 3
+TICKETS = 20
+KILL_AT = "shards.after_record"
+"""Where the first worker dies: its first shard recorded in the ledger, the step unfinished."""
+BIN = Path(sys.executable).parent
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _require(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"CI=true: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The environment of the code location, the CLI and the workers: the production
+    dagster.yaml on a new PostgreSQL database, a new ledger database, the Celery executor."""
+    if PG_URL is None:
+        _require("LLM_ASSETS_TEST_DATABASE_URL is not set: the Celery mode needs PostgreSQL")
+    for port, what in ((5672, "RabbitMQ"), (6379, "Redis")):
+        if not _listening(port):
+            _require(f"no {what} on 127.0.0.1:{port} (.ci/run starts it)")
+    url = sa.engine.make_url(PG_URL)
+    suffix = uuid.uuid4().hex[:10]
+    databases = (f"celery_dagster_{suffix}", f"celery_ledger_{suffix}")
+    admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        for database in databases:
+            conn.execute(sa.text(f'CREATE DATABASE "{database}"'))
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    (dagster_home / "dagster.yaml").write_text((REPO_ROOT / "dagster.yaml").read_text())
+    home = tmp_path / "home"
+    generate_demo_data(home / "demo", start=DEMO_START, days=DAYS, tickets_per_day=TICKETS)
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LLM_ASSETS_", "DAGSTER_")) and k != "PATH"
+    }
+    ledger = url.set(drivername="postgresql+psycopg", database=databases[1])
+    try:
+        yield base | {
+            # dagster-celery starts `celery` by name.
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "DAGSTER_HOME": str(dagster_home),
+            "DAGSTER_PG_HOST": url.host or "127.0.0.1",
+            "DAGSTER_PG_USER": url.username or "postgres",
+            "DAGSTER_PG_PASSWORD": url.password or "",
+            "DAGSTER_PG_DB": databases[0],
+            "LLM_ASSETS_HOME": str(home),
+            "LLM_ASSETS_DATABASE_URL": ledger.render_as_string(hide_password=False),
+            "LLM_ASSETS_EXECUTOR": "celery",
+            "LLM_ASSETS_CELERY_BROKER": BROKER,
+            "LLM_ASSETS_CELERY_BACKEND": BACKEND,
+        }
+    finally:
+        with admin.connect() as conn:
+            for database in databases:
+                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _purge_queue() -> None:
+    """Tasks a killed earlier run left in the broker's queue are not this test's."""
+    from amqp.exceptions import NotFound
+    from kombu import Connection
+
+    with Connection(BROKER) as connection, contextlib.suppress(NotFound):  # no queue: nothing
+        connection.default_channel.queue_purge("dagster")
+
+
+def _worker(env: dict[str, str], name: str, log: Path) -> subprocess.Popen[bytes]:
+    """`make worker`'s command, in a process group of its own (a killed worker takes its
+    pool and step processes with it)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [str(BIN / "dagster-celery"), "worker", "start", "-A", "dagster_celery.app"]
+            + ["-y", "celery.yaml", "--name", name],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    if worker.poll() is None:
+        os.killpg(worker.pid, 15)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, 9)
+            worker.wait(timeout=30)
+
+
+def test_a_worker_killed_mid_step_leaves_its_step_to_another_and_nothing_is_sent_twice(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    _purge_queue()
+    first = _worker(
+        env | {"LLM_ASSETS_FAILPOINT": KILL_AT, "LLM_ASSETS_FAILPOINT_SCOPE": "group"},
+        "w1",
+        tmp_path / "w1.log",
+    )
+    second = None
+    dates = [DEMO_START + dt.timedelta(days=n) for n in range(DAYS)]
+    days = ["--date", dates[0].isoformat(), "--to", dates[-1].isoformat()]
+    run = subprocess.Popen(
+        [CLI, "run", DEMO_PIPELINE, *days, "--wait", "--json", "--poll-interval", "1"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # The first worker takes the first day's steps and dies inside its shard building.
+        assert first.wait(timeout=300) == -9, (tmp_path / "w1.log").read_text()[-3000:]
+        assert run.poll() is None, run.communicate()
+        second = _worker(env, "w2", tmp_path / "w2.log")
+        stdout, stderr = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for worker in (first, second):
+            if worker is not None:
+                _stop(worker)
+
+    assert run.returncode == 0, stderr[-5000:]
+    outcomes = json.loads(stdout)
+    assert [o["date"] for o in outcomes] == [d.isoformat() for d in dates]
+    first_log, second_log = ((tmp_path / f"{w}.log").read_text() for w in ("w1", "w2"))
+    # The killed step was the first worker's; the second ran it again, and everything after.
+    assert "support_tickets__request_shards" in first_log
+    assert "succeeded" not in first_log.split("support_tickets__request_shards")[-1]
+    assert second_log.count("Task execute_plan") >= 2 * DAYS
+
+    ledger = LedgerResource(database_url=env["LLM_ASSETS_DATABASE_URL"])
+    for outcome in outcomes:
+        assert outcome["done"] and outcome["open_items"] == 0, outcome
+        counts = ledger.refresh_job(outcome["job_id"])
+        assert counts.total == outcome["total"] == TICKETS + (5 if outcome is outcomes[0] else 0)
+        assert counts.succeeded + counts.dead_letters == counts.total
+        shards = ledger.shards(outcome["job_id"])
+        batches = [s.provider_batch_id for s in shards if s.provider_batch_id]
+        # One provider batch per shard: the repeated step sent nothing twice.
+        assert len(batches) == len(set(batches)) == len(shards), shards
+    made = list((Path(env["LLM_ASSETS_HOME"]) / "local_provider" / "batches").iterdir())
+    recorded = {s.provider_batch_id for o in outcomes for s in ledger.shards(o["job_id"])}
+    assert {p.name for p in made} == recorded
