@@ -2,13 +2,17 @@
 RabbitMQ broker and Redis result backend of the test machine, and a worker SIGKILLed in the
 middle of a step.
 
-`llm-assets run --wait` over three demo days drives each day (its runs on the production
-dagster.yaml's PostgreSQL instance, the ledger in PostgreSQL too); every step of every run
+`llm-assets run --wait` over three days of reviews drives each day through the fake OpenAI
+server (the real SDK over HTTP, from the workers); its runs are on the production
+dagster.yaml's PostgreSQL instance, the ledger in PostgreSQL too, and every step of every run
 is a task that a worker (`dagster-celery worker start`, what `make worker` runs) takes. The
-first worker dies with its whole process group at a failpoint in the middle of the first
-day's shard building, as a lost machine would; the broker gives its unacknowledged task to
-the second worker, started after it died, which runs the step again and finishes the three
-days. Every item ends in exactly one terminal state and no shard is sent twice.
+first worker dies with its whole process group right after the provider created the first
+day's first batch and before the ledger recorded it -- the moment that pays twice if a repeat
+creates it again -- as a lost machine would. The broker gives its unacknowledged task to the
+second worker, started after it died, which runs the step again: it finds the batch instead
+of creating another, and finishes the three days. The fake's own records are the witness:
+every item once and terminal, nothing sent beyond the ledger's attempts, no batch the ledger
+does not hold.
 
 Needs RabbitMQ on 127.0.0.1:5672 and Redis on 127.0.0.1:6379 (.ci/run starts them) and the
 suite's PostgreSQL; without them the test is skipped with the reason, and under CI=true it
@@ -28,23 +32,27 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+import yaml
 
-from llm_assets.demo.data import generate_demo_data
-from llm_assets.demo.run import DEMO_PIPELINE, DEMO_START
-from llm_assets.resources.ledger import LedgerResource
 from llm_assets.util.settings import REPO_ROOT
 from tests.conftest import IN_CI, PG_URL
-from tests.harness import CLI
+from tests.fakes.openai_server import FakeOpenAI
+from tests.harness import CLI, review_spec, truthful, write_reviews
+from tests.test_crash import assert_provider_invariants
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fake_server("openai", responder=truthful)]
 
 BROKER = "pyamqp://guest@127.0.0.1:5672//"
 BACKEND = "redis://127.0.0.1:6379/0"
 DAYS = 3
-TICKETS = 20
-KILL_AT = "shards.after_record"
-"""Where the first worker dies: its first shard recorded in the ledger, the step unfinished."""
+REVIEWS = 24
+SHARD = 10
+KILL_AT = "submit.after_create"
+"""Where the first worker dies: the provider made the batch, the ledger has only the intent."""
+FIRST = dt.date(2026, 11, 2)
+DATES = [FIRST + dt.timedelta(days=n) for n in range(DAYS)]
 BIN = Path(sys.executable).parent
+PIPELINE = "reviews_openai"
 
 
 def _listening(port: int) -> bool:
@@ -60,7 +68,7 @@ def _require(reason: str) -> None:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+def env(tmp_path: Path, fake: FakeOpenAI) -> Iterator[dict[str, str]]:
     """The environment of the code location, the CLI and the workers: the production
     dagster.yaml on a new PostgreSQL database, a new ledger database, the Celery executor."""
     if PG_URL is None:
@@ -79,7 +87,12 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     dagster_home.mkdir()
     (dagster_home / "dagster.yaml").write_text((REPO_ROOT / "dagster.yaml").read_text())
     home = tmp_path / "home"
-    generate_demo_data(home / "demo", start=DEMO_START, days=DAYS, tickets_per_day=TICKETS)
+    for day in DATES:
+        write_reviews(home, day, REVIEWS)
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    spec = review_spec("openai", "gpt-4o-mini", sharding={"max_requests_per_shard": SHARD})
+    (specs / f"{PIPELINE}.yaml").write_text(yaml.safe_dump(spec))
     base = {
         k: v
         for k, v in os.environ.items()
@@ -96,7 +109,10 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
             "DAGSTER_PG_PASSWORD": url.password or "",
             "DAGSTER_PG_DB": databases[0],
             "LLM_ASSETS_HOME": str(home),
+            "LLM_ASSETS_PIPELINES": str(specs),
             "LLM_ASSETS_DATABASE_URL": ledger.render_as_string(hide_password=False),
+            "OPENAI_BASE_URL": fake.base_url,
+            "OPENAI_API_KEY": "test-key",
             "LLM_ASSETS_EXECUTOR": "celery",
             "LLM_ASSETS_CELERY_BROKER": BROKER,
             "LLM_ASSETS_CELERY_BACKEND": BACKEND,
@@ -142,8 +158,8 @@ def _stop(worker: subprocess.Popen[bytes]) -> None:
             worker.wait(timeout=30)
 
 
-def test_a_worker_killed_mid_step_leaves_its_step_to_another_and_nothing_is_sent_twice(
-    env: dict[str, str], tmp_path: Path
+def test_a_worker_killed_mid_step_leaves_its_step_to_another_and_nothing_is_paid_twice(
+    env: dict[str, str], fake: FakeOpenAI, tmp_path: Path
 ) -> None:
     _purge_queue()
     first = _worker(
@@ -152,10 +168,9 @@ def test_a_worker_killed_mid_step_leaves_its_step_to_another_and_nothing_is_sent
         tmp_path / "w1.log",
     )
     second = None
-    dates = [DEMO_START + dt.timedelta(days=n) for n in range(DAYS)]
-    days = ["--date", dates[0].isoformat(), "--to", dates[-1].isoformat()]
+    days = ["--date", DATES[0].isoformat(), "--to", DATES[-1].isoformat()]
     run = subprocess.Popen(
-        [CLI, "run", DEMO_PIPELINE, *days, "--wait", "--json", "--poll-interval", "1"],
+        [CLI, "run", PIPELINE, *days, "--wait", "--json", "--poll-interval", "0.5"],
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -163,9 +178,11 @@ def test_a_worker_killed_mid_step_leaves_its_step_to_another_and_nothing_is_sent
         text=True,
     )
     try:
-        # The first worker takes the first day's steps and dies inside its shard building.
+        # The first worker takes the first day's steps and dies inside its submission.
         assert first.wait(timeout=300) == -9, (tmp_path / "w1.log").read_text()[-3000:]
         assert run.poll() is None, run.communicate()
+        created = len(fake.store.all_batches())
+        assert created == 1, created
         second = _worker(env, "w2", tmp_path / "w2.log")
         stdout, stderr = run.communicate(timeout=600)
     finally:
@@ -177,23 +194,21 @@ def test_a_worker_killed_mid_step_leaves_its_step_to_another_and_nothing_is_sent
 
     assert run.returncode == 0, stderr[-5000:]
     outcomes = json.loads(stdout)
-    assert [o["date"] for o in outcomes] == [d.isoformat() for d in dates]
-    first_log, second_log = ((tmp_path / f"{w}.log").read_text() for w in ("w1", "w2"))
-    # The killed step was the first worker's; the second ran it again, and everything after.
-    assert "support_tickets__request_shards" in first_log
-    assert "succeeded" not in first_log.split("support_tickets__request_shards")[-1]
-    assert second_log.count("Task execute_plan") >= 2 * DAYS
-
-    ledger = LedgerResource(database_url=env["LLM_ASSETS_DATABASE_URL"])
+    assert [o["date"] for o in outcomes] == [d.isoformat() for d in DATES]
     for outcome in outcomes:
         assert outcome["done"] and outcome["open_items"] == 0, outcome
-        counts = ledger.refresh_job(outcome["job_id"])
-        assert counts.total == outcome["total"] == TICKETS + (5 if outcome is outcomes[0] else 0)
-        assert counts.succeeded + counts.dead_letters == counts.total
-        shards = ledger.shards(outcome["job_id"])
-        batches = [s.provider_batch_id for s in shards if s.provider_batch_id]
-        # One provider batch per shard: the repeated step sent nothing twice.
-        assert len(batches) == len(set(batches)) == len(shards), shards
-    made = list((Path(env["LLM_ASSETS_HOME"]) / "local_provider" / "batches").iterdir())
-    recorded = {s.provider_batch_id for o in outcomes for s in ledger.shards(o["job_id"])}
-    assert {p.name for p in made} == recorded
+        assert outcome["total"] == REVIEWS, outcome
+    # The killed step was the first worker's; the second ran it again, and everything after.
+    first_log, second_log = ((tmp_path / f"{w}.log").read_text() for w in ("w1", "w2"))
+    assert f"{PIPELINE}__provider_batches" in first_log
+    assert second_log.count(f"{PIPELINE}__provider_batches") >= DAYS
+    truth = {
+        review_id for day in DATES for review_id in write_reviews(tmp_path / "again", day, REVIEWS)
+    }
+    numbers = assert_provider_invariants(env["LLM_ASSETS_DATABASE_URL"], fake, truth)
+    assert numbers["items"] == DAYS * REVIEWS
+    # One batch a shard (24 reviews a day, 10 a shard: 3 shards): the repeated submission
+    # made none.
+    assert len(fake.store.all_batches()) == DAYS * -(-REVIEWS // SHARD)
+    # Nothing billed twice: each request answered once by the provider.
+    assert set(fake.billed.values()) == {1} and len(fake.billed) == DAYS * REVIEWS

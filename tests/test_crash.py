@@ -81,42 +81,54 @@ class Partition:
 
     def assert_invariants(self) -> dict[str, int]:
         """The numbers the issue asks for; every one of them must be zero but `items`."""
-        rows = self.ledger_rows()
-        submitted = Counter(self.fake.submitted_custom_ids())
-        by_id = Counter(r["custom_id"] for r in rows)
-        shards = self.shards()
-        recorded = [s["provider_batch_id"] for s in shards if s["provider_batch_id"]]
-        created = [
-            e["batch_id"]
-            for e in self.fake.calls.entries()
-            if e.get("batch_id")
-            and e["method"] == "POST"
-            and e["path"] == "/v1/batches"
-            and e["status"] == 200
-        ]
-        numbers = {
-            "items": len(rows),
-            "items_lost": len(set(self.truth) - {r["source_id"] for r in rows}),
-            "duplicate_ledger_rows": sum(n - 1 for n in by_id.values()),
-            "not_terminal": sum(r["status"] not in ("succeeded", "dead_letter") for r in rows),
-            # Each send the provider saw is an attempt the ledger counted: a send beyond
-            # that would be a re-submission (of a success, or of a batch paid twice).
-            "sends_beyond_attempts": sum(
-                max(0, submitted[r["custom_id"]] - r["attempts"]) for r in rows
-            ),
-            "resubmitted_after_success": 0,
-            "orphaned_paid_batches": len(set(created) - set(recorded)),
-            "batches_recorded_twice": len(recorded) - len(set(recorded)),
-            "dead_letters_without_reason": sum(
-                r["status"] == "dead_letter" and not r["error_message"] for r in rows
-            ),
-        }
-        for r in rows:
-            if r["status"] == "succeeded" and submitted[r["custom_id"]] > r["attempts"]:
-                numbers["resubmitted_after_success"] += 1
-        assert numbers["items"] == len(self.truth)
-        assert {k: v for k, v in numbers.items() if k != "items" and v} == {}, numbers
-        return numbers
+        return assert_provider_invariants(self.ledger_url, self.fake, set(self.truth))
+
+
+def assert_provider_invariants(
+    ledger_url: str, fake: FakeOpenAI, source_ids: set[str]
+) -> dict[str, int]:
+    """Every item of `source_ids` once in the ledger and terminal, and the fake provider's
+    own records as the witness: nothing sent beyond the attempts the ledger counted (so
+    nothing sent again after a success), no batch created that the ledger does not hold (a
+    batch paid for twice), none recorded twice. Every number but `items` must be zero."""
+    ledger = LedgerResource(database_url=ledger_url)
+    with ledger.engine.connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(sa.select(result_table))]
+        shards = [dict(r._mapping) for r in conn.execute(sa.select(shard_table))]
+    ledger.engine.dispose()
+    submitted = Counter(fake.submitted_custom_ids())
+    by_id = Counter(r["custom_id"] for r in rows)
+    recorded = [s["provider_batch_id"] for s in shards if s["provider_batch_id"]]
+    created = [
+        e["batch_id"]
+        for e in fake.calls.entries()
+        if e.get("batch_id")
+        and e["method"] == "POST"
+        and e["path"] == "/v1/batches"
+        and e["status"] == 200
+    ]
+    numbers = {
+        "items": len(rows),
+        "items_lost": len(source_ids - {r["source_id"] for r in rows}),
+        "duplicate_ledger_rows": sum(n - 1 for n in by_id.values()),
+        "not_terminal": sum(r["status"] not in ("succeeded", "dead_letter") for r in rows),
+        # Each send the provider saw is an attempt the ledger counted: a send beyond that
+        # would be a re-submission (of a success, or of a batch paid twice).
+        "sends_beyond_attempts": sum(
+            max(0, submitted[r["custom_id"]] - r["attempts"]) for r in rows
+        ),
+        "resubmitted_after_success": sum(
+            r["status"] == "succeeded" and submitted[r["custom_id"]] > r["attempts"] for r in rows
+        ),
+        "orphaned_paid_batches": len(set(created) - set(recorded)),
+        "batches_recorded_twice": len(recorded) - len(set(recorded)),
+        "dead_letters_without_reason": sum(
+            r["status"] == "dead_letter" and not r["error_message"] for r in rows
+        ),
+    }
+    assert numbers["items"] == len(source_ids)
+    assert {k: v for k, v in numbers.items() if k != "items" and v} == {}, numbers
+    return numbers
 
 
 def gate_of(partition: Partition) -> GateRecord:
