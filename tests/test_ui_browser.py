@@ -274,6 +274,20 @@ def graph_node(browser: WebDriver, step: str) -> WebElement:
     )
 
 
+def scroll_to_row(browser: WebDriver, ui: Ui, label: str) -> None:
+    """The metadata row `label` in the middle of the window, once the page has settled."""
+    xpath = f"//tr[td[normalize-space()='{label}']]"
+    browser.execute_script(
+        "arguments[0].scrollIntoView({block: 'center'})", browser.find_element(By.XPATH, xpath)
+    )
+    wait_for(
+        browser,
+        ui,
+        "the scrolled page to settle",
+        Settled(lambda b: b.find_element(By.XPATH, xpath)),
+    )
+
+
 def materialization_run(ui: Ui, step: str = "validated_outputs") -> str:
     """The run of the day's latest materialization of `step`, as the instance has it."""
     data = ui.dev.graphql(
@@ -567,14 +581,7 @@ def test_cost_report_shows_the_day_summary(browser: WebDriver, ui: Ui) -> None:
     assert as_json["outcome"] == "finished" and as_json["blocked"] is None, as_json
     assert as_json["run_id"] == run_id and as_json["job_id"] == outcome["job_id"], as_json
 
-    row = browser.find_element(By.XPATH, "//tr[td[normalize-space()='day_summary']]")
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", row)
-    wait_for(
-        browser,
-        ui,
-        "the scrolled page to settle",
-        Settled(lambda b: b.find_element(By.XPATH, "//tr[td[normalize-space()='day_summary']]")),
-    )
+    scroll_to_row(browser, ui, "day_summary")
     browser.save_screenshot(str(ui.screenshots / "day-summary.png"))
 
 
@@ -642,14 +649,7 @@ def test_the_cancelled_day_keeps_its_cancel_in_the_events(browser: WebDriver, ui
     requeue = f"`llm-assets requeue {PIPELINE} --date {day} --class cancelled`"
     assert requeue in metadata["cancelled"], metadata
     assert metadata["succeeded"] == "0" and metadata["open_items"] == "0", metadata
-    row = browser.find_element(By.XPATH, "//tr[td[normalize-space()='cancelled']]")
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", row)
-    wait_for(
-        browser,
-        ui,
-        "the scrolled page to settle",
-        Settled(lambda b: b.find_element(By.XPATH, "//tr[td[normalize-space()='cancelled']]")),
-    )
+    scroll_to_row(browser, ui, "cancelled")
     browser.save_screenshot(str(ui.screenshots / "cancelled-day.png"))
 
 
