@@ -60,7 +60,6 @@ def build_definitions(
     )
 
 
-EXECUTORS = ("in_process", "celery")
 CELERY_SETTINGS = {
     # A step's task is acknowledged when it ends, not when a worker takes it: the broker
     # hands the task of a worker that died mid-step to another worker, which runs the step
@@ -79,12 +78,8 @@ def build_executor(settings: Settings) -> dg.ExecutorDefinition:
     any worker (`make worker`) takes, so the days of a backfill and the steps of a run spread
     over machines; broker and result backend from LLM_ASSETS_CELERY_BROKER and
     LLM_ASSETS_CELERY_BACKEND (docs/operations.md, "More than one machine")."""
-    if settings.executor == "in_process":
-        return dg.in_process_executor
     if settings.executor != "celery":
-        raise ValueError(
-            f"LLM_ASSETS_EXECUTOR={settings.executor!r}: choose one of {', '.join(EXECUTORS)}"
-        )
+        return dg.in_process_executor
     try:
         from dagster_celery import celery_executor
     except ImportError as exc:

@@ -4,6 +4,8 @@ partition, and the notification summary, alerts and webhook delivery."""
 import datetime as dt
 import http.server
 import json
+import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ from llm_assets.resources.providers import provider_resource_key
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import notify
 from llm_assets.util.settings import Settings
-from tests.harness import review_spec
+from tests.harness import CLI, review_spec
 
 
 @pytest.fixture
@@ -303,3 +305,25 @@ def test_a_blocked_publication_is_a_line_of_the_summary() -> None:
         "\n"
     )
     assert summary.fingerprint() != summary.model_copy(update={"blocked": None}).fingerprint()
+
+
+def test_an_unknown_executor_is_refused_by_name(tmp_path: Path) -> None:
+    environ = {"LLM_ASSETS_HOME": str(tmp_path), "LLM_ASSETS_EXECUTOR": "dask"}
+    with pytest.raises(
+        ValueError, match="LLM_ASSETS_EXECUTOR='dask': choose one of in_process, celery"
+    ):
+        Settings.from_env(environ)
+    assert Settings.from_env({**environ, "LLM_ASSETS_EXECUTOR": ""}).executor == "in_process"
+    assert Settings.from_env({**environ, "LLM_ASSETS_EXECUTOR": "celery"}).executor == "celery"
+
+    said = subprocess.run(
+        [CLI, "status", "support_tickets", "--date", "2026-11-02"],
+        env={**os.environ, **environ},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert said.returncode == 1, said
+    assert "LLM_ASSETS_EXECUTOR='dask': choose one of in_process, celery" in said.stderr
+    assert "Traceback" not in said.stderr

@@ -20,7 +20,12 @@ EXIT_OK, EXIT_ERROR, EXIT_GATE = 0, 1, 2
 
 
 def load_settings() -> Settings:
-    return Settings.from_env()
+    """The settings from the environment; a bad value is said and exits 1."""
+    try:
+        return Settings.from_env()
+    except ValueError as exc:
+        print_error(str(exc))
+        sys.exit(EXIT_ERROR)
 
 
 def _specs(settings: Settings) -> dict[str, PipelineSpec]:

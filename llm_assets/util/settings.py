@@ -6,6 +6,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+EXECUTORS = ("in_process", "celery")
+"""LLM_ASSETS_EXECUTOR's choices."""
 
 
 class Settings(BaseModel):
@@ -29,6 +31,11 @@ class Settings(BaseModel):
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
         env = os.environ if environ is None else environ
         home = Path(env.get("LLM_ASSETS_HOME") or "./.llm_assets").expanduser().resolve()
+        executor = env.get("LLM_ASSETS_EXECUTOR") or "in_process"
+        if executor not in EXECUTORS:
+            raise ValueError(
+                f"LLM_ASSETS_EXECUTOR={executor!r}: choose one of {', '.join(EXECUTORS)}"
+            )
         return cls(
             home=home,
             database_url=env.get("LLM_ASSETS_DATABASE_URL") or f"sqlite:///{home / 'ledger.db'}",
@@ -40,7 +47,7 @@ class Settings(BaseModel):
             sensor_interval_seconds=int(env["LLM_ASSETS_SENSOR_INTERVAL_SECONDS"])
             if env.get("LLM_ASSETS_SENSOR_INTERVAL_SECONDS")
             else None,
-            executor=env.get("LLM_ASSETS_EXECUTOR") or "in_process",
+            executor=executor,
         )
 
     def resolve_source_uri(self, uri: str) -> str:
