@@ -5,6 +5,7 @@ first day again on `support_tickets_strict`, whose quality gate blocks its publi
 import datetime as dt
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 
@@ -22,8 +23,6 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings
 
 STRICT_PIPELINE = "support_tickets_strict"
-STRICT_SOURCE = "strict"
-"""The strict pipeline's inbox under the demo folder: the demo copies its first day there."""
 CANCEL_REASON = "the demo: cancelled after its submission, then requeued"
 
 
@@ -69,10 +68,10 @@ def run_blocked_day(settings: Settings, day: dt.date, console: Console) -> str |
             highlight=False,
         )
         return None
-    demo = settings.home / "demo"
-    inbox = demo / STRICT_SOURCE
+    # The strict spec's source folder (demo/strict/), filled from the demo's inbox.
+    inbox = Path(settings.resolve_source_uri(spec.source.uri)).parent
     inbox.mkdir(parents=True, exist_ok=True)
-    for path in (demo / "inbox").glob(f"*{day.isoformat()}*.jsonl"):
+    for path in (settings.home / "demo" / "inbox").glob(f"*{day.isoformat()}*.jsonl"):
         shutil.copyfile(path, inbox / path.name)
     try:
         run_day(settings, spec, day)
