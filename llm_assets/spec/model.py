@@ -179,6 +179,14 @@ class QualitySpec(_Strict):
 class ShardingSpec(_Strict):
     max_requests_per_shard: int = Field(default=50_000, gt=0)
     max_bytes_per_shard: int = Field(default=100 * 1024 * 1024, gt=1024)
+    slices: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Slices a day's shard building is split into: each a step of its own, "
+        "run on any worker (the Celery executor spreads them over machines), joined before "
+        "submission. 1 builds the day in one step.",
+    )
 
 
 class QuotaSpec(_Strict):

@@ -8,6 +8,7 @@ and converges on the same ledger state. One module per stage:
 - context: StepContext, the job and snapshot lookups, the gate and prerequisite errors
 - snapshot: input_snapshot
 - shards: request_shards, the estimator and shard writing
+- slices: a day's shard building split into slices (steps of their own) and their join
 - submit: provider_batches
 - admission: a shard admitted under the provider's quota, what refusals teach, the wait
 - quota: the pure rules by which a provider's quota is learned
@@ -139,6 +140,10 @@ if TYPE_CHECKING:
         line_offsets,
         shards_for,
     )
+    from llm_assets.steps.slices import (
+        build_slice,
+        join_slices,
+    )
     from llm_assets.steps.snapshot import (
         SnapshotResult,
         no_source_rows,
@@ -224,6 +229,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "line_offsets",
         "shards_for",
     ),
+    "slices": ("build_slice", "join_slices"),
     "snapshot": (
         "SnapshotResult",
         "no_source_rows",

@@ -171,9 +171,12 @@ class StepContext:
     def price(self) -> ModelPrice:
         return price_for(self.spec)
 
+    def holder(self) -> str:
+        """How this step names itself to a run that waits for a lock it holds."""
+        return holder_name(self.created_by + (f", run {self.run_id}" if self.run_id else ""))
+
     def day_lock(self) -> contextlib.AbstractContextManager[None]:
         """Hold the day for this step's writes; another run writing it is waited for."""
-        who = self.created_by + (f", run {self.run_id}" if self.run_id else "")
         return self.ledger.day_lock(
-            self.job_id, holder=holder_name(who), log=self.log or _logger.warning
+            self.job_id, holder=self.holder(), log=self.log or _logger.warning
         )

@@ -9,7 +9,9 @@ the online worker before each send (`may_send`). No other module decides what a 
 
 The rules, shard by shard:
 
-- never sent (`created`): submitted when due (its retry backoff over, a pause lifted, or,
+- never sent (`created`): held while a sliced build has not joined its slices (a day
+  whose join is `SLICE_JOIN_GRACE` late is built again: that build's join releases them);
+  submitted when due (its retry backoff over, a pause lifted, or,
   waiting for quota, a batch of its model ended since, or its quota wait over); a
   first-round shard is left to the run that built it for `FRESH_SHARD_GRACE`, then
   submitted by whoever asks (that run died). When the day or the shard is cancelled
@@ -65,6 +67,12 @@ PAUSED = "paused"
 GATED = "blocked"
 """The provider status (raw_status) of a waiting shard a gate refused (the budget, the
 personal-data share, the pipeline's caps): it waits for an operator (an approval)."""
+UNJOINED = "unjoined"
+"""The provider status (raw_status) of a shard a slice of the day's build recorded: held
+until the slices' join releases it (steps/slices.py)."""
+SLICE_JOIN_GRACE = dt.timedelta(hours=1)
+"""How long a shard waits for the join of the build that sliced it; after that the build
+stopped before its join, and the day is built again (its join releases the shard)."""
 WAITING = frozenset({ShardState.CREATED, ShardState.UPLOADED})
 
 
@@ -336,6 +344,8 @@ class _Sorted:
     others: list[ShardView] = dataclasses.field(default_factory=list)
     held: list[ShardView] = dataclasses.field(default_factory=list)
     gated: list[ShardView] = dataclasses.field(default_factory=list)
+    unjoined: list[ShardView] = dataclasses.field(default_factory=list)
+    """Held for a join that is late: the day is built again."""
     wake: list[dt.datetime] = dataclasses.field(default_factory=list)
 
 
@@ -367,6 +377,14 @@ def _sort_waiting(s: ShardView, state: DayState, stop: bool, into: _Sorted) -> N
         return
     if s.raw_status == GATED:
         into.gated.append(s)
+        return
+    if s.raw_status == UNJOINED:
+        join_by = (s.created_at or state.now) + SLICE_JOIN_GRACE
+        if join_by > state.now:
+            into.others.append(s)  # the build that sliced the day joins them
+            into.wake.append(join_by)
+        else:
+            into.unjoined.append(s)
         return
     if s.not_before is not None and s.not_before > state.now and not _room_freed(s, state):
         into.wake.append(s.not_before)  # a retry backoff or a quota wait
@@ -463,6 +481,9 @@ def decide(state: DayState, *, poll_every: float = 30.0) -> Decision:
     if into.submit:
         key = ",".join(sorted(_submit_key(s) for s in into.submit))
         actions.append(Action(Step.SUBMIT, _ids(into.submit), key=key))
+    if into.unjoined:
+        key = f"join:{state.job_id}:{','.join(_ids(into.unjoined))}"
+        actions.append(Action(Step.BUILD, _ids(into.unjoined), key=key))
     open_shards = any(s.status != ShardState.IMPORTED for s in state.shards)
     blocked, gate = (state.paused, PAUSED) if into.held else (None, None)
     if blocked is None and into.gated:

@@ -146,6 +146,8 @@ class ShardRound:
     round_no: int
     not_before: dt.datetime | None = None
     writer: BackgroundWriter | None = None
+    held_as: str | None = None
+    """The raw status its new shards are recorded with: a slice's wait for their join."""
 
     def shard_id(self, index: int) -> str:
         return ids.shard_id(self.job.job_id, self.round_no, index)
@@ -185,6 +187,7 @@ class ShardRound:
             "content_sha256": written.sha256,
             "provider": self.ctx.spec.model.provider,
             "not_before": self.not_before,
+            **({"raw_status": self.held_as} if self.held_as else {}),
             **estimate.model_dump(),
         }
 
@@ -328,17 +331,81 @@ def build_shards(ctx: StepContext) -> ShardsResult:
 
     Holds the day: a second run waits, then finds the snapshot rows known and adds nothing.
     Nothing is written while a place the day would go or rest is outside
-    compliance.allowed_regions (the residency gate).
+    compliance.allowed_regions (the residency gate). A spec with `sharding.slices` above 1
+    builds its slices one after another here, then joins them (steps/slices.py); Dagster
+    runs them as steps of their own.
     """
+    if ctx.spec.sharding.slices > 1:
+        from llm_assets.steps.slices import build_slice, join_slices
+
+        for number in range(ctx.spec.sharding.slices):
+            build_slice(ctx, number)
+        return join_slices(ctx)
     refuse_outside_regions(ctx)
     with ctx.day_lock():
         return _build_shards(ctx)
 
 
+@dataclasses.dataclass(frozen=True)
+class BuildPart:
+    """What of the snapshot a build takes: all of it, or one slice's rows (steps/slices.py),
+    whose shards get the indexes `number`, `number + count`, ... and wait for the join."""
+
+    number: int = 0
+    count: int = 1
+    keys: Sequence[int] | None = None
+    """Each row's slice key (snapshot.slice_keys): the slice takes the rows whose key is
+    `number` modulo `count`. None: every row."""
+    held_as: str | None = None
+    """The raw status its shards are recorded with (None: ready to submit)."""
+    round_no: int | None = None
+    """The round of its shards (None: the job's next)."""
+    first_k: int = 0
+    """Shards of this slice in the round already (a slice built again after a crash)."""
+
+    def shard_index(self, k: int) -> int:
+        return self.number + (self.first_k + k) * self.count
+
+    def lines(self, ctx: StepContext, snapshot_uri: str) -> Iterator[bytes | None]:
+        """The snapshot's lines, another slice's as None (numbered, not read)."""
+        lines = ctx.storage.open_lines(snapshot_uri)
+        if self.keys is None:
+            yield from lines
+            return
+        keys, count, number = self.keys, self.count, self.number
+        for position, line in enumerate(lines):
+            yield line if keys[position] % count == number else None
+
+
 def _build_shards(ctx: StepContext) -> ShardsResult:
-    spec, ledger = ctx.spec, ctx.ledger
+    from llm_assets.steps.slices import release_slices
+
+    ledger = ctx.ledger
     snapshot_uri = ctx.snapshot_uri()
     job = ctx.job_or_create()
+    result, found = build_rows(ctx, job, snapshot_uri, BuildPart())
+    if result.shards_created:
+        ledger.analyze()
+    # Shards a sliced build of the day left held (its spec had more slices then).
+    release_slices(ctx, job)
+    personal = dict(job.personal_data)
+    for key, count in found.items():
+        personal[key] = personal.get(key, 0) + count
+    ledger.update_job(
+        job.job_id,
+        snapshot_uri=snapshot_uri,
+        personal_data_json=json.dumps(dict(sorted(personal.items()))) if personal else None,
+    )
+    ledger.refresh_job(job.job_id)
+    return result
+
+
+def build_rows(
+    ctx: StepContext, job: JobRecord, snapshot_uri: str, part: BuildPart
+) -> tuple[ShardsResult, dict[str, int]]:
+    """The shards and input dead letters of the snapshot's rows (`part` of them) the ledger
+    has not seen, recorded; with the personal data found in their new prompts."""
+    spec, ledger = ctx.spec, ctx.ledger
     estimator = Estimator(ctx)
     estimate = estimator.empty()
     # What the ledger holds of the day, read once (not per chunk or item): the rows it knows
@@ -353,8 +420,8 @@ def _build_shards(ctx: StepContext) -> ShardsResult:
         ledger.item_id_key(),
         KnownIds(unsent=intake.known_unsent),
     )
-    requests = intake.requests(prepare_items(preparer, ctx.storage.open_lines(snapshot_uri)))
-    round_no = ledger.next_round(job.job_id)
+    requests = intake.requests(prepare_items(preparer, part.lines(ctx, snapshot_uri)))
+    round_no = ledger.next_round(job.job_id) if part.round_no is None else part.round_no
     # Mappings of items never recorded can only be left by versions that wrote them apart
     # from their items; only a job with some has them dropped as its new items are recorded.
     stale = ledger.has_pseudonyms(job.job_id)
@@ -362,8 +429,9 @@ def _build_shards(ctx: StepContext) -> ShardsResult:
     uris: list[str] = []
     # The database records shard k while shard k+1 is rendered, counted and written.
     with collector_paused(), BackgroundWriter(depth=1) as writer:
-        round_ = ShardRound(ctx, job, round_no, writer=writer)
-        for index, shard_lines in enumerate(shards_for(ctx, requests)):
+        round_ = ShardRound(ctx, job, round_no, writer=writer, held_as=part.held_as)
+        for k, shard_lines in enumerate(shards_for(ctx, requests)):
+            index = part.shard_index(k)
             shard_id = round_.shard_id(index)
             items, pseudonyms = intake.pending_rows(shard_id, shard_lines)
             shard_estimate = estimator.shard(
@@ -384,18 +452,7 @@ def _build_shards(ctx: StepContext) -> ShardsResult:
             created.append(shard_id)
             release_free_memory()
     ledger.add_items(intake.dead_rows)
-    if created:
-        ledger.analyze()
-    found = dict(job.personal_data)
-    for key, count in intake.personal_data.items():
-        found[key] = found.get(key, 0) + count
-    ledger.update_job(
-        job.job_id,
-        snapshot_uri=snapshot_uri,
-        personal_data_json=json.dumps(dict(sorted(found.items()))) if found else None,
-    )
-    ledger.refresh_job(job.job_id)
-    return ShardsResult(
+    result = ShardsResult(
         job_id=job.job_id,
         snapshot_rows=intake.snapshot_rows,
         new_items=estimate.requests + sum(intake.dead_letters.values()) + intake.blocked,
@@ -407,3 +464,4 @@ def _build_shards(ctx: StepContext) -> ShardsResult:
         shard_uris=uris,
         estimate=estimate,
     )
+    return result, dict(intake.personal_data)

@@ -1,11 +1,15 @@
 """input_snapshot: the partition's source rows frozen into one content-addressed file."""
 
+import array
 import datetime as dt
 import hashlib
 import json
 import os
+import sys
 import tempfile
+import zlib
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -27,6 +31,11 @@ SOURCES_SUFFIX = ".sources.json"
 """Next to each snapshot `<hash>.jsonl`, `<hash>.sources.json` maps the source files it holds
 rows of to their versions (ArtifactStorage.version) as they were when the rows were read."""
 
+SLICE_KEYS_SUFFIX = ".slices.bin"
+"""Next to each snapshot, `<hash>.slices.bin` holds each row's slice key (`slice_key`), two
+bytes a row, little-endian: a slice of the day's build (steps/slices.py) takes the rows whose
+key falls to it without reading the others' records."""
+
 EMPTY_SNAPSHOT = f"{hashlib.sha256(b'').hexdigest()[:20]}.jsonl"
 """The file name of a snapshot with no rows: snapshots are named by the hash of their content."""
 
@@ -43,6 +52,42 @@ class SnapshotResult(BaseModel):
     def empty(self) -> bool:
         """No source rows for the day: the later steps skip it."""
         return self.rows == 0
+
+
+def slice_key(record: dict[str, Any] | None, id_field: str, position: int) -> int:
+    """A row's slice key: the CRC-32 of its source id, so that every row of an id falls into
+    the same slice (the first of them is kept, the others are repeats, as in a build in one
+    step); a row without a usable id, which repeats nothing, by its position."""
+    value = record.get(id_field) if record is not None else None
+    # The id as the build reads it (items.prepare.as_text).
+    source_id = "" if value is None else value if isinstance(value, str) else str(value)
+    if not source_id.strip() or "\x00" in source_id:
+        return position & 0xFFFF
+    return zlib.crc32(source_id.encode("utf-8", errors="surrogatepass")) & 0xFFFF
+
+
+def _keys_bytes(keys: "array.array[int]") -> bytes:
+    if sys.byteorder != "little":
+        keys = array.array("H", keys)
+        keys.byteswap()
+    return keys.tobytes()
+
+
+def slice_keys(
+    storage: ArtifactStorage, spec: PipelineSpec, snapshot_uri: str
+) -> "array.array[int]":
+    """The slice key of each row of the snapshot: its SLICE_KEYS_SUFFIX file, or (a snapshot
+    taken before those were written) read from its rows."""
+    uri = snapshot_uri.removesuffix(".jsonl") + SLICE_KEYS_SUFFIX
+    keys = array.array("H")
+    if storage.exists(uri):
+        keys.frombytes(storage.read_bytes(uri))
+        if sys.byteorder != "little":
+            keys.byteswap()
+        return keys
+    for position, line in enumerate(storage.open_lines(snapshot_uri)):
+        keys.append(slice_key(SourceRow.from_json(line).record, spec.source.id_field, position))
+    return keys
 
 
 def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
@@ -64,6 +109,7 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
         keep.add(spec.eval.reference_field)  # scored by an evaluation, never sent
     rows = 0
     unreadable = 0
+    keys = array.array("H")
     files: set[str] = set()
     digest = hashlib.sha256()
     with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as tmp:
@@ -75,6 +121,7 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
                     row = SourceRow(row.file, row.line, record, row.error)
                 row, line = row.snapshot_line()
                 unreadable += row.record is None
+                keys.append(slice_key(row.record, spec.source.id_field, rows))
                 line += b"\n"
                 digest.update(line)
                 tmp.write(line)
@@ -91,6 +138,7 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
             os.unlink(tmp.name)
     sources = {uri: versions[uri] for uri in sorted(files) if versions.get(uri)}
     storage.write_bytes(key.removesuffix(".jsonl") + SOURCES_SUFFIX, json.dumps(sources).encode())
+    storage.write_bytes(key.removesuffix(".jsonl") + SLICE_KEYS_SUFFIX, _keys_bytes(keys))
     storage.write_bytes(artifact_key(snapshot_dir(spec, day), "CURRENT"), uri.encode())
     return SnapshotResult(
         uri=uri, sha256=sha, rows=rows, unreadable_rows=unreadable, reused=reused, files=len(files)

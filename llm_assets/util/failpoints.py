@@ -33,6 +33,7 @@ POINTS = (
     "snapshot.after_write",
     "shards.after_file",
     "shards.after_record",
+    "slices.after_build",
     "submit.after_intent",
     "submit.after_create",
     "submit.after_record",

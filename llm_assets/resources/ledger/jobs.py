@@ -2,6 +2,8 @@
 recomputed from their items."""
 
 import datetime as dt
+import json
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,6 +34,26 @@ def get_job(engine: Engine, job_id: str) -> JobRecord | None:
     with engine.connect() as conn:
         row = conn.execute(sa.select(job_table).where(job_table.c.job_id == job_id)).first()
     return JobRecord.model_validate(row._mapping) if row else None
+
+
+def add_personal_data(engine: Engine, job_id: str, found: Mapping[str, int]) -> None:
+    """Add counts of personal data found (by "entity:action") to the job's, in one
+    transaction: the slices of a day add theirs at once."""
+    if not found:
+        return
+    where = job_table.c.job_id == job_id
+    with engine.begin() as conn:
+        # The row is written first, so that the transaction holds it while it reads it.
+        conn.execute(sa.update(job_table).where(where).values(updated_at=utcnow()))
+        current = conn.execute(sa.select(job_table.c.personal_data_json).where(where)).scalar()
+        merged: dict[str, int] = json.loads(current) if current else {}
+        for key, count in found.items():
+            merged[key] = merged.get(key, 0) + count
+        conn.execute(
+            sa.update(job_table)
+            .where(where)
+            .values(personal_data_json=json.dumps(dict(sorted(merged.items()))))
+        )
 
 
 def jobs_for_partition(engine: Engine, pipeline: str, partition_date: dt.date) -> list[JobRecord]:

@@ -208,7 +208,40 @@ def day_lock(
     while another run holds it; `log` hears whom this run waits for. Raises DayBusy when the
     wait runs out. Code that holds the day already goes on at once. Fenced: the block's
     writes stop with LostLock once another run has taken the day over."""
-    name = _day_name(job_id)
+    with _waited_lock(engine, _day_name(job_id), f"day {job_id}", holder, wait_seconds, log):
+        yield
+
+
+@contextlib.contextmanager
+def slice_lock(
+    engine: Engine,
+    job_id: str,
+    slice_name: str,
+    *,
+    holder: str,
+    wait_seconds: float = DAY_LOCK_WAIT_SECONDS,
+    log: Callable[[str], None] | None = None,
+) -> Iterator[None]:
+    """Hold the right to build one slice of a job's day (`slice_name`, e.g. "2/8"), as
+    `day_lock` holds the whole day: the slices of a day are built at once, each by one run
+    at a time; the day's lock is taken by their join."""
+    name = f"slice\0{job_id}\0{slice_name}"
+    what = f"slice {slice_name} of day {job_id}"
+    with _waited_lock(engine, name, what, holder, wait_seconds, log):
+        yield
+
+
+@contextlib.contextmanager
+def _waited_lock(
+    engine: Engine,
+    name: str,
+    what: str,
+    holder: str,
+    wait_seconds: float,
+    log: Callable[[str], None] | None,
+) -> Iterator[None]:
+    """A fenced lock `name` (on `what`) held for the block, waited for; DayBusy when the wait
+    runs out. Held already by the running code: it goes on at once."""
     if any(fence.name == _lease_name(name) for fence in _fences.get()):
         yield
         return
@@ -216,14 +249,14 @@ def day_lock(
     def waiting(other: str, waited: float) -> None:
         if log is not None:
             log(
-                f"waiting for {other or 'another run'}, which is writing day {job_id} "
+                f"waiting for {other or 'another run'}, which is writing {what} "
                 f"(waited {waited:.0f} s of at most {wait_seconds:.0f} s)"
             )
 
     with _lock(engine, name, wait=(wait_seconds, waiting), holder=holder) as got:
         if not got:
             raise DayBusy(
-                f"another run has been writing day {job_id} for over {wait_seconds:.0f} s; "
+                f"another run has been writing {what} for over {wait_seconds:.0f} s; "
                 "this run changed nothing. Run it again when that run has finished "
                 "(`llm-assets status` shows the day)"
             )

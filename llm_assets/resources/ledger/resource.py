@@ -148,6 +148,8 @@ class LedgerResource(dg.ConfigurableResource):
 
     earlier_jobs: ClassVar = _on_engine(jobs.earlier_jobs)
 
+    add_personal_data: ClassVar = _on_engine(jobs.add_personal_data)
+
     # Items
 
     known_items: ClassVar = _on_engine(items.known_items)
@@ -259,6 +261,22 @@ class LedgerResource(dg.ConfigurableResource):
             job_id,
             holder=holder,
             wait_seconds=self.day_lock_wait_seconds if wait_seconds is None else wait_seconds,
+            log=log,
+        ):
+            yield
+
+    @contextlib.contextmanager
+    def slice_lock(
+        self, job_id: str, slice_name: str, *, holder: str, log: Callable[[str], None] | None = None
+    ) -> Iterator[None]:
+        """Hold the right to build one slice of a job's day, waiting as `day_lock` does (see
+        locks.slice_lock)."""
+        with locks.slice_lock(
+            self.engine,
+            job_id,
+            slice_name,
+            holder=holder,
+            wait_seconds=self.day_lock_wait_seconds,
             log=log,
         ):
             yield
