@@ -36,13 +36,15 @@ def ledger_url(one_database_url: str) -> str:
 
 
 class Partition:
-    def __init__(self, tmp_path: Path, ledger_url: str, fake: FakeOpenAI, items: int) -> None:
+    def __init__(
+        self, tmp_path: Path, ledger_url: str, fake: FakeOpenAI, items: int, slices: int = 1
+    ) -> None:
         specs = tmp_path / "specs"
         specs.mkdir()
         spec = review_spec(
             "openai",
             "gpt-4o-mini",
-            sharding={"max_requests_per_shard": max(10, items // 8)},
+            sharding={"max_requests_per_shard": max(10, items // 8), "slices": slices},
             retry={"max_attempts": 4, "backoff_seconds": 0},
         )
         self.name = spec["name"]
@@ -154,11 +156,14 @@ def test_killed_at_every_failpoint_the_partition_still_ends_exactly_once(
     tmp_path: Path, ledger_url: str, fake: FakeOpenAI
 ) -> None:
     fake.line_fault = transient_once(every=7)
-    partition = Partition(tmp_path, ledger_url, fake, items=80)
+    # The day is built in two slices (steps of their own, joined before submission).
+    partition = Partition(tmp_path, ledger_url, fake, items=80, slices=2)
     sequence = [
         "snapshot.after_write",
         "shards.after_file",
         "shards.after_record:2",
+        "slices.after_build",
+        "slices.after_build:2",
         "submit.after_intent",
         "submit.after_create",
         "submit.after_create:2",
@@ -199,6 +204,7 @@ def test_killed_at_every_failpoint_the_partition_still_ends_exactly_once(
     assert outcome["open_items"] == 0
     assert len(killed) >= 12, killed
     assert "validate.after_write" in killed
+    assert "slices.after_build" in killed
     assert gate_of(partition).blocked_by == []
     assert (partition.home / "artifacts" / "published" / partition.name / f"{DAY}.parquet").exists()
     numbers = partition.assert_invariants()
@@ -262,7 +268,8 @@ def test_chaos_two_thousand_items_with_faults_of_every_class_and_random_kills(
     partition = Partition(tmp_path, ledger_url, fake, items=items)
 
     # Random points, in the order a partition reaches them, at a random pass of each.
-    order = [p for p in POINTS if p not in ("snapshot.after_write", "runner.between_runs")]
+    skipped = ("snapshot.after_write", "slices.after_build", "runner.between_runs")
+    order = [p for p in POINTS if p not in skipped]
     points = sorted(rng.sample(order, 6), key=order.index)
     kills = 0
     for round_no, point in enumerate(points):

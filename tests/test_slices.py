@@ -1,0 +1,190 @@
+"""A day's shard building in slices (sharding.slices): steps of their own joined before
+submission, with the outcome of a build in one step, whatever the rows and however they
+fall into slices."""
+
+import dataclasses
+import datetime as dt
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llm_assets import names, steps
+from llm_assets.resources.ledger import LedgerResource
+from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps.lifecycle import SLICE_JOIN_GRACE, UNJOINED
+from tests.fakes.openai_server import FakeOpenAI
+from tests.harness import DAY, fake_harness, review_spec, truthful
+from tests.test_crash import assert_provider_invariants
+
+pytestmark = pytest.mark.fake_server("openai", responder=truthful)
+
+_IDS = ("a", "b", "c", "d", "e", "f", "g")
+
+
+@st.composite
+def _rows(draw: st.DrawFn) -> list[str]:
+    """Source lines of one day: few distinct ids so that some repeat (within a slice and
+    across slices), rows without an id, with a bad date, an empty text, personal data, and
+    lines that are not JSON."""
+    lines = []
+    for n in range(draw(st.integers(1, 30))):
+        kind = draw(st.sampled_from(["ok"] * 6 + ["no_id", "bad_date", "empty", "email", "junk"]))
+        if kind == "junk":
+            lines.append("{not json")
+            continue
+        record: dict[str, Any] = {
+            "review_id": draw(st.sampled_from(_IDS)) + draw(st.sampled_from(["", "1"])),
+            "created_at": f"{DAY.isoformat()}T00:00:{n % 60:02d}Z",
+            "text": f"Review {n}: the kettle is good.",
+        }
+        if kind == "no_id":
+            del record["review_id"]
+        elif kind == "bad_date":
+            record["created_at"] = "someday"
+        elif kind == "empty":
+            record["text"] = " "
+        elif kind == "email":
+            record["text"] += f" Write to buyer{n}@example.com."
+        lines.append(json.dumps(record))
+    return lines
+
+
+def _built(home: Path, lines: list[str], slices: int) -> dict[str, Any]:
+    """Build the day from `lines` with `slices` slices (in this process, as the eval replay
+    does), and what the ledger and the shard files then hold."""
+    (home / "reviews").mkdir(parents=True)
+    (home / "reviews" / f"reviews-{DAY}.jsonl").write_text("\n".join(lines) + "\n")
+    spec = PipelineSpec.model_validate(
+        review_spec(
+            "openai",
+            "gpt-4o-mini",
+            sharding={"max_requests_per_shard": 3, "slices": slices},
+            source={"uri": str(home / "reviews" / "*.jsonl")},
+        )
+    )
+    ledger = LedgerResource(database_url=f"sqlite:///{home / 'ledger.db'}", id_key="k" * 32)
+    storage = ArtifactStorage(base_url=str(home / "artifacts"))
+    provider = OpenAIBatchProvider(api_key="unused", base_url="http://127.0.0.1:9/v1")
+    ctx = steps.StepContext(spec, DAY, ledger, storage, provider)
+    steps.take_snapshot(ctx, spec.source.uri)
+    steps.build_shards(ctx)
+    job = ctx.job()
+    items = list(
+        ledger.iter_items(
+            job.job_id, None, columns=["custom_id", "source_id", "status", "error_code"]
+        )
+    )
+    shards = ledger.shards(job.job_id)
+    sent = set()
+    for shard in shards:
+        offsets = sorted(ledger.pending_offsets(shard.shard_id).values())
+        sent |= set(storage.lines_at(shard.input_uri, offsets))
+    ledger.engine.dispose()
+    return {
+        "pending": sorted(i["custom_id"] for i in items if i["status"] == "pending"),
+        "dead": Counter(
+            (i["source_id"], i["error_code"]) for i in items if i["status"] == "dead_letter"
+        ),
+        "sent": sent,
+        "unjoined": [s.shard_id for s in shards if s.raw_status == UNJOINED],
+        "personal_data": job.personal_data,
+    }
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=_rows(), slices=st.integers(2, 5))
+def test_a_sliced_build_ends_as_a_build_in_one_step(lines: list[str], slices: int) -> None:
+    with tempfile.TemporaryDirectory() as whole, tempfile.TemporaryDirectory() as sliced:
+        one = _built(Path(whole), lines, 1)
+        many = _built(Path(sliced), lines, slices)
+    assert many["unjoined"] == []
+    assert many["pending"] == one["pending"]
+    assert many["dead"] == one["dead"]
+    assert many["sent"] == one["sent"]
+    assert many["personal_data"] == one["personal_data"]
+
+
+def test_a_sliced_day_runs_its_slices_as_steps_and_ends_exactly_once(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    sharding = {"max_requests_per_shard": 6, "slices": 3}
+    with fake_harness(tmp_path, database_url, fake, reviews=40, sharding=sharding) as harness:
+        run = harness.materialize(*names.SUBMIT_ASSETS)
+        assert run.success
+        ran = {e.step_key for e in run.all_events if e.event_type_value == "STEP_SUCCESS"}
+        graph = f"{harness.spec.name}__request_shards"
+        assert {f"{graph}.{harness.spec.name}__slice_{n}_of_3" for n in (1, 2, 3)} | {
+            f"{graph}.{harness.spec.name}__join_slices"
+        } <= ran
+        shards = harness.ledger.shards(harness.job_id())
+        # One build round, each slice's shards numbered apart, none left held.
+        assert {s.round for s in shards} == {0}
+        assert {s.shard_index % 3 for s in shards} == {0, 1, 2}
+        assert not [s for s in shards if s.raw_status == UNJOINED]
+        [materialized] = run.asset_materializations_for_node(graph)
+        assert materialized.metadata["new_items"].value == 40
+
+        outcome = harness.run_day()
+
+        assert outcome.open_items == 0 and outcome.succeeded == 40
+        assert harness.labels() == harness.truth
+        numbers = assert_provider_invariants(database_url, fake, set(harness.truth))
+        assert numbers["items"] == 40
+
+
+def test_shards_wait_for_their_join_and_a_build_that_stopped_is_built_again(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    sharding = {"max_requests_per_shard": 5, "slices": 2}
+    with fake_harness(tmp_path, database_url, fake, reviews=20, sharding=sharding) as harness:
+        ctx = harness.context()
+        steps.take_snapshot(ctx, str(harness.home / "reviews" / "*.jsonl"))
+        for number in range(2):  # the slices are built; the run dies before the join
+            steps.build_slice(ctx, number)
+        state = steps.load_state(ctx)
+        held = [s.shard_id for s in state.shards]
+        assert len(held) == 4
+
+        # Nothing submits a held shard while its build may still join it ...
+        decision = steps.decide(state)
+        assert not decision.actions and set(decision.others) == set(held)
+        assert decision.wait_until is not None
+        # ... and once the join is late, the day is built again.
+        late = steps.decide(
+            dataclasses.replace(state, now=state.now + SLICE_JOIN_GRACE + dt.timedelta(seconds=1))
+        )
+        assert [a.step for a in late.actions] == [steps.Step.BUILD]
+
+        outcome = harness.run_day()
+
+        assert outcome.open_items == 0 and outcome.succeeded == 20
+        shards = harness.ledger.shards(harness.job_id())
+        assert not [s for s in shards if s.raw_status == UNJOINED]
+        assert assert_provider_invariants(database_url, fake, set(harness.truth))["items"] == 20
+
+
+def test_a_cancel_closes_the_shards_of_a_build_not_joined(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    sharding = {"max_requests_per_shard": 5, "slices": 2}
+    with fake_harness(tmp_path, database_url, fake, reviews=12, sharding=sharding) as harness:
+        ctx = harness.context()
+        steps.take_snapshot(ctx, str(harness.home / "reviews" / "*.jsonl"))
+        steps.build_slice(ctx, 0)
+        steps.cancel_day(ctx, reason="wrong prompt")
+        steps.build_slice(ctx, 1)  # the other slice ends after the cancel
+
+        # The lifecycle (as `run --wait` and the sensor drive it) closes every held shard.
+        steps.drive([harness.runner().driver(DAY, [], None)])
+
+        counts = harness.ledger.counts(harness.job_id())
+        assert counts.open == 0 and counts.dead_letters_by_class == {"cancelled": 12}
+        assert fake.submitted_custom_ids() == []
