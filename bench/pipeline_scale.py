@@ -14,7 +14,11 @@ import. Each (items, database) configuration runs in a fresh subprocess so that 
 RSS is its own; the PostgreSQL database `llm_assets_bench` is dropped and created for each.
 
     .venv/bin/python bench/pipeline_scale.py --items 10000 100000 1000000 \
-        --db sqlite postgres [--profile DIR] [--naive-sample 20000]
+        --db sqlite postgres [--profile DIR] [--naive-sample 20000] [--slices 8 --workers 2]
+
+`--slices N --workers W` builds each day's shards in N slices (sharding.slices), each on one
+of W worker processes (as Celery workers run slice steps), then joins them in the bench's
+process; the other steps run as without slices.
 
 `--profile DIR` runs every step under pyinstrument (tree, flat self and flat total time per
 step in DIR/<items>-<db>/, and an HTML report); profiled timings are slower than
@@ -162,7 +166,7 @@ def write_source(path: Path, count: int) -> dict[str, int]:
     return bad
 
 
-def spec_dict(source_uri: str) -> dict[str, Any]:
+def spec_dict(source_uri: str, slices: int = 1) -> dict[str, Any]:
     return {
         "name": PIPELINE,
         "description": "Benchmark: support tickets through the instant OpenAI fake.",
@@ -206,6 +210,7 @@ def spec_dict(source_uri: str) -> dict[str, Any]:
         },
         "quality": {"max_failure_rate": 0.05, "min_confidence": 0.3},
         "retry": {"max_attempts": 3, "backoff_seconds": 0},
+        "sharding": {"slices": slices},
         "partitions": {"start_date": "2026-11-01", "timezone": "UTC"},
         # The instant provider's files are the bench's own, read again by the re-import;
         # its parent's deletion would go to OpenAI's API.
@@ -379,13 +384,15 @@ class Meter:
 # One configuration (runs in its own process)
 
 
-def database_url(db: str, home: Path, name: str = PG_DATABASE) -> str:
+def database_url(db: str, home: Path, name: str = PG_DATABASE, *, fresh: bool = True) -> str:
     """A ledger for one configuration: SQLite under `home`, or PostgreSQL database `name`
-    dropped and created anew."""
+    dropped and created anew (as it is, when not `fresh`)."""
     if db == "sqlite":
         return f"sqlite:///{home / 'ledger.db'}"
     import sqlalchemy as sa
 
+    if not fresh:
+        return sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(False)
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -506,9 +513,10 @@ def naive_import(
     }
 
 
-def bench_context(args: argparse.Namespace, source: Path) -> Any:
+def bench_context(args: argparse.Namespace, source: Path, *, fresh: bool = True) -> Any:
     """The StepContext of the bench day: its spec written and parsed as a user's would be,
-    the ledger's schema created (outside the timings), the instant provider."""
+    the ledger's schema created (outside the timings), the instant provider. Not `fresh`:
+    the ledger the configuration made (a worker process's)."""
     import yaml
 
     from bench.instant_provider import InstantOpenAIProvider
@@ -520,15 +528,46 @@ def bench_context(args: argparse.Namespace, source: Path) -> Any:
     home = Path(os.environ["LLM_ASSETS_HOME"])
     spec_path = home / "specs" / f"{PIPELINE}.yaml"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
-    spec_path.write_text(yaml.safe_dump(spec_dict(str(source))))
+    spec_path.write_text(yaml.safe_dump(spec_dict(str(source), args.slices)))
     spec, problems = parse_spec(spec_path)
     if problems or spec is None:
         raise SystemExit(f"bench spec is invalid: {problems}")
-    ledger = LedgerResource(database_url=database_url(args.db, home))
+    ledger = LedgerResource(database_url=database_url(args.db, home, fresh=fresh))
     ledger.engine  # noqa: B018  (schema created here, outside the timings)
     storage = ArtifactStorage(base_url=str(home / "artifacts"))
     provider = InstantOpenAIProvider(output_dir=str(home / "provider"))
     return steps.StepContext(spec, DAY, ledger, storage, provider, created_by="bench")
+
+
+# ---------------------------------------------------------------------------------------
+# Slices on worker processes
+
+_slice_ctx: Any = None
+
+
+def _slice_process(db: str, source: str, slices: int) -> None:
+    """A worker process's setup (outside the timings): the steps' modules and the day's
+    context, as a Celery worker has them loaded when it takes a step."""
+    global _slice_ctx
+    from llm_assets import steps
+
+    steps.build_slice  # noqa: B018
+    _slice_ctx = bench_context(argparse.Namespace(db=db, slices=slices), Path(source), fresh=False)
+
+
+def _warm(_: int) -> None:
+    time.sleep(0.5)  # every worker process started before the timings, not only the first
+
+
+def _build_slice(number: int) -> dict[str, float]:
+    """Build one slice, as a worker runs a slice step; its process's and its pool's peaks."""
+    from llm_assets import steps
+
+    steps.build_slice(_slice_ctx, number)
+    return {
+        "process_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "pool_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }
 
 
 def reimport_problems(ctx: Any, meter: "Meter", counts: Any) -> tuple[Any, list[str]]:
@@ -585,12 +624,34 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
 
     meter.run("snapshot", n, lambda: steps.take_snapshot(ctx, str(source)))
 
+    slice_peaks: list[dict[str, float]] = []
+    workers = None
+    if args.slices > 1:
+        # Slices run as steps on worker processes (a Celery worker runs a step's code in its
+        # own process), `args.workers` at once; the join runs here.
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        workers = ProcessPoolExecutor(
+            args.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_slice_process,
+            initargs=(args.db, str(source), args.slices),
+        )
+        list(workers.map(_warm, range(args.workers)))
+
     def shards() -> Any:
-        result = steps.build_shards(ctx)
+        if workers is None:
+            result = steps.build_shards(ctx)
+        else:
+            slice_peaks.extend(workers.map(_build_slice, range(args.slices)))
+            result = steps.join_slices(ctx)
         steps.budget_gate(ctx)
         return result
 
     built = meter.run("shards", n, shards)
+    if workers is not None:
+        workers.shutdown()
     meter.run("submit", n, lambda: steps.submit_shards(ctx))
     first = meter.run("import", lambda r: r.lines.received, lambda: steps.import_results(ctx))
     retried = sum(s.item_count for s in ledger.shards(first.job_id) if s.round > 0)
@@ -635,6 +696,11 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "items": n,
         "db": args.db,
+        "slices": args.slices,
+        "workers": args.workers if args.slices > 1 else 1,
+        # The peak of one slice process, and of one worker process of a slice's pool.
+        "slice_process_peak_mb": max((p["process_mb"] for p in slice_peaks), default=0.0),
+        "slice_pool_peak_mb": max((p["pool_mb"] for p in slice_peaks), default=0.0),
         "steps": meter.rows,
         "token_count_us": token_cost_us(spec, source),
         "naive": naive,
@@ -753,6 +819,13 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"{r['quality_failures']}; import lines {r['import_lines']}; re-import "
             f"{r['reimport_lines']}; cost ${r['cost_usd']:.2f}"
             + (f"; PROBLEMS: {r['problems']}" if r["problems"] else "")
+            + (
+                f"; {r['slices']} slices on {r['workers']} worker process(es): a slice's "
+                f"process peaked at {r['slice_process_peak_mb']:.0f} MB, a worker of its pool "
+                f"at {r['slice_pool_peak_mb']:.0f} MB"
+                if r.get("slices", 1) > 1
+                else ""
+            )
         )
     return "\n".join(out)
 
@@ -839,6 +912,15 @@ def main() -> None:
         type=float,
         help="stop a configuration that runs longer than this; the table shows where it was",
     )
+    parser.add_argument(
+        "--slices", type=int, default=1, help="build each day's shards in this many slices"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="with --slices: worker processes that build the slices, this many at once",
+    )
     parser.add_argument("--json", help="also write the raw results to this file")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -885,6 +967,10 @@ def main() -> None:
                     str(result_file),
                     "--naive-sample",
                     str(args.naive_sample),
+                    "--slices",
+                    str(args.slices),
+                    "--workers",
+                    str(args.workers),
                 ]
                 if args.profile:
                     command += ["--profile", str(Path(args.profile).resolve())]

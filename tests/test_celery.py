@@ -1,18 +1,21 @@
 """More than one worker: a day's steps as Celery tasks (LLM_ASSETS_EXECUTOR=celery) on the
-RabbitMQ broker and Redis result backend of the test machine, and a worker SIGKILLed in the
-middle of a step.
+RabbitMQ broker and Redis result backend of the test machine, a day's shard building sliced
+across two workers, and workers SIGKILLed in the middle of a step.
 
 `llm-assets run --wait` over three days of reviews drives each day through the fake OpenAI
 server (the real SDK over HTTP, from the workers); its runs are on the production
 dagster.yaml's PostgreSQL instance, the ledger in PostgreSQL too, and every step of every run
-is a task that a worker (`dagster-celery worker start`, what `make worker` runs) takes. The
-first worker dies with its whole process group right after the provider created the first
-day's first batch and before the ledger recorded it -- the moment that pays twice if a repeat
-creates it again -- as a lost machine would. The broker gives its unacknowledged task to the
-second worker, started after it died, which runs the step again: it finds the batch instead
-of creating another, and finishes the three days. The fake's own records are the witness:
-every item once and terminal, nothing sent beyond the ledger's attempts, no batch the ledger
-does not hold.
+is a task that a worker (`dagster-celery worker start`, what `make worker` runs) takes. Each
+day is built in two slices (sharding.slices), steps of their own: two idle workers, one task
+at a time each, take one slice each. The first worker dies with its whole process group in
+its slice, after recording the slice's shards and before reporting it built; the broker gives
+its unacknowledged task to the second, which builds the slice again (finding its rows known)
+and goes on alone. It dies in turn right after the provider created the first day's first
+batch and before the ledger recorded it -- the moment that pays twice if a repeat creates it
+again -- as a lost machine would. A third worker, started after, runs that step again: it
+finds the batch instead of creating another, and finishes the three days. The fake's own
+records are the witness: every item once and terminal, nothing sent beyond the ledger's
+attempts, no batch the ledger does not hold, every request billed once.
 
 Needs RabbitMQ on 127.0.0.1:5672 and Redis on 127.0.0.1:6379 (.ci/run starts them) and the
 suite's PostgreSQL; without them the test is skipped with the reason, and under CI=true it
@@ -47,8 +50,11 @@ BACKEND = "redis://127.0.0.1:6379/0"
 DAYS = 3
 REVIEWS = 24
 SHARD = 10
-KILL_AT = "submit.after_create"
-"""Where the first worker dies: the provider made the batch, the ledger has only the intent."""
+SLICES = 2
+KILL_IN_SLICE = "slices.after_build"
+"""Where the first worker dies: its slice's shards recorded, the slice not reported built."""
+KILL_AT_CREATE = "submit.after_create"
+"""Where the second worker dies: the provider made the batch, the ledger has only the intent."""
 FIRST = dt.date(2026, 11, 2)
 DATES = [FIRST + dt.timedelta(days=n) for n in range(DAYS)]
 BIN = Path(sys.executable).parent
@@ -91,7 +97,8 @@ def env(tmp_path: Path, fake: FakeOpenAI) -> Iterator[dict[str, str]]:
         write_reviews(home, day, REVIEWS)
     specs = tmp_path / "specs"
     specs.mkdir()
-    spec = review_spec("openai", "gpt-4o-mini", sharding={"max_requests_per_shard": SHARD})
+    sharding = {"max_requests_per_shard": SHARD, "slices": SLICES}
+    spec = review_spec("openai", "gpt-4o-mini", sharding=sharding)
     (specs / f"{PIPELINE}.yaml").write_text(yaml.safe_dump(spec))
     base = {
         k: v
@@ -134,12 +141,12 @@ def _purge_queue() -> None:
 
 
 def _worker(env: dict[str, str], name: str, log: Path) -> subprocess.Popen[bytes]:
-    """`make worker`'s command, in a process group of its own (a killed worker takes its
-    pool and step processes with it)."""
+    """`make worker`'s command, one task at a time, in a process group of its own (a killed
+    worker takes its pool and step processes with it)."""
     with log.open("wb") as out:
         return subprocess.Popen(
             [str(BIN / "dagster-celery"), "worker", "start", "-A", "dagster_celery.app"]
-            + ["-y", "celery.yaml", "--name", name],
+            + ["-y", "celery.yaml", "--name", name, "--", "--concurrency=1"],
             cwd=REPO_ROOT,
             env=env,
             stdout=out,
@@ -158,16 +165,18 @@ def _stop(worker: subprocess.Popen[bytes]) -> None:
             worker.wait(timeout=30)
 
 
-def test_a_worker_killed_mid_step_leaves_its_step_to_another_and_nothing_is_paid_twice(
+def _killed(env: dict[str, str], point: str) -> dict[str, str]:
+    return env | {"LLM_ASSETS_FAILPOINT": point, "LLM_ASSETS_FAILPOINT_SCOPE": "group"}
+
+
+def test_workers_killed_mid_step_leave_their_steps_to_others_and_nothing_is_paid_twice(
     env: dict[str, str], fake: FakeOpenAI, tmp_path: Path
 ) -> None:
     _purge_queue()
-    first = _worker(
-        env | {"LLM_ASSETS_FAILPOINT": KILL_AT, "LLM_ASSETS_FAILPOINT_SCOPE": "group"},
-        "w1",
-        tmp_path / "w1.log",
-    )
-    second = None
+    logs = {name: tmp_path / f"{name}.log" for name in ("w1", "w2", "w3")}
+    first = _worker(_killed(env, KILL_IN_SLICE), "w1", logs["w1"])
+    second = _worker(_killed(env, KILL_AT_CREATE), "w2", logs["w2"])
+    third = None
     days = ["--date", DATES[0].isoformat(), "--to", DATES[-1].isoformat()]
     run = subprocess.Popen(
         [CLI, "run", PIPELINE, *days, "--wait", "--json", "--poll-interval", "0.5"],
@@ -178,17 +187,19 @@ def test_a_worker_killed_mid_step_leaves_its_step_to_another_and_nothing_is_paid
         text=True,
     )
     try:
-        # The first worker takes the first day's steps and dies inside its submission.
-        assert first.wait(timeout=300) == -9, (tmp_path / "w1.log").read_text()[-3000:]
+        # The first worker dies in its slice of the first day; the second builds that slice
+        # again, joins the day and dies inside its submission.
+        assert first.wait(timeout=300) == -9, logs["w1"].read_text()[-3000:]
+        assert second.wait(timeout=300) == -9, logs["w2"].read_text()[-3000:]
         assert run.poll() is None, run.communicate()
         created = len(fake.store.all_batches())
         assert created == 1, created
-        second = _worker(env, "w2", tmp_path / "w2.log")
+        third = _worker(env, "w3", logs["w3"])
         stdout, stderr = run.communicate(timeout=600)
     finally:
         if run.poll() is None:
             run.kill()
-        for worker in (first, second):
+        for worker in (first, second, third):
             if worker is not None:
                 _stop(worker)
 
@@ -198,17 +209,26 @@ def test_a_worker_killed_mid_step_leaves_its_step_to_another_and_nothing_is_paid
     for outcome in outcomes:
         assert outcome["done"] and outcome["open_items"] == 0, outcome
         assert outcome["total"] == REVIEWS, outcome
-    # The killed step was the first worker's; the second ran it again, and everything after.
-    first_log, second_log = ((tmp_path / f"{w}.log").read_text() for w in ("w1", "w2"))
-    assert f"{PIPELINE}__provider_batches" in first_log
-    assert second_log.count(f"{PIPELINE}__provider_batches") >= DAYS
+    first_log, second_log, third_log = (logs[w].read_text() for w in ("w1", "w2", "w3"))
+    # The first day's slices ran on both workers at once; the second ran the first's again.
+    slice_steps = [f"{PIPELINE}__slice_{n}_of_{SLICES}" for n in range(1, SLICES + 1)]
+    in_first = [step for step in slice_steps if step in first_log]
+    assert len(in_first) == 1, in_first
+    assert all(step in second_log for step in slice_steps)
+    # The submission killed on the second worker was the third's to run again, with the rest.
+    assert f"{PIPELINE}__provider_batches" in second_log
+    assert third_log.count(f"{PIPELINE}__provider_batches") >= DAYS
     truth = {
         review_id for day in DATES for review_id in write_reviews(tmp_path / "again", day, REVIEWS)
     }
-    numbers = assert_provider_invariants(env["LLM_ASSETS_DATABASE_URL"], fake, truth)
+    ledger_url = env["LLM_ASSETS_DATABASE_URL"]
+    numbers = assert_provider_invariants(ledger_url, fake, truth)
     assert numbers["items"] == DAYS * REVIEWS
-    # One batch a shard (24 reviews a day, 10 a shard: 3 shards): the repeated submission
-    # made none.
-    assert len(fake.store.all_batches()) == DAYS * -(-REVIEWS // SHARD)
+    # One batch a shard: the repeated submission made none.
+    engine = sa.create_engine(ledger_url)
+    with engine.connect() as conn:
+        shards = conn.execute(sa.text("SELECT count(*) FROM llm_batch_shard")).scalar_one()
+    engine.dispose()
+    assert len(fake.store.all_batches()) == shards
     # Nothing billed twice: each request answered once by the provider.
     assert set(fake.billed.values()) == {1} and len(fake.billed) == DAYS * REVIEWS
