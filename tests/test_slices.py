@@ -10,17 +10,22 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llm_assets import names, steps
-from llm_assets.resources.ledger import LedgerResource
+from llm_assets.defs.factory import asset_key
+from llm_assets.defs.runner import StepFailed
+from llm_assets.resources.ledger import LedgerResource, output_table
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
+from llm_assets.steps import validate as steps_validate
 from llm_assets.steps.lifecycle import SLICE_JOIN_GRACE, UNJOINED
-from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, fake_harness, review_spec, truthful
 from tests.test_crash import assert_provider_invariants
 
@@ -188,3 +193,52 @@ def test_a_cancel_closes_the_shards_of_a_build_not_joined(
         counts = harness.ledger.counts(harness.job_id())
         assert counts.open == 0 and counts.dead_letters_by_class == {"cancelled": 12}
         assert fake.submitted_custom_ids() == []
+
+
+def _sometimes_wrong(body: dict[str, Any]) -> str:
+    """The truthful answer, but a label the spec does not allow for every review whose order
+    number ends in 3 or 7."""
+    answer = json.loads(truthful(body))
+    if any(f"Order 10{n}" in user_text(body) for n in ("03", "07", "13", "17", "23", "27")):
+        answer["label"] = "neutral"
+    return json.dumps(answer)
+
+
+def test_a_sliced_validation_writes_the_outputs_of_one_step(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    fake.responder = _sometimes_wrong
+    sharding = {"max_requests_per_shard": 7, "slices": 3}
+    with fake_harness(tmp_path, database_url, fake, reviews=30, sharding=sharding) as harness:
+        # The join's checks see every slice's failures: 6 of 30 is over the 5% the spec allows.
+        with pytest.raises(StepFailed, match=r"quality_failure_rate \(20\.0% > 5\.0%\)"):
+            harness.run_day()
+
+        wrong = {f"R-{DAY:%Y%m%d}-{n:04d}" for n in (3, 7, 13, 17, 23, 27)}
+        counts = harness.ledger.counts(harness.job_id())
+        assert counts.open == 0 and counts.dead_letters_by_class == {"quality": len(wrong)}
+        rows = harness.rows().values()
+        assert {r["source_id"] for r in rows if r["error_class"] == "quality"} == wrong
+        with harness.ledger.engine.connect() as conn:
+            outputs = conn.execute(sa.select(output_table.c.source_id, output_table.c.output_json))
+            kept = {source: json.loads(output)["label"] for source, output in outputs}
+        assert kept == {k: v for k, v in harness.truth.items() if k not in wrong}
+        job = harness.ledger.get_job(harness.job_id())
+        assert job is not None and job.validated_at is not None
+        parquet = pq.read_table(harness.storage.uri(steps_validate.outputs_key(harness.spec, job)))
+        assert sorted(parquet.column("source_id").to_pylist()) == sorted(kept)
+        # The slices ran as steps of the finishing run, and their join evaluated the checks.
+        runs = harness.instance.get_runs()
+        ran = {
+            e.step_key
+            for run in runs
+            for e in harness.instance.all_logs(run.run_id)
+            if e.dagster_event is not None and e.dagster_event.event_type_value == "STEP_SUCCESS"
+        }
+        graph = f"{harness.spec.name}__validated_outputs"
+        assert {f"{graph}.{harness.spec.name}__validate_slice_{n}_of_3" for n in (1, 2, 3)} <= ran
+        materialized = harness.instance.get_latest_materialization_event(
+            asset_key(harness.spec, names.VALIDATED_OUTPUTS)
+        )
+        assert materialized is not None and materialized.asset_materialization is not None
+        assert materialized.asset_materialization.partition == DAY.isoformat()

@@ -22,13 +22,16 @@ from llm_assets.defs.pipeline import (
     asset_key,
     empty_day,
     empty_results,
+    in_flight_reason,
     partitions_for,
     run_step,
     selected_results,
     skipped,
     started_by,
+    still_in_flight,
 )
 from llm_assets.defs.request_shards import request_shards_asset
+from llm_assets.defs.validated_outputs import validated_outputs_asset
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import stuck
 from llm_assets.util.settings import Settings
@@ -169,66 +172,6 @@ def _batch_results(pipe: Pipeline) -> dg.AssetsDefinition:
     return batch_results
 
 
-def _validated_outputs(pipe: Pipeline) -> dg.AssetsDefinition:
-    """While the day has open items it materializes nothing, so its checks and the steps
-    after it in the same run are skipped, not failed; the batch-status sensor validates the
-    day once every item is terminal."""
-
-    @pipe.skippable(
-        names.VALIDATED_OUTPUTS,
-        after=[names.BATCH_RESULTS],
-        description="Results that pass the pydantic and pandera gate, as Parquet with "
-        "lineage; skipped while items are still in flight.",
-        kinds={"parquet", "pandera"},
-        check_specs=checks.validated_outputs_check_specs(
-            pipe.spec, pipe.key(names.VALIDATED_OUTPUTS)
-        ),
-    )
-    def validated_outputs(
-        context: dg.AssetExecutionContext,
-    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult | dg.AssetObservation]:
-        ctx = pipe.context(context)
-        if empty_day(context, ctx):
-            yield from empty_results(context, pipe, names.VALIDATED_OUTPUTS)
-            return
-        reason = _still_in_flight(ctx)
-        if reason:
-            yield skipped(context, pipe.key(names.VALIDATED_OUTPUTS), reason)
-            return
-
-        def validate() -> tuple[steps.ValidateResult, list[dg.AssetCheckResult]]:
-            # The day is held from the first gate record to the last, so that another run
-            # reading the gate meanwhile waits for this verdict (steps.settled_block).
-            with ctx.day_lock():
-                steps.record_gate(ctx, ctx.job().job_id, [steps.UNFINISHED])
-                result = steps.validate_outputs(ctx)
-                schema_failures = steps.published_frame_failures(ctx, result.uri)
-                evaluated = checks.validated_outputs_checks(pipe.spec, result, schema_failures)
-                steps.record_gate(ctx, result.job_id, checks.publication_blockers(evaluated))
-                return result, evaluated
-
-        result, evaluated = run_step(validate)
-        yield from selected_results(
-            context,
-            pipe.key(names.VALIDATED_OUTPUTS),
-            evaluated,
-            asset_metadata.validated_metadata(ctx, result),
-        )
-
-    return validated_outputs
-
-
-def in_flight_reason(open_items: int) -> str:
-    """Why validated_outputs and the steps after it are skipped for a day."""
-    return f"{open_items} items still in flight; the batch-status sensor finishes this day"
-
-
-def _still_in_flight(ctx: steps.StepContext) -> str | None:
-    """Why a day's report waits: items still open (the batch-status sensor finishes it)."""
-    still_open = run_step(lambda: ctx.ledger.counts(ctx.job().job_id).open)
-    return in_flight_reason(still_open) if still_open else None
-
-
 def _publication_blocked(ctx: steps.StepContext) -> str | None:
     """Why a day is not published: the gate checks its latest validation failed."""
     return run_step(lambda: steps.settled_block(ctx))
@@ -291,7 +234,7 @@ def _cost_report(pipe: Pipeline) -> dg.AssetsDefinition:
         if empty_day(context, ctx):
             yield from empty_results(context, pipe, names.COST_REPORT)
             return
-        reason = _still_in_flight(ctx)
+        reason = still_in_flight(ctx)
         if reason:
             yield skipped(context, pipe.key(names.COST_REPORT), reason)
             return
@@ -314,7 +257,7 @@ _BUILDERS: tuple[Callable[[Pipeline], dg.AssetsDefinition], ...] = (
     request_shards_asset,
     _provider_batches,
     _batch_results,
-    _validated_outputs,
+    validated_outputs_asset,
     _ReportingStep(
         names.PUBLISHED_OUTPUTS,
         steps.publish_outputs,
@@ -339,7 +282,7 @@ _BUILDERS: tuple[Callable[[Pipeline], dg.AssetsDefinition], ...] = (
         "Every item that will not succeed, with its class and reason; written once every "
         "item of the day is terminal.",
         frozenset({"jsonl"}),
-        _still_in_flight,
+        still_in_flight,
         after=(names.REQUEST_SHARDS, names.BATCH_RESULTS, names.VALIDATED_OUTPUTS),
     ),
     _cost_report,

@@ -257,10 +257,21 @@ SKIPPED = "skipped"
 
 
 def skipped(
-    context: dg.AssetExecutionContext, key: dg.AssetKey, reason: str
+    context: dg.AssetExecutionContext | dg.OpExecutionContext, key: dg.AssetKey, reason: str
 ) -> dg.AssetObservation:
     """A step that does not materialize its day says why, in the log and on its page."""
     context.log.info(f"{key.to_user_string()} skipped: {reason}")
     return dg.AssetObservation(
         asset_key=key, partition=context.partition_key, metadata={SKIPPED: reason}
     )
+
+
+def in_flight_reason(open_items: int) -> str:
+    """Why validated_outputs and the steps after it are skipped for a day."""
+    return f"{open_items} items still in flight; the batch-status sensor finishes this day"
+
+
+def still_in_flight(ctx: steps.StepContext) -> str | None:
+    """Why a day's report waits: items still open (the batch-status sensor finishes it)."""
+    still_open = run_step(lambda: ctx.ledger.counts(ctx.job().job_id).open)
+    return in_flight_reason(still_open) if still_open else None

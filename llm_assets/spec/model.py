@@ -183,9 +183,9 @@ class ShardingSpec(_Strict):
         default=1,
         ge=1,
         le=256,
-        description="Slices a day's shard building is split into: each a step of its own, "
-        "run on any worker (the Celery executor spreads them over machines), joined before "
-        "submission. 1 builds the day in one step.",
+        description="Slices a day's shard building and validation are split into: each a "
+        "step of its own, run on any worker (the Celery executor spreads them over machines), "
+        "joined before submission and before publication. 1 runs each in one step.",
     )
 
 

@@ -9,6 +9,7 @@ and converges on the same ledger state. One module per stage:
 - snapshot: input_snapshot
 - shards: request_shards, the estimator and shard writing
 - slices: a day's shard building split into slices (steps of their own) and their join
+- validate_slices: the same for validation
 - submit: provider_batches
 - admission: a shard admitted under the provider's quota, what refusals teach, the wait
 - quota: the pure rules by which a provider's quota is learned

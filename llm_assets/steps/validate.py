@@ -51,7 +51,7 @@ def outputs_key(spec: PipelineSpec, job: JobRecord) -> str:
     )
 
 
-def _arrow_schema(spec: PipelineSpec) -> Any:
+def arrow_schema(spec: PipelineSpec) -> Any:
     import pyarrow as pa
 
     types = {
@@ -69,7 +69,7 @@ def _arrow_schema(spec: PipelineSpec) -> Any:
     return pa.schema([*lineage, *fields])
 
 
-class _Gate:
+class ResultGate:
     """A job's succeeded results on their way through the gate: parsed one by one, checked
     as frames, the passing rows written to Parquet and kept as the job's outputs, the rest
     collected as quality dead letters."""
@@ -185,23 +185,55 @@ class _Gate:
             self.low_confidence += sum(1 for c in columns[self.confidence_name] if c < floor)
 
 
-def _label_shift(ctx: StepContext, gate: _Gate) -> tuple[dict[str, float], float | None]:
+class GateTally(BaseModel):
+    """What the gate counted of the results it judged (of a day, or of a slice of it)."""
+
+    valid: int = 0
+    failures: dict[str, int] = {}
+    preview: list[dict[str, Any]] = []
+    labels: dict[str, int] = {}
+    low_confidence: int = 0
+
+    @classmethod
+    def of(cls, gate: ResultGate) -> "GateTally":
+        return cls(
+            valid=gate.valid,
+            failures=dict(gate.failures),
+            preview=gate.preview,
+            labels=dict(gate.labels),
+            low_confidence=gate.low_confidence,
+        )
+
+    def add(self, other: "GateTally") -> None:
+        self.valid += other.valid
+        for rule, count in other.failures.items():
+            self.failures[rule] = self.failures.get(rule, 0) + count
+        self.preview = (self.preview + other.preview)[:PREVIEW_ROWS]
+        for label, count in other.labels.items():
+            self.labels[label] = self.labels.get(label, 0) + count
+        self.low_confidence += other.low_confidence
+
+
+def _label_shift(ctx: StepContext, tally: GateTally) -> tuple[dict[str, float], float | None]:
     """The label distribution of the pipeline's recent outputs, and how far today's is from
     it (total variation distance); empty and None without a label field or history."""
-    if not gate.label_name:
+    label_name = quality.label_field(ctx.spec)
+    if not label_name:
         return {}, None
     past = (
-        json.loads(row["output_json"]).get(gate.label_name)
+        json.loads(row["output_json"]).get(label_name)
         for row in ctx.ledger.recent_outputs(ctx.spec.name, ctx.day, ctx.spec.quality.shift_window)
     )
     baseline = quality.distribution(past)
-    current = {k: v / gate.valid for k, v in gate.labels.items()} if gate.valid else {}
+    current = {k: v / tally.valid for k, v in tally.labels.items()} if tally.valid else {}
     shift = quality.total_variation(current, baseline) if baseline and current else None
     return baseline, shift
 
 
-def _result(ctx: StepContext, gate: _Gate, uri: str, counts: JobCounts) -> ValidateResult:
-    job_id = gate.job.job_id
+def validation_result(
+    ctx: StepContext, job_id: str, tally: GateTally, uri: str, counts: JobCounts
+) -> ValidateResult:
+    """The day's validation as validated_outputs reports it."""
     quality_dead = counts.dead_letters_by_class.get("quality", 0)
     judged = counts.succeeded + quality_dead
     cases = [
@@ -209,21 +241,22 @@ def _result(ctx: StepContext, gate: _Gate, uri: str, counts: JobCounts) -> Valid
         for row in ctx.ledger.iter_dead_letters(job_id)
         if row["error_class"] == "quality"
     ][:FAILURE_CASES]
-    baseline, shift = _label_shift(ctx, gate)
-    valid = gate.valid
+    baseline, shift = _label_shift(ctx, tally)
+    valid = tally.valid
+    confidence_name = quality.confidence_field(ctx.spec)
     return ValidateResult(
         job_id=job_id,
         uri=uri,
         valid_rows=valid,
-        quality_failures=dict(gate.failures),
+        quality_failures=dict(tally.failures),
         quality_dead_letters=quality_dead,
         failure_rate=quality_dead / judged if judged else 0.0,
         failure_cases=cases,
         open_items=counts.open,
         missing_results=ctx.ledger.missing_results(job_id) if counts.open == 0 else [],
-        preview=gate.preview,
-        low_confidence_rows=gate.low_confidence if gate.confidence_name else None,
-        label_distribution={k: v / valid for k, v in sorted(gate.labels.items())} if valid else {},
+        preview=tally.preview,
+        low_confidence_rows=tally.low_confidence if confidence_name else None,
+        label_distribution={k: v / valid for k, v in sorted(tally.labels.items())} if valid else {},
         baseline_distribution=baseline,
         label_shift=shift,
     )
@@ -234,7 +267,15 @@ def validate_outputs(ctx: StepContext) -> ValidateResult:
     failure becomes a quality dead letter naming the rule and the offending value.
 
     Holds the day: validating it again replaces its outputs, never collides with another run.
+    A spec with `sharding.slices` above 1 validates its slices one after another here, then
+    joins them (steps/validate_slices.py); Dagster runs them as steps of their own.
     """
+    if ctx.spec.sharding.slices > 1:
+        from llm_assets.steps.validate_slices import join_validation, validate_slice
+
+        for number in range(ctx.spec.sharding.slices):
+            validate_slice(ctx, number)
+        return join_validation(ctx).result
     with ctx.day_lock():
         return _validate_outputs(ctx)
 
@@ -248,8 +289,8 @@ def _validate_outputs(ctx: StepContext) -> ValidateResult:
     # The outputs replace the job's earlier ones once the day's failures are recorded.
     with tempfile.TemporaryDirectory() as tmp, ledger.replacing_outputs(job.job_id) as keep:
         path = Path(tmp) / "outputs.parquet"
-        with pq.ParquetWriter(path, _arrow_schema(ctx.spec)) as writer:
-            gate = _Gate(ctx, job, writer, keep)
+        with pq.ParquetWriter(path, arrow_schema(ctx.spec)) as writer:
+            gate = ResultGate(ctx, job, writer, keep)
             wanted = ["custom_id", "source_id", "result_json", "finish_reason"]
             gate.parse(ledger.iter_items(job.job_id, [SUCCEEDED], columns=wanted))
         uri = ctx.storage.write_file(outputs_key(ctx.spec, job), path).uri
@@ -257,4 +298,4 @@ def _validate_outputs(ctx: StepContext) -> ValidateResult:
         ledger.set_item_errors(job.job_id, gate.failed_rows, from_status=[SUCCEEDED])
     counts = ledger.refresh_job(job.job_id)
     ledger.update_job(job.job_id, validated_at=utcnow())
-    return _result(ctx, gate, uri, counts)
+    return validation_result(ctx, job.job_id, GateTally.of(gate), uri, counts)

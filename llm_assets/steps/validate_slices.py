@@ -1,0 +1,182 @@
+"""Validation in slices: a day's succeeded results judged by `sharding.slices` steps of their
+own on any worker, joined into the day's outputs.
+
+A result falls into a slice by its source id (snapshot.slice_key: the slice its row was built
+in), so the frame checks that look across rows (a source id once) see all the rows they
+compare. A slice writes nothing to the ledger: it parses and checks its results, writes the
+passing rows to a Parquet part, reads that part back against the frame schema, and leaves
+the part, the output rows and the failures beside it. The join holds the day: it checks that
+the slices judged every result the ledger holds as succeeded now (else the day is validated
+again), then writes the parts into the day's one Parquet, replaces the job's outputs and
+records the quality dead letters in one go, as a validation in one step does.
+"""
+
+import tempfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel
+
+from llm_assets.resources.ledger import SUCCEEDED, JobRecord, utcnow
+from llm_assets.steps.context import MissingPrerequisite, StepContext, artifact_key, refuse_expired
+from llm_assets.steps.reports import published_frame_failures
+from llm_assets.steps.validate import (
+    GateTally,
+    ResultGate,
+    ValidateResult,
+    arrow_schema,
+    outputs_key,
+    validation_result,
+)
+from llm_assets.util.failpoints import failpoint
+
+_WANTED = ["custom_id", "source_id", "result_json", "finish_reason"]
+
+
+class SliceValidation(BaseModel):
+    """What a slice of the validation leaves for the join."""
+
+    judged: int
+    """Succeeded results it judged."""
+    tally: GateTally
+    failed_rows: list[dict[str, Any]]
+    read_back_failures: list[dict[str, Any]]
+
+
+class JoinedValidation(BaseModel):
+    result: ValidateResult
+    read_back_failures: list[dict[str, Any]]
+    """The parts read back against the frame schema (published_frame_failures)."""
+
+
+def in_slice(source_id: str | None, number: int, count: int) -> bool:
+    """Whether a result of `source_id` is slice `number`'s (of `count`)."""
+    if not source_id:
+        return number == 0
+    key = zlib.crc32(source_id.encode("utf-8", errors="surrogatepass")) & 0xFFFF
+    return key % count == number
+
+
+def _part_key(ctx: StepContext, job: JobRecord, number: int, suffix: str) -> str:
+    count = ctx.spec.sharding.slices
+    return artifact_key(
+        "outputs",
+        ctx.spec.name,
+        job.partition_date.isoformat(),
+        f"{job.job_id}.parts",
+        f"{number + 1:03d}-of-{count:03d}{suffix}",
+    )
+
+
+def validate_slice(ctx: StepContext, number: int) -> SliceValidation:
+    """Judge slice `number` (from 0) of the day's succeeded results; its part, output rows
+    and result are left in storage for the join. Writes nothing to the ledger."""
+    import pyarrow.parquet as pq
+
+    job = ctx.job()
+    refuse_expired(ctx.spec, job)
+    count = ctx.spec.sharding.slices
+    judged = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        rows_path = Path(tmp) / "outputs.jsonl"
+        part_path = Path(tmp) / "part.parquet"
+        with (
+            rows_path.open("wb") as rows,
+            pq.ParquetWriter(part_path, arrow_schema(ctx.spec)) as writer,
+        ):
+
+            def keep(batch: list[tuple[Any, ...]]) -> None:
+                rows.write(b"".join(orjson.dumps(row) + b"\n" for row in batch))
+
+            def mine() -> Iterator[dict[str, Any]]:
+                nonlocal judged
+                for item in ctx.ledger.iter_items(job.job_id, [SUCCEEDED], columns=_WANTED):
+                    if in_slice(item["source_id"], number, count):
+                        judged += 1
+                        yield item
+
+            gate = ResultGate(ctx, job, writer, keep)
+            gate.parse(mine())
+        part = ctx.storage.write_file(_part_key(ctx, job, number, ".parquet"), part_path)
+        ctx.storage.write_file(_part_key(ctx, job, number, ".outputs.jsonl"), rows_path)
+    result = SliceValidation(
+        judged=judged,
+        tally=GateTally.of(gate),
+        failed_rows=gate.failed_rows,
+        read_back_failures=published_frame_failures(ctx, part.uri),
+    )
+    ctx.storage.write_bytes(_part_key(ctx, job, number, ".json"), result.model_dump_json().encode())
+    return result
+
+
+def join_validation(ctx: StepContext) -> JoinedValidation:
+    """Join the slices of the day's validation into its outputs (see the module docstring).
+    Holds the day; MissingPrerequisite when a slice is missing or the results changed since
+    the slices judged them."""
+    import pyarrow.parquet as pq
+
+    ledger, storage = ctx.ledger, ctx.storage
+    count = ctx.spec.sharding.slices
+    with ctx.day_lock():
+        job = ctx.job()
+        refuse_expired(ctx.spec, job)
+        parts = _slice_results(ctx, job, count)
+        succeeded = ledger.counts(job.job_id).succeeded
+        judged = sum(part.judged for part in parts)
+        if judged != succeeded:
+            raise MissingPrerequisite(
+                f"{ctx.spec.name} {ctx.day}: the slices judged {judged} results but the ledger "
+                f"holds {succeeded} as succeeded now; validate the day again"
+            )
+        tally = GateTally()
+        failed_rows: list[dict[str, Any]] = []
+        for part in parts:
+            tally.add(part.tally)
+            failed_rows += part.failed_rows
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            ledger.replacing_outputs(job.job_id) as keep,
+        ):
+            path = Path(tmp) / "outputs.parquet"
+            with pq.ParquetWriter(path, arrow_schema(ctx.spec)) as writer:
+                for number in range(count):
+                    with storage.local_copy(
+                        storage.uri(_part_key(ctx, job, number, ".parquet"))
+                    ) as part_path:
+                        part_file = pq.ParquetFile(part_path)
+                        for group in range(part_file.num_row_groups):
+                            writer.write_table(part_file.read_row_group(group))
+                    rows = storage.open_lines(
+                        storage.uri(_part_key(ctx, job, number, ".outputs.jsonl"))
+                    )
+                    batch: list[tuple[Any, ...]] = []
+                    for line in rows:
+                        batch.append(tuple(orjson.loads(line)))
+                        if len(batch) >= 10_000:
+                            keep(batch)
+                            batch = []
+                    if batch:
+                        keep(batch)
+            uri = storage.write_file(outputs_key(ctx.spec, job), path).uri
+            failpoint("validate.after_write")
+            ledger.set_item_errors(job.job_id, failed_rows, from_status=[SUCCEEDED])
+        counts = ledger.refresh_job(job.job_id)
+        ledger.update_job(job.job_id, validated_at=utcnow())
+    return JoinedValidation(
+        result=validation_result(ctx, job.job_id, tally, uri, counts),
+        read_back_failures=[f for part in parts for f in part.read_back_failures],
+    )
+
+
+def _slice_results(ctx: StepContext, job: JobRecord, count: int) -> list[SliceValidation]:
+    uris = [ctx.storage.uri(_part_key(ctx, job, n, ".json")) for n in range(count)]
+    missing = [f"{n + 1}/{count}" for n, uri in enumerate(uris) if not ctx.storage.exists(uri)]
+    if missing:
+        raise MissingPrerequisite(
+            f"{ctx.spec.name} {ctx.day}: slice {', '.join(missing)} of the day's validation "
+            "has not run; materialize validated_outputs (all its slices)"
+        )
+    return [SliceValidation.model_validate_json(ctx.storage.read_bytes(uri)) for uri in uris]
