@@ -16,9 +16,9 @@ RSS is its own; the PostgreSQL database `llm_assets_bench` is dropped and create
     .venv/bin/python bench/pipeline_scale.py --items 10000 100000 1000000 \
         --db sqlite postgres [--profile DIR] [--naive-sample 20000] [--slices 8 --workers 2]
 
-`--slices N --workers W` builds each day's shards in N slices (sharding.slices), each on one
-of W worker processes (as Celery workers run slice steps), then joins them in the bench's
-process; the other steps run as without slices.
+`--slices N --workers W` builds and validates each day in N slices (sharding.slices), each
+slice on one of W worker processes (as Celery workers run slice steps), and joins them in the
+bench's process; the other steps run as without slices.
 
 `--profile DIR` runs every step under pyinstrument (tree, flat self and flat total time per
 step in DIR/<items>-<db>/, and an HTML report); profiled timings are slower than
@@ -559,6 +559,17 @@ def _warm(_: int) -> None:
     time.sleep(0.5)  # every worker process started before the timings, not only the first
 
 
+def _validate_slice(number: int) -> dict[str, float]:
+    """Validate one slice, as a worker runs a validation slice step; its process's peaks."""
+    from llm_assets.steps.validate_slices import validate_slice
+
+    validate_slice(_slice_ctx, number)
+    return {
+        "process_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "pool_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }
+
+
 def _build_slice(number: int) -> dict[str, float]:
     """Build one slice, as a worker runs a slice step; its process's and its pool's peaks."""
     from llm_assets import steps
@@ -650,8 +661,6 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         return result
 
     built = meter.run("shards", n, shards)
-    if workers is not None:
-        workers.shutdown()
     meter.run("submit", n, lambda: steps.submit_shards(ctx))
     first = meter.run("import", lambda r: r.lines.received, lambda: steps.import_results(ctx))
     retried = sum(s.item_count for s in ledger.shards(first.job_id) if s.round > 0)
@@ -659,7 +668,18 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     second = meter.run(
         "retry import", lambda r: r.lines.received, lambda: steps.import_results(ctx)
     )
-    validated = meter.run("validate", n, lambda: steps.validate_outputs(ctx))
+
+    def validate() -> Any:
+        if workers is None:
+            return steps.validate_outputs(ctx)
+        from llm_assets.steps.validate_slices import join_validation
+
+        slice_peaks.extend(workers.map(_validate_slice, range(args.slices)))
+        return join_validation(ctx).result
+
+    validated = meter.run("validate", n, validate)
+    if workers is not None:
+        workers.shutdown()
     read_back = meter.run(
         "validate read-back",
         validated.valid_rows,
