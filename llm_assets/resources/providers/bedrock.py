@@ -50,11 +50,14 @@ from llm_assets.resources.providers.online import (
     run_requests,
     settings_of,
 )
+from llm_assets.resources.providers.realtime import Send
 from llm_assets.resources.providers.retrying import (
     MAX_RETRY_AFTER_SECONDS,
     QuotaRefused,
     pause,
 )
+from llm_assets.resources.providers.shared_window import open_pacer
+from llm_assets.util.settings import rate_limit_redis_url
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
@@ -399,18 +402,24 @@ class BedrockBatchProvider(BatchProvider):
     def run(self, spec: "PipelineSpec", work: OnlineWork) -> OnlineStats:
         """Send the work's `(custom_id, modelInput, tokens)` requests to bedrock-runtime,
         paced and retried as the online provider does (`online.concurrency`, `rpm`, `tpm`,
-        `max_tries`, `timeout_seconds`)."""
+        `max_tries`, `timeout_seconds`; the limits shared through Redis when one is
+        configured)."""
         settings = settings_of(spec)
         runtime = OnDemandRuntime(self.region_name, self.runtime_endpoint_url, settings, spec)
-        return asyncio.run(
-            runtime.run(
-                lambda send: run_requests(
+        redis_url = rate_limit_redis_url(os.environ)
+        # The quota is the model's in the runtime endpoint's region.
+        quota = ("bedrock", runtime.client.meta.endpoint_url, spec.model.name)
+
+        async def paced(send: Send) -> OnlineStats:
+            async with open_pacer(settings, quota, redis_url) as pacer:
+                return await run_requests(
                     settings,
                     work,
                     send,
                     backoff_base_seconds=self.retry_base_seconds,
                     backoff_cap_seconds=self.retry_cap_seconds,
                     max_retry_after_seconds=self.max_retry_after_seconds,
+                    pacer=pacer,
                 )
-            )
-        )
+
+        return asyncio.run(runtime.run(paced))

@@ -3,12 +3,15 @@ realtime API at low priority) called request by request, for endpoints without a
 
 Here the `provider_batches` step is the worker: it streams a shard's request lines through
 the realtime worker (`realtime.run_requests`: `online.concurrency` requests in flight, paced
-under the spec's RPM and TPM, transient errors retried with jittered backoff). This module
+under the spec's RPM and TPM -- in Redis, shared by every process, when
+LLM_ASSETS_RATE_LIMIT_REDIS is set or Celery's result backend is a Redis (shared_window.py)
+-- transient errors retried with jittered backoff). This module
 speaks the endpoint: the chat request, 429 with Retry-After and x-ratelimit-* headers, and
 responses read as the batch import reads OpenAI's output lines.
 """
 
 import asyncio
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,6 +36,8 @@ from llm_assets.resources.providers.realtime import (
     run_requests,
 )
 from llm_assets.resources.providers.retrying import MAX_RETRY_AFTER_SECONDS
+from llm_assets.resources.providers.shared_window import KEY_PREFIX, open_pacer
+from llm_assets.util.settings import rate_limit_redis_url
 
 if TYPE_CHECKING:
     from llm_assets.spec.model import PipelineSpec
@@ -72,6 +77,9 @@ class OnlineProvider(BatchProvider):
     backoff_cap_seconds: float = 30.0
     max_retry_after_seconds: float = MAX_RETRY_AFTER_SECONDS
     """The longest a rate limit's Retry-After or reset pauses the senders at a time."""
+    rate_limit_prefix: str = KEY_PREFIX
+    """Where the shared RPM/TPM windows live in the Redis: deployments that share a Redis but
+    not a provider account keep apart by setting different prefixes."""
 
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
         return online_spec_problems(spec)
@@ -97,12 +105,19 @@ class OnlineProvider(BatchProvider):
 
     def run(self, spec: "PipelineSpec", work: OnlineWork) -> OnlineStats:
         """Send the work's `(custom_id, body, tokens)` requests to the spec's (or this
-        resource's) OpenAI-compatible endpoint."""
+        resource's) OpenAI-compatible endpoint, paced under limits that every process
+        sending to the same endpoint and model shares when a Redis is configured."""
         base_url = spec.online.base_url or resolve_secret(self.base_url)
-        return asyncio.run(self._run(base_url, settings_of(spec), work))
+        redis_url = rate_limit_redis_url(os.environ)
+        return asyncio.run(self._run(base_url, spec.model.name, settings_of(spec), work, redis_url))
 
     async def _run(
-        self, base_url: str | None, settings: OnlineSettings, work: OnlineWork
+        self,
+        base_url: str | None,
+        model: str,
+        settings: OnlineSettings,
+        work: OnlineWork,
+        redis_url: str | None,
     ) -> OnlineStats:
         import openai
 
@@ -113,15 +128,19 @@ class OnlineProvider(BatchProvider):
             max_retries=0,
         )
 
+        # The quota is the endpoint's (as the SDK resolved it) for the model.
+        quota = ("online", str(client.base_url), model)
         try:
-            return await run_requests(
-                settings,
-                work,
-                _chat_sender(client),
-                backoff_base_seconds=self.backoff_base_seconds,
-                backoff_cap_seconds=self.backoff_cap_seconds,
-                max_retry_after_seconds=self.max_retry_after_seconds,
-            )
+            async with open_pacer(settings, quota, redis_url, self.rate_limit_prefix) as pacer:
+                return await run_requests(
+                    settings,
+                    work,
+                    _chat_sender(client),
+                    backoff_base_seconds=self.backoff_base_seconds,
+                    backoff_cap_seconds=self.backoff_cap_seconds,
+                    max_retry_after_seconds=self.max_retry_after_seconds,
+                    pacer=pacer,
+                )
         finally:
             await client.close()
 

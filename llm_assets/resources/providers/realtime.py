@@ -1,6 +1,7 @@
 """The realtime worker shared by the online provider and Bedrock's on-demand path: requests
-sent one by one with `concurrency` in flight, paced under the RPM and TPM windows, a pause
-for every sender on a rate limit, transient failures retried with jittered backoff
+sent one by one with `concurrency` in flight, paced under the RPM and TPM windows (this
+process's, or in Redis shared by every process sending to the same quota: shared_window.py),
+a pause for every sender on a rate limit, transient failures retried with jittered backoff
 (tenacity), results handed over in small batches as they complete, so memory stays flat and
 a checkpoint is never far behind.
 
@@ -16,7 +17,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import tenacity
 from pydantic import BaseModel
@@ -26,6 +27,8 @@ from llm_assets.results.rows import ItemResult
 
 MARGIN = 1.02
 """Client windows are this much longer than the provider's, so jitter never overfills one."""
+TOKEN_SHARE = 0.97
+"""Token counts vary per request, so the TPM window keeps a little more room than the RPM's."""
 MAX_RATE_LIMIT_WAITS = 50
 STOP_CHECK_SECONDS = 0.2
 """How often a waiting request looks whether the work was asked to stop."""
@@ -49,6 +52,15 @@ def parse_duration(value: str | None) -> float | None:
     return hours * 3600 + minutes * 60 + seconds + millis / 1000
 
 
+def per_minute(limit: int, share: float = 1.0) -> tuple[float, float]:
+    """(capacity, seconds) of the window that keeps `share` of a per-minute `limit`: one
+    second's share of the minute, or a longer window when that is under one unit; the window
+    is a little longer than the provider's so network jitter cannot push an extra request
+    into it."""
+    seconds = max(1.0, 60.0 / limit)
+    return float(int(limit * share * seconds / 60)), seconds * MARGIN
+
+
 class RollingWindow:
     """At most `capacity` units (requests, or tokens) started in any rolling `seconds`, the
     way providers enforce per-minute limits quantized to short windows (OpenAI: 600 RPM as
@@ -66,11 +78,7 @@ class RollingWindow:
 
     @classmethod
     def per_minute(cls, limit: int, share: float = 1.0) -> "RollingWindow":
-        # One second's share of the minute, or a longer window when that is under one unit;
-        # the window is a little longer than the provider's so network jitter cannot push
-        # an extra request into it.
-        seconds = max(1.0, 60.0 / limit)
-        return cls(capacity=float(int(limit * share * seconds / 60)), seconds=seconds * MARGIN)
+        return cls(*per_minute(limit, share))
 
     def ready_at(self, cost: float, now: float) -> float:
         while self.window and self.window[0][0] <= now - self.seconds:
@@ -88,6 +96,39 @@ class RollingWindow:
     def started(self, moment: float, cost: float) -> None:
         self.window.append((moment, cost))
         self.total += cost
+
+
+class Pacer(Protocol):
+    """Where the RPM and TPM windows of a run are kept: in this process (`LocalPacer`) or
+    shared by every process that sends to the same quota (`shared_window.SharedPacer`)."""
+
+    async def claim(self, tokens: int) -> float:
+        """0.0 when a request of `tokens` may start now, its start then recorded; else the
+        seconds until the windows may have room (nothing recorded)."""
+        ...
+
+
+class LocalPacer:
+    """The RPM and TPM windows of this process alone, on its monotonic clock."""
+
+    def __init__(self, rpm: int | None, tpm: int | None) -> None:
+        self.requests = RollingWindow.per_minute(rpm) if rpm else None
+        self.tokens = RollingWindow.per_minute(tpm, TOKEN_SHARE) if tpm else None
+
+    async def claim(self, tokens: int) -> float:
+        now = time.monotonic()
+        ready = now
+        if self.requests is not None:
+            ready = max(ready, self.requests.ready_at(1, now))
+        if self.tokens is not None:
+            ready = max(ready, self.tokens.ready_at(tokens, now))
+        if ready > now:
+            return ready - now
+        if self.requests is not None:
+            self.requests.started(now, 1)
+        if self.tokens is not None:
+            self.tokens.started(now, tokens)
+        return 0.0
 
 
 class OnlineSettings(BaseModel):
@@ -156,13 +197,20 @@ async def run_requests(
     backoff_base_seconds: float,
     backoff_cap_seconds: float,
     max_retry_after_seconds: float = MAX_RETRY_AFTER_SECONDS,
+    pacer: Pacer | None = None,
 ) -> OnlineStats:
     """Send the work's requests through `send`: `settings.concurrency` in flight, paced
-    under the RPM and TPM windows, a pause for everyone on a rate limit (at most
-    `max_retry_after_seconds` at a time), transient failures retried with jittered backoff,
-    results handed to `work.deliver` as they complete."""
+    under the RPM and TPM windows (`pacer`'s; by default this process's own), a pause for
+    everyone on a rate limit (at most `max_retry_after_seconds` at a time), transient
+    failures retried with jittered backoff, results handed to `work.deliver` as they
+    complete."""
     worker = _Worker(
-        settings, work, send, (backoff_base_seconds, backoff_cap_seconds), max_retry_after_seconds
+        settings,
+        work,
+        send,
+        (backoff_base_seconds, backoff_cap_seconds),
+        max_retry_after_seconds,
+        pacer or LocalPacer(settings.rpm, settings.tpm),
     )
     return await worker.run(work.requests, work.stop)
 
@@ -177,6 +225,7 @@ class _Worker:
         send: Send,
         backoff: tuple[float, float],
         max_retry_after_seconds: float,
+        pacer: Pacer,
     ) -> None:
         self.max_tries = settings.max_tries
         self.backoff = backoff
@@ -187,9 +236,8 @@ class _Worker:
         self.checkpoint_every = work.checkpoint_every
         self.progress = work.progress
         self.stats = OnlineStats()
-        self.requests_window = RollingWindow.per_minute(settings.rpm) if settings.rpm else None
-        # Token counts vary per request, so keep a little more room than for requests.
-        self.tokens_window = RollingWindow.per_minute(settings.tpm, 0.97) if settings.tpm else None
+        self.pacer = pacer
+        self.paced_by_rpm = bool(settings.rpm)
         self.pause_until = 0.0
         self.buffer: list[ItemResult] = []
         self.flushing = asyncio.Lock()
@@ -281,7 +329,7 @@ class _Worker:
                 continue
             # Without a limit of our own the server's word is all we know: an empty window
             # waits for its reset. With one, our window already keeps the pace.
-            if self.requests_window is None and window_empty_for is not None:
+            if not self.paced_by_rpm and window_empty_for is not None:
                 self.hold_off(window_empty_for)
             return result
         return ItemResult(
@@ -293,22 +341,15 @@ class _Worker:
         )
 
     async def wait_turn(self, tokens: int) -> None:
-        """One sender at a time waits for its moment; the moment it goes is recorded."""
+        """One sender at a time waits for its moment: past any rate-limit pause, then until
+        the pacer records its start."""
         async with self.gate:
             while True:
-                now = time.monotonic()
-                ready = [now, self.pause_until]
-                if self.requests_window is not None:
-                    ready.append(self.requests_window.ready_at(1, now))
-                if self.tokens_window is not None:
-                    ready.append(self.tokens_window.ready_at(tokens, now))
-                if max(ready) <= now:
-                    break
-                await self.pause(max(ready) - now)
-            if self.requests_window is not None:
-                self.requests_window.started(now, 1)
-            if self.tokens_window is not None:
-                self.tokens_window.started(now, tokens)
+                held = self.pause_until - time.monotonic()
+                wait = held if held > 0 else await self.pacer.claim(tokens)
+                if wait <= 0:
+                    return
+                await self.pause(wait)
 
     async def pause(self, seconds: float) -> None:
         """Sleep `seconds`, looking every STOP_CHECK_SECONDS whether to stop (_Stopped)."""
