@@ -4,11 +4,12 @@ Bad input never vanishes: every row becomes either a request or an `input` dead 
 a reason, under a custom_id that is stable across re-runs.
 """
 
+import array
 import dataclasses
 import datetime as dt
 import zoneinfo
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 from llm_assets.compliance.policy import (
     BLOCKED_CODE,
@@ -257,21 +258,25 @@ class Preparer:
         return user, tokens, ""
 
 
-def assess_lines(
-    preparer: Preparer, blocks: Sequence[tuple[int, Sequence[bytes | None]]]
-) -> list[tuple[Any, ...]]:
-    """Blocks of snapshot lines, each with the position of its first line in the snapshot →
-    assessed rows: the unit of work of a worker process. Each is one flat tuple, (source id,
-    where, *PreparedItem): named tuples inside tuples cost several times as much to pickle
-    and unpickle as the flat ones (and a position per block, not a tuple per line, goes to
-    the worker). A line None is another slice's (steps/slices.py): numbered, not assessed."""
-    positions = [start + n for start, block in blocks for n in range(len(block))]
+Block = tuple["int | array.array[int]", list[bytes]]
+"""Snapshot lines with their positions in the snapshot: the first's (consecutive lines), or
+each one's (a slice's lines, steps/slices.py) as a compact array."""
+
+
+def assess_lines(preparer: Preparer, blocks: Sequence[Block]) -> list[tuple[Any, ...]]:
+    """Blocks of snapshot lines, each with the position of its first line in the snapshot
+    (or of each line) → assessed rows: the unit of work of a worker process. Each is one flat
+    tuple, (source id, where, *PreparedItem): named tuples inside tuples cost several times
+    as much to pickle and unpickle as the flat ones (and a position per block, not a tuple
+    per line, goes to the worker)."""
+    positions = [
+        p
+        for start, block in blocks
+        for p in (range(start, start + len(block)) if isinstance(start, int) else start)
+    ]
     lines = [line for _, block in blocks for line in block]
-    if None in lines:
-        mine = [(p, line) for p, line in zip(positions, lines, strict=True) if line is not None]
-        positions, lines = [p for p, _ in mine], [line for _, line in mine]
     checked = [
-        preparer.check(SourceRow.from_json(cast(bytes, line)), p)
+        preparer.check(SourceRow.from_json(line), p)
         for p, line in zip(positions, lines, strict=True)
     ]
     # The prompts of a chunk are screened for personal data together: one scan, not one each.
@@ -294,17 +299,21 @@ def assess_lines(
     return assessed
 
 
-def prepare_items(preparer: Preparer, lines: Iterable[bytes | None]) -> Iterator[PreparedItem]:
-    """Snapshot lines → one outcome per row, in order; rows are assessed in worker processes
-    when the day is large (llm_assets.util.parallel). Of rows sharing a source id the first is
-    kept and the others are `duplicate_id` dead letters, whatever else is wrong with them.
-    A line None (another slice's row) is counted for the positions of the rows after it."""
+def prepare_items(preparer: Preparer, lines: Iterable[bytes]) -> Iterator[PreparedItem]:
+    """Snapshot lines → one outcome per row, in order (`prepare_blocks`)."""
+    return prepare_blocks(preparer, parallel.numbered_blocks(lines))
+
+
+def prepare_blocks(preparer: Preparer, blocks: Iterable[Block]) -> Iterator[PreparedItem]:
+    """Blocks of snapshot lines → one outcome per row, in order; rows are assessed in worker
+    processes when the day is large (llm_assets.util.parallel). Of rows sharing a source id
+    the first is kept and the others are `duplicate_id` dead letters, whatever else is wrong
+    with them."""
     # Where each id was first seen, as file number << 32 | line: a million ids take a third
     # of the memory that their "file:line" strings would.
     first_seen: dict[str, int] = {}
     files: dict[str, int] = {}
     duplicates: dict[str, int] = {}
-    blocks = parallel.numbered_blocks(lines)
     for assessed in parallel.ordered_map(assess_lines, preparer, blocks, weight=_block_size):
         for row in assessed:
             # The item is the rest of the flat row, made a PreparedItem without the call of
@@ -335,5 +344,5 @@ _LINE = (1 << 32) - 1
 _new_tuple = tuple.__new__
 
 
-def _block_size(block: tuple[int, Sequence[bytes | None]]) -> int:
+def _block_size(block: Block) -> int:
     return len(block[1])

@@ -1,6 +1,7 @@
 """request_shards: snapshot rows into request shards with a cost estimate, bad input into
 dead letters. Also the shard writing and the estimator the retry and requeue rounds share."""
 
+import array
 import dataclasses
 import datetime as dt
 import json
@@ -13,7 +14,7 @@ from pydantic import BaseModel
 
 from llm_assets.compliance.policy import COMPLIANCE
 from llm_assets.items import ids
-from llm_assets.items.prepare import KnownIds, PreparedItem, Preparer, prepare_items
+from llm_assets.items.prepare import Block, KnownIds, PreparedItem, Preparer, prepare_blocks
 from llm_assets.items.sharding import split_shards
 from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import DEAD_LETTER, PENDING, BackgroundWriter, JobRecord
@@ -22,6 +23,7 @@ from llm_assets.steps.context import StepContext, artifact_key
 from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.util.failpoints import failpoint
 from llm_assets.util.memory import collector_paused, release_free_memory
+from llm_assets.util.parallel import BLOCK_ROWS, numbered_blocks
 
 
 class ShardEstimate(BaseModel):
@@ -362,19 +364,30 @@ class BuildPart:
     """The round of its shards (None: the job's next)."""
     first_k: int = 0
     """Shards of this slice in the round already (a slice built again after a crash)."""
+    beside_shards: Sequence[str] = ()
+    """The other slices' shards held for the join: their items are not this part's rows, and
+    are not read to know which of its rows the ledger holds."""
 
     def shard_index(self, k: int) -> int:
         return self.number + (self.first_k + k) * self.count
 
-    def lines(self, ctx: StepContext, snapshot_uri: str) -> Iterator[bytes | None]:
-        """The snapshot's lines, another slice's as None (numbered, not read)."""
+    def blocks(self, ctx: StepContext, snapshot_uri: str) -> Iterator[Block]:
+        """The snapshot's lines this part takes, in blocks with their positions."""
         lines = ctx.storage.open_lines(snapshot_uri)
         if self.keys is None:
-            yield from lines
+            yield from numbered_blocks(lines)
             return
         keys, count, number = self.keys, self.count, self.number
+        positions, block = array.array("I"), []
         for position, line in enumerate(lines):
-            yield line if keys[position] % count == number else None
+            if keys[position] % count == number:
+                positions.append(position)
+                block.append(line)
+                if len(block) >= BLOCK_ROWS:
+                    yield positions, block
+                    positions, block = array.array("I"), []
+        if block:
+            yield positions, block
 
 
 def _build_shards(ctx: StepContext) -> ShardsResult:
@@ -410,7 +423,7 @@ def build_rows(
     estimate = estimator.empty()
     # What the ledger holds of the day, read once (not per chunk or item): the rows it knows
     # are skipped, so only new items get ids derived with the current key.
-    sources, unsent = ledger.known_items(job.job_id)
+    sources, unsent = ledger.known_items(job.job_id, beside_shards=part.beside_shards)
     intake = _Intake(ctx, job, sources, frozenset(unsent))
     preparer = Preparer(
         spec,
@@ -420,7 +433,7 @@ def build_rows(
         ledger.item_id_key(),
         KnownIds(unsent=intake.known_unsent),
     )
-    requests = intake.requests(prepare_items(preparer, part.lines(ctx, snapshot_uri)))
+    requests = intake.requests(prepare_blocks(preparer, part.blocks(ctx, snapshot_uri)))
     round_no = ledger.next_round(job.job_id) if part.round_no is None else part.round_no
     # Mappings of items never recorded can only be left by versions that wrote them apart
     # from their items; only a job with some has them dropped as its new items are recorded.

@@ -57,7 +57,7 @@ def build_slice(ctx: StepContext, number: int) -> ShardsResult:
     job = ctx.job_or_create()
     name = slice_name(number, count)
     with ctx.ledger.slice_lock(job.job_id, name, holder=ctx.holder(), log=ctx.log):
-        round_no, first_k = _round_of(ctx, job, number)
+        round_no, first_k, others = _round_of(ctx, job, number)
         part = BuildPart(
             number=number,
             count=count,
@@ -65,6 +65,7 @@ def build_slice(ctx: StepContext, number: int) -> ShardsResult:
             held_as=UNJOINED,
             round_no=round_no,
             first_k=first_k,
+            beside_shards=others,
         )
         result, found = build_rows(ctx, job, snapshot_uri, part)
         ctx.ledger.add_personal_data(job.job_id, found)
@@ -74,20 +75,18 @@ def build_slice(ctx: StepContext, number: int) -> ShardsResult:
     return result
 
 
-def _round_of(ctx: StepContext, job: JobRecord, number: int) -> tuple[int, int]:
+def _round_of(ctx: StepContext, job: JobRecord, number: int) -> tuple[int, int, list[str]]:
     """The round of a slice's shards: the build's, the one after every shard but those
-    held for a join (the slices of one build share it, whatever order they run in); and the
+    held for a join (the slices of one build share it, whatever order they run in); the
     shards of this slice held in it already (a slice built again after a crash goes on
-    after them)."""
+    after them); and the other slices' shards held in it."""
     count = ctx.spec.sharding.slices
     shards = ctx.ledger.shards(job.job_id)
     round_no = 1 + max((s.round for s in shards if s.raw_status != UNJOINED), default=-1)
-    mine = [
-        (s.shard_index - number) // count
-        for s in shards
-        if s.raw_status == UNJOINED and s.round == round_no and s.shard_index % count == number
-    ]
-    return round_no, max(mine, default=-1) + 1
+    held = [s for s in shards if s.raw_status == UNJOINED and s.round == round_no]
+    mine = [(s.shard_index - number) // count for s in held if s.shard_index % count == number]
+    others = [s.shard_id for s in held if s.shard_index % count != number]
+    return round_no, max(mine, default=-1) + 1, others
 
 
 def join_slices(ctx: StepContext) -> ShardsResult:

@@ -1,18 +1,19 @@
 """Validation in slices: a day's succeeded results judged by `sharding.slices` steps of their
 own on any worker, joined into the day's outputs.
 
-A result falls into a slice by its source id (snapshot.slice_key: the slice its row was built
-in), so the frame checks that look across rows (a source id once) see all the rows they
-compare. A slice writes nothing to the ledger: it parses and checks its results, writes the
-passing rows to a Parquet part, reads that part back against the frame schema, and leaves
-the part, the output rows and the failures beside it. The join holds the day: it checks that
-the slices judged every result the ledger holds as succeeded now (else the day is validated
-again), then writes the parts into the day's one Parquet, replaces the job's outputs and
-records the quality dead letters in one go, as a validation in one step does.
+A result falls into a slice by the last two hex digits of its custom_id, which the database
+selects (ledger iter_items `part`); a day's items have one source id each (repeats are dead
+letters from the build on), so the frame check that a source id comes once holds across
+slices as within one. A slice writes nothing to the ledger: it parses and checks its
+results, writes the passing rows to a Parquet part, reads that part back against the frame
+schema, and leaves the part, the output rows and the failures beside it. The join holds the
+day: it checks that the slices judged every result the ledger holds as succeeded now (else
+the day is validated again), then writes the parts into the day's one Parquet, replaces the
+job's outputs and records the quality dead letters in one go, as a validation in one step
+does.
 """
 
 import tempfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,14 +53,6 @@ class JoinedValidation(BaseModel):
     """The parts read back against the frame schema (published_frame_failures)."""
 
 
-def in_slice(source_id: str | None, number: int, count: int) -> bool:
-    """Whether a result of `source_id` is slice `number`'s (of `count`)."""
-    if not source_id:
-        return number == 0
-    key = zlib.crc32(source_id.encode("utf-8", errors="surrogatepass")) & 0xFFFF
-    return key % count == number
-
-
 def _part_key(ctx: StepContext, job: JobRecord, number: int, suffix: str) -> str:
     count = ctx.spec.sharding.slices
     return artifact_key(
@@ -93,10 +86,12 @@ def validate_slice(ctx: StepContext, number: int) -> SliceValidation:
 
             def mine() -> Iterator[dict[str, Any]]:
                 nonlocal judged
-                for item in ctx.ledger.iter_items(job.job_id, [SUCCEEDED], columns=_WANTED):
-                    if in_slice(item["source_id"], number, count):
-                        judged += 1
-                        yield item
+                part = (number, count)
+                for item in ctx.ledger.iter_items(
+                    job.job_id, [SUCCEEDED], columns=_WANTED, part=part
+                ):
+                    judged += 1
+                    yield item
 
             gate = ResultGate(ctx, job, writer, keep)
             gate.parse(mine())

@@ -90,16 +90,21 @@ def _by_source() -> sa.ColumnElement[bool]:
     )
 
 
-def known_items(engine: Engine, job_id: str) -> tuple[set[str], set[str]]:
+def known_items(
+    engine: Engine, job_id: str, *, beside_shards: Sequence[str] = ()
+) -> tuple[set[str], set[str]]:
     """What of a day the ledger holds, read in one query: (the source ids of its items, the
     custom_ids of its rows without one or repeating one). An item is known by its source id
-    whatever custom_id it was given, so a changed id key never adds it again."""
+    whatever custom_id it was given, so a changed id key never adds it again. The items of
+    `beside_shards` are left out (a slice's build reads past the other slices' shards)."""
     r = result_table.c
     keyed = _by_source()
     query = sa.select(
         sa.case((keyed, r.source_id), else_=sa.null()),
         sa.case((keyed, sa.null()), else_=r.custom_id),
     ).where(r.job_id == job_id)
+    if beside_shards:
+        query = query.where(sa.or_(r.shard_id.is_(None), r.shard_id.not_in(list(beside_shards))))
     sources: set[str] = set()
     unsent: set[str] = set()
     with engine.connect() as conn:
@@ -245,8 +250,13 @@ def iter_items(
     shard_id: str | None = None,
     columns: Sequence[str] | None = None,
     few: int | None = None,
+    part: tuple[int, int] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Stream item rows in custom_id order without loading them all.
+
+    `part`: (number, count): only the items of part `number` of `count` (at most 256), by the
+    last two hex digits of their custom_id (every custom_id ends in a hex digest), chosen by
+    the database, in no particular order: a day's validation in slices.
 
     `few`: the caller expects about that many rows at most (the items to retry among a day's,
     say). Up to that many are read by one query, which PostgreSQL can spread over its parallel
@@ -265,7 +275,13 @@ def iter_items(
         query = query.where(result_table.c.status.in_(list(statuses)))
     if shard_id is not None:
         query = query.where(result_table.c.shard_id == shard_id)
-    query = query.order_by(key)
+    if part is not None:
+        number, count = part
+        tails = [f"{n:02x}" for n in range(256) if n % count == number]
+        query = query.where(sa.func.substr(key, sa.func.length(key) - 1).in_(tails))
+    else:
+        # A part's rows in no order: one pass over the day's rows, not a walk of the index.
+        query = query.order_by(key)
     with engine.connect() as conn:
         if few is not None:
             result = conn.execute(query.limit(few + 1))
