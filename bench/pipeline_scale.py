@@ -561,9 +561,9 @@ def _warm(_: int) -> None:
 
 def _validate_slice(number: int) -> dict[str, float]:
     """Validate one slice, as a worker runs a validation slice step; its process's peaks."""
-    from llm_assets.steps.validate_slices import validate_slice
+    from llm_assets import steps
 
-    validate_slice(_slice_ctx, number)
+    steps.validate_slice(_slice_ctx, number)
     return {
         "process_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "pool_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
@@ -672,10 +672,8 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     def validate() -> Any:
         if workers is None:
             return steps.validate_outputs(ctx)
-        from llm_assets.steps.validate_slices import join_validation
-
         slice_peaks.extend(workers.map(_validate_slice, range(args.slices)))
-        return join_validation(ctx).result
+        return steps.join_validation(ctx).result
 
     validated = meter.run("validate", n, validate)
     if workers is not None:

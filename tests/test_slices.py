@@ -23,7 +23,7 @@ from llm_assets.resources.ledger import LedgerResource, output_table
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
-from llm_assets.steps import validate as steps_validate
+from llm_assets.steps import judge
 from llm_assets.steps.lifecycle import SLICE_JOIN_GRACE, UNJOINED
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, fake_harness, review_spec, truthful
@@ -225,7 +225,7 @@ def test_a_sliced_validation_writes_the_outputs_of_one_step(
         assert kept == {k: v for k, v in harness.truth.items() if k not in wrong}
         job = harness.ledger.get_job(harness.job_id())
         assert job is not None and job.validated_at is not None
-        parquet = pq.read_table(harness.storage.uri(steps_validate.outputs_key(harness.spec, job)))
+        parquet = pq.read_table(harness.storage.uri(judge.outputs_key(harness.spec, job)))
         assert sorted(parquet.column("source_id").to_pylist()) == sorted(kept)
         # The slices ran as steps of the finishing run, and their join evaluated the checks.
         runs = harness.instance.get_runs()

@@ -99,9 +99,7 @@ def _slice_op(pipe: Pipeline, number: int) -> dg.OpDefinition:
         if reason:
             context.log.info(f"slice {number + 1}/{slices} not validated: {reason}")
             return
-        from llm_assets.steps.validate_slices import validate_slice as judge
-
-        judged = run_step(lambda: judge(ctx, number))
+        judged = run_step(lambda: steps.validate_slice(ctx, number))
         context.log.info(
             f"slice {number + 1}/{slices}: {judged.judged} results judged, "
             f"{judged.tally.valid} valid, {len(judged.failed_rows)} quality failures"
@@ -128,8 +126,6 @@ def _sliced(pipe: Pipeline) -> dg.AssetsDefinition:
         required_resource_keys={"ledger", "storage"},
     )
     def join_validation(context: dg.OpExecutionContext) -> Iterator[_Outcome]:
-        from llm_assets.steps.validate_slices import join_validation as join
-
         ctx = pipe.context(context)
         if steps.no_source_rows(spec, ctx.day, ctx.storage):
             yield from empty_results(context, pipe, names.VALIDATED_OUTPUTS)
@@ -142,7 +138,7 @@ def _sliced(pipe: Pipeline) -> dg.AssetsDefinition:
         def validate() -> tuple[steps.ValidateResult, list[dg.AssetCheckResult]]:
             with ctx.day_lock():  # as in one step: the gate's records around the verdict
                 steps.record_gate(ctx, ctx.job().job_id, [steps.UNFINISHED])
-                joined = join(ctx)
+                joined = steps.join_validation(ctx)
                 evaluated = checks.validated_outputs_checks(
                     spec, joined.result, joined.read_back_failures
                 )

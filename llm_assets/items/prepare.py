@@ -260,7 +260,7 @@ class Preparer:
 
 Block = tuple["int | array.array[int]", list[bytes]]
 """Snapshot lines with their positions in the snapshot: the first's (consecutive lines), or
-each one's (a slice's lines, steps/slices.py) as a compact array."""
+each one's (a slice's lines, steps/build.py) as a compact array."""
 
 
 def assess_lines(preparer: Preparer, blocks: Sequence[Block]) -> list[tuple[Any, ...]]:

@@ -7,9 +7,8 @@ and converges on the same ledger state. One module per stage:
 
 - context: StepContext, the job and snapshot lookups, the gate and prerequisite errors
 - snapshot: input_snapshot
-- shards: request_shards, the estimator and shard writing
-- slices: a day's shard building split into slices (steps of their own) and their join
-- validate_slices: the same for validation
+- build: request_shards, the day's shards built in one step or in slices and joined
+- shards: the shard writing and the estimator the build, retry and requeue rounds share
 - submit: provider_batches
 - admission: a shard admitted under the provider's quota, what refusals teach, the wait
 - quota: the pure rules by which a provider's quota is learned
@@ -26,7 +25,8 @@ and converges on the same ledger state. One module per stage:
 - in_process: the lifecycle's heavy actions run as step calls in this process (evals)
 - cancel: an operator's cancel of a day or of some of its shards
 - line_ids: request lines read back from shard files by custom_id
-- validate: validated_outputs
+- validate: validated_outputs, in one step or in slices and joined
+- judge: the quality gate's judgment of results (pydantic per row, pandera per frame)
 - gate: the publication gate's record (what the latest validation blocked)
 - reports: dead_letter, cost_report, published_outputs, qa_sample
 
@@ -43,6 +43,11 @@ if TYPE_CHECKING:
         BudgetGate,
         budget_gate,
         hold_for_gate,
+    )
+    from llm_assets.steps.build import (
+        build_shards,
+        build_slice,
+        join_slices,
     )
     from llm_assets.steps.cancel import (
         CancelResult,
@@ -137,13 +142,8 @@ if TYPE_CHECKING:
         Estimator,
         ShardEstimate,
         ShardsResult,
-        build_shards,
         line_offsets,
         shards_for,
-    )
-    from llm_assets.steps.slices import (
-        build_slice,
-        join_slices,
     )
     from llm_assets.steps.snapshot import (
         SnapshotResult,
@@ -158,7 +158,9 @@ if TYPE_CHECKING:
     )
     from llm_assets.steps.validate import (
         ValidateResult,
+        join_validation,
         validate_outputs,
+        validate_slice,
     )
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
@@ -226,11 +228,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Estimator",
         "ShardEstimate",
         "ShardsResult",
-        "build_shards",
         "line_offsets",
         "shards_for",
     ),
-    "slices": ("build_slice", "join_slices"),
+    "build": ("build_shards", "build_slice", "join_slices"),
     "snapshot": (
         "SnapshotResult",
         "no_source_rows",
@@ -239,7 +240,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "take_snapshot",
     ),
     "submit": ("SubmitResult", "submit_shards"),
-    "validate": ("ValidateResult", "validate_outputs"),
+    "validate": ("ValidateResult", "join_validation", "validate_outputs", "validate_slice"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -5,13 +5,13 @@ the sample as their source."""
 import contextlib
 import dataclasses
 
+from llm_assets.steps.build import build_shards
 from llm_assets.steps.context import StepContext
 from llm_assets.steps.executor import DayDriver
 from llm_assets.steps.imports import import_results
 from llm_assets.steps.lifecycle import Action, Step
 from llm_assets.steps.pause import PipelinePaused
 from llm_assets.steps.reports import cost_report, export_dead_letters
-from llm_assets.steps.shards import build_shards
 from llm_assets.steps.snapshot import take_snapshot
 from llm_assets.steps.submit import submit_shards
 from llm_assets.steps.validate import validate_outputs

@@ -69,7 +69,7 @@ GATED = "blocked"
 personal-data share, the pipeline's caps): it waits for an operator (an approval)."""
 UNJOINED = "unjoined"
 """The provider status (raw_status) of a shard a slice of the day's build recorded: held
-until the slices' join releases it (steps/slices.py)."""
+until the slices' join releases it (steps/build.py)."""
 SLICE_JOIN_GRACE = dt.timedelta(hours=1)
 """How long a shard waits for the join of the build that sliced it; after that the build
 stopped before its join, and the day is built again (its join releases the shard)."""

@@ -18,8 +18,8 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import notify
 from llm_assets.steps.context import StepContext, artifact_key, refuse_expired
 from llm_assets.steps.gate import settled_block
+from llm_assets.steps.judge import outputs_key
 from llm_assets.steps.tables import case_table
-from llm_assets.steps.validate import outputs_key
 
 DEAD_LETTER_PREVIEW = 20
 

@@ -1,10 +1,10 @@
-"""request_shards: snapshot rows into request shards with a cost estimate, bad input into
-dead letters. Also the shard writing and the estimator the retry and requeue rounds share."""
+"""Snapshot rows into request shards with a cost estimate, bad input into dead letters (what
+request_shards builds, build.py, whole or in slices); the shard writing and the estimator the
+retry and requeue rounds share too."""
 
 import array
 import dataclasses
 import datetime as dt
-import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,7 +20,6 @@ from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import DEAD_LETTER, PENDING, BackgroundWriter, JobRecord
 from llm_assets.resources.storage import StagedArtifact, WrittenArtifact
 from llm_assets.steps.context import StepContext, artifact_key
-from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.util.failpoints import failpoint
 from llm_assets.util.memory import collector_paused, release_free_memory
 from llm_assets.util.parallel import BLOCK_ROWS, numbered_blocks
@@ -328,29 +327,9 @@ class _Intake:
         return rows, pseudonyms
 
 
-def build_shards(ctx: StepContext) -> ShardsResult:
-    """Turn snapshot rows the ledger has not seen into request shards and input dead letters.
-
-    Holds the day: a second run waits, then finds the snapshot rows known and adds nothing.
-    Nothing is written while a place the day would go or rest is outside
-    compliance.allowed_regions (the residency gate). A spec with `sharding.slices` above 1
-    builds its slices one after another here, then joins them (steps/slices.py); Dagster
-    runs them as steps of their own.
-    """
-    if ctx.spec.sharding.slices > 1:
-        from llm_assets.steps.slices import build_slice, join_slices
-
-        for number in range(ctx.spec.sharding.slices):
-            build_slice(ctx, number)
-        return join_slices(ctx)
-    refuse_outside_regions(ctx)
-    with ctx.day_lock():
-        return _build_shards(ctx)
-
-
 @dataclasses.dataclass(frozen=True)
 class BuildPart:
-    """What of the snapshot a build takes: all of it, or one slice's rows (steps/slices.py),
+    """What of the snapshot a build takes: all of it, or one slice's rows (steps/build.py),
     whose shards get the indexes `number`, `number + count`, ... and wait for the join."""
 
     number: int = 0
@@ -388,29 +367,6 @@ class BuildPart:
                     positions, block = array.array("I"), []
         if block:
             yield positions, block
-
-
-def _build_shards(ctx: StepContext) -> ShardsResult:
-    from llm_assets.steps.slices import release_slices
-
-    ledger = ctx.ledger
-    snapshot_uri = ctx.snapshot_uri()
-    job = ctx.job_or_create()
-    result, found = build_rows(ctx, job, snapshot_uri, BuildPart())
-    if result.shards_created:
-        ledger.analyze()
-    # Shards a sliced build of the day left held (its spec had more slices then).
-    release_slices(ctx, job)
-    personal = dict(job.personal_data)
-    for key, count in found.items():
-        personal[key] = personal.get(key, 0) + count
-    ledger.update_job(
-        job.job_id,
-        snapshot_uri=snapshot_uri,
-        personal_data_json=json.dumps(dict(sorted(personal.items()))) if personal else None,
-    )
-    ledger.refresh_job(job.job_id)
-    return result
 
 
 def build_rows(

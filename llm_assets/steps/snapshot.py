@@ -33,7 +33,7 @@ rows of to their versions (ArtifactStorage.version) as they were when the rows w
 
 SLICE_KEYS_SUFFIX = ".slices.bin"
 """Next to each snapshot, `<hash>.slices.bin` holds each row's slice key (`slice_key`), two
-bytes a row, little-endian: a slice of the day's build (steps/slices.py) takes the rows whose
+bytes a row, little-endian: a slice of the day's build (steps/build.py) takes the rows whose
 key falls to it without reading the others' records."""
 
 EMPTY_SNAPSHOT = f"{hashlib.sha256(b'').hexdigest()[:20]}.jsonl"

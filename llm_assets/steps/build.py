@@ -1,5 +1,7 @@
-"""Slices of a day's shard building: the snapshot's rows split into `sharding.slices` parts,
-each built by a step of its own on any worker, joined before submission.
+"""request_shards: the day's snapshot rows into shards, in one step or in slices.
+
+In slices: the snapshot's rows split into `sharding.slices` parts, each built by a step of
+its own on any worker, joined before submission.
 
 A row falls into a slice by its slice key (snapshot.slice_key: its source id's, so every row
 of an id is in the same slice and the first of them is kept, the others repeats, as in a
@@ -16,6 +18,7 @@ shards held; the lifecycle builds the day again after `lifecycle.SLICE_JOIN_GRAC
 build's join (or a build in one step) releases them.
 """
 
+import json
 from collections import defaultdict
 
 from llm_assets.resources.ledger import JobRecord
@@ -27,6 +30,45 @@ from llm_assets.steps.snapshot import slice_keys
 from llm_assets.util.failpoints import failpoint
 
 UNJOINED = lifecycle.UNJOINED
+
+
+def build_shards(ctx: StepContext) -> ShardsResult:
+    """Turn snapshot rows the ledger has not seen into request shards and input dead letters.
+
+    Holds the day: a second run waits, then finds the snapshot rows known and adds nothing.
+    Nothing is written while a place the day would go or rest is outside
+    compliance.allowed_regions (the residency gate). A spec with `sharding.slices` above 1
+    builds its slices one after another here, then joins them (below); Dagster
+    runs them as steps of their own.
+    """
+    if ctx.spec.sharding.slices > 1:
+        for number in range(ctx.spec.sharding.slices):
+            build_slice(ctx, number)
+        return join_slices(ctx)
+    refuse_outside_regions(ctx)
+    with ctx.day_lock():
+        return _build_shards(ctx)
+
+
+def _build_shards(ctx: StepContext) -> ShardsResult:
+    ledger = ctx.ledger
+    snapshot_uri = ctx.snapshot_uri()
+    job = ctx.job_or_create()
+    result, found = build_rows(ctx, job, snapshot_uri, BuildPart())
+    if result.shards_created:
+        ledger.analyze()
+    # Shards a sliced build of the day left held (its spec had more slices then).
+    release_slices(ctx, job)
+    personal = dict(job.personal_data)
+    for key, count in found.items():
+        personal[key] = personal.get(key, 0) + count
+    ledger.update_job(
+        job.job_id,
+        snapshot_uri=snapshot_uri,
+        personal_data_json=json.dumps(dict(sorted(personal.items()))) if personal else None,
+    )
+    ledger.refresh_job(job.job_id)
+    return result
 
 
 def slice_name(number: int, count: int) -> str:
