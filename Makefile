@@ -50,9 +50,10 @@ ui: install
 
 # A Celery worker for LLM_ASSETS_EXECUTOR=celery: it takes the steps of any run on the broker
 # (LLM_ASSETS_CELERY_BROKER, LLM_ASSETS_CELERY_BACKEND; celery.yaml). Start one per machine
-# with the same LLM_ASSETS_* and DAGSTER_* environment as the code location.
+# with the same LLM_ASSETS_* and DAGSTER_* environment as the code location; WORKER_ARGS goes
+# to celery (e.g. `make worker WORKER_ARGS=--concurrency=1`).
 worker: install
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dagster-celery worker start -A dagster_celery.app -y celery.yaml
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dagster-celery worker start -A dagster_celery.app -y celery.yaml $(if $(WORKER_ARGS),-- $(WORKER_ARGS))
 
 # One day of N items through every step on SQLite and on PostgreSQL (127.0.0.1:5432, database
 # llm_assets_bench dropped and created per run); bench/README.md has the results. Each

@@ -28,10 +28,13 @@ SECRET_VARIABLES = frozenset(
         "AWS_SESSION_TOKEN",
         "DAGSTER_PG_PASSWORD",
         "PGPASSWORD",
+        "LLM_ASSETS_CELERY_BROKER",
+        "LLM_ASSETS_CELERY_BACKEND",
+        "LLM_ASSETS_RATE_LIMIT_REDIS",
     }
 )
 """The ledger's URL, the custom_id key, the providers' keys and the database passwords of the
-deployment."""
+deployment, and the broker and Redis URLs (which may carry a password)."""
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 _PASSWORD_PARAMETERS = frozenset({"password", "sslpassword"})
 _AUTHORITY = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)$", re.DOTALL)
