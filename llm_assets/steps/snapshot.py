@@ -32,9 +32,10 @@ SOURCES_SUFFIX = ".sources.json"
 rows of to their versions (ArtifactStorage.version) as they were when the rows were read."""
 
 SLICE_KEYS_SUFFIX = ".slices.bin"
-"""Next to each snapshot, `<hash>.slices.bin` holds each row's slice key (`slice_key`), two
-bytes a row, little-endian: a slice of the day's build (steps/build.py) takes the rows whose
-key falls to it without reading the others' records."""
+"""Next to the snapshot of a sliced pipeline (sharding.slices above 1), `<hash>.slices.bin`
+holds each row's slice key (`slice_key`), two bytes a row, little-endian: a slice of the
+day's build (steps/build.py) takes the rows whose key falls to it without reading the others'
+records."""
 
 EMPTY_SNAPSHOT = f"{hashlib.sha256(b'').hexdigest()[:20]}.jsonl"
 """The file name of a snapshot with no rows: snapshots are named by the hash of their content."""
@@ -77,7 +78,7 @@ def slice_keys(
     storage: ArtifactStorage, spec: PipelineSpec, snapshot_uri: str
 ) -> "array.array[int]":
     """The slice key of each row of the snapshot: its SLICE_KEYS_SUFFIX file, or (a snapshot
-    taken before those were written) read from its rows."""
+    taken while the pipeline was not sliced) read from its rows."""
     uri = snapshot_uri.removesuffix(".jsonl") + SLICE_KEYS_SUFFIX
     keys = array.array("H")
     if storage.exists(uri):
@@ -110,6 +111,7 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     rows = 0
     unreadable = 0
     keys = array.array("H")
+    sliced = spec.sharding.slices > 1
     files: set[str] = set()
     digest = hashlib.sha256()
     with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as tmp:
@@ -121,7 +123,8 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
                     row = SourceRow(row.file, row.line, record, row.error)
                 row, line = row.snapshot_line()
                 unreadable += row.record is None
-                keys.append(slice_key(row.record, spec.source.id_field, rows))
+                if sliced:
+                    keys.append(slice_key(row.record, spec.source.id_field, rows))
                 line += b"\n"
                 digest.update(line)
                 tmp.write(line)
@@ -138,7 +141,8 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
             os.unlink(tmp.name)
     sources = {uri: versions[uri] for uri in sorted(files) if versions.get(uri)}
     storage.write_bytes(key.removesuffix(".jsonl") + SOURCES_SUFFIX, json.dumps(sources).encode())
-    storage.write_bytes(key.removesuffix(".jsonl") + SLICE_KEYS_SUFFIX, _keys_bytes(keys))
+    if sliced:
+        storage.write_bytes(key.removesuffix(".jsonl") + SLICE_KEYS_SUFFIX, _keys_bytes(keys))
     storage.write_bytes(artifact_key(snapshot_dir(spec, day), "CURRENT"), uri.encode())
     return SnapshotResult(
         uri=uri, sha256=sha, rows=rows, unreadable_rows=unreadable, reused=reused, files=len(files)
