@@ -2,10 +2,12 @@
 submission, with the outcome of a build in one step, whatever the rows and however they
 fall into slices."""
 
+import concurrent.futures
 import dataclasses
 import datetime as dt
 import json
 import tempfile
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -246,3 +248,20 @@ def test_a_sliced_validation_writes_the_outputs_of_one_step(
         )
         assert materialized is not None and materialized.asset_materialization is not None
         assert materialized.asset_materialization.partition == DAY.isoformat()
+
+
+def test_the_slices_of_a_new_day_create_its_job_at_once(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    with fake_harness(tmp_path, database_url, fake, reviews=2) as harness:
+        for offset in range(20):  # new days, each created by four slices at once
+            ctx = harness.context(DAY + dt.timedelta(days=offset))
+            start = threading.Barrier(4)
+
+            def create(ctx: steps.StepContext = ctx, start: threading.Barrier = start) -> str:
+                start.wait()
+                return ctx.job_or_create().job_id
+
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                made = [f.result() for f in [pool.submit(create) for _ in range(4)]]
+            assert made == [ctx.job_id] * 4

@@ -17,13 +17,15 @@ from llm_assets.resources.ledger.tables import job_table, shard_table
 
 
 def get_or_create_job(engine: Engine, **job: Any) -> JobRecord:
-    """The job of these key columns, created (status `created`) when there is none."""
+    """The job of these key columns, created (status `created`) when there is none. Runs
+    that create it at once (the slices of a new day) all get it: the insert gives way on any
+    of the job's unique keys, not only its id, which a concurrent insert may hit first."""
     now = utcnow()
     with engine.begin() as conn:
         conn.execute(
             dialect_insert(conn, job_table)
             .values(**job, status="created", created_at=now, updated_at=now)
-            .on_conflict_do_nothing(index_elements=["job_id"])
+            .on_conflict_do_nothing()
         )
     found = get_job(engine, job["job_id"])
     assert found is not None
