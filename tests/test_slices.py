@@ -248,6 +248,11 @@ def test_a_sliced_validation_writes_the_outputs_of_one_step(
         )
         assert materialized is not None and materialized.asset_materialization is not None
         assert materialized.asset_materialization.partition == DAY.isoformat()
+        # A slice that finds the day in flight forgets what it judged before: the join then
+        # takes nothing stale, and asks for the day to be validated again.
+        steps.forget_slice(harness.context(), 1)
+        with pytest.raises(steps.MissingPrerequisite, match="slice 2/3"):
+            steps.join_validation(harness.context())
 
 
 def test_the_slices_of_a_new_day_create_its_job_at_once(

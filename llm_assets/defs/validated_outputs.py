@@ -98,6 +98,7 @@ def _slice_op(pipe: Pipeline, number: int) -> dg.OpDefinition:
         reason = still_in_flight(ctx)
         if reason:
             context.log.info(f"slice {number + 1}/{slices} not validated: {reason}")
+            run_step(lambda: steps.forget_slice(ctx, number))
             return
         judged = run_step(lambda: steps.validate_slice(ctx, number))
         context.log.info(

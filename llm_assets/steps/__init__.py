@@ -158,6 +158,7 @@ if TYPE_CHECKING:
     )
     from llm_assets.steps.validate import (
         ValidateResult,
+        forget_slice,
         join_validation,
         validate_outputs,
         validate_slice,
@@ -240,7 +241,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "take_snapshot",
     ),
     "submit": ("SubmitResult", "submit_shards"),
-    "validate": ("ValidateResult", "join_validation", "validate_outputs", "validate_slice"),
+    "validate": (
+        "ValidateResult",
+        "forget_slice",
+        "join_validation",
+        "validate_outputs",
+        "validate_slice",
+    ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

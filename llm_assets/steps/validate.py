@@ -37,7 +37,13 @@ from llm_assets.steps.judge import (
 from llm_assets.steps.reports import published_frame_failures
 from llm_assets.util.failpoints import failpoint
 
-__all__ = ["ValidateResult", "join_validation", "validate_outputs", "validate_slice"]
+__all__ = [
+    "ValidateResult",
+    "forget_slice",
+    "join_validation",
+    "validate_outputs",
+    "validate_slice",
+]
 
 
 def validate_outputs(ctx: StepContext) -> ValidateResult:
@@ -207,6 +213,15 @@ def join_validation(ctx: StepContext) -> JoinedValidation:
         result=validation_result(ctx, job.job_id, tally, uri, counts),
         read_back_failures=[f for part in parts for f in part.read_back_failures],
     )
+
+
+def forget_slice(ctx: StepContext, number: int) -> None:
+    """Drop what slice `number` of an earlier validation of the day left: a slice that did
+    not judge the day now (its items were in flight) leaves the join nothing to take for
+    this validation's."""
+    job = ctx.ledger.get_job(ctx.job_id)
+    if job is not None:
+        ctx.storage.delete(ctx.storage.uri(_part_key(ctx, job, number, ".json")))
 
 
 def _slice_results(ctx: StepContext, job: JobRecord, count: int) -> list[SliceValidation]:
