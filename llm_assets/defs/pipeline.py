@@ -153,6 +153,54 @@ class Pipeline:
     def key(self, step: str) -> dg.AssetKey:
         return asset_key(self.spec, step)
 
+    def join_outs(self, step: str, check_specs: Sequence[dg.AssetCheckSpec]) -> dict[str, dg.Out]:
+        """The outputs of a sliced step's join op: the asset's and one per check, each
+        optional (an empty or skipped day yields what it yields)."""
+        key = self.key(step)
+        named = [step, *(f"{key.to_python_identifier()}_{c.name}" for c in check_specs)]
+        return {name: dg.Out(dg.Nothing, is_required=False) for name in named}
+
+    def sliced(
+        self,
+        step: str,
+        *,
+        after: str,
+        slice_ops: Sequence[dg.OpDefinition],
+        join: dg.OpDefinition,
+        check_specs: Sequence[dg.AssetCheckSpec],
+        description: str,
+        kinds: set[str],
+        code_version: str | None = None,
+    ) -> dg.AssetsDefinition:
+        """`step` as a graph-backed asset (sharding.slices above 1): its slice ops at once
+        after the day's `after` asset, then `join`, whose outputs (`join_outs`) are the
+        asset's materialization and its checks."""
+        common = self.common
+        out = dg.AssetOut(
+            key=self.key(step),
+            description=description,
+            is_required=False,
+            code_version=code_version,
+            group_name=common["group_name"],
+            tags=common["tags"],
+            owners=common["owners"],
+            kinds=kinds,
+        )
+        outputs = list(self.join_outs(step, check_specs))
+
+        @dg.graph_multi_asset(
+            name=names.asset_op(self.spec.name, step),
+            ins={"after": dg.AssetIn(key=self.key(after), dagster_type=dg.Nothing)},
+            outs={step: out},
+            check_specs=check_specs,
+            partitions_def=common["partitions_def"],
+        )
+        def sliced_step(after: None) -> dict[str, object]:
+            joined = join([one(after) for one in slice_ops])
+            return dict(zip(outputs, joined, strict=True))
+
+        return sliced_step
+
     def partitioned(self, specs: Sequence[dg.AssetCheckSpec]) -> list[dg.AssetCheckSpec]:
         """The checks with the pipeline's daily partitions, so that each result belongs to
         its day (the UI's Partition column, per-day check history)."""

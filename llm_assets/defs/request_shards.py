@@ -135,20 +135,14 @@ def _slice_op(pipe: Pipeline, number: int) -> dg.OpDefinition:
 
 def _sliced(pipe: Pipeline) -> dg.AssetsDefinition:
     spec = pipe.spec
-    key = pipe.key(names.REQUEST_SHARDS)
     check_specs = _check_specs(pipe)
-    check_outputs = [f"{key.to_python_identifier()}_{check.name}" for check in check_specs]
-    slice_ops = [_slice_op(pipe, number) for number in range(spec.sharding.slices)]
 
     @dg.op(
         name=f"{spec.name}__join_slices",
-        description="Joins the day's slices (repeated ids across them, their shards released), "
-        "then runs the budget and personal-data gates.",
+        description="Joins the day's slices (their shards released), then runs the budget "
+        "and personal-data gates.",
         ins={"slices": dg.In(dg.Nothing)},
-        out={
-            names.REQUEST_SHARDS: dg.Out(dg.Nothing, is_required=False),
-            **{name: dg.Out(dg.Nothing, is_required=False) for name in check_outputs},
-        },
+        out=pipe.join_outs(names.REQUEST_SHARDS, check_specs),
         required_resource_keys=pipe.with_provider,
     )
     def join_slices(context: dg.OpExecutionContext, config: BudgetApproval) -> Iterator[_Outcome]:
@@ -160,27 +154,13 @@ def _sliced(pipe: Pipeline) -> dg.AssetsDefinition:
         result: steps.ShardsResult = run_step(lambda: steps.join_slices(ctx))
         yield _gated(context, pipe, ctx, result, config)
 
-    common = pipe.common
-    out = dg.AssetOut(
-        key=key,
-        description=_DESCRIPTION,
-        is_required=False,
-        code_version=spec.prompt_code_version,
-        group_name=common["group_name"],
-        tags=common["tags"],
-        owners=common["owners"],
-        kinds={"jsonl", spec.model.provider},
-    )
-
-    @dg.graph_multi_asset(
-        name=names.asset_op(spec.name, names.REQUEST_SHARDS),
-        ins={"snapshot": dg.AssetIn(key=pipe.key(names.INPUT_SNAPSHOT), dagster_type=dg.Nothing)},
-        outs={names.REQUEST_SHARDS: out},
+    return pipe.sliced(
+        names.REQUEST_SHARDS,
+        after=names.INPUT_SNAPSHOT,
+        slice_ops=[_slice_op(pipe, number) for number in range(spec.sharding.slices)],
+        join=join_slices,
         check_specs=check_specs,
-        partitions_def=common["partitions_def"],
+        description=_DESCRIPTION,
+        kinds={"jsonl", spec.model.provider},
+        code_version=spec.prompt_code_version,
     )
-    def request_shards(snapshot: None) -> dict[str, object]:
-        built = [build(snapshot) for build in slice_ops]
-        return dict(zip([names.REQUEST_SHARDS, *check_outputs], join_slices(built), strict=True))
-
-    return request_shards

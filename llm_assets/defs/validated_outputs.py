@@ -113,17 +113,12 @@ def _sliced(pipe: Pipeline) -> dg.AssetsDefinition:
     spec = pipe.spec
     key = pipe.key(names.VALIDATED_OUTPUTS)
     check_specs = pipe.partitioned(_check_specs(pipe))
-    check_outputs = [f"{key.to_python_identifier()}_{check.name}" for check in check_specs]
-    slice_ops = [_slice_op(pipe, number) for number in range(spec.sharding.slices)]
 
     @dg.op(
         name=f"{spec.name}__join_validation",
         description="Joins the day's validation slices into its outputs, then runs the checks.",
         ins={"slices": dg.In(dg.Nothing)},
-        out={
-            names.VALIDATED_OUTPUTS: dg.Out(dg.Nothing, is_required=False),
-            **{name: dg.Out(dg.Nothing, is_required=False) for name in check_outputs},
-        },
+        out=pipe.join_outs(names.VALIDATED_OUTPUTS, check_specs),
         required_resource_keys={"ledger", "storage"},
     )
     def join_validation(context: dg.OpExecutionContext) -> Iterator[_Outcome]:
@@ -151,27 +146,12 @@ def _sliced(pipe: Pipeline) -> dg.AssetsDefinition:
             context, key, evaluated, asset_metadata.validated_metadata(ctx, result)
         )
 
-    common = pipe.common
-    out = dg.AssetOut(
-        key=key,
+    return pipe.sliced(
+        names.VALIDATED_OUTPUTS,
+        after=names.BATCH_RESULTS,
+        slice_ops=[_slice_op(pipe, number) for number in range(spec.sharding.slices)],
+        join=join_validation,
+        check_specs=check_specs,
         description=_DESCRIPTION,
-        is_required=False,
-        group_name=common["group_name"],
-        tags=common["tags"],
-        owners=common["owners"],
         kinds={"parquet", "pandera"},
     )
-
-    @dg.graph_multi_asset(
-        name=names.asset_op(spec.name, names.VALIDATED_OUTPUTS),
-        ins={"results": dg.AssetIn(key=pipe.key(names.BATCH_RESULTS), dagster_type=dg.Nothing)},
-        outs={names.VALIDATED_OUTPUTS: out},
-        check_specs=check_specs,
-        partitions_def=common["partitions_def"],
-    )
-    def validated_outputs(results: None) -> dict[str, object]:
-        judged = [judge(results) for judge in slice_ops]
-        outputs = join_validation(judged)
-        return dict(zip([names.VALIDATED_OUTPUTS, *check_outputs], outputs, strict=True))
-
-    return validated_outputs
