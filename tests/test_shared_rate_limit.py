@@ -1,6 +1,7 @@
 """The online path's RPM/TPM limit shared through Redis: two OS processes pacing through one
-window never overfill it, the online provider waits for a window another run filled, and a
-Redis that is not one or cannot be reached stops a shard before anything is sent.
+window never overfill it, the online provider waits for a window another run filled and for
+a rate limit another run met, and a Redis that is not one or cannot be reached stops a shard
+before anything is sent.
 
 Needs Redis on 127.0.0.1:6379 (.ci/run starts it). Every test keeps its keys under a prefix
 of its own and deletes only those.
@@ -160,15 +161,19 @@ def test_two_processes_share_one_window(prefix: str) -> None:
     assert closest_gap(starts, token_seconds / tokens) >= 0
 
 
-def _online(fake: "FakeOnline", prefix: str) -> tuple["OnlineProvider", "PipelineSpec"]:
-    """The online provider with its windows under `prefix`, and a spec for `fake` at 2 RPM:
-    one request in a window of 30.6 s. The fake answers like a good model."""
+def _online(
+    fake: "FakeOnline", prefix: str, rpm: int | None = 2
+) -> tuple["OnlineProvider", "PipelineSpec"]:
+    """The online provider with its windows under `prefix`, and a spec for `fake` at `rpm`
+    (2: one request in a window of 30.6 s). The fake answers like a good model."""
     from llm_assets.resources.providers.online import OnlineProvider
     from llm_assets.spec.model import PipelineSpec
     from tests.harness import review_spec, truthful
 
     fake.responder = truthful
-    online = {"base_url": fake.base_url, "rpm": 2, "timeout_seconds": 5.0, "checkpoint_every": 1}
+    online = {"base_url": fake.base_url, "timeout_seconds": 5.0, "checkpoint_every": 1}
+    if rpm is not None:
+        online["rpm"] = rpm
     spec = PipelineSpec.model_validate(review_spec("online", "gpt-4o-mini", online=online))
     return OnlineProvider(rate_limit_prefix=prefix), spec
 
@@ -201,6 +206,35 @@ def test_the_online_provider_waits_for_a_window_another_run_filled(
     assert first.sent == 1 and [r.custom_id for r in delivered] == ["first"]
     assert second == OnlineStats(interrupted=True, elapsed_seconds=second.elapsed_seconds)
     assert [c.request_id for c in fake.calls()] == ["first"]
+
+
+@pytest.mark.fake_server("online")
+def test_a_rate_limit_one_run_met_pauses_another_run(
+    fake: "FakeOnline", prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLM_ASSETS_RATE_LIMIT_REDIS", REDIS_URL)
+    # No RPM or TPM of our own: the endpoint's 429 is all that says to slow down.
+    provider, spec = _online(fake, prefix, rpm=None)
+    fake.fault_retry_after_seconds = 30.0
+    fake.fault = lambda request_id, body: "429" if request_id == "first" else None
+    delivered: list[ItemResult] = []
+
+    first = provider.run(spec, _one_request("first", delivered, patience=1))
+    # Another worker's run, its own process state fresh: the quota's pause in Redis holds it.
+    second = provider.run(spec, _one_request("second", delivered, patience=1))
+
+    assert first.rate_limited == 1 and first.interrupted and delivered == []
+    assert second == OnlineStats(interrupted=True, elapsed_seconds=second.elapsed_seconds)
+    assert [c.request_id for c in fake.calls()] == ["first"]
+    # The pause is the quota's: it ends with the Retry-After, and its key with it.
+    ttl = redis.Redis.from_url(REDIS_URL).pttl(next(_keys(prefix, "pause")))
+    assert 25_000 < ttl <= 30_001, ttl
+
+
+def _keys(prefix: str, kind: str) -> Iterator[str]:
+    client = redis.Redis.from_url(REDIS_URL)
+    for key in client.scan_iter(match=f"{prefix}:*:{kind}"):
+        yield key.decode()
 
 
 @pytest.mark.fake_server("online")

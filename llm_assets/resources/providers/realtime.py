@@ -107,6 +107,10 @@ class Pacer(Protocol):
         seconds until the windows may have room (nothing recorded)."""
         ...
 
+    async def hold_off(self, seconds: float) -> None:
+        """The endpoint said to slow down: no sender of this quota starts for `seconds`."""
+        ...
+
 
 class LocalPacer:
     """The RPM and TPM windows of this process alone, on its monotonic clock."""
@@ -129,6 +133,9 @@ class LocalPacer:
         if self.tokens is not None:
             self.tokens.started(now, tokens)
         return 0.0
+
+    async def hold_off(self, seconds: float) -> None:
+        """Nothing to share: the run's own pause holds this process's senders."""
 
 
 class OnlineSettings(BaseModel):
@@ -325,12 +332,12 @@ class _Worker:
                 result, window_empty_for = await self.send(custom_id, body)
             except RateLimited as exc:
                 self.stats.rate_limited += 1
-                self.hold_off(exc.retry_after or 1.0)
+                await self.hold_off(exc.retry_after or 1.0)
                 continue
             # Without a limit of our own the server's word is all we know: an empty window
             # waits for its reset. With one, our window already keeps the pace.
             if not self.paced_by_rpm and window_empty_for is not None:
-                self.hold_off(window_empty_for)
+                await self.hold_off(window_empty_for)
             return result
         return ItemResult(
             custom_id=custom_id,
@@ -359,13 +366,16 @@ class _Worker:
                 raise _Stopped
             await asyncio.sleep(min(left, STOP_CHECK_SECONDS))
 
-    def hold_off(self, seconds: float) -> None:
+    async def hold_off(self, seconds: float) -> None:
         """Every sender waits `seconds` from now, at most `max_hold_off` (a longer pause
-        already set stands)."""
-        until = time.monotonic() + min(seconds, self.max_hold_off)
+        already set stands): this run's, and through the pacer those of other processes
+        sending to the same quota."""
+        seconds = min(seconds, self.max_hold_off)
+        until = time.monotonic() + seconds
         if until > self.pause_until:
             self.stats.paused_seconds += until - max(self.pause_until, time.monotonic())
             self.pause_until = until
+        await self.pacer.hold_off(seconds)
 
     async def flush(self, force: bool) -> None:
         """Hand the buffered results to `deliver` once there are `checkpoint_every` of them

@@ -11,6 +11,10 @@ what identifies the provider's limit (provider, endpoint, model), hashed, so a U
 credentials never reach a key. The keys expire a second after their window: nothing is left
 behind.
 
+A rate limit (a 429's Retry-After, or the endpoint's word that its window is empty) is the
+quota's, not the process's: the sender that meets it sets the quota's pause on the same
+server clock, and every process's next claim waits it out before it looks at the windows.
+
 The Redis comes from LLM_ASSETS_RATE_LIMIT_REDIS (or the Celery result backend,
 `settings.rate_limit_redis_url`); a Redis that cannot be reached fails the shard instead of
 falling back to a limit per process, which would overrun the provider.
@@ -36,12 +40,21 @@ TIMEOUT_SECONDS = 5.0
 VARIABLES = "LLM_ASSETS_RATE_LIMIT_REDIS (or LLM_ASSETS_CELERY_BACKEND with Celery)"
 
 # KEYS: the windows' sorted sets (score: start in microseconds of server time; member:
-# "start:sequence:cost"), then the sequence counter. ARGV: per window its capacity, length in
-# microseconds and this request's cost. Answers 0 (started, recorded) or microseconds to wait.
+# "start:sequence:cost"), the sequence counter, then the pause (until when, in microseconds of
+# server time, every sender waits after a rate limit). ARGV: per window its capacity, length
+# in microseconds and this request's cost. Answers 0 (started, recorded) or microseconds to
+# wait.
 CLAIM = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-local windows = #KEYS - 1
+local windows = #KEYS - 2
+local paused = tonumber(redis.call('GET', KEYS[windows + 2]) or '0')
+if paused > now then
+  return math.ceil(paused - now)
+end
+if windows == 0 then
+  return 0
+end
 local moment, ttl = now, 0
 for i = 1, windows do
   local capacity = tonumber(ARGV[3 * i - 2])
@@ -78,6 +91,20 @@ end
 return 0
 """
 
+# KEYS: the pause. ARGV: how long to pause, in microseconds from the server's now. A longer
+# pause already set stands; the key expires with the pause.
+HOLD_OFF = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local until_ = now + tonumber(ARGV[1])
+local paused = tonumber(redis.call('GET', KEYS[1]) or '0')
+if until_ > paused then
+  local expire = math.ceil(tonumber(ARGV[1]) / 1000) + 1
+  redis.call('SET', KEYS[1], string.format('%.0f', until_), 'PX', expire)
+end
+return 0
+"""
+
 
 class SharedLimitUnavailable(Exception):
     """The Redis that holds the shared RPM/TPM windows did not answer."""
@@ -90,8 +117,8 @@ def quota_name(*parts: str | None) -> str:
 
 
 class SharedPacer:
-    """The RPM and TPM windows of one quota in Redis, shared by every process that uses the
-    same Redis, quota and `prefix`."""
+    """The RPM and TPM windows of one quota in Redis, and its pause after a rate limit, shared
+    by every process that uses the same Redis, quota and `prefix`."""
 
     def __init__(
         self,
@@ -104,6 +131,7 @@ class SharedPacer:
         self.client = client
         self.url = mask_url(url)
         self.script = client.register_script(CLAIM)
+        self.hold_script = client.register_script(HOLD_OFF)
         # Every key of a quota in one hash slot ({quota}), so a Redis Cluster runs the script.
         base = f"{prefix}:{{{quota}}}"
         self.windows: list[tuple[str, float, float, bool]] = []
@@ -111,22 +139,30 @@ class SharedPacer:
             self.windows.append((f"{base}:requests", *per_minute(settings.rpm), False))
         if settings.tpm:
             self.windows.append((f"{base}:tokens", *per_minute(settings.tpm, TOKEN_SHARE), True))
-        self.keys = [key for key, *_ in self.windows] + [f"{base}:sequence"]
+        self.pause_key = f"{base}:pause"
+        self.keys = [key for key, *_ in self.windows] + [f"{base}:sequence", self.pause_key]
 
     async def claim(self, tokens: int) -> float:
-        from redis.exceptions import RedisError
-
         args: list[float] = []
         for _, capacity, seconds, by_tokens in self.windows:
             args += [capacity, round(seconds * 1_000_000), tokens if by_tokens else 1]
+        wait = await self._run(self.script, self.keys, args)
+        return int(wait) / 1_000_000
+
+    async def hold_off(self, seconds: float) -> None:
+        """Every process of this quota waits `seconds` from now (a longer pause stands)."""
+        await self._run(self.hold_script, [self.pause_key], [max(1, round(seconds * 1_000_000))])
+
+    async def _run(self, script: Any, keys: list[str], args: list[float]) -> Any:
+        from redis.exceptions import RedisError
+
         try:
-            wait = await self.script(keys=self.keys, args=args)
+            return await script(keys=keys, args=args)
         except (RedisError, OSError) as exc:
             raise SharedLimitUnavailable(
                 f"the Redis of the shared RPM/TPM limit ({self.url}, from {VARIABLES}) stopped "
                 f"answering: {exc}; the shard's unsent items stay open for the next run"
             ) from exc
-        return int(wait) / 1_000_000
 
 
 async def connect(url: str) -> Any:
@@ -157,10 +193,11 @@ async def open_pacer(
     redis_url: str | None,
     prefix: str = KEY_PREFIX,
 ) -> AsyncIterator[Pacer]:
-    """The windows a run paces its requests under: in the Redis at `redis_url` under
-    `prefix`, shared by every process sending to `quota` (provider, endpoint, model), when one
-    is configured and the spec has an RPM or TPM limit; else this process's own."""
-    if not redis_url or not (settings.rpm or settings.tpm):
+    """The windows and the rate-limit pause a run paces its requests under: in the Redis at
+    `redis_url` under `prefix`, shared by every process sending to `quota` (provider,
+    endpoint, model), when one is configured (a 429 on one worker pauses them all, whether or
+    not the spec sets an RPM or TPM limit); else this process's own."""
+    if not redis_url:
         yield LocalPacer(settings.rpm, settings.tpm)
         return
     client = await connect(redis_url)
