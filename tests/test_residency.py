@@ -19,15 +19,12 @@ from click.testing import CliRunner
 from llm_assets import steps
 from llm_assets.cli.main import main
 from llm_assets.compliance import residency
+from llm_assets.compliance.places import Place, endpoint_place, jurisdiction_of, region_allowed
 from llm_assets.compliance.residency import (
-    Place,
     bucket_region,
-    endpoint_place,
     forget_bucket_regions,
-    jurisdiction_of,
     provider_places,
     refusal,
-    region_allowed,
     residency_problems,
 )
 from llm_assets.defs.runner import StepFailed
