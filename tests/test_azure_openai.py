@@ -8,6 +8,7 @@ from typing import Any
 
 import openai
 import pytest
+import yaml
 
 from llm_assets.resources import build_resources
 from llm_assets.resources.providers.azure_openai import AzureOpenAIBatchProvider
@@ -182,3 +183,11 @@ def test_a_data_zone_deployment_with_its_zone_is_no_spec_problem() -> None:
     spec = spec_with(deployment_type="data_zone", data_zone="eu", endpoint="/embeddings")
     assert [f for f, _ in provider_spec_problems(spec)] == ["output.schema"]
     assert provider_spec_problems(spec_with(deployment_type="data_zone", data_zone="us")) == []
+
+
+def test_the_docs_example_of_an_azure_model_section_is_a_valid_spec() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "spec.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    [example] = [b for b in blocks if "provider: azure_openai" in b]
+    spec = review_spec("azure_openai", "gpt-4o-mini", **yaml.safe_load(example))
+    assert provider_spec_problems(PipelineSpec.model_validate(spec)) == []
