@@ -28,6 +28,7 @@ from google import genai
 from google.genai import types as genai_types
 
 from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.azure_openai_server import FakeAzureOpenAI
 from tests.fakes.base import FakeServer
 from tests.fakes.bedrock_server import FakeBedrock
 from tests.fakes.gemini_server import FakeGemini
@@ -51,7 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "fake_server(kind, state_dir=None, **knobs): the fake provider server the `fake` "
-        "fixture starts (openai, anthropic, bedrock, gemini or online) and the knobs it sets on it",
+        "fixture starts (openai, azure_openai, anthropic, bedrock, gemini or online) and the knobs "
+        "it sets on it",
     )
     if IN_CI and not PG_URL:
         raise pytest.UsageError(
@@ -186,6 +188,8 @@ def moto_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
 def _new_fake(kind: str, request: pytest.FixtureRequest, state_dir: Path) -> FakeServer:
     if kind == "openai":
         return FakeOpenAI(state_dir)
+    if kind == "azure_openai":
+        return FakeAzureOpenAI(state_dir)
     if kind == "anthropic":
         return FakeAnthropic(state_dir)
     if kind == "bedrock":
@@ -197,7 +201,8 @@ def _new_fake(kind: str, request: pytest.FixtureRequest, state_dir: Path) -> Fak
         count_tokens("warm up", "gpt-4o-mini")  # load the BPE now, not in the first timed request
         return FakeOnline()
     raise pytest.UsageError(
-        f"fake_server({kind!r}): expected openai, anthropic, bedrock, gemini or online"
+        f"fake_server({kind!r}): expected openai, azure_openai, anthropic, bedrock, gemini or "
+        "online"
     )
 
 

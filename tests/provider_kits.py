@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from llm_assets.resources.ledger import TERMINAL
+from llm_assets.resources.providers.azure_openai import AzureOpenAIBatchProvider
 from llm_assets.resources.providers.base import BatchProvider
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.providers.local import LocalProvider
@@ -27,6 +28,8 @@ JSON = dict[str, Any]
 
 BEDROCK_ROLE = "arn:aws:iam::123456789012:role/BedrockBatchInference"
 BEDROCK_MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
+AZURE_DEPLOYMENT = "reviews-4o-mini"
+"""The Azure deployment the review pipeline's lines name; it serves gpt-4o-mini."""
 
 
 def dead_letters(rows: dict[str, JSON], *fields: str) -> list[tuple[Any, ...]]:
@@ -168,6 +171,19 @@ def _bedrock(fake: Any, state_dir: Path) -> BatchProvider:
     )
 
 
+def _azure(fake: Any, state_dir: Path) -> BatchProvider:
+    return AzureOpenAIBatchProvider(
+        api_key="test-key",
+        azure_endpoint=fake.base_url,
+        api_version="2024-10-21",
+        timeout_seconds=5.0,
+        retry_base_seconds=0.01,
+        retry_cap_seconds=0.05,
+        max_retry_after_seconds=0.05,
+        quota_wait_seconds=0.05,
+    )
+
+
 def _local(fake: Any, state_dir: Path) -> BatchProvider:
     return LocalProvider(state_dir=str(state_dir), work_budget_seconds=0.0, chunk_size=4)
 
@@ -191,6 +207,36 @@ KITS = [
         },
         create=("POST", "/v1/batches"),
         control=(("POST", "/v1/files"), ("GET", "/v1/batches/"), ("GET", "/v1/files/")),
+        quota={"enqueued_token_limit": 500},
+        cancelling="cancelling",
+        reconciles_by_listing=True,
+        batches=lambda fake: [b["id"] for b in fake.store.all_batches()],
+        held_files=lambda fake: [f["id"] for f in fake.store.all_files()],
+        files_per_batch=2,
+    ),
+    ProviderKit(
+        name="azure_openai",
+        model="gpt-4o-mini",
+        adapter=_azure,
+        knobs={"responder": truthful, "deployments": {AZURE_DEPLOYMENT: "gpt-4o-mini"}},
+        spec={"model": {"options": {"deployment": AZURE_DEPLOYMENT}}},
+        fault_knob="line_fault",
+        transient=("5xx", "429"),
+        permanent={"4xx": "invalid_value"},
+        unanswered=("missing", "expire"),
+        duplicate="duplicate",
+        outcome_knob="batch_outcome",
+        completes="completed",
+        endings={
+            "expired": Ending("expired_after_partial", "expired", keeps_answers=True),
+            "cancelled": Ending("cancelled_after_partial", "cancelled", keeps_answers=True),
+        },
+        create=("POST", "/openai/batches"),
+        control=(
+            ("POST", "/openai/files"),
+            ("GET", "/openai/batches/"),
+            ("GET", "/openai/files/"),
+        ),
         quota={"enqueued_token_limit": 500},
         cancelling="cancelling",
         reconciles_by_listing=True,

@@ -22,6 +22,7 @@ import yaml
 from llm_assets.resources.ledger import LedgerResource, result_table, shard_table
 from llm_assets.steps import UNFINISHED, GateRecord
 from llm_assets.util.failpoints import POINTS
+from tests.fakes.azure_openai_server import FakeAzureOpenAI
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import CLI, DAY, review_spec, truthful, write_reviews
@@ -35,17 +36,36 @@ def ledger_url(one_database_url: str) -> str:
     return one_database_url
 
 
+def provider_env(fake: FakeOpenAI) -> dict[str, str]:
+    """The variables that point the fake's SDK client at it, with a key it accepts."""
+    if isinstance(fake, FakeAzureOpenAI):
+        return {
+            "AZURE_OPENAI_ENDPOINT": fake.base_url,
+            "AZURE_OPENAI_API_KEY": "test-key",
+            "OPENAI_API_VERSION": "2024-10-21",
+        }
+    return {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "test-key"}
+
+
 class Partition:
     def __init__(
-        self, tmp_path: Path, ledger_url: str, fake: FakeOpenAI, items: int, slices: int = 1
+        self,
+        tmp_path: Path,
+        ledger_url: str,
+        fake: FakeOpenAI,
+        items: int,
+        slices: int = 1,
+        model: dict[str, Any] | None = None,
     ) -> None:
         specs = tmp_path / "specs"
         specs.mkdir()
+        provider = "azure_openai" if isinstance(fake, FakeAzureOpenAI) else "openai"
         spec = review_spec(
-            "openai",
+            provider,
             "gpt-4o-mini",
             sharding={"max_requests_per_shard": max(10, items // 8), "slices": slices},
             retry={"max_attempts": 4, "backoff_seconds": 0},
+            model=model or {},
         )
         self.name = spec["name"]
         (specs / "reviews.yaml").write_text(yaml.safe_dump(spec))
@@ -59,8 +79,7 @@ class Partition:
             "LLM_ASSETS_DATABASE_URL": ledger_url,
             "LLM_ASSETS_PIPELINES": str(specs),
             "DAGSTER_HOME": str(tmp_path / "dagster"),
-            "OPENAI_BASE_URL": fake.base_url,
-            "OPENAI_API_KEY": "test-key",
+            **provider_env(fake),
         }
         self.env.pop("LLM_ASSETS_FAILPOINT", None)
 
@@ -101,12 +120,13 @@ def assert_provider_invariants(
     submitted = Counter(fake.submitted_custom_ids())
     by_id = Counter(r["custom_id"] for r in rows)
     recorded = [s["provider_batch_id"] for s in shards if s["provider_batch_id"]]
+    create_path = "/openai/batches" if isinstance(fake, FakeAzureOpenAI) else "/v1/batches"
     created = [
         e["batch_id"]
         for e in fake.calls.entries()
         if e.get("batch_id")
         and e["method"] == "POST"
-        and e["path"] == "/v1/batches"
+        and e["path"] == create_path
         and e["status"] == 200
     ]
     numbers = {
@@ -215,6 +235,35 @@ def test_killed_at_every_failpoint_the_partition_still_ends_exactly_once(
         if r["status"] == "succeeded"
     }
     assert labels == partition.truth
+
+
+@pytest.mark.fake_server(
+    "azure_openai", responder=truthful, deployments={"reviews-4o-mini": "gpt-4o-mini"}
+)
+def test_azure_killed_after_create_finds_its_batch_instead_of_paying_twice(
+    tmp_path: Path, ledger_url: str, fake: FakeAzureOpenAI
+) -> None:
+    partition = Partition(
+        tmp_path, ledger_url, fake, items=20, model={"options": {"deployment": "reviews-4o-mini"}}
+    )
+
+    killed = partition.run("submit.after_create")
+
+    assert killed.returncode == KILLED, killed.stderr
+    # The provider has the batch; the ledger has only the intent to create it.
+    [created] = fake.store.all_batches()
+    [intended] = [s for s in partition.shards() if s["submit_intent_at"] is not None]
+    assert intended["provider_batch_id"] is None
+
+    final = partition.run()
+
+    assert final.returncode == 0, final.stderr
+    shards = {s["shard_id"]: s for s in partition.shards()}
+    assert shards[intended["shard_id"]]["provider_batch_id"] == created["id"]
+    assert len(fake.store.all_batches()) == len(shards)
+    numbers = partition.assert_invariants()
+    assert numbers["items"] == 20
+    assert {e.get("auth") for e in fake.calls.entries()} == {"api-key"}
 
 
 def test_chaos_two_thousand_items_with_faults_of_every_class_and_random_kills(

@@ -30,6 +30,7 @@ from llm_assets.resources.providers.base import (
     ShardState,
     ShardSubmission,
 )
+from llm_assets.resources.providers.registry import ADAPTERS
 from llm_assets.resources.providers.retrying import QuotaRefused
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.results.validation import parse_output
@@ -136,6 +137,13 @@ def ids_of(shard: ShardSubmission) -> set[str]:
 
 
 # The adapter
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/providers.md"])
+def test_every_provider_has_a_row_in_the_provider_tables(page: str) -> None:
+    text = (Path(__file__).parent.parent / page).read_text()
+    rows = {line.split("|")[1].strip(" `") for line in text.splitlines() if line.startswith("| `")}
+    assert set(ADAPTERS) <= rows
 
 
 @rigs()

@@ -19,19 +19,17 @@ from click.testing import CliRunner
 from llm_assets import steps
 from llm_assets.cli.main import main
 from llm_assets.compliance import residency
+from llm_assets.compliance.places import Place, endpoint_place, jurisdiction_of, region_allowed
 from llm_assets.compliance.residency import (
-    Place,
     bucket_region,
-    endpoint_place,
     forget_bucket_regions,
-    jurisdiction_of,
     provider_places,
     refusal,
-    region_allowed,
     residency_problems,
 )
 from llm_assets.defs.runner import StepFailed
 from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
+from llm_assets.resources.providers.azure_openai import AzureOpenAIBatchProvider
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
 from llm_assets.resources.providers.local import LocalProvider
@@ -260,6 +258,67 @@ def test_endpoint_regions_name_an_azure_host() -> None:
         "OpenAI", "https://acme-eu.openai.azure.com/openai", {"acme-eu.openai.azure.com": "eu"}
     )
     assert place.allowed_by(["eu"])
+
+
+AZURE_HOST = "acme.openai.azure.com"
+
+
+def azure_spec(allowed: list[str], regions: dict[str, str], **options: str) -> PipelineSpec:
+    compliance = {"allowed_regions": allowed, "endpoint_regions": regions}
+    overrides = {"model": {"options": options}, "compliance": compliance}
+    return PipelineSpec.model_validate(review_spec("azure_openai", "gpt-4o-mini", **overrides))
+
+
+@pytest.mark.parametrize(
+    ("options", "allowed", "refused_by"),
+    [
+        # A global batch deployment may process in any Azure region: nothing allows it.
+        ({}, ["eu", "us"], "global batch deployment reviews"),
+        ({"deployment_type": "global"}, ["eu"], "global batch deployment reviews"),
+        # A data-zone one processes within its zone: the jurisdiction of that name allows it,
+        # one region of the zone cannot vouch for all of it.
+        ({"deployment_type": "data_zone", "data_zone": "eu"}, ["eu"], None),
+        ({"deployment_type": "data_zone", "data_zone": "eu"}, ["swedencentral"], "EU data zone"),
+        ({"deployment_type": "data_zone", "data_zone": "us"}, ["eu"], "US data zone"),
+        ({"deployment_type": "data_zone", "data_zone": "us"}, ["us"], None),
+    ],
+)
+def test_an_azure_deployment_processes_where_its_type_says(
+    options: dict[str, str], allowed: list[str], refused_by: str | None
+) -> None:
+    spec = azure_spec(allowed, {}, deployment="reviews", **options)
+
+    problems = residency_problems(spec)
+
+    if refused_by is None:
+        assert problems == []
+    else:
+        [(field, reason)] = problems
+        assert field.startswith("model.options.") and refused_by in reason
+
+
+@pytest.mark.parametrize(
+    ("regions", "refused"),
+    [
+        ({AZURE_HOST: "swedencentral"}, []),
+        ({AZURE_HOST: "eu"}, []),
+        ({AZURE_HOST: "eastus"}, [f"Azure OpenAI endpoint https://{AZURE_HOST} in eastus (us)"]),
+        ({}, [f"Azure OpenAI endpoint https://{AZURE_HOST} (region unknown"]),
+    ],
+)
+def test_an_azure_resource_rests_its_files_where_its_region_is_named(
+    regions: dict[str, str], refused: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AZURE_OPENAI_ENDPOINT", f"https://{AZURE_HOST}/")
+    spec = azure_spec(["eu"], regions, deployment_type="data_zone", data_zone="eu")
+
+    places = provider_places(spec, AzureOpenAIBatchProvider())
+
+    assert len(places) == 2 and places[1].allowed_by(["eu"])
+    described = [p.describe() for p in places if not p.allowed_by(["eu"])]
+    assert [d[: len(r)] for d, r in zip(described, refused, strict=True)] == refused
+    if not regions:
+        assert f"({AZURE_HOST}: <region>, e.g. swedencentral)" in places[0].hint
 
 
 def test_bedrock_is_judged_by_its_endpoints_where_they_are_set(

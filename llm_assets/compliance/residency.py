@@ -22,81 +22,42 @@ The places of a pipeline:
   commercial region; an ARN is called in its own region, an inference-profile ARN routes as
   its profile id says, and an application inference profile is taken to run in its ARN's
   region (its routing is not in its id) unless `compliance.endpoint_regions` names the ARN;
+- an Azure OpenAI batch deployment (compliance/azure_places.py): a global one processes in
+  any Azure region, a data-zone one within its zone; the Azure resource's endpoint, where
+  its files rest, is judged by host like any other;
 - the local provider stays on this machine;
 - Bedrock's staging bucket (`staging_uri`) and the artifact storage: a local folder is on this
   machine, an S3 bucket where GetBucketLocation says (looked up once per bucket and process).
 
 Under `allowed_regions`, every place must be on this machine or in a region allowed: an
 exact region (`eu-central-1`) allows that region only; a jurisdiction (`eu`) allows every
-region of it (JURISDICTION_PREFIXES). A place known only by its jurisdiction (OpenAI's EU
-endpoint, a Bedrock `eu.` profile) is allowed by the jurisdiction, never by one region of it;
+region of it (places.py: JURISDICTION_PREFIXES, AZURE_REGIONS). A place known only by its
+jurisdiction (OpenAI's EU endpoint, a Bedrock `eu.` profile, an Azure EU data zone) is
+allowed by the jurisdiction, never by one region of it;
 a place that spans several (an `apac.` profile also routes to me-central-1) needs them all.
 A place with no regional guarantee, or whose region is unknown, is refused. The ledger holds
 ids, counts and results; where it rests is the deployment's choice, not checked here.
 """
 
 import os
-import re
 import threading
-import urllib.parse
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from llm_assets.compliance.azure_places import azure_places
+from llm_assets.compliance.places import (
+    Place,
+    endpoint_place,
+    is_bedrock_host,
+    named_region,
+    setting_value,
+    unknown_region_problem,
+)
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage import ArtifactStorage
     from llm_assets.spec.model import PipelineSpec
 
-JURISDICTION_PREFIXES: tuple[tuple[str, str], ...] = (
-    ("us-", "us"),  # AWS us-east-1, us-gov-west-1; Google us-central1
-    ("eu-", "eu"),  # AWS eu-central-1 ... (eu-west-2 London and eu-central-2 Zurich too)
-    ("europe-", "eu"),  # Google europe-west4
-    ("ca-", "ca"),  # AWS ca-central-1
-    ("northamerica-northeast", "ca"),  # Google Montréal, Toronto
-    ("mx-", "mx"),  # AWS mx-central-1
-    ("northamerica-south", "mx"),  # Google Querétaro
-    ("sa-", "sa"),  # AWS sa-east-1
-    ("southamerica-", "sa"),  # Google
-    ("ap-", "ap"),  # AWS Asia Pacific
-    ("asia-", "ap"),  # Google
-    ("australia-", "ap"),  # Google
-    ("me-", "me"),  # AWS, Google Middle East
-    ("il-", "il"),  # AWS Tel Aviv
-    ("af-", "af"),  # AWS Cape Town
-    ("africa-", "af"),  # Google Johannesburg
-)
-"""A region's jurisdiction by the start of its name, AWS's and Google Cloud's spellings."""
-JURISDICTIONS = frozenset(j for _, j in JURISDICTION_PREFIXES)
-
-OPENAI_HOSTS = {
-    "api.openai.com": "us",
-    "us.api.openai.com": "us",
-    "eu.api.openai.com": "eu",
-    "au.api.openai.com": "ap",
-    "in.api.openai.com": "ap",
-    "jp.api.openai.com": "ap",
-}
-"""OpenAI's API hosts and where they keep and process data: the regional hosts are the ones
-OpenAI's data-residency guide names as processing in their region (a project created with
-that residency). Other regional hosts (ae.api.openai.com) are unknown until named."""
 OPENAI_DEFAULT_URL = "https://api.openai.com/v1"
-AWS_BEDROCK_HOST = re.compile(
-    r"^(?:vpce-[a-z0-9-]+\.)?bedrock(?:-runtime|-mantle)?(?:-fips)?"
-    r"\.(?P<region>[a-z]{2}(?:-[a-z]+)+-\d+)\.(?:vpce\.)?(?:amazonaws\.com(?:\.cn)?|api\.aws)$"
-)
-"""AWS's Bedrock hosts (control plane, runtime, the OpenAI-compatible Mantle, FIPS, dual-stack
-and VPC endpoints), which name their region."""
-NO_GUARANTEE_HOSTS = {
-    "api.anthropic.com": "Anthropic API",
-    "generativelanguage.googleapis.com": "Gemini Developer API",
-}
-"""API hosts whose provider says nothing about the region a request is processed in."""
-AZURE_HOST_SUFFIXES = (
-    ".openai.azure.com",
-    ".cognitiveservices.azure.com",
-    ".services.ai.azure.com",
-)
-"""Azure OpenAI and AI Foundry hosts: the resource's name, not its region or a deployment's."""
 
 
 class Geography(NamedTuple):
@@ -142,133 +103,6 @@ SDK_ENDPOINTS = {
     "anthropic": SdkEndpoint("Anthropic", "ANTHROPIC_BASE_URL", None),
     "gemini": SdkEndpoint("Gemini", "GOOGLE_GEMINI_BASE_URL", None),
 }
-
-Status = Literal["region", "this_machine", "no_guarantee", "unknown"]
-
-
-class Place(BaseModel):
-    """Somewhere a pipeline's data goes or rests."""
-
-    model_config = ConfigDict(frozen=True)
-
-    what: str
-    status: Status
-    region: str | None = None
-    """An exact region (eu-central-1) or, where only that is known, a jurisdiction (eu)."""
-    also: tuple[str, ...] = ()
-    """Further regions or jurisdictions the data may go to (an APAC profile's me-central-1, the
-    geography an inference-profile ARN routes among); each must be allowed too."""
-    hint: str = ""
-    """For an unknown region: how to make it known."""
-    spec_field: str = ""
-    """The spec field that decides the place, where the spec alone does."""
-
-    def allowed_by(self, allowed: list[str]) -> bool:
-        if self.status == "this_machine":
-            return True
-        if self.status != "region" or self.region is None:
-            return False
-        return all(region_allowed(r, allowed) for r in (self.region, *self.also))
-
-    @property
-    def where(self) -> str:
-        if self.status == "this_machine":
-            return "this machine"
-        if self.status == "no_guarantee":
-            return "no regional guarantee"
-        if self.status == "unknown" or self.region is None:
-            return "region unknown" + (f": {self.hint}" if self.hint else "")
-        names = (
-            jurisdiction_of(r) or f"unknown jurisdiction of {r}" for r in (self.region, *self.also)
-        )
-        return ", ".join(dict.fromkeys(names))
-
-    def describe(self) -> str:
-        return f"{self.what} ({self.where})"
-
-
-def jurisdiction_of(region: str) -> str | None:
-    """The jurisdiction of a region (eu-central-1 → eu), or of a jurisdiction itself."""
-    region = region.strip().lower()
-    if region in JURISDICTIONS:
-        return region
-    for prefix, jurisdiction in JURISDICTION_PREFIXES:
-        if region.startswith(prefix) and len(region) > len(prefix):
-            return jurisdiction
-    return None
-
-
-def region_allowed(region: str, allowed: list[str]) -> bool:
-    """Whether a place in `region` is allowed: an allowed jurisdiction holds all its regions,
-    an allowed region only itself."""
-    region = region.strip().lower()
-    jurisdiction = jurisdiction_of(region)
-    for entry in allowed:
-        if entry in JURISDICTIONS:
-            if jurisdiction == entry:
-                return True
-        elif entry == region:
-            return True
-    return False
-
-
-def unknown_region_problem(value: str) -> str | None:
-    """Why a region or jurisdiction named in a spec is not understood, else None."""
-    if jurisdiction_of(value) is not None:
-        return None
-    return (
-        f"{value!r} is neither a jurisdiction ({', '.join(sorted(JURISDICTIONS))}) nor a "
-        "region of one (eu-central-1, europe-west4, us-east-1, ...)"
-    )
-
-
-def _named(endpoint_regions: dict[str, str], key: str) -> str | None:
-    """The region `compliance.endpoint_regions` gives a host (or an ARN), case aside."""
-    mapped = {k.strip().lower(): r.strip().lower() for k, r in endpoint_regions.items()}
-    return mapped.get(key.strip().lower())
-
-
-def endpoint_host(url: str) -> str:
-    """The host a URL sends to, lower-cased."""
-    return (urllib.parse.urlsplit(url).hostname or "").lower()
-
-
-def endpoint_place(name: str, url: str, endpoint_regions: dict[str, str]) -> Place:
-    """An endpoint, its region by host: the spec's `endpoint_regions` first (they may name
-    any host), then the hosts whose names say where they are; the URL is shown without user
-    info or query."""
-    parts = urllib.parse.urlsplit(url)
-    host = endpoint_host(url)
-    shown = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
-    what = f"{name} endpoint {shown}{parts.path.rstrip('/')}"
-    region = _named(endpoint_regions, host) or _region_of_host(host)
-    if region is not None:
-        if region not in JURISDICTIONS:
-            what += f" in {region}"
-        return Place(what=what, status="region", region=region)
-    if host in NO_GUARANTEE_HOSTS:
-        return Place(what=what, status="no_guarantee")
-    hint = f"name its region under compliance.endpoint_regions ({host}: <region>)"
-    if host.endswith(AZURE_HOST_SUFFIXES):
-        hint = (
-            "an Azure host does not say where its deployments process (a Global or Data Zone "
-            f"deployment leaves the resource's region); {hint}"
-        )
-    return Place(what=what, status="unknown", hint=hint)
-
-
-def _region_of_host(host: str) -> str | None:
-    """The region a host's own name gives: OpenAI's data-residency hosts, AWS's Bedrock
-    hosts."""
-    if host in OPENAI_HOSTS:
-        return OPENAI_HOSTS[host]
-    match = AWS_BEDROCK_HOST.match(host)
-    return match["region"] if match else None
-
-
-def is_bedrock_host(url: str) -> bool:
-    """Whether a URL is one of AWS's Bedrock endpoints, where a model id may be a profile."""
-    return AWS_BEDROCK_HOST.match(endpoint_host(url)) is not None
 
 
 def _split_arn(model: str) -> tuple[str, str, str] | None:
@@ -340,7 +174,7 @@ def _application_profile_place(arn: str, region: str, endpoint_regions: dict[str
     """An application inference profile: its id does not say whether it copies a model
     (one region) or a cross-region profile (a geography), so it is taken to run in its ARN's
     region unless `compliance.endpoint_regions` names the ARN."""
-    named = _named(endpoint_regions, arn)
+    named = named_region(endpoint_regions, arn)
     if named is not None:
         return Place(
             what=f"Bedrock application inference profile {arn}, routed in {named} as "
@@ -370,6 +204,8 @@ def provider_places(spec: "PipelineSpec", provider: Any | None) -> list[Place]:
         return _bedrock_places(spec, provider)
     if name == "online":
         return _online_places(spec, provider)
+    if name == "azure_openai":
+        return azure_places(spec, provider)
     if name in SDK_ENDPOINTS:
         return _sdk_places(spec, provider, SDK_ENDPOINTS[name])
     return [Place(what=f"provider {name}", status="unknown", hint="its region is not known")]
@@ -392,7 +228,7 @@ def _online_places(spec: "PipelineSpec", provider: Any | None) -> list[Place]:
         return [p.model_copy(update={"spec_field": "online.base_url"}) for p in places]
     if provider is None:
         return []
-    url = _resolved(getattr(provider, "base_url", None)) or _openai_env_url()
+    url = setting_value(getattr(provider, "base_url", None)) or _openai_env_url()
     return url_places("online", url, spec)
 
 
@@ -403,7 +239,7 @@ def _sdk_places(spec: "PipelineSpec", provider: Any | None, sdk: SdkEndpoint) ->
     env_url = os.environ.get(sdk.variable) or None
     if provider is None:
         return [] if env_url or sdk.default_url else [_no_guarantee_default(spec)]
-    url = _resolved(getattr(provider, "base_url", None)) or env_url or sdk.default_url
+    url = setting_value(getattr(provider, "base_url", None)) or env_url or sdk.default_url
     if url is None:
         return [_no_guarantee_default(spec)]
     return url_places(sdk.label, url, spec)
@@ -468,14 +304,6 @@ def _aws_configured_endpoint(service: str) -> str | None:
         scoped_config=session.get_scoped_config(),
         client_name=service,
     ).provide()
-
-
-def _resolved(value: Any) -> str | None:
-    """A setting that may be a dg.EnvVar, as its value."""
-    if value is None:
-        return None
-    get_value = getattr(value, "get_value", None)
-    return get_value() if callable(get_value) else str(value)
 
 
 def _openai_env_url() -> str:

@@ -60,6 +60,12 @@ def _provider_settings(settings: "Settings") -> dict[str, dict[str, Any]]:
         "anthropic": {"api_key": _secret("ANTHROPIC_API_KEY")},
         # The key as google-genai reads it: GOOGLE_API_KEY, else GEMINI_API_KEY.
         "gemini": {"api_key": _secret("GOOGLE_API_KEY") or _secret("GEMINI_API_KEY")},
+        # The Azure client reads AZURE_OPENAI_ENDPOINT, OPENAI_API_VERSION and, with no key,
+        # AZURE_OPENAI_AD_TOKEN itself.
+        "azure_openai": {
+            "api_key": _secret("AZURE_OPENAI_API_KEY"),
+            "azure_ad_token_provider": os.environ.get("LLM_ASSETS_AZURE_AD_TOKEN_PROVIDER") or None,
+        },
         # boto3 reads credentials, region and AWS_ENDPOINT_URL from the environment itself.
         "bedrock": {
             "role_arn": os.environ.get("LLM_ASSETS_BEDROCK_ROLE_ARN") or None,

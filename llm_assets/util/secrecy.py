@@ -20,6 +20,8 @@ SECRET_VARIABLES = frozenset(
         "LLM_ASSETS_ID_KEY",
         "LLM_ASSETS_ONLINE_API_KEY",
         "OPENAI_API_KEY",
+        "AZURE_OPENAI_API_KEY",
+        "AZURE_OPENAI_AD_TOKEN",
         "ANTHROPIC_API_KEY",
         "GEMINI_API_KEY",
         "GOOGLE_API_KEY",

@@ -271,6 +271,7 @@ class BatchLifecycle:
     def _leave_validating(self, batch: JSON, now: int) -> None:
         data = self.store.input_path(batch["id"]).read_bytes()
         lines, errors = validate_input(data, batch["endpoint"])
+        errors = [*batch.get("_input_errors", []), *errors]
         if errors:
             batch.update(
                 status="failed",

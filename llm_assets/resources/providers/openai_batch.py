@@ -48,19 +48,35 @@ STATUS_MAP = {
 _LIVE = ("validating", "in_progress", "finalizing", "completed", "expired", "cancelling")
 
 
-def endpoint_of(spec: "PipelineSpec") -> str:
-    return str(spec.model.options.get("endpoint", "/v1/chat/completions"))
+OPTIONS = frozenset({"endpoint", "reasoning_effort"})
+"""The `model.options` the openai provider takes."""
 
 
-def openai_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
+def endpoint_of(spec: "PipelineSpec", default: str = "/v1/chat/completions") -> str:
+    return str(spec.model.options.get("endpoint", default))
+
+
+def openai_spec_problems(
+    spec: "PipelineSpec",
+    *,
+    label: str = "OpenAI",
+    endpoints: tuple[str, ...] = ENDPOINTS,
+    options: frozenset[str] = OPTIONS,
+    max_requests: int = MAX_REQUESTS,
+) -> list[tuple[str, str]]:
+    """What an OpenAI-style batch API (`label`: OpenAI, Azure OpenAI) cannot serve of a spec:
+    an endpoint not in `endpoints` (its first is the default), options not in `options`, an
+    embeddings schema other than one list[float] field, shards over its limits."""
     problems: list[tuple[str, str]] = []
-    endpoint = endpoint_of(spec)
-    if endpoint not in ENDPOINTS:
-        problems.append(("model.options.endpoint", f"{endpoint!r} is not one of {ENDPOINTS}"))
-    unknown = set(spec.model.options) - {"endpoint", "reasoning_effort"}
+    endpoint = endpoint_of(spec, endpoints[0])
+    if endpoint not in endpoints:
+        problems.append(("model.options.endpoint", f"{endpoint!r} is not one of {endpoints}"))
+    unknown = set(spec.model.options) - options
     if unknown:
-        problems.append(("model.options", f"unknown option(s) for openai: {sorted(unknown)}"))
-    if endpoint == "/v1/embeddings":
+        problems.append(
+            ("model.options", f"unknown option(s) for {spec.model.provider}: {sorted(unknown)}")
+        )
+    if endpoint.endswith("/embeddings"):
         fields = spec.output.output_schema
         if spec.output.format != "json" or list(fields) != ["embedding"]:
             problems.append(
@@ -68,26 +84,27 @@ def openai_spec_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
             )
         elif fields["embedding"].type != "list[float]":
             problems.append(("output.schema.embedding", "embeddings are list[float]"))
-    if spec.sharding.max_requests_per_shard > MAX_REQUESTS:
+    if spec.sharding.max_requests_per_shard > max_requests:
         problems.append(
-            ("sharding.max_requests_per_shard", f"OpenAI takes at most {MAX_REQUESTS} per batch")
+            ("sharding.max_requests_per_shard", f"{label} takes at most {max_requests} per batch")
         )
     if spec.sharding.max_bytes_per_shard > MAX_BYTES:
         problems.append(
-            ("sharding.max_bytes_per_shard", f"OpenAI takes at most {MAX_BYTES} bytes per file")
+            ("sharding.max_bytes_per_shard", f"{label} takes at most {MAX_BYTES} bytes per file")
         )
     return problems
 
 
-def chat_body(spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
-    """A Chat Completions request body, for batch lines and online requests alike."""
+def chat_body(spec: "PipelineSpec", item: RequestItem, model: str = "") -> dict[str, Any]:
+    """A Chat Completions request body, for batch lines and online requests alike; `model`
+    names the model where it is not the spec's name (an Azure deployment)."""
     from llm_assets.results.validation import chat_response_format
 
     messages = [{"role": "user", "content": item.user}]
     if item.system:
         messages.insert(0, {"role": "system", "content": item.system})
     body: dict[str, Any] = {
-        "model": spec.model.name,
+        "model": model or spec.model.name,
         "messages": messages,
         "max_tokens": spec.model.max_output_tokens,
         "temperature": spec.model.temperature,
@@ -103,6 +120,8 @@ class OpenAIBatchProvider(RemoteBatchProvider):
     quota_kind: ClassVar[str] = "tokens"
     refuses_after_create: ClassVar[bool] = True
     console_url_template: ClassVar[str | None] = "https://platform.openai.com/batches/{batch_id}"
+    label: ClassVar[str] = "OpenAI"
+    """The provider as messages name it."""
 
     def make_client(self, api_key: str | None) -> Any:
         import openai
@@ -115,16 +134,26 @@ class OpenAIBatchProvider(RemoteBatchProvider):
     def spec_problems(self, spec: "PipelineSpec") -> list[tuple[str, str]]:
         return openai_spec_problems(spec)
 
+    def endpoint(self, spec: "PipelineSpec") -> str:
+        """The endpoint the spec's request lines name (`url`) and their batch is created for."""
+        return endpoint_of(spec)
+
+    def line_model(self, spec: "PipelineSpec") -> str:
+        """What a request line's body names as its model."""
+        return spec.model.name
+
     def request_line(self, spec: "PipelineSpec", item: RequestItem) -> dict[str, Any]:
         from llm_assets.results.validation import output_json_schema
 
-        endpoint = endpoint_of(spec)
+        endpoint = self.endpoint(spec)
+        kind = endpoint.removeprefix("/v1")
+        model = self.line_model(spec)
         body: dict[str, Any]
-        if endpoint == "/v1/embeddings":
-            body = {"model": spec.model.name, "input": item.user}
-        elif endpoint == "/v1/responses":
+        if kind == "/embeddings":
+            body = {"model": model, "input": item.user}
+        elif kind == "/responses":
             body = {
-                "model": spec.model.name,
+                "model": model,
                 "instructions": item.system,
                 "input": item.user,
                 "max_output_tokens": spec.model.max_output_tokens,
@@ -140,8 +169,8 @@ class OpenAIBatchProvider(RemoteBatchProvider):
                     }
                 }
         else:
-            body = chat_body(spec, item)
-        if "reasoning_effort" in spec.model.options and endpoint == "/v1/chat/completions":
+            body = chat_body(spec, item, model)
+        if "reasoning_effort" in spec.model.options and kind == "/chat/completions":
             body["reasoning_effort"] = spec.model.options["reasoning_effort"]
         return {"custom_id": item.custom_id, "method": "POST", "url": endpoint, "body": body}
 
@@ -160,8 +189,8 @@ class OpenAIBatchProvider(RemoteBatchProvider):
                 break
         if len(found) > 1:
             raise AmbiguousSubmission(
-                f"shard {shard.shard_id} has {len(found)} live OpenAI batches ({found}); cancel "
-                "the extra ones, then record the one to keep"
+                f"shard {shard.shard_id} has {len(found)} live {self.label} batches "
+                f"({found}); cancel the extra ones, then record the one to keep"
             )
         return found[0] if found else None
 
@@ -249,7 +278,9 @@ class OpenAIBatchProvider(RemoteBatchProvider):
             ShardState.EXPIRED,
             ShardState.CANCELLED,
         ):
-            raise RuntimeError(f"OpenAI batch {provider_batch_id} has not ended ({batch.status})")
+            raise RuntimeError(
+                f"{self.label} batch {provider_batch_id} has not ended ({batch.status})"
+            )
         for file_id in (batch.output_file_id, batch.error_file_id):
             yield from self._file_blocks(file_id)
 

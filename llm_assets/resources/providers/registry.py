@@ -22,6 +22,7 @@ ADAPTERS: dict[str, str] = {
     "anthropic": "llm_assets.resources.providers.anthropic_batch:AnthropicBatchProvider",
     "bedrock": "llm_assets.resources.providers.bedrock:BedrockBatchProvider",
     "gemini": "llm_assets.resources.providers.gemini_batch:GeminiBatchProvider",
+    "azure_openai": "llm_assets.resources.providers.azure_openai:AzureOpenAIBatchProvider",
     "online": "llm_assets.resources.providers.online:OnlineProvider",
 }
 """Each provider name a spec may use, and where its adapter class is."""
