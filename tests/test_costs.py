@@ -69,20 +69,31 @@ def test_the_sonnet_example_and_cached_input_are_exact() -> None:
     assert 10_000 * sonnet.cost(500, 100, batch=False) == Decimal("30.00")
     assert 10_000 * sonnet.cost(500, 100, batch=True) == Decimal("15.00")
     mini = table.get("openai", "gpt-4o-mini")
-    # 600 fresh input at $0.15, 400 cached at $0.075 and 100 output at $0.60 per MTok.
+    # 600 fresh input at $0.15, 400 cached at $0.075 and 100 output at $0.60 per MTok; in a
+    # batch half of that, but cached input at genai-prices' batch price for it ($0.075).
     assert mini.cost(1000, 100, batch=False, cached_input_tokens=400) == Decimal("0.00018")
-    assert mini.cost(1000, 100, batch=True, cached_input_tokens=400) == Decimal("0.00009")
+    assert mini.cost(1000, 100, batch=True, cached_input_tokens=400) == Decimal("0.000105")
     assert all(m.as_of is not None for m in table.models)
 
 
 def test_the_stored_float_is_the_nearest_to_the_exact_cost() -> None:
     """cost_usd computes in integers for speed; it must equal float() of the exact Decimal,
-    for every model of the table and for a price with more decimals than its scale, with
-    and without cached input (a path of its own)."""
+    for every model of the table, models priced by genai-prices and a price with more
+    decimals than its scale, with and without cached input (a path of its own)."""
     rng = random.Random(7)
     table = load_price_table()
     odd = table.get("openai", "gpt-4o-mini").model_copy(update={"input_per_mtok": 1 / 3})
-    for price in [*table.models, odd]:
+    library = [
+        table.get(*model)
+        for model in (
+            ("openai", "gpt-4o-mini"),
+            ("openai", "gpt-5-nano"),
+            ("anthropic", "claude-haiku-4-5"),
+            ("bedrock", "anthropic.claude-haiku-4-5-20251001-v1:0"),
+            ("gemini", "gemini-2.5-flash-lite"),
+        )
+    ]
+    for price in [*table.models, *library, odd]:
         for batch in (False, True):
             for attempt in range(300):
                 tokens = rng.randrange(0, 10**7)
@@ -555,12 +566,10 @@ def test_results_are_charged_at_the_price_in_force_at_submission(
         harness.materialize("input_snapshot", "request_shards", "provider_batches")
         at_submission = load_price_table().get("openai", "gpt-4o-mini")
         override = tmp_path / "prices.yaml"
-        table = load_price_table().model_dump(mode="json")
-        for model in table["models"]:
-            if model["name"] == "gpt-4o-mini":
-                model["input_per_mtok"] *= 10
-                model["output_per_mtok"] *= 10
-        override.write_text(yaml.safe_dump(table))
+        dearer = at_submission.model_dump(mode="json")
+        dearer["input_per_mtok"] *= 10
+        dearer["output_per_mtok"] *= 10
+        override.write_text(yaml.safe_dump({"prices_as_of": "2026-12-01", "models": [dearer]}))
         monkeypatch.setenv("LLM_ASSETS_PRICES", str(override))
         harness.run_day()
         now = load_price_table().get("openai", "gpt-4o-mini")

@@ -141,7 +141,10 @@ def test_the_variants_own_model_keeps_the_measured_counts() -> None:
 
 
 def test_an_entry_missing_from_the_price_table_is_named() -> None:
-    with pytest.raises(ValueError, match="'openai/gpt-0-nano' has no entry in the price table"):
+    with pytest.raises(
+        ValueError,
+        match="'openai/gpt-0-nano' has no price: neither the price table nor genai-prices",
+    ):
         what_if_prices([MINI, "openai/gpt-0-nano"], WORK)
 
 

@@ -240,7 +240,7 @@ def test_price_as_entries_must_be_in_the_price_table(tmp_path: Path) -> None:
     shape = problems_of(tmp_path, remote_spec(eval={"price_as": ["gpt-4.1-mini"]}))
 
     assert [f for f, _ in unknown] == ["eval.price_as.2"]
-    assert "'openai/gpt-9' has no entry in the price table" in unknown[0][1]
+    assert "'openai/gpt-9' has no price: neither the price table nor genai-prices" in unknown[0][1]
     assert [f for f, _ in twice] == ["eval.price_as.1"]
     assert [f for f, _ in shape] == ["eval.price_as.0"]
     assert "provider/model" in shape[0][1]

@@ -161,8 +161,26 @@ def test_the_command_line_starts_without_dagster_pandas_or_sdks() -> None:
     """`--help` and argument errors answer at once: the commands import what they run."""
     loaded = _loaded_after("import llm_assets.cli.main")
     assert loaded.isdisjoint(
-        {"dagster", "pandas", "pandera", "boto3", "openai", "anthropic", "google", "torch"}
+        {
+            "dagster",
+            "pandas",
+            "pandera",
+            "boto3",
+            "openai",
+            "anthropic",
+            "google",
+            "torch",
+            "genai_prices",
+        }
     )
+
+
+def test_genai_prices_is_imported_only_for_a_model_the_price_table_has_no_entry_for() -> None:
+    """Its data module is 1.6 MB of Python: a fifth of a second that a process pricing only
+    the table's models never pays."""
+    price = "from llm_assets.resources.pricing import load_price_table\nload_price_table()"
+    assert "genai_prices" not in _loaded_after(f"{price}.get('local', 'all-MiniLM-L6-v2')")
+    assert "genai_prices" in _loaded_after(f"{price}.get('openai', 'gpt-5-mini')")
 
 
 def test_the_steps_package_loads_a_step_without_the_others() -> None:

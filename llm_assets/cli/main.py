@@ -28,6 +28,7 @@ from llm_assets.cli.day_report import print_status
 from llm_assets.cli.evaluate import eval_
 from llm_assets.cli.ledger_report import print_costs, print_csv, print_dead_letters
 from llm_assets.cli.operator import cancel, pause, quotas, resume, retention
+from llm_assets.cli.prices import prices
 from llm_assets.cli.promote import promote
 from llm_assets.cli.run import run
 from llm_assets.spec.load import SpecError, check_specs
@@ -436,7 +437,7 @@ def demo(days: int, per_day: int, as_json: bool) -> None:
         click.echo(json.dumps(done, indent=2))
 
 
-for _command in (cancel, eval_, pause, quotas, resume, retention, promote, run):
+for _command in (cancel, eval_, pause, prices, quotas, resume, retention, promote, run):
     main.add_command(_command)
 
 if __name__ == "__main__":

@@ -344,6 +344,7 @@ def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[
         "pipeline_month_cost_usd": usd(month.get("cost_usd", 0.0)),
         "pipeline_totals_as_of": dg.MetadataValue.timestamp(report.computed_at),
         "prices_as_of": report.prices_as_of,
+        "price_source": report.price_source,
         "report": dg.MetadataValue.md(report.markdown(spec, day)),
         "outcome": report.day_summary.outcome,
         "day_summary": dg.MetadataValue.md(report.day_summary.markdown()),

@@ -68,13 +68,8 @@ def _eval_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
             if entry in seen:
                 problems.append((f"eval.price_as.{index}", f"{entry!r} is listed twice"))
             elif table.find(provider, model) is None:
-                problems.append(
-                    (
-                        f"eval.price_as.{index}",
-                        f"{entry!r} has no entry in the price table; add it there (or to the "
-                        "file LLM_ASSETS_PRICES names) or drop it",
-                    )
-                )
+                why = table.missing(provider, model)
+                problems.append((f"eval.price_as.{index}", f"{entry!r} has no price: {why}"))
             seen.add(entry)
     return problems
 

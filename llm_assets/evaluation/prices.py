@@ -143,10 +143,8 @@ def what_if_prices(
         provider, _, name = entry.partition("/")
         price = table.find(provider, name)
         if price is None:
-            raise ValueError(
-                f"price_as entry {entry!r} has no entry in the price table; add it there (or "
-                "to the file LLM_ASSETS_PRICES names) or drop it from eval.price_as"
-            )
+            why = table.missing(provider, name)
+            raise ValueError(f"price_as entry {entry!r} has no price: {why}")
         if entry == measured_as:
             counts = _measured(work)
         else:

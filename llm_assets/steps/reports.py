@@ -12,7 +12,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from llm_assets.resources.ledger import JobRecord, utcnow
-from llm_assets.resources.pricing import ModelPrice, load_price_table, zero_price_reason
+from llm_assets.resources.pricing import (
+    ModelPrice,
+    load_price_table,
+    price_source,
+    zero_price_reason,
+)
 from llm_assets.results import quality
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import notify
@@ -132,6 +137,9 @@ class CostReport(BaseModel):
     output_tokens_per_item: float
     cost_per_1k_items_usd: float
     prices_as_of: str
+    """The date of the model's prices (the pinned genai-prices data's, or the table's)."""
+    price_source: str
+    """Where the model's prices come from: a price-table file or `genai-prices <version>`."""
     price: ModelPrice
     zero_cost_reason: str | None = None
     """Why the cost is $0 when the price table prices the model at zero; None otherwise."""
@@ -168,7 +176,7 @@ class CostReport(BaseModel):
         return "\n\n".join(
             [
                 f"# Cost of {spec.name} on {day} ({self.price.provider}/{self.price.name}, "
-                f"prices as of {self.prices_as_of})",
+                f"prices from {self.price_source} as of {self.prices_as_of})",
                 *([f"Why $0: {self.zero_cost_reason}."] if self.zero_cost_reason else []),
                 case_table(summary),
                 "## Shards",
@@ -236,7 +244,8 @@ def cost_report(ctx: StepContext) -> CostReport:
         input_tokens_per_item=job.input_tokens / n,
         output_tokens_per_item=job.output_tokens / n,
         cost_per_1k_items_usd=counts.cost_usd / n * 1000,
-        prices_as_of=load_price_table().prices_as_of,
+        prices_as_of=str(price.as_of or load_price_table().prices_as_of),
+        price_source=price_source(price),
         price=price,
         zero_cost_reason=zero_price_reason(price) if counts.cost_usd == 0 else None,
         computed_at=utcnow(),

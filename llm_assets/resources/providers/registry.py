@@ -38,8 +38,8 @@ def adapter_class(provider: str) -> "type[BatchProvider]":
 
 
 def provider_spec_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
-    """An unknown provider; else a model missing from the price table (cost must never be a
-    silent zero) and what the chosen adapter cannot serve.
+    """An unknown provider; else a model no price source knows (cost must never be a silent
+    zero), with the closest names the sources know, and what the chosen adapter cannot serve.
 
     An adapter's spec checks read only the spec, never its own settings, so they run on an
     adapter built without them (no key, folder or endpoint needed to validate a spec).
@@ -47,14 +47,11 @@ def provider_spec_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
     if spec.model.provider not in ADAPTERS:
         return [("model.provider", f"unknown provider {spec.model.provider!r}; one of {PROVIDERS}")]
     problems: list[tuple[str, str]] = []
-    if load_price_table().find(spec.model.provider, spec.model.name) is None:
+    table = load_price_table()
+    if table.find(spec.model.provider, spec.model.name) is None:
+        why = table.missing(spec.model.provider, spec.model.name)
         problems.append(
-            (
-                "model.name",
-                f"model {spec.model.name!r} has no entry for provider "
-                f"{spec.model.provider!r} in the price table; add it to the price table "
-                "(see docs) so cost is never a silent zero",
-            )
+            ("model.name", f"no price for {spec.model.provider} model {spec.model.name!r}: {why}")
         )
     problems.extend(adapter_class(spec.model.provider).model_construct().spec_problems(spec))
     return problems
