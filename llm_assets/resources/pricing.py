@@ -9,7 +9,6 @@ import datetime as dt
 import functools
 import math
 import os
-from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Literal
@@ -17,9 +16,14 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from llm_assets.results.rows import scaled_cost_usd
+from llm_assets.results.rows import CostOf, scaled_cost_usd
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.yaml")
+CACHE_WRITE_FACTOR = Decimal("1.25")
+"""A cache write's price over plain input where the table gives none (Anthropic's 5-minute
+cache)."""
+LONG_CACHE_WRITE_FACTOR = Decimal(2)
+"""A write to Anthropic's 1-hour cache, over plain input."""
 
 
 class ModelPrice(BaseModel):
@@ -30,6 +34,10 @@ class ModelPrice(BaseModel):
     input_per_mtok: float = Field(ge=0)
     output_per_mtok: float = Field(ge=0)
     cached_input_per_mtok: float | None = Field(default=None, ge=0)
+    cache_write_per_mtok: float | None = Field(default=None, ge=0)
+    """Input tokens written to the provider's prompt cache (Anthropic's 5-minute cache);
+    None: CACHE_WRITE_FACTOR times input_per_mtok. A shard whose spec keeps the cache an
+    hour is charged at `for_cache_ttl("1h")`."""
     batch_discount: float = Field(default=0.0, ge=0, lt=1)
     context_window: int = Field(gt=0)
     tokenizer: Literal["o200k_base", "cl100k_base"] = "cl100k_base"
@@ -50,6 +58,20 @@ class ModelPrice(BaseModel):
             object.__setattr__(self, "token_factor", 1.1)
         return self
 
+    def cache_write_price(self) -> Decimal:
+        """Per 1M input tokens written to the prompt cache."""
+        if self.cache_write_per_mtok is not None:
+            return _dec(self.cache_write_per_mtok)
+        return _dec(self.input_per_mtok) * CACHE_WRITE_FACTOR
+
+    def for_cache_ttl(self, ttl: str | None) -> "ModelPrice":
+        """This price with cache writes at the rate of a cache kept `ttl` ("5m" or "1h"): the
+        price a shard is charged at, recorded at its submission."""
+        if ttl != "1h":
+            return self
+        written = _dec(self.input_per_mtok) * LONG_CACHE_WRITE_FACTOR
+        return self.model_copy(update={"cache_write_per_mtok": float(written)})
+
     def cost(
         self,
         input_tokens: int,
@@ -57,30 +79,42 @@ class ModelPrice(BaseModel):
         *,
         batch: bool,
         cached_input_tokens: int = 0,
+        cache_write_input_tokens: int = 0,
     ) -> Decimal:
-        """Exact cost in USD; cached input tokens (part of input_tokens) at the cached price."""
+        """Exact cost in USD; of input_tokens, the cached ones at the cached price and those
+        written to the cache at the cache-write price."""
         cached = min(max(cached_input_tokens, 0), input_tokens)
+        written = min(max(cache_write_input_tokens, 0), input_tokens - cached)
         cached_price = self.cached_input_per_mtok
         if cached_price is None:
             cached_price = self.input_per_mtok
         raw = (
-            (input_tokens - cached) * _dec(self.input_per_mtok)
+            (input_tokens - cached - written) * _dec(self.input_per_mtok)
             + cached * _dec(cached_price)
+            + written * self.cache_write_price()
             + output_tokens * _dec(self.output_per_mtok)
         )
         factor = 1 - _dec(self.batch_discount) if batch else Decimal(1)
         return raw * factor / 1_000_000
 
     def cost_usd(
-        self, input_tokens: int, output_tokens: int, *, batch: bool, cached_input_tokens: int = 0
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        batch: bool,
+        cached_input_tokens: int = 0,
+        cache_write_input_tokens: int = 0,
     ) -> float:
         """`cost` as the float stored in the ledger: the nearest float to the exact value."""
-        return self.cost_calculator(batch=batch)(input_tokens, output_tokens, cached_input_tokens)
+        return self.cost_calculator(batch=batch)(
+            input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens
+        )
 
-    def cost_calculator(self, *, batch: bool) -> Callable[[int, int, int], float]:
-        """cost_usd(input_tokens, output_tokens, cached_input_tokens) with this price bound,
-        for a call per imported line: done in integers, the nearest float to the same exact
-        value (a test checks). Picklable, for worker processes."""
+    def cost_calculator(self, *, batch: bool) -> CostOf:
+        """cost_usd(input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens)
+        with this price bound, for a call per imported line: done in integers, the nearest
+        float to the same exact value (a test checks). Picklable, for worker processes."""
         scaled = _scaled_prices(self, batch)
         if scaled is None:
             return functools.partial(_exact_cost_usd, self, batch)
@@ -88,11 +122,20 @@ class ModelPrice(BaseModel):
 
 
 def _exact_cost_usd(
-    price: ModelPrice, batch: bool, input_tokens: int, output_tokens: int, cached_input_tokens: int
+    price: ModelPrice,
+    batch: bool,
+    input_tokens: int,
+    output_tokens: int,
+    cached_input_tokens: int,
+    cache_write_input_tokens: int,
 ) -> float:
     return float(
         price.cost(
-            input_tokens, output_tokens, batch=batch, cached_input_tokens=cached_input_tokens
+            input_tokens,
+            output_tokens,
+            batch=batch,
+            cached_input_tokens=cached_input_tokens,
+            cache_write_input_tokens=cache_write_input_tokens,
         )
     )
 
@@ -101,7 +144,7 @@ _SCALE = 10**12
 
 
 @functools.lru_cache(maxsize=1024)
-def _scaled_prices(price: ModelPrice, batch: bool) -> tuple[int, int, int, int] | None:
+def _scaled_prices(price: ModelPrice, batch: bool) -> tuple[int, int, int, int, int] | None:
     """The per-token prices (discount applied) as integers over one denominator, or None
     when a price has more decimals than the scale holds exactly. The fraction is reduced:
     with every number below 2**53, Python divides them as floats (exact, so correctly
@@ -110,16 +153,20 @@ def _scaled_prices(price: ModelPrice, batch: bool) -> tuple[int, int, int, int] 
     if cached_price is None:
         cached_price = price.input_per_mtok
     factor = 1 - _dec(price.batch_discount) if batch else Decimal(1)
-    scaled = [
-        _dec(p) * factor * _SCALE
-        for p in (price.input_per_mtok, cached_price, price.output_per_mtok)
-    ]
+    per_mtok = (
+        _dec(price.input_per_mtok),
+        _dec(cached_price),
+        price.cache_write_price(),
+        _dec(price.output_per_mtok),
+    )
+    scaled = [p * factor * _SCALE for p in per_mtok]
     if any(value != value.to_integral_value() for value in scaled):
         return None
-    per_input, per_cached, per_output = (int(value) for value in scaled)
+    per_token = [int(value) for value in scaled]
     denominator = _SCALE * 1_000_000
-    common = math.gcd(per_input, per_cached, per_output, denominator)
-    return per_input // common, per_cached // common, per_output // common, denominator // common
+    common = math.gcd(*per_token, denominator)
+    per_input, per_cached, per_write, per_output = (p // common for p in per_token)
+    return per_input, per_cached, per_write, per_output, denominator // common
 
 
 @functools.lru_cache(maxsize=1024)
@@ -182,7 +229,12 @@ def zero_price_reason(price: ModelPrice) -> str | None:
     """Why every cost of `price`'s model is $0, naming the price-table file that says so (the
     LLM_ASSETS_PRICES file when it has the entry, else prices.yaml); None when the model's
     tokens cost something."""
-    if price.input_per_mtok or price.output_per_mtok or price.cached_input_per_mtok:
+    if (
+        price.input_per_mtok
+        or price.output_per_mtok
+        or price.cached_input_per_mtok
+        or price.cache_write_per_mtok
+    ):
         return None
     source = DEFAULT_PRICES.name
     override = os.environ.get("LLM_ASSETS_PRICES")

@@ -141,6 +141,8 @@ result_table = sa.Table(
     sa.Column("estimated_input_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("input_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("cached_input_tokens", sa.Integer, nullable=False, server_default="0"),
+    # The part of input_tokens written to the provider's prompt cache, billed at its rate.
+    sa.Column("cache_write_input_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("output_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
     sa.Column("prior_cost_usd", sa.Float, nullable=False, server_default="0"),

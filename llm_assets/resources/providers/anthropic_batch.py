@@ -68,10 +68,11 @@ def normalize_result(entry: Any) -> ItemResult:
             status_code=200,
             output_text=text,
             finish_reason="length" if stop == "max_tokens" else "stop",
-            # Anthropic counts cache reads and writes apart from input_tokens; all are input.
-            # Cache writes are charged as plain input here (Anthropic adds 25% for them).
+            # Anthropic counts cache reads and writes apart from input_tokens; all are input,
+            # each kind billed at its own rate.
             input_tokens=message.usage.input_tokens + cache_read + cache_write,
             cached_input_tokens=cache_read,
+            cache_write_input_tokens=cache_write,
             output_tokens=message.usage.output_tokens,
         )
     if kind == "errored":
