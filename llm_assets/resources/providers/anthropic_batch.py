@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from llm_assets.resources.ledger import as_utc
 from llm_assets.resources.providers.base import (
@@ -108,6 +108,7 @@ class AnthropicBatchProvider(RemoteBatchProvider):
     console_url_template: ClassVar[str | None] = (
         "https://console.anthropic.com/workspaces/default/batches/{batch_id}"
     )
+    prompt_cache: ClassVar[Literal["marked", "automatic"] | None] = "marked"
     reconcile_page_limit: int = 50
 
     def make_client(self, api_key: str | None) -> Any:
@@ -131,7 +132,7 @@ class AnthropicBatchProvider(RemoteBatchProvider):
             "messages": [{"role": "user", "content": item.user}],
         }
         if item.system:
-            params["system"] = item.system
+            params["system"] = _system(spec, item.system)
         for option in ("top_p", "top_k", "stop_sequences"):
             if option in spec.model.options:
                 params[option] = spec.model.options[option]
@@ -206,6 +207,16 @@ class AnthropicBatchProvider(RemoteBatchProvider):
             )
         deleted = self.delete_if_present("delete", lambda: self.batches_api().delete(batch_id))
         return [batch_id] if deleted else []
+
+
+def _system(spec: "PipelineSpec", system: str) -> str | list[dict[str, Any]]:
+    """The system prompt, as one text block marked for the prompt cache when the spec asks for
+    caching: everything up to and including the marked block is the cached prefix."""
+    cache = spec.prompt.cache
+    if cache is None:
+        return system
+    marker = {"type": "ephemeral", "ttl": cache.ttl}
+    return [{"type": "text", "text": system, "cache_control": marker}]
 
 
 def _request_total(counts: Any) -> int:
