@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from llm_assets import steps
 from llm_assets.resources.ledger import result_table
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.harness import DAY, Harness, write_reviews
+from tests.harness import DAY, Harness, fake_harness, write_reviews
+from tests.test_costs import latest_metadata
 
 pytestmark = pytest.mark.fake_server("anthropic")
 
@@ -76,8 +77,6 @@ def test_concurrent_batches_each_write_and_the_next_day_reads(
     """Without priming the day's batches start together: each request writes the prefix (the
     fake's in-batch model); the next day's batches, within the TTL, read it. The ledger's
     cost equals the fake's bill priced at Anthropic's list prices."""
-    from tests.harness import fake_harness
-
     with fake_harness(tmp_path, database_url, fake, **cached_spec(ttl="5m")) as harness:
         shard = harness.storage.open_lines
         first = harness.run_day()
@@ -110,3 +109,61 @@ def test_concurrent_batches_each_write_and_the_next_day_reads(
         assert all(e["cache_creation_input_tokens"] == 0 for e in day_two)
         bill = sum(map(billed_usd, day_two), Decimal(0))
         assert ledger_cost(harness, later) == pytest.approx(float(bill), abs=1e-9)
+
+
+def test_a_primed_day_writes_once_and_reads_after_across_a_restart(
+    tmp_path: Any, database_url: str, fake: FakeAnthropic
+) -> None:
+    """With priming, the day's first shard (three items) is sent alone; the run that sent it
+    stops there (a restart). The next run waits for it to end, then sends the rest, which
+    read what it wrote: one batch of writes at the 1-hour rate, reads after, nothing sent
+    twice, and the ledger's cost equal to the fake's bill."""
+    spec = cached_spec(ttl="1h", prime=True, prime_items=3)
+    with fake_harness(tmp_path, database_url, fake, **spec) as harness:
+        harness.submit()
+        shards = harness.ledger.shards(harness.job_id())
+        assert [(s.kind, s.item_count) for s in shards] == [
+            ("prime", 3),
+            ("first", 10),
+            ("first", 10),
+            ("first", 1),
+        ]
+        assert [s.provider_batch_id is not None for s in shards] == [True, False, False, False]
+        assert {s.raw_status for s in shards[1:]} == {"priming"}
+        assert len(fake.batch_ids()) == 1
+
+        assert harness.run_day().succeeded == 24
+        assert sorted(fake.submitted_custom_ids()) == sorted(harness.rows())
+        batches = by_batch(fake.bill())
+        primer, *rest = batches.values()
+        assert len(primer) == 3 and len(rest) == 3
+        assert all(e["cache_creation"]["ephemeral_1h_input_tokens"] > 0 for e in primer)
+        after = [e for entries in rest for e in entries]
+        assert all(e["cache_read_input_tokens"] >= MIN_CACHEABLE for e in after)
+        assert all(e["cache_creation_input_tokens"] == 0 for e in after)
+        bill = sum(map(billed_usd, fake.bill()), Decimal(0))
+        assert ledger_cost(harness, DAY) == pytest.approx(float(bill), abs=1e-9)
+
+
+@pytest.mark.one_database
+def test_the_rest_go_without_a_primed_cache_when_priming_answered_nothing(
+    tmp_path: Any, database_url: str, fake: FakeAnthropic
+) -> None:
+    first_batch: set[str] = set()
+
+    def fail_priming(custom_id: str, params: dict[str, Any]) -> str | None:
+        if len(first_batch) < 3 or custom_id in first_batch:
+            first_batch.add(custom_id)
+            return "api_error" if len(fake.batch_ids()) == 1 else None
+        return None
+
+    fake.item_fault = fail_priming
+    spec = cached_spec(prime=True, prime_items=3)
+    with fake_harness(tmp_path, database_url, fake, **spec) as harness:
+        assert harness.run_day().succeeded == 24
+        metadata = latest_metadata(harness, "provider_batches")
+        assert "with no answer" in metadata["priming"]
+        assert "without a primed cache" in metadata["priming"]
+        # The day's other shards started together, without a primed cache: each wrote it.
+        _, *rest = by_batch(fake.bill()).values()
+        assert all(e["cache_creation_input_tokens"] > 0 for e in rest[0] + rest[1] + rest[2])

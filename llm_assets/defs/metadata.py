@@ -175,6 +175,7 @@ def submit_metadata(
         "retry_shards_waiting_for_backoff": result.waiting_for_backoff,
         "shards_waiting_for_quota": result.waiting_for_quota,
         **({"quota": result.quota_reason} if result.quota_reason else {}),
+        **({"priming": result.priming} if result.priming else {}),
         **({"next_submission_at": next_at.isoformat()} if next_at else {}),
         "day_upper_bound_usd": usd(result.committed_cost_usd),
     }

@@ -5,6 +5,7 @@ retry and requeue rounds share too."""
 import array
 import dataclasses
 import datetime as dt
+import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
@@ -17,9 +18,16 @@ from llm_assets.items import ids
 from llm_assets.items.prepare import Block, KnownIds, PreparedItem, Preparer, prepare_blocks
 from llm_assets.items.sharding import split_shards
 from llm_assets.items.tokens import counter_for
-from llm_assets.resources.ledger import DEAD_LETTER, PENDING, BackgroundWriter, JobRecord
+from llm_assets.resources.ledger import (
+    DEAD_LETTER,
+    PENDING,
+    PRIME_SHARD,
+    BackgroundWriter,
+    JobRecord,
+)
 from llm_assets.resources.storage import StagedArtifact, WrittenArtifact
 from llm_assets.steps.context import StepContext, artifact_key
+from llm_assets.steps.priming import priming_items, split_priming
 from llm_assets.util.failpoints import failpoint
 from llm_assets.util.memory import collector_paused, release_free_memory
 from llm_assets.util.parallel import BLOCK_ROWS, numbered_blocks
@@ -174,9 +182,15 @@ class ShardRound:
         return self.ctx.storage.stage_lines(key, (line for _, line in lines))
 
     def shard_row(
-        self, index: int, written: WrittenArtifact, item_count: int, estimate: ShardEstimate
+        self,
+        index: int,
+        written: WrittenArtifact,
+        item_count: int,
+        estimate: ShardEstimate,
+        kind: str | None = None,
     ) -> dict[str, Any]:
-        """The ledger row of the shard written at `index`."""
+        """The ledger row of the shard written at `index` (of `kind`: the round's own when
+        None)."""
         return {
             "shard_id": self.shard_id(index),
             "job_id": self.job.job_id,
@@ -189,6 +203,7 @@ class ShardRound:
             "provider": self.ctx.spec.model.provider,
             "not_before": self.not_before,
             **({"raw_status": self.held_as} if self.held_as else {}),
+            **({"kind": kind} if kind else {}),
             **estimate.model_dump(),
         }
 
@@ -202,6 +217,7 @@ def write_shard(
     pseudonyms: dict[str, dict[str, str]] | None = None,
     *,
     stale_pseudonyms: bool = False,
+    kind: str | None = None,
 ) -> str:
     """Write a shard's file, then record it: with its new `items` and their `pseudonyms`,
     or (None) taking over the items of `lines` from their earlier shards, whose lines and
@@ -210,7 +226,7 @@ def write_shard(
     disk (fsync, a few tenths of a second a shard) is the thread's, not the step's."""
     ledger = round_.ctx.ledger
     staged = round_.stage_file(index, lines)
-    shard = round_.shard_row(index, staged.written, len(lines), estimate)
+    shard = round_.shard_row(index, staged.written, len(lines), estimate, kind)
 
     def record() -> None:
         staged.publish()
@@ -399,7 +415,12 @@ def build_rows(
     # The database records shard k while shard k+1 is rendered, counted and written.
     with collector_paused(), BackgroundWriter(depth=1) as writer:
         round_ = ShardRound(ctx, job, round_no, writer=writer, held_as=part.held_as)
-        for k, shard_lines in enumerate(shards_for(ctx, requests)):
+        primed, requests = split_priming(
+            requests, priming_items(spec, round_no, part.shard_index(0))
+        )
+        for k, shard_lines in enumerate(
+            itertools.chain(shards_for(ctx, primed), shards_for(ctx, requests))
+        ):
             index = part.shard_index(k)
             shard_id = round_.shard_id(index)
             items, pseudonyms = intake.pending_rows(shard_id, shard_lines)
@@ -416,6 +437,7 @@ def build_rows(
                     shard_estimate,
                     pseudonyms,
                     stale_pseudonyms=stale,
+                    kind=PRIME_SHARD if primed and k == 0 else None,
                 )
             )
             created.append(shard_id)

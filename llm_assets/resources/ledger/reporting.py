@@ -10,7 +10,13 @@ from sqlalchemy.engine import Engine
 
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.records import JobRecord, ShardRecord, as_utc
-from llm_assets.resources.ledger.tables import FIRST, job_table, result_table, shard_table
+from llm_assets.resources.ledger.tables import (
+    REQUEUE_SHARD,
+    RETRY_SHARD,
+    job_table,
+    result_table,
+    shard_table,
+)
 from llm_assets.results.rows import DEAD_LETTER, SUBMITTED, SUCCEEDED
 
 _r = result_table.c
@@ -75,9 +81,9 @@ def _billed_job_totals(jobs: Any) -> Any:
             _s.job_id,
             sa.func.sum(sa.func.coalesce(_s.actual_input_tokens, 0)).label("tin"),
             sa.func.sum(sa.func.coalesce(_s.actual_output_tokens, 0)).label("tout"),
-            sa.func.sum(sa.case((_s.kind != FIRST, _s.actual_cost_usd), else_=0.0)).label(
-                "retry_cost"
-            ),
+            sa.func.sum(
+                sa.case((_s.kind.in_((RETRY_SHARD, REQUEUE_SHARD)), _s.actual_cost_usd), else_=0.0)
+            ).label("retry_cost"),
             sa.func.sum(_s.estimated_input_tokens).label("est_in"),
             sa.func.sum(_s.estimated_cost_usd).label("est"),
             sa.func.sum(_s.estimated_cost_upper_usd).label("upper"),

@@ -11,11 +11,13 @@ updates. An item's row is rewritten twice (submitted, then with its result, abou
 wide); at 36 both rewrites fit on the row's own page, so PostgreSQL updates it without moving
 it or adding index entries (see docs/decisions.md)."""
 
-# Why a shard was made: an item's first send, a retry round, or an operator's requeue. Cost of
-# `retry` and `requeue` shards is the retry overhead.
+# Why a shard was made: an item's first send, a retry round, an operator's requeue, or the
+# first send of the few items that prime the provider's prompt cache (steps/priming.py). Cost
+# of `retry` and `requeue` shards is the retry overhead.
 FIRST = "first"
 RETRY_SHARD = "retry"
 REQUEUE_SHARD = "requeue"
+PRIME_SHARD = "prime"
 
 metadata = sa.MetaData()
 BigInt = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
