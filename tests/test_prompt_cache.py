@@ -121,6 +121,8 @@ def test_a_primed_day_writes_once_and_reads_after_across_a_restart(
     spec = cached_spec(ttl="1h", prime=True, prime_items=3)
     with fake_harness(tmp_path, database_url, fake, **spec) as harness:
         harness.submit()
+        first_estimate = latest_metadata(harness, "request_shards")["cache_estimate_basis"]
+        assert first_estimate.startswith("no cache hits")
         shards = harness.ledger.shards(harness.job_id())
         assert [(s.kind, s.item_count) for s in shards] == [
             ("prime", 3),
@@ -143,6 +145,34 @@ def test_a_primed_day_writes_once_and_reads_after_across_a_restart(
         assert all(e["cache_creation_input_tokens"] == 0 for e in after)
         bill = sum(map(billed_usd, fake.bill()), Decimal(0))
         assert ledger_cost(harness, DAY) == pytest.approx(float(bill), abs=1e-9)
+
+        # The next day's estimate takes the hit rate measured on this one, and says so.
+        rows = [r for r in harness.rows().values() if r["status"] == "succeeded"]
+        tokens = sum(r["input_tokens"] for r in rows)
+        read = sum(r["cached_input_tokens"] for r in rows) / tokens
+        written = sum(r["cache_write_input_tokens"] for r in rows) / tokens
+        later = DAY + dt.timedelta(days=1)
+        write_reviews(harness.home, later, 24)
+        assert harness.materialize("input_snapshot", "request_shards", day=later).success
+        basis = latest_metadata(harness, "request_shards")["cache_estimate_basis"]
+        assert basis == (
+            f"cache hit rate of 1 earlier partition(s): {read:.1%} of input read from the "
+            f"cache, {written:.1%} written to it"
+        )
+        price = steps.price_for(harness.spec)
+        job_id = steps.existing_job(harness.spec, later, harness.ledger).job_id
+        for shard in harness.ledger.shards(job_id):
+            tokens_in = shard.estimated_input_tokens
+            expected = price.cost_usd(
+                tokens_in,
+                shard.estimated_output_tokens,
+                batch=True,
+                cached_input_tokens=round(tokens_in * read),
+                cache_write_input_tokens=round(tokens_in * written),
+            )
+            assert shard.estimated_cost_usd == pytest.approx(expected)
+            uncached = price.cost_usd(tokens_in, shard.estimated_output_tokens, batch=True)
+            assert shard.estimated_cost_usd < uncached / 2
 
 
 @pytest.mark.one_database

@@ -248,6 +248,7 @@ def shards_metadata(
             "token_counter": estimate.token_counter,
             "expected_output_tokens_per_item": estimate.expected_output_tokens_per_item,
             "output_estimate_basis": estimate.output_basis,
+            **({"cache_estimate_basis": estimate.cache_basis} if estimate.cache_basis else {}),
         }
     return {
         **lineage(spec),

@@ -6,7 +6,6 @@ import array
 import dataclasses
 import datetime as dt
 import itertools
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -17,7 +16,6 @@ from llm_assets.compliance.policy import COMPLIANCE
 from llm_assets.items import ids
 from llm_assets.items.prepare import Block, KnownIds, PreparedItem, Preparer, prepare_blocks
 from llm_assets.items.sharding import split_shards
-from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import (
     DEAD_LETTER,
     PENDING,
@@ -27,84 +25,11 @@ from llm_assets.resources.ledger import (
 )
 from llm_assets.resources.storage import StagedArtifact, WrittenArtifact
 from llm_assets.steps.context import StepContext, artifact_key
+from llm_assets.steps.estimate import Estimate, Estimator, ShardEstimate
 from llm_assets.steps.priming import priming_items, split_priming
 from llm_assets.util.failpoints import failpoint
 from llm_assets.util.memory import collector_paused, release_free_memory
 from llm_assets.util.parallel import BLOCK_ROWS, numbered_blocks
-
-
-class ShardEstimate(BaseModel):
-    """What a shard is expected to cost, and at most, before it is sent."""
-
-    estimated_input_tokens: int
-    estimated_output_tokens: int
-    estimated_cost_usd: float
-    estimated_cost_upper_usd: float
-
-
-class Estimate(BaseModel):
-    """A day's estimate as `request_shards` shows it."""
-
-    requests: int = 0
-    input_tokens: int = 0
-    input_tokens_exact: bool = True
-    token_counter: str = ""
-    expected_output_tokens_per_item: float = 0.0
-    output_basis: str = ""
-    cost_usd: float = 0.0
-    cost_upper_usd: float = 0.0
-
-    def add(self, shard: ShardEstimate, requests: int) -> None:
-        self.requests += requests
-        self.input_tokens += shard.estimated_input_tokens
-        self.cost_usd += shard.estimated_cost_usd
-        self.cost_upper_usd += shard.estimated_cost_upper_usd
-
-
-class Estimator:
-    """Prices shards before submission: input tokens as counted, output as learned from the
-    pipeline's earlier partitions (median output tokens per item, at most max_output_tokens);
-    the upper bound takes every item at max_output_tokens and approximated input counts plus
-    their margin."""
-
-    def __init__(self, ctx: StepContext) -> None:
-        spec, ledger = ctx.spec, ctx.ledger
-        self.spec = spec
-        self.provider = ctx.batch_provider
-        self.price = ctx.price()
-        self.counter = counter_for(spec)
-        self.max_output = spec.model.max_output_tokens
-        history = ledger.earlier_jobs(spec.name, ctx.day, spec.budget.history_window)
-        per_item = list(ledger.output_tokens_per_billed_item([j.job_id for j in history]).values())
-        if per_item:
-            self.expected_output = min(statistics.median(per_item), float(self.max_output))
-            self.basis = f"median of {len(per_item)} earlier partition(s)"
-        else:
-            self.expected_output = float(self.max_output)
-            self.basis = "max_output_tokens (no earlier partitions)"
-
-    def empty(self) -> Estimate:
-        return Estimate(
-            input_tokens_exact=self.counter.exact,
-            token_counter=self.counter.method,
-            expected_output_tokens_per_item=self.expected_output,
-            output_basis=self.basis,
-        )
-
-    def shard(self, input_tokens: int, requests: int) -> ShardEstimate:
-        output = round(self.expected_output * requests)
-        # A shard the step sends request by request pays realtime prices.
-        batch = self.provider.priced_as_batch and not self.provider.runs_shard_in_step(
-            self.spec, requests, None
-        )
-        return ShardEstimate(
-            estimated_input_tokens=input_tokens,
-            estimated_output_tokens=output,
-            estimated_cost_usd=self.price.cost_usd(input_tokens, output, batch=batch),
-            estimated_cost_upper_usd=self.price.cost_usd(
-                self.counter.upper(input_tokens), self.max_output * requests, batch=batch
-            ),
-        )
 
 
 class ShardsResult(BaseModel):

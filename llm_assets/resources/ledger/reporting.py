@@ -211,6 +211,19 @@ def output_tokens_per_billed_item(engine: Engine, job_ids: Sequence[str]) -> dic
         return {job: int(out) / n for job, out, n in conn.execute(query) if n}
 
 
+def cache_usage(engine: Engine, job_ids: Sequence[str]) -> tuple[int, int, int]:
+    """Over the succeeded items of the jobs: input tokens, and of them those read from and
+    written to the provider's prompt cache."""
+    query = sa.select(
+        sa.func.coalesce(sa.func.sum(_r.input_tokens), 0),
+        sa.func.coalesce(sa.func.sum(_r.cached_input_tokens), 0),
+        sa.func.coalesce(sa.func.sum(_r.cache_write_input_tokens), 0),
+    ).where(_r.job_id.in_(list(job_ids)), _r.status == SUCCEEDED)
+    with engine.connect() as conn:
+        tokens, read, written = conn.execute(query).one()
+    return int(tokens), int(read), int(written)
+
+
 def pipeline_shards(
     engine: Engine, pipeline: str, statuses: Iterable[str]
 ) -> list[tuple[ShardRecord, dt.date]]:
