@@ -164,12 +164,12 @@ class Harness:
             until=lambda decision: not decision.has(steps.Step.POLL) and not decision.others,
         )
 
-    def materialize(self, *step_names: str) -> dg.ExecuteInProcessResult:
+    def materialize(self, *step_names: str, day: dt.date = DAY) -> dg.ExecuteInProcessResult:
         return dg.materialize(
             build_pipeline_assets(self.spec, self.settings),
             instance=self.instance,
             resources=self.resources,
-            partition_key=DAY.isoformat(),
+            partition_key=day.isoformat(),
             selection=[asset_key(self.spec, s) for s in step_names],
             raise_on_error=False,
         )

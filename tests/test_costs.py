@@ -73,13 +73,22 @@ def test_the_sonnet_example_and_cached_input_are_exact() -> None:
     # batch half of that, but cached input at genai-prices' batch price for it ($0.075).
     assert mini.cost(1000, 100, batch=False, cached_input_tokens=400) == Decimal("0.00018")
     assert mini.cost(1000, 100, batch=True, cached_input_tokens=400) == Decimal("0.000105")
+    # Cache writes: 1.25 times input for the 5-minute cache, twice for the 1-hour one.
+    assert sonnet.cost(1000, 0, batch=False, cache_write_input_tokens=1000) == Decimal("0.00375")
+    hour = sonnet.for_cache_ttl("1h")
+    assert hour.cost(1000, 0, batch=True, cache_write_input_tokens=1000) == Decimal("0.003")
+    listed = sonnet.model_copy(update={"cache_write_per_mtok": 4.0})
+    assert listed.cost(1000, 0, batch=False, cache_write_input_tokens=1000) == Decimal("0.004")
+    unlisted = sonnet.model_copy(update={"cache_write_per_mtok": None})
+    assert unlisted.cost(1000, 0, batch=False, cache_write_input_tokens=1000) == Decimal("0.00375")
     assert all(m.as_of is not None for m in table.models)
 
 
 def test_the_stored_float_is_the_nearest_to_the_exact_cost() -> None:
     """cost_usd computes in integers for speed; it must equal float() of the exact Decimal,
-    for every model of the table, models priced by genai-prices and a price with more
-    decimals than its scale, with and without cached input (a path of its own)."""
+    for every model of the table, models priced by genai-prices (with cache writes at the
+    5-minute and the 1-hour rate) and a price with more decimals than its scale, with and
+    without cached input and cache writes (a path of its own)."""
     rng = random.Random(7)
     table = load_price_table()
     odd = table.get("openai", "gpt-4o-mini").model_copy(update={"input_per_mtok": 1 / 3})
@@ -93,15 +102,19 @@ def test_the_stored_float_is_the_nearest_to_the_exact_cost() -> None:
             ("gemini", "gemini-2.5-flash-lite"),
         )
     ]
-    for price in [*table.models, *library, odd]:
+    prices = [*table.models, *library]
+    long_cache = [m.for_cache_ttl("1h") for m in prices if m.provider in ("anthropic", "bedrock")]
+    for price in [*prices, *long_cache, odd]:
         for batch in (False, True):
-            for attempt in range(300):
+            for attempt in range(200):
                 tokens = rng.randrange(0, 10**7)
                 cached = rng.randrange(0, tokens + 1) if attempt % 3 else 0
+                written = rng.randrange(0, tokens - cached + 1) if attempt % 4 else 0
                 output = rng.randrange(0, 10**6)
-                exact = price.cost(tokens, output, batch=batch, cached_input_tokens=cached)
-                stored = price.cost_usd(tokens, output, batch=batch, cached_input_tokens=cached)
-                assert stored == float(exact), (price.name, batch, tokens, cached, output)
+                counts = {"cached_input_tokens": cached, "cache_write_input_tokens": written}
+                exact = price.cost(tokens, output, batch=batch, **counts)
+                stored = price.cost_usd(tokens, output, batch=batch, **counts)
+                assert stored == float(exact), (price.name, batch, tokens, counts, output)
 
 
 def test_a_price_override_replaces_and_dates_entries(
@@ -635,7 +648,12 @@ def test_an_older_ledger_is_upgraded_in_place(tmp_path: Path, database_url: str)
             "actual_output_tokens",
             "actual_cost_usd",
         },
-        "llm_batch_result": {"estimated_input_tokens", "cached_input_tokens", "prior_cost_usd"},
+        "llm_batch_result": {
+            "estimated_input_tokens",
+            "cached_input_tokens",
+            "cache_write_input_tokens",
+            "prior_cost_usd",
+        },
     }
     old = sa.MetaData()
     for table in ledger_module.metadata.sorted_tables:

@@ -250,7 +250,7 @@ def upgraded_from(database_url: str, version: int, *statements: str) -> LedgerRe
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 12
+    assert schema_version(upgraded) == SCHEMA_VERSION == 13
     return upgraded
 
 

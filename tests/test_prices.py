@@ -140,7 +140,7 @@ def test_the_library_is_read_by_the_documented_rules() -> None:
     assert "over 200,000 input tokens" in sonnet.notes
     # Cache writes at the five-minute price, batch prices from the library's batch variant.
     assert sonnet.cache_write_per_mtok == 3.75
-    assert sonnet.cost(1000, 0, batch=False, cache_write_tokens=1000) == Decimal("0.00375")
+    assert sonnet.cost(1000, 0, batch=False, cache_write_input_tokens=1000) == Decimal("0.00375")
     assert (sonnet.batch_discount, sonnet.batch_source) == (0.5, "")
     assert sonnet.token_factor == table.token_factors["claude"]
     # No batch price in the library (Bedrock): the table's default for the provider.

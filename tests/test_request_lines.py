@@ -7,6 +7,7 @@ import pytest
 from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
 from llm_assets.resources.providers.base import BatchProvider, RequestItem
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
+from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
 from llm_assets.resources.providers.online import OnlineProvider
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.spec.model import PipelineSpec
@@ -100,3 +101,45 @@ def test_retry_lines_are_found_as_reading_every_line_finds_them(
         ]
         found = lines_with_ids(line_blocks(chunks), wanted, id_field=field)
         assert list(found) == expected
+
+
+CACHED_SYSTEM = "Label the review. Examples:\n" + "Review: fine.\nAnswer: positive\n" * 200
+
+
+@pytest.mark.parametrize(
+    ("provider", "name", "model"),
+    [
+        (OpenAIBatchProvider(), "openai", "gpt-4o-mini"),
+        (GeminiBatchProvider(), "gemini", "gemini-2.5-flash"),
+        (AnthropicBatchProvider(), "anthropic", "claude-sonnet-4-5"),
+    ],
+)
+def test_a_cached_prefix_is_the_same_bytes_in_every_line(
+    provider: BatchProvider, name: str, model: str
+) -> None:
+    """With `prompt.cache`, the system prompt goes first to the model and every line is the
+    same bytes but for its custom_id and user text, so a provider that caches a repeated
+    prefix by itself (OpenAI, Gemini) caches it; Anthropic's lines mark it, with the TTL."""
+    from llm_assets.util.fastjson import json_string
+
+    overrides = {"prompt": {"system": CACHED_SYSTEM, "cache": {"ttl": "5m"}}}
+    spec = PipelineSpec.model_validate(review_spec(name, model, **overrides))
+    users = ["The kettle is great.", 'A "quoted" review\nover two lines', "日本語のレビュー"]
+    shapes = set()
+    for n, user in enumerate(users):
+        custom_id = f"20261102_R-{n}_abcdef"
+        item = RequestItem(custom_id=custom_id, system=spec.prompt.system, user=user)
+        line = provider.encode_request(spec, item)
+        assert line.count(json_string(CACHED_SYSTEM)) == 1
+        shapes.add(line.replace(json_string(custom_id), b"ID").replace(json_string(user), b"U"))
+        parsed = json.loads(line)
+        if name == "openai":
+            assert parsed["body"]["messages"][0] == {"role": "system", "content": CACHED_SYSTEM}
+        elif name == "gemini":
+            assert parsed["request"]["systemInstruction"] == {"parts": [{"text": CACHED_SYSTEM}]}
+        else:
+            marker = {"type": "ephemeral", "ttl": "5m"}
+            assert parsed["params"]["system"] == [
+                {"type": "text", "text": CACHED_SYSTEM, "cache_control": marker}
+            ]
+    assert len(shapes) == 1

@@ -184,6 +184,7 @@ def test_prompt_code_version_is_deterministic_and_led_by_the_prompt_version(
         ),
         pytest.param(lambda s: s["output"]["schema"].pop("confidence"), id="schema-field-removed"),
         pytest.param(lambda s: s["source"]["fields"].append("locale"), id="source-fields"),
+        pytest.param(lambda s: s["prompt"].update(cache={}), id="prompt-cache"),
     ],
 )
 def test_prompt_code_version_changes_with_what_is_sent_to_the_model(
@@ -585,6 +586,30 @@ def test_the_local_provider_runs_only_its_one_model_even_when_priced(
     assert "price table" not in problems[0].reason
     assert "all-MiniLM-L6-v2" in problems[0].reason
     assert "'all-MiniLM-L12-v2'" in problems[0].reason
+
+
+@pytest.mark.parametrize(
+    ("provider", "model", "prompt", "expected"),
+    [
+        ("anthropic", "claude-sonnet-4-5", {"cache": {"ttl": "1h", "prime": True}}, []),
+        ("openai", "gpt-4o-mini", {"cache": {}}, []),
+        ("openai", "gpt-4o-mini", {"cache": {"ttl": "1h"}}, ["prompt.cache.ttl"]),
+        ("gemini", "gemini-2.5-flash", {"cache": {"ttl": "1h"}}, ["prompt.cache.ttl"]),
+        ("local", "all-MiniLM-L6-v2", {"cache": {}}, ["prompt.cache"]),
+        ("anthropic", "claude-sonnet-4-5", {"cache": {}, "system": " "}, ["prompt"]),
+        ("anthropic", "claude-sonnet-4-5", {"cache": {"ttl": "2h"}}, ["prompt.cache.ttl"]),
+    ],
+)
+def test_a_prompt_cache_needs_a_system_prompt_and_a_provider_that_caches(
+    tmp_path: Path, provider: str, model: str, prompt: dict[str, Any], expected: list[str]
+) -> None:
+    def change(spec: dict[str, Any]) -> None:
+        spec["model"] = {"provider": provider, "name": model}
+        spec["prompt"].update(prompt)
+
+    _, problems = check_specs(write_spec(tmp_path, mutated(change)))
+
+    assert [p.field for p in problems if p.field.startswith("prompt")] == expected
 
 
 def _cli(*args: str) -> Any:

@@ -85,8 +85,8 @@ def _models(spec: "PipelineSpec") -> list[tuple[str, str, str]]:
 
 
 def _json(pipeline: str, used_as: str, price: "ModelPrice") -> dict[str, Any]:
-    input_, cached, output = price.per_mtok(batch=False)
-    batch_input, batch_cached, batch_output = price.per_mtok(batch=True)
+    input_, cached, write, output = price.per_mtok(batch=False)
+    batch_input, batch_cached, batch_write, batch_output = price.per_mtok(batch=True)
     return {
         "pipeline": pipeline,
         "used_as": used_as,
@@ -98,10 +98,11 @@ def _json(pipeline: str, used_as: str, price: "ModelPrice") -> dict[str, Any]:
         "per_mtok_usd": {
             "input": float(input_),
             "cached_input": float(cached),
-            "cache_write": price.cache_write_per_mtok,
+            "cache_write": float(write),
             "output": float(output),
             "batch_input": float(batch_input),
             "batch_cached_input": float(batch_cached),
+            "batch_cache_write": float(batch_write),
             "batch_output": float(batch_output),
         },
         "batch_discount": price.batch_discount,
@@ -135,8 +136,8 @@ def _print(table: "PriceTable", priced: list[Priced], *, several: bool) -> None:
     its batch discount comes from when not from its source, how a tiered price is read."""
     cells = []
     for pipeline, used_as, price in priced:
-        input_, cached, output = price.per_mtok(batch=False)
-        batch_input, _, batch_output = price.per_mtok(batch=True)
+        input_, cached, _, output = price.per_mtok(batch=False)
+        batch_input, _, _, batch_output = price.per_mtok(batch=True)
         cells.append(
             [
                 f"{price.provider}/{price.name}",

@@ -175,6 +175,7 @@ def submit_metadata(
         "retry_shards_waiting_for_backoff": result.waiting_for_backoff,
         "shards_waiting_for_quota": result.waiting_for_quota,
         **({"quota": result.quota_reason} if result.quota_reason else {}),
+        **({"priming": result.priming} if result.priming else {}),
         **({"next_submission_at": next_at.isoformat()} if next_at else {}),
         "day_upper_bound_usd": usd(result.committed_cost_usd),
     }
@@ -247,6 +248,7 @@ def shards_metadata(
             "token_counter": estimate.token_counter,
             "expected_output_tokens_per_item": estimate.expected_output_tokens_per_item,
             "output_estimate_basis": estimate.output_basis,
+            **({"cache_estimate_basis": estimate.cache_basis} if estimate.cache_basis else {}),
         }
     return {
         **lineage(spec),

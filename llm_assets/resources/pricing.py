@@ -14,7 +14,6 @@ import datetime as dt
 import functools
 import math
 import os
-from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Literal
@@ -23,13 +22,18 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llm_assets.resources import price_library
-from llm_assets.results.rows import scaled_cost_usd
+from llm_assets.results.rows import CostOf, scaled_cost_usd
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.yaml")
 Tokenizer = Literal["o200k_base", "cl100k_base"]
 OPENAI_PROVIDERS = ("openai", "azure_openai")
 """Providers that serve OpenAI's models, whose tokenizers are published."""
 _CL100K = ("gpt-3.5", "gpt-35", "gpt-4-", "text-embedding-", "ada", "babbage", "curie", "davinci")
+CACHE_WRITE_FACTOR = Decimal("1.25")
+"""A cache write's price over plain input where the price gives none (Anthropic's 5-minute
+cache)."""
+LONG_CACHE_WRITE_FACTOR = Decimal(2)
+"""A write to Anthropic's 1-hour cache, over plain input."""
 
 
 def openai_tokenizer(model: str) -> Tokenizer:
@@ -53,8 +57,9 @@ class ModelPrice(BaseModel):
     cached_input_per_mtok: float | None = Field(default=None, ge=0)
     """Input tokens read from the provider's prompt cache; the input price when None."""
     cache_write_per_mtok: float | None = Field(default=None, ge=0)
-    """Input tokens written to the prompt cache with the five-minute lifetime (Anthropic bills
-    1.25x the input price; one hour is 2x); the input price when None."""
+    """Input tokens written to the provider's prompt cache (Anthropic's 5-minute cache);
+    None: CACHE_WRITE_FACTOR times input_per_mtok. A shard whose spec keeps the cache an
+    hour is charged at `for_cache_ttl("1h")`."""
     batch_discount: float = Field(default=0.0, ge=0, lt=1)
     batch_cached_input_per_mtok: float | None = Field(default=None, ge=0)
     """Cached input in a batch, when it is not the cached price less the batch discount."""
@@ -85,6 +90,20 @@ class ModelPrice(BaseModel):
             object.__setattr__(self, "token_factor", 1.1)
         return self
 
+    def cache_write_price(self) -> Decimal:
+        """Per 1M input tokens written to the prompt cache."""
+        if self.cache_write_per_mtok is not None:
+            return _dec(self.cache_write_per_mtok)
+        return _dec(self.input_per_mtok) * CACHE_WRITE_FACTOR
+
+    def for_cache_ttl(self, ttl: str | None) -> "ModelPrice":
+        """This price with cache writes at the rate of a cache kept `ttl` ("5m" or "1h"): the
+        price a shard is charged at, recorded at its submission."""
+        if ttl != "1h":
+            return self
+        written = _dec(self.input_per_mtok) * LONG_CACHE_WRITE_FACTOR
+        return self.model_copy(update={"cache_write_per_mtok": float(written)})
+
     def cost(
         self,
         input_tokens: int,
@@ -92,17 +111,13 @@ class ModelPrice(BaseModel):
         *,
         batch: bool,
         cached_input_tokens: int = 0,
-        cache_write_tokens: int = 0,
+        cache_write_input_tokens: int = 0,
     ) -> Decimal:
-        """Exact cost in USD; cached input tokens and tokens written to the cache (both part
-        of input_tokens) at their own prices."""
+        """Exact cost in USD; of input_tokens, the cached ones at the cached price and those
+        written to the cache at the cache-write price."""
         cached = min(max(cached_input_tokens, 0), input_tokens)
-        written = min(max(cache_write_tokens, 0), input_tokens - cached)
-        per_input, per_cached, per_output = self.per_mtok(batch=batch)
-        write_price = self.cache_write_per_mtok
-        if write_price is None:
-            write_price = self.input_per_mtok
-        per_write = _dec(write_price) * _factor(self, batch)
+        written = min(max(cache_write_input_tokens, 0), input_tokens - cached)
+        per_input, per_cached, per_write, per_output = self.per_mtok(batch=batch)
         return (
             (input_tokens - cached - written) * per_input
             + cached * per_cached
@@ -110,26 +125,39 @@ class ModelPrice(BaseModel):
             + output_tokens * per_output
         ) / 1_000_000
 
-    def per_mtok(self, *, batch: bool) -> tuple[Decimal, Decimal, Decimal]:
-        """(input, cached input, output) USD per 1M tokens, in a batch or not."""
+    def per_mtok(self, *, batch: bool) -> tuple[Decimal, Decimal, Decimal, Decimal]:
+        """(input, cached input, cache write, output) USD per 1M tokens, in a batch or not."""
         factor = _factor(self, batch)
         if batch and self.batch_cached_input_per_mtok is not None:
             cached = _dec(self.batch_cached_input_per_mtok)
         else:
             cached_price = self.cached_input_per_mtok
             cached = _dec(self.input_per_mtok if cached_price is None else cached_price) * factor
-        return _dec(self.input_per_mtok) * factor, cached, _dec(self.output_per_mtok) * factor
+        return (
+            _dec(self.input_per_mtok) * factor,
+            cached,
+            self.cache_write_price() * factor,
+            _dec(self.output_per_mtok) * factor,
+        )
 
     def cost_usd(
-        self, input_tokens: int, output_tokens: int, *, batch: bool, cached_input_tokens: int = 0
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        batch: bool,
+        cached_input_tokens: int = 0,
+        cache_write_input_tokens: int = 0,
     ) -> float:
         """`cost` as the float stored in the ledger: the nearest float to the exact value."""
-        return self.cost_calculator(batch=batch)(input_tokens, output_tokens, cached_input_tokens)
+        return self.cost_calculator(batch=batch)(
+            input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens
+        )
 
-    def cost_calculator(self, *, batch: bool) -> Callable[[int, int, int], float]:
-        """cost_usd(input_tokens, output_tokens, cached_input_tokens) with this price bound,
-        for a call per imported line: done in integers, the nearest float to the same exact
-        value (a test checks). Picklable, for worker processes."""
+    def cost_calculator(self, *, batch: bool) -> CostOf:
+        """cost_usd(input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens)
+        with this price bound, for a call per imported line: done in integers, the nearest
+        float to the same exact value (a test checks). Picklable, for worker processes."""
         scaled = _scaled_prices(self, batch)
         if scaled is None:
             return functools.partial(_exact_cost_usd, self, batch)
@@ -137,11 +165,20 @@ class ModelPrice(BaseModel):
 
 
 def _exact_cost_usd(
-    price: ModelPrice, batch: bool, input_tokens: int, output_tokens: int, cached_input_tokens: int
+    price: ModelPrice,
+    batch: bool,
+    input_tokens: int,
+    output_tokens: int,
+    cached_input_tokens: int,
+    cache_write_input_tokens: int,
 ) -> float:
     return float(
         price.cost(
-            input_tokens, output_tokens, batch=batch, cached_input_tokens=cached_input_tokens
+            input_tokens,
+            output_tokens,
+            batch=batch,
+            cached_input_tokens=cached_input_tokens,
+            cache_write_input_tokens=cache_write_input_tokens,
         )
     )
 
@@ -154,7 +191,7 @@ def _factor(price: ModelPrice, batch: bool) -> Decimal:
 
 
 @functools.lru_cache(maxsize=1024)
-def _scaled_prices(price: ModelPrice, batch: bool) -> tuple[int, int, int, int] | None:
+def _scaled_prices(price: ModelPrice, batch: bool) -> tuple[int, int, int, int, int] | None:
     """The per-token prices (discount applied) as integers over one denominator, or None
     when a price has more decimals than the scale holds exactly. The fraction is reduced:
     with every number below 2**53, Python divides them as floats (exact, so correctly
@@ -162,10 +199,11 @@ def _scaled_prices(price: ModelPrice, batch: bool) -> tuple[int, int, int, int] 
     scaled = [p * _SCALE for p in price.per_mtok(batch=batch)]
     if any(value != value.to_integral_value() for value in scaled):
         return None
-    per_input, per_cached, per_output = (int(value) for value in scaled)
+    per_token = [int(value) for value in scaled]
     denominator = _SCALE * 1_000_000
-    common = math.gcd(per_input, per_cached, per_output, denominator)
-    return per_input // common, per_cached // common, per_output // common, denominator // common
+    common = math.gcd(*per_token, denominator)
+    per_input, per_cached, per_write, per_output = (p // common for p in per_token)
+    return per_input, per_cached, per_write, per_output, denominator // common
 
 
 @functools.lru_cache(maxsize=1024)
@@ -366,7 +404,12 @@ def zero_price_reason(price: ModelPrice) -> str | None:
     """Why every cost of `price`'s model is $0, naming where the price comes from (the
     LLM_ASSETS_PRICES file when it has the entry, else prices.yaml, else genai-prices); None
     when the model's tokens cost something."""
-    if price.input_per_mtok or price.output_per_mtok or price.cached_input_per_mtok:
+    if (
+        price.input_per_mtok
+        or price.output_per_mtok
+        or price.cached_input_per_mtok
+        or price.cache_write_per_mtok
+    ):
         return None
     source = price.source or DEFAULT_PRICES.name
     notes = f" ({price.notes})" if price.notes else ""

@@ -32,6 +32,7 @@ RESULT_COLUMNS = (
     "model_name",
     "input_tokens",
     "cached_input_tokens",
+    "cache_write_input_tokens",
     "output_tokens",
     "cost_usd",
     "finish_reason",
@@ -40,6 +41,10 @@ RESULT_COLUMNS = (
 """What an import writes over an item, in the order of a result row after its custom_id."""
 
 ErrorClass = Literal["input", "deterministic", "transient", "expired", "quality", "cancelled"]
+
+CostOf = Callable[[int, int, int, int], float]
+"""cost_usd(input_tokens, output_tokens, cached_input_tokens, cache_write_input_tokens) at one
+price (`pricing.ModelPrice.cost_calculator`)."""
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -60,6 +65,8 @@ class ItemResult:
     """All input tokens billed, cached ones included."""
     cached_input_tokens: int = 0
     """The part of input_tokens read from the provider's prompt cache (cheaper)."""
+    cache_write_input_tokens: int = 0
+    """The part of input_tokens written to the provider's prompt cache (dearer, Anthropic)."""
     output_tokens: int = 0
     status_code: int | None = None
     error_class: ErrorClass | None = None
@@ -70,7 +77,8 @@ class ItemResult:
 class Answered(NamedTuple):
     """A plain success as a provider's line parser reads it, before it is an ItemResult: the
     shape of almost every result line of a day, made into a ledger row without building one
-    (see staged_results)."""
+    (see staged_results). It writes nothing to a prompt cache (a line that does is an
+    ItemResult)."""
 
     custom_id: str
     status_code: int
@@ -122,8 +130,10 @@ _NULL = b"\xff\xff\xff\xff"
 _length = struct.Struct(">i").pack
 _int4 = struct.Struct(">ii").pack
 _float8 = struct.Struct(">id").pack
-_tokens_and_cost = struct.Struct(">iiiiiiid").pack
-_INT4_COLUMNS = frozenset({"input_tokens", "cached_input_tokens", "output_tokens"})
+_tokens_and_cost = struct.Struct(">iiiiiiiiid").pack
+_INT4_COLUMNS = frozenset(
+    {"input_tokens", "cached_input_tokens", "cache_write_input_tokens", "output_tokens"}
+)
 _RESULT_KINDS = tuple(
     "int4" if c in _INT4_COLUMNS else "float8" if c == "cost_usd" else "text"
     for c in ("custom_id", *RESULT_COLUMNS)
@@ -189,27 +199,30 @@ class ResultStager:
 
 
 def scaled_cost_usd(
-    scaled: tuple[int, int, int, int],
+    scaled: tuple[int, int, int, int, int],
     input_tokens: int,
     output_tokens: int,
     cached_input_tokens: int,
+    cache_write_input_tokens: int,
 ) -> float:
     """The cost of one result at per-token prices given as integers over one denominator
     (`pricing.ModelPrice.cost_calculator`)."""
-    per_input, per_cached, per_output, denominator = scaled
+    per_input, per_cached, per_write, per_output, denominator = scaled
     # int / int is correctly rounded, like float() of the exact Decimal.
-    if cached_input_tokens <= 0 <= input_tokens:  # nothing cached: most lines
-        return (input_tokens * per_input + output_tokens * per_output) / denominator
+    if cached_input_tokens <= 0 and cache_write_input_tokens <= 0 <= input_tokens:
+        return (input_tokens * per_input + output_tokens * per_output) / denominator  # most
     cached = min(max(cached_input_tokens, 0), input_tokens)
+    written = min(max(cache_write_input_tokens, 0), input_tokens - cached)
     numerator = (
-        (input_tokens - cached) * per_input + cached * per_cached + output_tokens * per_output
+        (input_tokens - cached - written) * per_input
+        + cached * per_cached
+        + written * per_write
+        + output_tokens * per_output
     )
     return numerator / denominator
 
 
-def ledger_values(
-    result: ItemResult, cost: Callable[[int, int, int], float], model_name: str
-) -> tuple[Any, ...]:
+def ledger_values(result: ItemResult, cost: CostOf, model_name: str) -> tuple[Any, ...]:
     """A normalized result as ledger values, custom_id then RESULT_COLUMNS. Successes are
     billed, and failures the provider billed all the same (a refusal whose result carries
     its tokens); they carry tokens and cost, at the price recorded when their shard was
@@ -231,8 +244,14 @@ def ledger_values(
         model_name,
         result.input_tokens if billed else 0,
         result.cached_input_tokens if billed else 0,
+        result.cache_write_input_tokens if billed else 0,
         result.output_tokens if billed else 0,
-        cost(result.input_tokens, result.output_tokens, result.cached_input_tokens)
+        cost(
+            result.input_tokens,
+            result.output_tokens,
+            result.cached_input_tokens,
+            result.cache_write_input_tokens,
+        )
         if billed
         else 0.0,
         ledger_text(result.finish_reason, column_sizes.FINISH_REASON),
@@ -244,7 +263,7 @@ def ledger_values(
 class RowMaker:
     """ItemResult → ledger values with a shard's price (its cost calculator) bound."""
 
-    cost: Callable[[int, int, int], float]
+    cost: CostOf
     model_name: str
 
     def __call__(self, result: ItemResult) -> tuple[Any, ...]:
@@ -262,7 +281,7 @@ def _answered_row(answered: Answered, to_row: RowMaker, binary_copy: bool) -> An
     makes it, in half the time: no ItemResult, and the columns a success leaves empty or the
     same written as constants."""
     cid, _, text, finish, tokens_in, cached, tokens_out = answered
-    cost = to_row.cost(tokens_in, tokens_out, cached)
+    cost = to_row.cost(tokens_in, tokens_out, cached, 0)
     if text is not None and "\x00" in text:
         text = ledger_text(text)
     if finish is not None and (len(finish) > column_sizes.FINISH_REASON or "\x00" in finish):
@@ -278,6 +297,7 @@ def _answered_row(answered: Answered, to_row: RowMaker, binary_copy: bool) -> An
             model,
             tokens_in,
             cached,
+            0,
             tokens_out,
             cost,
             finish,
@@ -290,7 +310,7 @@ def _answered_row(answered: Answered, to_row: RowMaker, binary_copy: bool) -> An
             _length(len(cid_bytes)),
             cid_bytes,
             to_row.success_fields,
-            _tokens_and_cost(4, tokens_in, 4, cached, 4, tokens_out, 8, cost),
+            _tokens_and_cost(4, tokens_in, 4, cached, 4, 0, 4, tokens_out, 8, cost),
             _binary_text(finish),
             _binary_text(text),
         )

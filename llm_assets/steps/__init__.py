@@ -69,6 +69,7 @@ if TYPE_CHECKING:
         price_for,
         refuse_expired,
     )
+    from llm_assets.steps.estimate import Estimate, Estimator, ShardEstimate
     from llm_assets.steps.executor import (
         DayDriver,
         StepRuns,
@@ -138,9 +139,6 @@ if TYPE_CHECKING:
         residency_places,
     )
     from llm_assets.steps.shards import (
-        Estimate,
-        Estimator,
-        ShardEstimate,
         ShardsResult,
         line_offsets,
         shards_for,
@@ -224,10 +222,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "validated_uri",
     ),
     "residency": ("RESIDENCY", "refuse_outside_regions", "residency_places"),
+    "estimate": ("Estimate", "Estimator", "ShardEstimate"),
     "shards": (
-        "Estimate",
-        "Estimator",
-        "ShardEstimate",
         "ShardsResult",
         "line_offsets",
         "shards_for",

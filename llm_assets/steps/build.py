@@ -24,8 +24,9 @@ from collections import defaultdict
 from llm_assets.resources.ledger import JobRecord
 from llm_assets.steps import lifecycle
 from llm_assets.steps.context import MissingPrerequisite, StepContext, artifact_key
+from llm_assets.steps.estimate import Estimate
 from llm_assets.steps.residency import refuse_outside_regions
-from llm_assets.steps.shards import BuildPart, Estimate, ShardsResult, build_rows
+from llm_assets.steps.shards import BuildPart, ShardsResult, build_rows
 from llm_assets.steps.snapshot import slice_keys
 from llm_assets.util.failpoints import failpoint
 
@@ -186,6 +187,7 @@ def _summed(job: JobRecord, results: list[ShardsResult]) -> ShardsResult:
             estimate.expected_output_tokens_per_item, part.expected_output_tokens_per_item
         )
         estimate.output_basis = estimate.output_basis or part.output_basis
+        estimate.cache_basis = estimate.cache_basis or part.cache_basis
         for code, count in result.input_dead_letters.items():
             dead[code] += count
         for key, count in result.personal_data.items():

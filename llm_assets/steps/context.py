@@ -65,8 +65,10 @@ def refuse_expired(spec: PipelineSpec, job: JobRecord | None) -> None:
 
 
 def price_for(spec: PipelineSpec) -> ModelPrice:
-    """The spec's model price from the price table, looked up by provider and model name."""
-    return load_price_table().get(spec.model.provider, spec.model.name)
+    """The spec's model price from the price table, looked up by provider and model name, with
+    cache writes at the rate of the spec's cache lifetime."""
+    price = load_price_table().get(spec.model.provider, spec.model.name)
+    return price.for_cache_ttl(spec.prompt.cache.ttl if spec.prompt.cache else None)
 
 
 def artifact_key(*parts: str) -> str:

@@ -14,7 +14,8 @@ The rules, shard by shard:
   submitted when due (its retry backoff over, a pause lifted, or,
   waiting for quota, a batch of its model ended since, or its quota wait over); a
   first-round shard is left to the run that built it for `FRESH_SHARD_GRACE`, then
-  submitted by whoever asks (that run died). When the day or the shard is cancelled
+  submitted by whoever asks (that run died); while the day's priming shard (prompt cache)
+  waits or is in flight, the shards held for it wait. When the day or the shard is cancelled
   the shard is closed unsent, its items `cancelled` dead letters; while paused it waits. A
   shard whose submission began (an intent) but recorded no batch may have a live batch at
   the provider: before it is closed, or while it may not be sent, the batch is looked for
@@ -41,7 +42,13 @@ import datetime as dt
 import hashlib
 from enum import StrEnum
 
-from llm_assets.resources.ledger import DEAD_LETTER, JobCounts, JobRecord, ShardRecord
+from llm_assets.resources.ledger import (
+    DEAD_LETTER,
+    PRIME_SHARD,
+    JobCounts,
+    JobRecord,
+    ShardRecord,
+)
 from llm_assets.resources.providers.base import (
     ENDED_STATES,
     IN_FLIGHT_STATES,
@@ -70,6 +77,9 @@ personal-data share, the pipeline's caps): it waits for an operator (an approval
 UNJOINED = "unjoined"
 """The provider status (raw_status) of a shard a slice of the day's build recorded: held
 until the slices' join releases it (steps/build.py)."""
+PRIMING = "priming"
+"""The provider status (raw_status) of a waiting shard held until the day's priming shard has
+ended (steps/priming.py)."""
 SLICE_JOIN_GRACE = dt.timedelta(hours=1)
 """How long a shard waits for the join of the build that sliced it; after that the build
 stopped before its join, and the day is built again (its join releases the shard)."""
@@ -137,6 +147,8 @@ class ShardView:
     imported_at: dt.datetime | None = None
     note: str | None = None
     """What the ledger last said about it (why a gate held it back)."""
+    primes: bool = False
+    """The day's priming shard: the shards held for it wait while it is open."""
 
     @classmethod
     def of(cls, shard: ShardRecord, *, online: bool, busy: bool) -> "ShardView":
@@ -157,6 +169,7 @@ class ShardView:
             touched_at=shard.updated_at,
             imported_at=shard.imported_at,
             note=shard.message,
+            primes=shard.kind == PRIME_SHARD,
         )
 
     @property
@@ -326,6 +339,8 @@ def _submit_key(shard: ShardView) -> str:
     if shard.raw_status == PAUSED:
         held = hashlib.sha256((shard.note or "").encode()).hexdigest()[:12]
         return f"held:{shard.shard_id}:{held}"
+    if shard.raw_status == PRIMING:
+        return f"primed:{shard.shard_id}"
     if shard.raw_status is not None and shard.not_before is not None:
         return f"quota:{shard.shard_id}:{shard.not_before.isoformat()}"
     return f"submit:{shard.shard_id}"
@@ -366,7 +381,9 @@ def _room_freed(s: ShardView, state: DayState) -> bool:
     return room_freed(s.raw_status, s.touched_at, state.quota_freed_at)
 
 
-def _sort_waiting(s: ShardView, state: DayState, stop: bool, into: _Sorted) -> None:
+def _sort_waiting(
+    s: ShardView, state: DayState, stop: bool, into: _Sorted, priming: bool = False
+) -> None:
     if stop or state.paused:
         if s.intent:
             into.reconcile.append(s)  # a batch may be live: found and recorded first
@@ -378,6 +395,8 @@ def _sort_waiting(s: ShardView, state: DayState, stop: bool, into: _Sorted) -> N
     if s.raw_status == GATED:
         into.gated.append(s)
         return
+    if s.raw_status == PRIMING and priming:
+        return  # the priming shard's polls wake the day
     if s.raw_status == UNJOINED:
         join_by = (s.created_at or state.now) + SLICE_JOIN_GRACE
         if join_by > state.now:
@@ -422,6 +441,7 @@ def _sort_in_flight(s: ShardView, state: DayState, stop: bool, poll_every: float
 
 def _sort(state: DayState, poll_every: float) -> _Sorted:
     into = _Sorted()
+    priming = any(s.primes and (s.waiting or s.in_flight) for s in state.shards)
     for s in state.shards:
         stop = state.cancelled is not None or s.cancelled
         if s.status == ShardState.IMPORTED:
@@ -429,7 +449,7 @@ def _sort(state: DayState, poll_every: float) -> _Sorted:
         if s.busy and (s.waiting or s.online):
             into.others.append(s)  # another run is sending it; it stops itself if it must
         elif s.waiting:
-            _sort_waiting(s, state, stop, into)
+            _sort_waiting(s, state, stop, into, priming)
         elif s.in_flight:
             _sort_in_flight(s, state, stop, poll_every, into)
         elif s.ended:

@@ -5,7 +5,7 @@ retry and requeue rounds share too."""
 import array
 import dataclasses
 import datetime as dt
-import statistics
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -16,87 +16,20 @@ from llm_assets.compliance.policy import COMPLIANCE
 from llm_assets.items import ids
 from llm_assets.items.prepare import Block, KnownIds, PreparedItem, Preparer, prepare_blocks
 from llm_assets.items.sharding import split_shards
-from llm_assets.items.tokens import counter_for
-from llm_assets.resources.ledger import DEAD_LETTER, PENDING, BackgroundWriter, JobRecord
+from llm_assets.resources.ledger import (
+    DEAD_LETTER,
+    PENDING,
+    PRIME_SHARD,
+    BackgroundWriter,
+    JobRecord,
+)
 from llm_assets.resources.storage import StagedArtifact, WrittenArtifact
 from llm_assets.steps.context import StepContext, artifact_key
+from llm_assets.steps.estimate import Estimate, Estimator, ShardEstimate
+from llm_assets.steps.priming import priming_items, split_priming
 from llm_assets.util.failpoints import failpoint
 from llm_assets.util.memory import collector_paused, release_free_memory
 from llm_assets.util.parallel import BLOCK_ROWS, numbered_blocks
-
-
-class ShardEstimate(BaseModel):
-    """What a shard is expected to cost, and at most, before it is sent."""
-
-    estimated_input_tokens: int
-    estimated_output_tokens: int
-    estimated_cost_usd: float
-    estimated_cost_upper_usd: float
-
-
-class Estimate(BaseModel):
-    """A day's estimate as `request_shards` shows it."""
-
-    requests: int = 0
-    input_tokens: int = 0
-    input_tokens_exact: bool = True
-    token_counter: str = ""
-    expected_output_tokens_per_item: float = 0.0
-    output_basis: str = ""
-    cost_usd: float = 0.0
-    cost_upper_usd: float = 0.0
-
-    def add(self, shard: ShardEstimate, requests: int) -> None:
-        self.requests += requests
-        self.input_tokens += shard.estimated_input_tokens
-        self.cost_usd += shard.estimated_cost_usd
-        self.cost_upper_usd += shard.estimated_cost_upper_usd
-
-
-class Estimator:
-    """Prices shards before submission: input tokens as counted, output as learned from the
-    pipeline's earlier partitions (median output tokens per item, at most max_output_tokens);
-    the upper bound takes every item at max_output_tokens and approximated input counts plus
-    their margin."""
-
-    def __init__(self, ctx: StepContext) -> None:
-        spec, ledger = ctx.spec, ctx.ledger
-        self.spec = spec
-        self.provider = ctx.batch_provider
-        self.price = ctx.price()
-        self.counter = counter_for(spec)
-        self.max_output = spec.model.max_output_tokens
-        history = ledger.earlier_jobs(spec.name, ctx.day, spec.budget.history_window)
-        per_item = list(ledger.output_tokens_per_billed_item([j.job_id for j in history]).values())
-        if per_item:
-            self.expected_output = min(statistics.median(per_item), float(self.max_output))
-            self.basis = f"median of {len(per_item)} earlier partition(s)"
-        else:
-            self.expected_output = float(self.max_output)
-            self.basis = "max_output_tokens (no earlier partitions)"
-
-    def empty(self) -> Estimate:
-        return Estimate(
-            input_tokens_exact=self.counter.exact,
-            token_counter=self.counter.method,
-            expected_output_tokens_per_item=self.expected_output,
-            output_basis=self.basis,
-        )
-
-    def shard(self, input_tokens: int, requests: int) -> ShardEstimate:
-        output = round(self.expected_output * requests)
-        # A shard the step sends request by request pays realtime prices.
-        batch = self.provider.priced_as_batch and not self.provider.runs_shard_in_step(
-            self.spec, requests, None
-        )
-        return ShardEstimate(
-            estimated_input_tokens=input_tokens,
-            estimated_output_tokens=output,
-            estimated_cost_usd=self.price.cost_usd(input_tokens, output, batch=batch),
-            estimated_cost_upper_usd=self.price.cost_usd(
-                self.counter.upper(input_tokens), self.max_output * requests, batch=batch
-            ),
-        )
 
 
 class ShardsResult(BaseModel):
@@ -174,9 +107,15 @@ class ShardRound:
         return self.ctx.storage.stage_lines(key, (line for _, line in lines))
 
     def shard_row(
-        self, index: int, written: WrittenArtifact, item_count: int, estimate: ShardEstimate
+        self,
+        index: int,
+        written: WrittenArtifact,
+        item_count: int,
+        estimate: ShardEstimate,
+        kind: str | None = None,
     ) -> dict[str, Any]:
-        """The ledger row of the shard written at `index`."""
+        """The ledger row of the shard written at `index` (of `kind`: the round's own when
+        None)."""
         return {
             "shard_id": self.shard_id(index),
             "job_id": self.job.job_id,
@@ -189,6 +128,7 @@ class ShardRound:
             "provider": self.ctx.spec.model.provider,
             "not_before": self.not_before,
             **({"raw_status": self.held_as} if self.held_as else {}),
+            **({"kind": kind} if kind else {}),
             **estimate.model_dump(),
         }
 
@@ -202,6 +142,7 @@ def write_shard(
     pseudonyms: dict[str, dict[str, str]] | None = None,
     *,
     stale_pseudonyms: bool = False,
+    kind: str | None = None,
 ) -> str:
     """Write a shard's file, then record it: with its new `items` and their `pseudonyms`,
     or (None) taking over the items of `lines` from their earlier shards, whose lines and
@@ -210,7 +151,7 @@ def write_shard(
     disk (fsync, a few tenths of a second a shard) is the thread's, not the step's."""
     ledger = round_.ctx.ledger
     staged = round_.stage_file(index, lines)
-    shard = round_.shard_row(index, staged.written, len(lines), estimate)
+    shard = round_.shard_row(index, staged.written, len(lines), estimate, kind)
 
     def record() -> None:
         staged.publish()
@@ -399,7 +340,12 @@ def build_rows(
     # The database records shard k while shard k+1 is rendered, counted and written.
     with collector_paused(), BackgroundWriter(depth=1) as writer:
         round_ = ShardRound(ctx, job, round_no, writer=writer, held_as=part.held_as)
-        for k, shard_lines in enumerate(shards_for(ctx, requests)):
+        primed, requests = split_priming(
+            requests, priming_items(spec, round_no, part.shard_index(0))
+        )
+        for k, shard_lines in enumerate(
+            itertools.chain(shards_for(ctx, primed), shards_for(ctx, requests))
+        ):
             index = part.shard_index(k)
             shard_id = round_.shard_id(index)
             items, pseudonyms = intake.pending_rows(shard_id, shard_lines)
@@ -416,6 +362,7 @@ def build_rows(
                     shard_estimate,
                     pseudonyms,
                     stale_pseudonyms=stale,
+                    kind=PRIME_SHARD if primed and k == 0 else None,
                 )
             )
             created.append(shard_id)

@@ -32,6 +32,7 @@ from llm_assets.steps.context import GateBlocked, StepContext
 from llm_assets.steps.line_ids import request_lines
 from llm_assets.steps.online import OnlineInterrupted, run_online_shard, stop_on_sigterm
 from llm_assets.steps.pause import refuse_if_paused
+from llm_assets.steps.priming import hold_for_priming
 from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.steps.shards import ShardRound, line_offsets
 from llm_assets.util.failpoints import failpoint
@@ -70,6 +71,8 @@ class SubmitResult(BaseModel):
     waiting_for_quota: int = 0
     quota_reason: str | None = None
     next_submission_at: dt.datetime | None = None
+    priming: str | None = None
+    """What priming the prompt cache did (steps/priming.py); None when the day primes not."""
 
 
 @dataclasses.dataclass
@@ -325,6 +328,9 @@ def submit_shards(
         and not lifecycle.room_freed(s.raw_status, s.updated_at, freed)
     ]
     to_submit = [s for s in to_submit if s not in waiting]
+    to_submit, priming = hold_for_priming(ctx, job.job_id, to_submit)
+    if priming and ctx.log is not None:
+        ctx.log(f"{ctx.spec.name} {ctx.day}: {priming}")
     run = _Submitter(ctx, job, ctx.price().model_dump_json(), progress)
     try:
         reserve_pipeline_budget(ctx, job, to_submit)
@@ -355,4 +361,5 @@ def submit_shards(
         waiting_for_quota=len(for_quota),
         quota_reason=for_quota[0].message if for_quota else None,
         next_submission_at=min(due, default=None),
+        priming=priming,
     )

@@ -132,6 +132,7 @@ def assistant_message(
             "output_tokens": approx_tokens(len(text)),
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,
+            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
             "service_tier": "batch",
         },
     }

@@ -12,6 +12,9 @@ Two deliberate readings of the real API worth knowing:
   `api_key` as a bearer token, and the real API accepts both.
 * A body over `max_body_bytes` (256 MB) is a 413 `request_too_large`, as on the real API; every
   other create violation is a 400 `invalid_request_error` and creates no batch.
+
+The prompt cache (`cache_control` on system blocks) is modelled in `anthropic_cache`; `bill()`
+is what every request processed was billed for, by kind of token.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qs
 
+from tests.fakes.anthropic_cache import Prefix, PromptCache, check_cache_control, with_cache
 from tests.fakes.anthropic_model import (
     ERROR_MESSAGES,
     ITEM_ERRORS,
@@ -107,6 +111,19 @@ class FakeAnthropic(FaultInjectingServer):
         self.max_processing_batches: int | None = None
         self.quota_retry_after: float | None = 1.0
         self._lock = threading.RLock()
+        self.cache = PromptCache(self.state_dir / "prompt_cache.json")
+
+    def bill(self) -> list[dict[str, Any]]:
+        """Every succeeded request of every batch as billed (its batch_id, custom_id, model
+        and usage), batches in creation order, deleted ones included."""
+        with self._lock:
+            metas = sorted(self._all_metas(), key=lambda meta: meta["seq"])
+            return [
+                entry
+                for meta in metas
+                if (path := self._batch_dir(meta["id"]) / "bill.json").is_file()
+                for entry in json.loads(path.read_text())
+            ]
 
     def submitted_custom_ids(self) -> list[str]:
         """Every custom_id of every batch created, deleted ones included, in creation order."""
@@ -174,6 +191,8 @@ class FakeAnthropic(FaultInjectingServer):
 
     def _create(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         requests = validate_create(body, self.max_requests)
+        for index, request in enumerate(requests):
+            check_cache_control(request["params"].get("system"), f"requests.{index}.params")
         now = datetime.now(UTC)
         with self._lock:
             self._check_processing_quota()
@@ -193,6 +212,8 @@ class FakeAnthropic(FaultInjectingServer):
                 "archived_at": None,
                 "polls": 0,
                 "deleted": False,
+                # What the batch reads from the prompt cache: the prefixes cached as it starts.
+                "cache_at_start": self.cache.live_keys(),
             }
             self._save_meta(meta)
         return self._batch_json(meta), [request["custom_id"] for request in requests]
@@ -311,6 +332,8 @@ class FakeAnthropic(FaultInjectingServer):
         processed = len(requests) // 2 if cutoff_as else len(requests)
         tally = counts()
         lines: list[dict[str, Any]] = []
+        bill: list[dict[str, Any]] = []
+        cached: list[Prefix] = []
         for index, request in enumerate(requests):
             custom_id, params = request["custom_id"], request["params"]
             if index >= processed:
@@ -320,6 +343,10 @@ class FakeAnthropic(FaultInjectingServer):
             result: dict[str, Any]
             if kind in ("ok", "missing", "duplicate"):
                 answer = assistant_message(meta["id"], request, self.responder)
+                answer["usage"], prefix = with_cache(answer["usage"], params, meta)
+                cached.extend([prefix] if prefix else [])
+                billed = {"batch_id": meta["id"], "custom_id": custom_id, "model": params["model"]}
+                bill.append({**billed, **answer["usage"]})
                 result = {"type": "succeeded", "message": answer}
                 tally["succeeded"] += 1
             elif kind in ITEM_ERRORS:
@@ -346,6 +373,8 @@ class FakeAnthropic(FaultInjectingServer):
                 lines = lines[1:] + lines[:1]
         payload = "".join(json.dumps(line) + "\n" for line in lines).encode()
         write_atomic(self._batch_dir(meta["id"]) / "results.jsonl", payload)
+        write_atomic(self._batch_dir(meta["id"]) / "bill.json", json.dumps(bill).encode())
+        self.cache.keep(cached)
         meta["processing_status"] = "ended"
         meta["ended_at"] = rfc3339(datetime.now(UTC))
         meta["request_counts"] = tally

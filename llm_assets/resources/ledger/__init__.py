@@ -36,6 +36,7 @@ from llm_assets.resources.ledger.schema import (
 )
 from llm_assets.resources.ledger.tables import (
     FIRST,
+    PRIME_SHARD,
     REQUEUE_SHARD,
     RETRY_SHARD,
     job_table,
@@ -63,6 +64,7 @@ __all__ = [
     "DEAD_LETTER",
     "FIRST",
     "PENDING",
+    "PRIME_SHARD",
     "REQUEUE_SHARD",
     "RESULT_COLUMNS",
     "RETRY",

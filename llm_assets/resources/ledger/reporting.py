@@ -10,7 +10,13 @@ from sqlalchemy.engine import Engine
 
 from llm_assets.resources.ledger import limits
 from llm_assets.resources.ledger.records import JobRecord, ShardRecord, as_utc
-from llm_assets.resources.ledger.tables import FIRST, job_table, result_table, shard_table
+from llm_assets.resources.ledger.tables import (
+    REQUEUE_SHARD,
+    RETRY_SHARD,
+    job_table,
+    result_table,
+    shard_table,
+)
 from llm_assets.results.rows import DEAD_LETTER, SUBMITTED, SUCCEEDED
 
 _r = result_table.c
@@ -75,9 +81,9 @@ def _billed_job_totals(jobs: Any) -> Any:
             _s.job_id,
             sa.func.sum(sa.func.coalesce(_s.actual_input_tokens, 0)).label("tin"),
             sa.func.sum(sa.func.coalesce(_s.actual_output_tokens, 0)).label("tout"),
-            sa.func.sum(sa.case((_s.kind != FIRST, _s.actual_cost_usd), else_=0.0)).label(
-                "retry_cost"
-            ),
+            sa.func.sum(
+                sa.case((_s.kind.in_((RETRY_SHARD, REQUEUE_SHARD)), _s.actual_cost_usd), else_=0.0)
+            ).label("retry_cost"),
             sa.func.sum(_s.estimated_input_tokens).label("est_in"),
             sa.func.sum(_s.estimated_cost_usd).label("est"),
             sa.func.sum(_s.estimated_cost_upper_usd).label("upper"),
@@ -203,6 +209,19 @@ def output_tokens_per_billed_item(engine: Engine, job_ids: Sequence[str]) -> dic
     )
     with engine.connect() as conn:
         return {job: int(out) / n for job, out, n in conn.execute(query) if n}
+
+
+def cache_usage(engine: Engine, job_ids: Sequence[str]) -> tuple[int, int, int]:
+    """Over the succeeded items of the jobs: input tokens, and of them those read from and
+    written to the provider's prompt cache."""
+    query = sa.select(
+        sa.func.coalesce(sa.func.sum(_r.input_tokens), 0),
+        sa.func.coalesce(sa.func.sum(_r.cached_input_tokens), 0),
+        sa.func.coalesce(sa.func.sum(_r.cache_write_input_tokens), 0),
+    ).where(_r.job_id.in_(list(job_ids)), _r.status == SUCCEEDED)
+    with engine.connect() as conn:
+        tokens, read, written = conn.execute(query).one()
+    return int(tokens), int(read), int(written)
 
 
 def pipeline_shards(

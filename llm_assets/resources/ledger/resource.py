@@ -312,6 +312,7 @@ class LedgerResource(dg.ConfigurableResource):
     estimate_accuracy: ClassVar = _on_engine(reporting.estimate_accuracy)
 
     output_tokens_per_billed_item: ClassVar = _on_engine(reporting.output_tokens_per_billed_item)
+    cache_usage: ClassVar = _on_engine(reporting.cache_usage)
 
     job_cost_rows: ClassVar = _on_engine(reporting.job_cost_rows)
 

@@ -29,7 +29,13 @@ from llm_assets.results.rows import (
 )
 from llm_assets.util.parallel import chunked
 
-RESULT_DEFAULTS = {"input_tokens": 0, "cached_input_tokens": 0, "output_tokens": 0, "cost_usd": 0}
+RESULT_DEFAULTS = {
+    "input_tokens": 0,
+    "cached_input_tokens": 0,
+    "cache_write_input_tokens": 0,
+    "output_tokens": 0,
+    "cost_usd": 0,
+}
 """The values of result columns a normalized result may leave out."""
 
 

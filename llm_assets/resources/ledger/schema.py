@@ -23,7 +23,7 @@ from llm_assets.resources.ledger.tables import (
 )
 from llm_assets.util.secrecy import mask_url
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 TEMP_BUFFERS = "64MB"
 """PostgreSQL temp_buffers of the ledger's sessions: a staged chunk of results stays in memory."""
 SQLITE_MIN = (3, 33, 0)

@@ -17,7 +17,13 @@ from llm_assets.resources.ledger.schema import durable_begin
 from llm_assets.resources.ledger.tables import reservation_table, result_table, shard_table
 from llm_assets.results.rows import PENDING, SUBMITTED
 
-BILLED = {"input_tokens", "cached_input_tokens", "output_tokens", "cost_usd"}
+BILLED = {
+    "input_tokens",
+    "cached_input_tokens",
+    "cache_write_input_tokens",
+    "output_tokens",
+    "cost_usd",
+}
 """The columns of an item's bill."""
 
 

@@ -11,11 +11,13 @@ updates. An item's row is rewritten twice (submitted, then with its result, abou
 wide); at 36 both rewrites fit on the row's own page, so PostgreSQL updates it without moving
 it or adding index entries (see docs/decisions.md)."""
 
-# Why a shard was made: an item's first send, a retry round, or an operator's requeue. Cost of
-# `retry` and `requeue` shards is the retry overhead.
+# Why a shard was made: an item's first send, a retry round, an operator's requeue, or the
+# first send of the few items that prime the provider's prompt cache (steps/priming.py). Cost
+# of `retry` and `requeue` shards is the retry overhead.
 FIRST = "first"
 RETRY_SHARD = "retry"
 REQUEUE_SHARD = "requeue"
+PRIME_SHARD = "prime"
 
 metadata = sa.MetaData()
 BigInt = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -141,6 +143,8 @@ result_table = sa.Table(
     sa.Column("estimated_input_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("input_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("cached_input_tokens", sa.Integer, nullable=False, server_default="0"),
+    # The part of input_tokens written to the provider's prompt cache, billed at its rate.
+    sa.Column("cache_write_input_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("output_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
     sa.Column("prior_cost_usd", sa.Float, nullable=False, server_default="0"),

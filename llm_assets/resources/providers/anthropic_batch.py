@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from llm_assets.resources.ledger import as_utc
 from llm_assets.resources.providers.base import (
@@ -68,10 +68,11 @@ def normalize_result(entry: Any) -> ItemResult:
             status_code=200,
             output_text=text,
             finish_reason="length" if stop == "max_tokens" else "stop",
-            # Anthropic counts cache reads and writes apart from input_tokens; all are input.
-            # Cache writes are charged as plain input here (Anthropic adds 25% for them).
+            # Anthropic counts cache reads and writes apart from input_tokens; all are input,
+            # each kind billed at its own rate.
             input_tokens=message.usage.input_tokens + cache_read + cache_write,
             cached_input_tokens=cache_read,
+            cache_write_input_tokens=cache_write,
             output_tokens=message.usage.output_tokens,
         )
     if kind == "errored":
@@ -107,6 +108,7 @@ class AnthropicBatchProvider(RemoteBatchProvider):
     console_url_template: ClassVar[str | None] = (
         "https://console.anthropic.com/workspaces/default/batches/{batch_id}"
     )
+    prompt_cache: ClassVar[Literal["marked", "automatic"] | None] = "marked"
     reconcile_page_limit: int = 50
 
     def make_client(self, api_key: str | None) -> Any:
@@ -130,7 +132,7 @@ class AnthropicBatchProvider(RemoteBatchProvider):
             "messages": [{"role": "user", "content": item.user}],
         }
         if item.system:
-            params["system"] = item.system
+            params["system"] = _system(spec, item.system)
         for option in ("top_p", "top_k", "stop_sequences"):
             if option in spec.model.options:
                 params[option] = spec.model.options[option]
@@ -205,6 +207,16 @@ class AnthropicBatchProvider(RemoteBatchProvider):
             )
         deleted = self.delete_if_present("delete", lambda: self.batches_api().delete(batch_id))
         return [batch_id] if deleted else []
+
+
+def _system(spec: "PipelineSpec", system: str) -> str | list[dict[str, Any]]:
+    """The system prompt, as one text block marked for the prompt cache when the spec asks for
+    caching: everything up to and including the marked block is the cached prefix."""
+    cache = spec.prompt.cache
+    if cache is None:
+        return system
+    marker = {"type": "ephemeral", "ttl": cache.ttl}
+    return [{"type": "text", "text": system, "cache_control": marker}]
 
 
 def _request_total(counts: Any) -> int:

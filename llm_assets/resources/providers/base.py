@@ -9,7 +9,7 @@ import json
 import urllib.parse
 from collections.abc import Callable, Iterator
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import dagster as dg
 import pydantic
@@ -158,6 +158,10 @@ class BatchProvider(dg.ConfigurableResource):
     refuses_after_create: ClassVar[bool] = False
     """True when a batch over the quota is created and then refused (OpenAI fails it while
     validating): its admission shows at a poll, not at the create."""
+    prompt_cache: ClassVar[Literal["marked", "automatic"] | None] = None
+    """How the provider caches the prefix a spec's `prompt.cache` names: "marked" (the request
+    lines mark it, with the spec's TTL), "automatic" (the provider caches a long prefix that
+    is the same byte for byte by itself), None (it cannot be asked to)."""
     console_url_template: ClassVar[str | None] = None
     """Where the provider's web console shows one batch, `{batch_id}` standing for its
     provider batch id; None when the provider has no such page (see `console_url`)."""

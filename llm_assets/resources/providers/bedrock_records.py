@@ -73,14 +73,15 @@ def normalize_record(line: dict[str, Any]) -> ItemResult | None:
         input_tokens = int(usage.get("inputTokens") or 0)
         output_tokens = int(usage.get("outputTokens") or 0)
         cached = int(usage.get("cacheReadInputTokens") or 0)
+        written = 0
     else:  # Anthropic Messages
         blocks = output.get("content") or []
         text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
         usage = output.get("usage") or {}
         stop = output.get("stop_reason")
         cached = int(usage.get("cache_read_input_tokens") or 0)
-        input_tokens = int(usage.get("input_tokens") or 0) + cached
-        input_tokens += int(usage.get("cache_creation_input_tokens") or 0)
+        written = int(usage.get("cache_creation_input_tokens") or 0)
+        input_tokens = int(usage.get("input_tokens") or 0) + cached + written
         output_tokens = int(usage.get("output_tokens") or 0)
     return ItemResult(
         custom_id=record_id,
@@ -90,5 +91,6 @@ def normalize_record(line: dict[str, Any]) -> ItemResult | None:
         finish_reason="length" if stop in ("max_tokens", "length") else "stop",
         input_tokens=input_tokens,
         cached_input_tokens=cached,
+        cache_write_input_tokens=written,
         output_tokens=output_tokens,
     )

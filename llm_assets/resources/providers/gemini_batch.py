@@ -18,7 +18,7 @@ import functools
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal
 
 from llm_assets.resources.providers.base import (
     AmbiguousSubmission,
@@ -76,6 +76,7 @@ class GeminiBatchProvider(RemoteBatchProvider):
     """Files API + Batch Mode; control-plane calls retried here, not inside the SDK."""
 
     line_id_field = "key"
+    prompt_cache: ClassVar[Literal["marked", "automatic"] | None] = "automatic"
 
     def make_client(self, api_key: str | None) -> Any:
         from google import genai

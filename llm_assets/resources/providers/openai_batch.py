@@ -9,7 +9,7 @@ import datetime as dt
 import functools
 import json
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from llm_assets.resources.ledger import as_utc
 from llm_assets.resources.providers.base import (
@@ -118,6 +118,7 @@ class OpenAIBatchProvider(RemoteBatchProvider):
     """Files + Batches; control-plane calls retried here, not inside the SDK."""
 
     quota_kind: ClassVar[str] = "tokens"
+    prompt_cache: ClassVar[Literal["marked", "automatic"] | None] = "automatic"
     refuses_after_create: ClassVar[bool] = True
     console_url_template: ClassVar[str | None] = "https://platform.openai.com/batches/{batch_id}"
     label: ClassVar[str] = "OpenAI"

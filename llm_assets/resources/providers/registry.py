@@ -53,5 +53,34 @@ def provider_spec_problems(spec: PipelineSpec) -> list[tuple[str, str]]:
         problems.append(
             ("model.name", f"no price for {spec.model.provider} model {spec.model.name!r}: {why}")
         )
-    problems.extend(adapter_class(spec.model.provider).model_construct().spec_problems(spec))
+    adapter = adapter_class(spec.model.provider)
+    problems.extend(_cache_problems(spec, adapter.prompt_cache))
+    problems.extend(adapter.model_construct().spec_problems(spec))
     return problems
+
+
+def _cache_problems(spec: PipelineSpec, how: str | None) -> list[tuple[str, str]]:
+    """`prompt.cache` against what the provider can do: nothing where it caches nothing; no
+    lifetime but its own where it caches by itself."""
+    cache = spec.prompt.cache
+    provider = spec.model.provider
+    if cache is None:
+        return []
+    if how is None:
+        return [
+            (
+                "prompt.cache",
+                f"{provider} has no prompt cache a spec can ask for; leave prompt.cache out "
+                "(anthropic caches a marked prefix; openai and gemini cache a long shared "
+                "prefix by themselves)",
+            )
+        ]
+    if how == "automatic" and cache.ttl != "5m":
+        return [
+            (
+                "prompt.cache.ttl",
+                f"{provider} caches a shared prefix by itself and keeps it as long as it "
+                f"chooses; ttl {cache.ttl} applies to anthropic only, leave ttl out",
+            )
+        ]
+    return []
