@@ -98,7 +98,13 @@ def test_concurrent_batches_each_write_and_the_next_day_reads(
         )
         bill = sum(map(billed_usd, day_one), Decimal(0))
         assert ledger_cost(harness, DAY) == pytest.approx(float(bill), abs=1e-9)
-        assert steps.cost_report(harness.context()).cost_usd == pytest.approx(float(bill), abs=1e-9)
+        report = steps.cost_report(harness.context())
+        assert report.cost_usd == pytest.approx(float(bill), abs=1e-9)
+        # Only writes: the cache cost the day what it wrote over plain input.
+        writes = sum(e["cache_creation"]["ephemeral_5m_input_tokens"] for e in day_one)
+        extra = writes * (WRITE["5m"] - INPUT) * BATCH / 1_000_000
+        assert (report.cache_read_tokens, report.cache_write_tokens) == (0, writes)
+        assert report.cache_saved_usd == pytest.approx(-float(extra), abs=1e-9)
 
         later = DAY + dt.timedelta(days=1)
         write_reviews(harness.home, later, 24)
@@ -145,6 +151,19 @@ def test_a_primed_day_writes_once_and_reads_after_across_a_restart(
         assert all(e["cache_creation_input_tokens"] == 0 for e in after)
         bill = sum(map(billed_usd, fake.bill()), Decimal(0))
         assert ledger_cost(harness, DAY) == pytest.approx(float(bill), abs=1e-9)
+        # The cost report shows the cache's tokens and what it saved on the fake's bill: the
+        # reads' price under plain input, less the writes' over it, in a batch.
+        report = steps.cost_report(harness.context())
+        reads = sum(e["cache_read_input_tokens"] for e in fake.bill())
+        writes = sum(e["cache_creation"]["ephemeral_1h_input_tokens"] for e in fake.bill())
+        saved = (reads * (INPUT - READ) - writes * (WRITE["1h"] - INPUT)) * BATCH / 1_000_000
+        assert (report.cache_read_tokens, report.cache_write_tokens) == (reads, writes)
+        assert report.cache_saved_usd == pytest.approx(float(saved), abs=1e-9)
+        assert report.cache_saved_usd > 0
+        assert f"| prompt cache: saved | ${float(saved):.4f} |" in report.markdown(
+            harness.spec, DAY
+        )
+        assert latest_metadata(harness, "cost_report")["cache_read_tokens"] == reads
 
         # The next day's estimate takes the hit rate measured on this one, and says so.
         rows = [r for r in harness.rows().values() if r["status"] == "succeeded"]

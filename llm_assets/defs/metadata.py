@@ -316,7 +316,8 @@ def import_metadata(
 
 def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[str, Any]:
     """cost_report: billed tokens and cost, why it is $0 when the model is priced at zero,
-    the estimate's error and the month so far, as of when the report was made; the day's
+    the prompt cache's tokens and saving (on a day that used it), the estimate's error and
+    the month so far, as of when the report was made; the day's
     outcome and summary, as the notification sensor announces them (`day_summary_json`)."""
     month = report.pipeline_months[-1] if report.pipeline_months else {}
     errors = (
@@ -340,6 +341,15 @@ def cost_metadata(spec: PipelineSpec, report: CostReport, day: dt.date) -> dict[
         **({"zero_cost_reason": report.zero_cost_reason} if report.zero_cost_reason else {}),
         "retry_cost_usd": usd(report.retry_cost_usd),
         "cost_per_1k_items_usd": usd(report.cost_per_1k_items_usd),
+        **(
+            {
+                "cache_read_tokens": report.cache_read_tokens,
+                "cache_write_tokens": report.cache_write_tokens,
+                "cache_saved_usd": usd(report.cache_saved_usd),
+            }
+            if report.cache_read_tokens or report.cache_write_tokens
+            else {}
+        ),
         "estimated_cost_usd": usd(report.estimated_cost_usd),
         "estimated_cost_upper_bound_usd": usd(report.estimated_cost_upper_usd),
         **{name: rate(value) for name, value in errors if value is not None},

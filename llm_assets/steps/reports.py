@@ -7,6 +7,7 @@ import random
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,6 +19,7 @@ from llm_assets.resources.pricing import (
     price_source,
     zero_price_reason,
 )
+from llm_assets.resources.providers.registry import adapter_class
 from llm_assets.results import quality
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import notify
@@ -136,6 +138,13 @@ class CostReport(BaseModel):
     input_tokens_per_item: float
     output_tokens_per_item: float
     cost_per_1k_items_usd: float
+    cache_read_tokens: int = 0
+    """Input tokens read from the provider's prompt cache (succeeded items' last attempts)."""
+    cache_write_tokens: int = 0
+    """Input tokens written to the provider's prompt cache."""
+    cache_saved_usd: float = 0.0
+    """What the cached tokens would have cost as plain input, less what they cost (reads at
+    their price, writes at theirs): the cache's saving, negative when writes outweigh reads."""
     prices_as_of: str
     """The date of the model's prices (the pinned genai-prices data's, or the table's)."""
     price_source: str
@@ -173,6 +182,12 @@ class CostReport(BaseModel):
             },
             {"": "cost per 1k items", "value": f"${self.cost_per_1k_items_usd:.4f}"},
         ]
+        if self.cache_read_tokens or self.cache_write_tokens:
+            summary += [
+                {"": "prompt cache: tokens read", "value": self.cache_read_tokens},
+                {"": "prompt cache: tokens written", "value": self.cache_write_tokens},
+                {"": "prompt cache: saved", "value": f"${self.cache_saved_usd:.4f}"},
+            ]
         return "\n\n".join(
             [
                 f"# Cost of {spec.name} on {day} ({self.price.provider}/{self.price.name}, "
@@ -187,6 +202,27 @@ class CostReport(BaseModel):
                 case_table(self.pipeline_months, limit=24),
             ]
         )
+
+
+def cache_savings(ctx: StepContext, price: ModelPrice) -> dict[str, Any]:
+    """The day's prompt-cache tokens and what the cache saved: per shard, at the prices it
+    recorded at submission (the spec's today when it recorded none), in a batch or not as
+    the shard was sent."""
+    adapter = adapter_class(ctx.spec.model.provider).model_construct()
+    read = written = 0
+    saved = Decimal(0)
+    for batch_id, price_json, shard_read, shard_written in ctx.ledger.shard_cache_usage(ctx.job_id):
+        charged = ModelPrice.model_validate_json(price_json) if price_json else price
+        batch = adapter.priced_as_batch and not adapter.runs_shard_in_step(ctx.spec, 0, batch_id)
+        plain, cached, write, _ = charged.per_mtok(batch=batch)
+        saved += (shard_read * (plain - cached) - shard_written * (write - plain)) / 1_000_000
+        read += shard_read
+        written += shard_written
+    return {
+        "cache_read_tokens": read,
+        "cache_write_tokens": written,
+        "cache_saved_usd": float(saved),
+    }
 
 
 _TOTALLED = ("items", "succeeded", "input_tokens", "output_tokens", "cost_usd", "retry_cost_usd")
@@ -244,6 +280,7 @@ def cost_report(ctx: StepContext) -> CostReport:
         input_tokens_per_item=job.input_tokens / n,
         output_tokens_per_item=job.output_tokens / n,
         cost_per_1k_items_usd=counts.cost_usd / n * 1000,
+        **cache_savings(ctx, price),
         prices_as_of=str(price.as_of or load_price_table().prices_as_of),
         price_source=price_source(price),
         price=price,

@@ -224,6 +224,23 @@ def cache_usage(engine: Engine, job_ids: Sequence[str]) -> tuple[int, int, int]:
     return int(tokens), int(read), int(written)
 
 
+def shard_cache_usage(engine: Engine, job_id: str) -> list[tuple[str | None, str | None, int, int]]:
+    """Per shard of the job with cache use, over its succeeded items' last attempts: its
+    provider batch id, the prices it recorded at submission (`price_json`), and the tokens
+    read from and written to the provider's prompt cache."""
+    read = sa.func.coalesce(sa.func.sum(_r.cached_input_tokens), 0)
+    written = sa.func.coalesce(sa.func.sum(_r.cache_write_input_tokens), 0)
+    query = (
+        sa.select(_s.provider_batch_id, _s.price_json, read, written)
+        .select_from(result_table.join(shard_table, _s.shard_id == _r.shard_id))
+        .where(_r.job_id == job_id, _r.status == SUCCEEDED)
+        .group_by(_s.shard_id, _s.provider_batch_id, _s.price_json)
+        .having(read + written > 0)
+    )
+    with engine.connect() as conn:
+        return [(batch, price, int(r), int(w)) for batch, price, r, w in conn.execute(query)]
+
+
 def pipeline_shards(
     engine: Engine, pipeline: str, statuses: Iterable[str]
 ) -> list[tuple[ShardRecord, dt.date]]:

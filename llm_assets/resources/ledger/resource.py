@@ -313,6 +313,7 @@ class LedgerResource(dg.ConfigurableResource):
 
     output_tokens_per_billed_item: ClassVar = _on_engine(reporting.output_tokens_per_billed_item)
     cache_usage: ClassVar = _on_engine(reporting.cache_usage)
+    shard_cache_usage: ClassVar = _on_engine(reporting.shard_cache_usage)
 
     job_cost_rows: ClassVar = _on_engine(reporting.job_cost_rows)
 
