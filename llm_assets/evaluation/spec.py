@@ -63,6 +63,10 @@ class PromptPatch(_Strict):
     system: str | None = None
     template: str | None = None
     truncate_to_context: bool | None = None
+    cache: dict[str, Any] | None = Field(
+        default=None,
+        description="Merged into the baseline's prompt cache key by key; null: no cache.",
+    )
 
 
 class VariantSpec(_Strict):
