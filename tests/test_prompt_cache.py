@@ -216,3 +216,52 @@ def test_the_rest_go_without_a_primed_cache_when_priming_answered_nothing(
         # The day's other shards started together, without a primed cache: each wrote it.
         _, *rest = by_batch(fake.bill()).values()
         assert all(e["cache_creation_input_tokens"] > 0 for e in rest[0] + rest[1] + rest[2])
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("openai", marks=pytest.mark.fake_server("openai")),
+        pytest.param("gemini", marks=pytest.mark.fake_server("gemini")),
+    ],
+)
+def test_openai_and_gemini_read_the_repeated_prefix_by_themselves(
+    kind: str, tmp_path: Any, database_url: str, fake: Any
+) -> None:
+    """OpenAI and Gemini cache a long repeated prefix unasked (their fakes: once the batch
+    that first sent it has ended). The day's lines keep the system prompt first and the same
+    in every line, so the batches after the first read it; the ledger bills those tokens at
+    the cached price and the cost report counts them and what they saved."""
+    with fake_harness(tmp_path, database_url, fake, **cached_spec()) as harness:
+        assert harness.run_day().succeeded == 24
+        rows = [r for r in harness.rows().values() if r["status"] == "succeeded"]
+        by_shard: dict[str, set[int]] = {}
+        for row in rows:
+            by_shard.setdefault(row["shard_id"], set()).add(row["cached_input_tokens"])
+        # The first batch to run wrote the prefix; each later one read all of it.
+        assert sorted(len(v) for v in by_shard.values()) == [1, 1, 1]
+        reads = sorted(next(iter(v)) for v in by_shard.values())
+        assert reads[0] == 0 and reads[1] == reads[2] >= 1024, reads
+        price = steps.price_for(harness.spec)
+        expected = sum(
+            Decimal(
+                repr(
+                    price.cost_usd(
+                        r["input_tokens"],
+                        r["output_tokens"],
+                        batch=True,
+                        cached_input_tokens=r["cached_input_tokens"],
+                    )
+                )
+            )
+            for r in rows
+        )
+        assert ledger_cost(harness, DAY) == pytest.approx(float(expected), abs=1e-9)
+        report = steps.cost_report(harness.context())
+        plain, cached, _, _ = price.per_mtok(batch=True)
+        read = sum(r["cached_input_tokens"] for r in rows)
+        assert (report.cache_read_tokens, report.cache_write_tokens) == (read, 0)
+        assert report.cache_saved_usd == pytest.approx(float(read * (plain - cached) / 10**6))
+        # Gemini's batch price for cached input is under its batch input price; OpenAI's
+        # (genai-prices' batch prices of gpt-4o-mini) is the same: a read saves nothing there.
+        assert (report.cache_saved_usd > 0) == (plain > cached) == (kind == "gemini")

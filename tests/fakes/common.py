@@ -141,3 +141,37 @@ class CallLog:
 def format_seconds(seconds: float) -> str:
     """A `retry-after` value: whole seconds without a fraction, else as given."""
     return str(int(seconds)) if float(seconds).is_integer() else str(float(seconds))
+
+
+class PrefixCache:
+    """A provider's automatic prompt cache as the fakes model it (OpenAI and Gemini cache a
+    long repeated prefix without being asked): a request whose prefix -- its system prompt --
+    has at least `minimum` tokens reads it from the cache when an earlier batch sent the same
+    prefix to the same model, and is billed `minimum` plus whole `increment`s of it as cached
+    input (OpenAI: 1024 and 128). Requests of one batch run at once, so a prefix is cached once
+    the batch that first sent it has ended (`settle`), not for that batch's other requests.
+    Thread-safe; nothing is kept on disk."""
+
+    def __init__(self, minimum: int, increment: int = 1) -> None:
+        self.minimum = minimum
+        self.increment = increment
+        self._cached: set[tuple[str, str]] = set()
+        self._sent: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def read(self, model: str, prefix: str, tokens: int) -> int:
+        """Tokens of `prefix` (`tokens` long) read from the cache by one request."""
+        if tokens < self.minimum:
+            return 0
+        key = (model, prefix)
+        with self._lock:
+            if key in self._cached:
+                return tokens - (tokens - self.minimum) % self.increment
+            self._sent.add(key)
+            return 0
+
+    def settle(self) -> None:
+        """A batch ended: the prefixes it sent are cached for the batches after it."""
+        with self._lock:
+            self._cached |= self._sent
+            self._sent.clear()

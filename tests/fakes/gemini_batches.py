@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from tests.fakes.common import PrefixCache
 from tests.fakes.gemini_model import (
     LINE_FAULTS,
     answer_line,
@@ -32,6 +33,7 @@ from tests.fakes.gemini_model import (
     embedding_line,
     error_line,
     rfc3339,
+    system_text,
 )
 
 JSON = dict[str, Any]
@@ -102,6 +104,7 @@ class BatchLifecycle:
     batch_outcome: Callable[[JSON], str] | None
     shuffle_output: bool
     responder: Callable[[JSON], str] | None
+    prefix_cache: PrefixCache
     billed: Counter[str]
     batches: dict[str, JSON]
     _lock: threading.RLock
@@ -180,8 +183,11 @@ class BatchLifecycle:
                 result = embedding_line(key, request)
             else:
                 text = (self.responder or default_responder)(request)
-                result, _, _ = answer_line(key, request, text, batch["model"])
+                prefix = system_text(request)
+                cached = self.prefix_cache.read(batch["model"], prefix, len(prefix.split()))
+                result, _, _ = answer_line(key, request, text, batch["model"], cached)
             output += [result, result] if fault == "duplicate" else [result]
+        self.prefix_cache.settle()
         if self.shuffle_output and len(output) > 1:
             original = list(output)
             random.Random(batch["name"]).shuffle(output)

@@ -133,20 +133,37 @@ def default_responder(request: JSON) -> str:
     return answer_text(request_text(request), response_schema_of(request))
 
 
-def usage_metadata(prompt: int, answer: int) -> JSON:
-    return {
+def usage_metadata(prompt: int, answer: int, cached: int = 0) -> JSON:
+    """A response's usage; `cachedContentTokenCount` (part of the prompt) only when the
+    prompt read something from the cache, as Gemini reports it."""
+    found: JSON = {
         "promptTokenCount": prompt,
         "candidatesTokenCount": answer,
         "totalTokenCount": prompt + answer,
     }
+    if cached:
+        found["cachedContentTokenCount"] = min(cached, prompt)
+    return found
+
+
+def system_text(request: JSON) -> str:
+    """The system instruction's text: the prefix a batch's requests repeat."""
+    system = request.get("systemInstruction") or request.get("system_instruction")
+    parts = system.get("parts") or [] if isinstance(system, dict) else []
+    return " ".join(
+        p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)
+    )
 
 
 def response_id(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:22]
 
 
-def answer_line(key: str, request: JSON, text: str, model: str) -> tuple[JSON, int, int]:
-    """(result line, prompt tokens, answer tokens) of a request the model answered."""
+def answer_line(
+    key: str, request: JSON, text: str, model: str, cached: int = 0
+) -> tuple[JSON, int, int]:
+    """(result line, prompt tokens, answer tokens) of a request the model answered, `cached`
+    of its prompt tokens read from the cache."""
     prompt, answer = prompt_words(request), len(text.split())
     response = {
         "candidates": [
@@ -156,7 +173,7 @@ def answer_line(key: str, request: JSON, text: str, model: str) -> tuple[JSON, i
                 "index": 0,
             }
         ],
-        "usageMetadata": usage_metadata(prompt, answer),
+        "usageMetadata": usage_metadata(prompt, answer, cached),
         "modelVersion": model.removeprefix("models/"),
         "responseId": response_id(key),
     }

@@ -38,7 +38,13 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qs
 
 from tests.fakes.base import FaultInjectingServer, Reply, Request
-from tests.fakes.common import CallLog, ControlFault, LostResponseFault, format_seconds
+from tests.fakes.common import (
+    CallLog,
+    ControlFault,
+    LostResponseFault,
+    PrefixCache,
+    format_seconds,
+)
 from tests.fakes.gemini_batches import ACTIVE, BatchLifecycle, operation, parse_input
 from tests.fakes.gemini_files import FilesApi
 from tests.fakes.gemini_model import MESSAGES, ApiError, error_body, new_id, rfc3339
@@ -69,6 +75,8 @@ class FakeGemini(FilesApi, BatchLifecycle, FaultInjectingServer):
         batches answer the first half of their lines; the rest have no line.
     shuffle_output: result lines not in input order (deterministic per batch).
     responder: GenerateContentRequest -> answer text, instead of `default_responder`.
+    prefix_cache: Gemini's implicit cache of a system instruction of 1024 words or more, read
+        (`cachedContentTokenCount`) by the batches after the one that first sent it.
     max_active_batches: PENDING/RUNNING batches allowed at once; one more create is a 429.
     api_keys: the keys accepted (None: any non-empty key).
     billed: key -> how many times a batch ran the request to an answer.
@@ -93,6 +101,7 @@ class FakeGemini(FilesApi, BatchLifecycle, FaultInjectingServer):
         self.batch_outcome: Callable[[JSON], str] | None = None
         self.shuffle_output: bool = True
         self.responder: Callable[[JSON], str] | None = None
+        self.prefix_cache = PrefixCache(minimum=1024)
         self.max_active_batches: int | None = None
         self.api_keys: set[str] | None = None
         self.billed: Counter[str] = Counter()

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal
 
+from tests.fakes.common import PrefixCache
 from tests.fakes.openai_model import (
     Responder,
     error_body,
@@ -240,6 +241,7 @@ class BatchLifecycle:
     responder: Responder | None
     edit_line: Callable[[JSON], JSON] | None
     cached_tokens: int
+    prefix_cache: PrefixCache
     enqueued_token_limit: int | None
     token_limit_stated: bool
     peak_enqueued_tokens: dict[str, int]
@@ -389,13 +391,14 @@ class BatchLifecycle:
                 output += [success, success] if fault == "duplicate" else [success]
                 counts["completed"] += 1
                 self.billed[custom_id] += 1
+        self.prefix_cache.settle()
         return output, error_lines, counts
 
     def _success_line(
         self, batch: JSON, custom_id: str, body: JSON, counts: dict[str, int]
     ) -> JSON:
         result, used_in, used_out = model_answer(
-            batch["endpoint"], body, self.responder, self.cached_tokens
+            batch["endpoint"], body, self.responder, self.cached_tokens, self.prefix_cache
         )
         counts["input_tokens"] += used_in
         counts["output_tokens"] += used_out

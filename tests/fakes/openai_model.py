@@ -18,6 +18,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+from tests.fakes.common import PrefixCache
+
 JSON = dict[str, Any]
 Responder = Callable[[JSON], str]
 
@@ -68,6 +70,17 @@ def prompt_tokens_of(body: JSON, model: str) -> int:
             elif isinstance(item, dict):
                 messages.append(_text_of(item.get("content")))
     return sum(4 + count_tokens(m, model) for m in messages) + 3
+
+
+def system_prompt(body: JSON) -> str:
+    """The prefix a chat or Responses request repeats: its system message or instructions."""
+    if isinstance(body.get("instructions"), str):
+        return str(body["instructions"])
+    messages = body.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    if isinstance(first, dict) and first.get("role") in ("system", "developer"):
+        return _text_of(first.get("content"))
+    return ""
 
 
 def stable_pick(options: list[Any], text: str) -> Any:
@@ -316,18 +329,26 @@ def response_usage(input_tokens: int, output_tokens: int, cached: int) -> JSON:
 
 
 def model_answer(
-    endpoint: str, body: JSON, responder: Responder | None, cached_tokens: int
+    endpoint: str,
+    body: JSON,
+    responder: Responder | None,
+    cached_tokens: int,
+    prefix_cache: PrefixCache | None = None,
 ) -> tuple[JSON, int, int]:
     """(response body, input tokens, output tokens) of one request to `endpoint`.
 
     `responder` gives the assistant content (`default_responder` when None); `cached_tokens`
-    are reported as read from the prompt cache, at most the prompt.
+    are reported as read from the prompt cache, at most the prompt; when 0, what
+    `prefix_cache` (OpenAI's automatic cache of the system prompt) reads.
     """
     if endpoint == "/v1/embeddings":
         return _embeddings(body)
     content = (responder or default_responder)(body)
     model = str(body.get("model"))
     prompt_tokens = prompt_tokens_of(body, model)
+    if not cached_tokens and prefix_cache is not None:
+        prefix = system_prompt(body)
+        cached_tokens = prefix_cache.read(model, prefix, 4 + count_tokens(prefix, model))
     cached = min(cached_tokens, prompt_tokens)
     if endpoint == "/v1/responses":
         return _response(body, model, content, prompt_tokens, cached)

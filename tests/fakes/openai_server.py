@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qs
 
 from tests.fakes.base import FaultInjectingServer, Reply, Request
-from tests.fakes.common import CallLog, ControlFault, format_seconds
+from tests.fakes.common import CallLog, ControlFault, PrefixCache, format_seconds
 from tests.fakes.openai_batches import DAY, BatchLifecycle, CleanErrorFile
 from tests.fakes.openai_model import (
     ApiError,
@@ -87,7 +87,9 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
     edit_line: result line -> the line written instead (output and error files alike): the
         odd answers of a real provider (overlong codes, NUL characters).
     cached_tokens: prompt tokens reported as read from the prompt cache (at most the prompt).
-        Token counts are OpenAI's: the model's BPE plus the chat framing.
+        Token counts are OpenAI's: the model's BPE plus the chat framing. When 0,
+        `prefix_cache` decides: OpenAI's automatic cache of a system prompt of 1024 tokens or
+        more, read in 128-token steps by the batches after the one that first sent it.
     enqueued_token_limit: OpenAI's per-model limit of enqueued prompt tokens (None: no limit).
         A batch leaving `validating` whose prompt tokens (the input tokens its usage would
         report, summed over its lines), added to those of the same model's batches in flight
@@ -132,6 +134,7 @@ class FakeOpenAI(BatchLifecycle, FaultInjectingServer):
         self.responder: Responder | None = None
         self.edit_line: Callable[[JSON], JSON] | None = None
         self.cached_tokens: int = 0
+        self.prefix_cache = PrefixCache(minimum=1024, increment=128)
         self.enqueued_token_limit: int | None = None
         self.token_limit_stated: bool = True
         self.peak_enqueued_tokens: dict[str, int] = {}

@@ -233,9 +233,12 @@ def shard_cache_usage(engine: Engine, job_id: str) -> list[tuple[str | None, str
     query = (
         sa.select(_s.provider_batch_id, _s.price_json, read, written)
         .select_from(result_table.join(shard_table, _s.shard_id == _r.shard_id))
-        .where(_r.job_id == job_id, _r.status == SUCCEEDED)
+        .where(
+            _r.job_id == job_id,
+            _r.status == SUCCEEDED,
+            sa.or_(_r.cached_input_tokens > 0, _r.cache_write_input_tokens > 0),
+        )
         .group_by(_s.shard_id, _s.provider_batch_id, _s.price_json)
-        .having(read + written > 0)
     )
     with engine.connect() as conn:
         return [(batch, price, int(r), int(w)) for batch, price, r, w in conn.execute(query)]
