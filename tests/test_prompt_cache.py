@@ -218,6 +218,27 @@ def test_the_rest_go_without_a_primed_cache_when_priming_answered_nothing(
         assert all(e["cache_creation_input_tokens"] > 0 for e in rest[0] + rest[1] + rest[2])
 
 
+@pytest.mark.one_database
+def test_a_day_built_in_slices_is_primed_once(
+    tmp_path: Any, database_url: str, fake: FakeAnthropic
+) -> None:
+    """Slices build a day's shards apart; one priming shard is made for the day, sent alone,
+    and the shards of every slice wait for it and read what it wrote."""
+    spec = {**cached_spec(ttl="1h", prime=True, prime_items=3), "sharding": {"slices": 2}}
+    with fake_harness(tmp_path, database_url, fake, **spec) as harness:
+        assert harness.run_day().succeeded == 24
+        shards = harness.ledger.shards(harness.job_id())
+        assert [s.item_count for s in shards if s.kind == "prime"] == [3]
+        assert sum(s.item_count for s in shards) == 24
+        primer, *rest = by_batch(fake.bill()).values()
+        assert len(primer) == 3 and len(rest) == len(shards) - 1
+        assert all(e["cache_creation"]["ephemeral_1h_input_tokens"] > 0 for e in primer)
+        after = [e for entries in rest for e in entries]
+        assert all(e["cache_read_input_tokens"] >= MIN_CACHEABLE for e in after)
+        assert all(e["cache_creation_input_tokens"] == 0 for e in after)
+        assert sorted(fake.submitted_custom_ids()) == sorted(harness.rows())
+
+
 @pytest.mark.parametrize(
     "kind",
     [
