@@ -6,6 +6,7 @@ kit here; a case the kit has no entry for (no fake to inject faults into, no quo
 is not generated for it.
 """
 
+import dataclasses
 import json
 import uuid
 from collections import Counter
@@ -188,61 +189,48 @@ def _local(fake: Any, state_dir: Path) -> BatchProvider:
     return LocalProvider(state_dir=str(state_dir), work_budget_seconds=0.0, chunk_size=4)
 
 
+_OPENAI = ProviderKit(
+    name="openai",
+    model="gpt-4o-mini",
+    # The error file of a batch without failed lines as "", one of the API's answers.
+    knobs={"responder": truthful, "error_file_when_clean": "empty_string"},
+    fault_knob="line_fault",
+    transient=("5xx", "429"),
+    permanent={"4xx": "invalid_value"},
+    unanswered=("missing", "expire"),
+    duplicate="duplicate",
+    outcome_knob="batch_outcome",
+    completes="completed",
+    endings={
+        "expired": Ending("expired_after_partial", "expired", keeps_answers=True),
+        "cancelled": Ending("cancelled_after_partial", "cancelled", keeps_answers=True),
+    },
+    create=("POST", "/v1/batches"),
+    control=(("POST", "/v1/files"), ("GET", "/v1/batches/"), ("GET", "/v1/files/")),
+    quota={"enqueued_token_limit": 500},
+    cancelling="cancelling",
+    reconciles_by_listing=True,
+    batches=lambda fake: [b["id"] for b in fake.store.all_batches()],
+    held_files=lambda fake: [f["id"] for f in fake.store.all_files()],
+    files_per_batch=2,
+)
+
+
 KITS = [
-    ProviderKit(
-        name="openai",
-        model="gpt-4o-mini",
-        # The error file of a batch without failed lines as "", one of the API's answers.
-        knobs={"responder": truthful, "error_file_when_clean": "empty_string"},
-        fault_knob="line_fault",
-        transient=("5xx", "429"),
-        permanent={"4xx": "invalid_value"},
-        unanswered=("missing", "expire"),
-        duplicate="duplicate",
-        outcome_knob="batch_outcome",
-        completes="completed",
-        endings={
-            "expired": Ending("expired_after_partial", "expired", keeps_answers=True),
-            "cancelled": Ending("cancelled_after_partial", "cancelled", keeps_answers=True),
-        },
-        create=("POST", "/v1/batches"),
-        control=(("POST", "/v1/files"), ("GET", "/v1/batches/"), ("GET", "/v1/files/")),
-        quota={"enqueued_token_limit": 500},
-        cancelling="cancelling",
-        reconciles_by_listing=True,
-        batches=lambda fake: [b["id"] for b in fake.store.all_batches()],
-        held_files=lambda fake: [f["id"] for f in fake.store.all_files()],
-        files_per_batch=2,
-    ),
-    ProviderKit(
+    _OPENAI,
+    # Azure OpenAI is OpenAI's Batch API behind Azure's paths, api-version and deployments.
+    dataclasses.replace(
+        _OPENAI,
         name="azure_openai",
-        model="gpt-4o-mini",
         adapter=_azure,
         knobs={"responder": truthful, "deployments": {AZURE_DEPLOYMENT: "gpt-4o-mini"}},
         spec={"model": {"options": {"deployment": AZURE_DEPLOYMENT}}},
-        fault_knob="line_fault",
-        transient=("5xx", "429"),
-        permanent={"4xx": "invalid_value"},
-        unanswered=("missing", "expire"),
-        duplicate="duplicate",
-        outcome_knob="batch_outcome",
-        completes="completed",
-        endings={
-            "expired": Ending("expired_after_partial", "expired", keeps_answers=True),
-            "cancelled": Ending("cancelled_after_partial", "cancelled", keeps_answers=True),
-        },
         create=("POST", "/openai/batches"),
         control=(
             ("POST", "/openai/files"),
             ("GET", "/openai/batches/"),
             ("GET", "/openai/files/"),
         ),
-        quota={"enqueued_token_limit": 500},
-        cancelling="cancelling",
-        reconciles_by_listing=True,
-        batches=lambda fake: [b["id"] for b in fake.store.all_batches()],
-        held_files=lambda fake: [f["id"] for f in fake.store.all_files()],
-        files_per_batch=2,
     ),
     ProviderKit(
         name="anthropic",
