@@ -26,7 +26,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llm_assets import steps  # noqa: E402
-from llm_assets.defs.runner import PartitionRunner, StepFailed
+from llm_assets.defs.run_failures import StepFailed
+from llm_assets.defs.runner import PartitionRunner
 from llm_assets.demo.data import generate_demo_data
 from llm_assets.resources.ledger import LedgerResource  # noqa: E402
 from llm_assets.resources.providers import provider_resource_key  # noqa: E402

@@ -16,7 +16,7 @@ from llm_assets.compliance.detect import scan
 from llm_assets.compliance.policy import restore, screen
 from llm_assets.compliance.spec import DEFAULT_PII, ENTITIES, ComplianceSpec
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.runner import StepFailed
+from llm_assets.defs.run_failures import StepFailed
 from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import metadata, output_table
 from llm_assets.spec.load import parse_spec

@@ -23,7 +23,7 @@ from llm_assets import steps
 from llm_assets.cli.main import main as cli_main
 from llm_assets.defs.checks import BUDGET, COST_DRIFT, budget_check
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.runner import StepFailed
+from llm_assets.defs.run_failures import StepFailed
 from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import SCHEMA_VERSION, LedgerResource, result_table, shard_table
 from llm_assets.resources.pricing import load_price_table, zero_price_reason

@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.runner import StepFailed
+from llm_assets.defs.run_failures import StepFailed
 from llm_assets.items.tokens import counter_for
 from llm_assets.resources.ledger import utcnow
 from llm_assets.resources.providers.base import ShardState, ShardSubmission

@@ -14,7 +14,7 @@ import pytest
 from llm_assets import steps
 from llm_assets.defs.checks import validated_outputs_checks
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.runner import StepFailed
+from llm_assets.defs.run_failures import StepFailed
 from llm_assets.results import quality
 from llm_assets.results.validation import parse_output
 from llm_assets.spec.model import PipelineSpec

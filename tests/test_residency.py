@@ -27,7 +27,7 @@ from llm_assets.compliance.residency import (
     refusal,
     residency_problems,
 )
-from llm_assets.defs.runner import StepFailed
+from llm_assets.defs.run_failures import StepFailed
 from llm_assets.resources.providers.anthropic_batch import AnthropicBatchProvider
 from llm_assets.resources.providers.azure_openai import AzureOpenAIBatchProvider
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from llm_assets import names, steps
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.runner import StepFailed
+from llm_assets.defs.run_failures import StepFailed
 from llm_assets.resources.ledger import LedgerResource, output_table
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.storage import ArtifactStorage

@@ -14,7 +14,7 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings
 
 if TYPE_CHECKING:
-    from llm_assets.defs.runner import StepFailed
+    from llm_assets.defs.run_failures import StepFailed
 
 EXIT_OK, EXIT_ERROR, EXIT_GATE = 0, 1, 2
 

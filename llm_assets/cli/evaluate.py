@@ -24,7 +24,7 @@ from llm_assets.cli.args import (
 from llm_assets.cli.console import progress_bar, say
 
 if TYPE_CHECKING:
-    from llm_assets.defs.runner import StepFailed
+    from llm_assets.defs.run_failures import StepFailed
 
 
 @click.command("eval")
@@ -62,7 +62,7 @@ def eval_(
 ) -> None:
     """Replay a sample of a pipeline's days through its variants; nothing is published."""
     from llm_assets.defs.eval_jobs import eval_days, run_eval_job
-    from llm_assets.defs.runner import StepFailed
+    from llm_assets.defs.run_failures import StepFailed
     from llm_assets.evaluation.report_store import load_report
     from llm_assets.evaluation.variants import UnknownVariant, resolve_variants
     from llm_assets.resources import build_resources

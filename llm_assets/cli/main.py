@@ -423,7 +423,7 @@ def demo(days: int, per_day: int, as_json: bool) -> None:
     the days, one cancelled and requeued, an empty day, a day blocked by the strict
     pipeline's quality gate, then the eval of the pipeline's variants."""
     from llm_assets.cli.console import err
-    from llm_assets.defs.runner import StepFailed
+    from llm_assets.defs.run_failures import StepFailed
     from llm_assets.demo.run import run_demo
 
     try:

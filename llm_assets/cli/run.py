@@ -27,7 +27,8 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings
 
 if TYPE_CHECKING:
-    from llm_assets.defs.runner import DayOutcome, StepFailed
+    from llm_assets.defs.run_failures import StepFailed
+    from llm_assets.defs.runner import DayOutcome
 
 
 @click.command()
@@ -48,7 +49,8 @@ def run(
     as_json: bool,
 ) -> None:
     """Materialize a pipeline for a day or a range of days through Dagster."""
-    from llm_assets.defs.runner import StepFailed, run_days
+    from llm_assets.defs.run_failures import StepFailed
+    from llm_assets.defs.runner import run_days
 
     settings = load_settings()
     spec = pipeline_spec(settings, pipeline)

@@ -31,7 +31,8 @@ from rich.progress import Progress
 from llm_assets import names, steps
 from llm_assets.defs.factory import started_by
 from llm_assets.defs.metadata import RATE_DIGITS, USD_DIGITS
-from llm_assets.defs.runner import failure_of, persistent_instance
+from llm_assets.defs.run_failures import failure_of
+from llm_assets.defs.runner import persistent_instance
 from llm_assets.evaluation.replay import Replay, replay
 from llm_assets.evaluation.report import EvalReport, VariantReport, build_report
 from llm_assets.evaluation.report_markdown import render_markdown

@@ -57,7 +57,7 @@ from llm_assets.defs import checks
 from llm_assets.defs import metadata as asset_metadata
 from llm_assets.defs.factory import asset_key
 from llm_assets.defs.jobs import asset_keys, build_lifecycle_jobs, job_name
-from llm_assets.defs.runner import day_busy, failure_reason, reported_summary
+from llm_assets.defs.run_failures import day_busy, failure_reason, reported_summary
 from llm_assets.resources.ledger import LedgerResource, ShardRecord, utcnow
 from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.providers.base import IN_FLIGHT_STATES, BatchProvider

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from llm_assets.cli.console import home_relative, progress_bar, usd
 from llm_assets.defs.eval_jobs import run_eval_job
-from llm_assets.defs.runner import StepFailed
+from llm_assets.defs.run_failures import StepFailed
 from llm_assets.evaluation.report import EvalReport
 from llm_assets.evaluation.report_store import load_report
 from llm_assets.resources import build_resources

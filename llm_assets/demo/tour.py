@@ -11,10 +11,10 @@ from rich.console import Console
 
 from llm_assets import steps
 from llm_assets.cli.console import progress_bar
+from llm_assets.defs.run_failures import StepFailed
 from llm_assets.defs.runner import (
     DayOutcome,
     PartitionRunner,
-    StepFailed,
     persistent_instance,
     run_days,
 )
