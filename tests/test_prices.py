@@ -149,6 +149,10 @@ def test_the_library_is_read_by_the_documented_rules() -> None:
     # Azure OpenAI falls back to OpenAI's prices, counted with OpenAI's tokenizer.
     azure = table.get("azure_openai", "gpt-4o-mini")
     assert (azure.input_per_mtok, azure.tokenizer, azure.token_factor) == (0.15, "o200k_base", None)
+    # ... and to OpenAI's only: the library's Azure also prices other vendors' models, which
+    # Azure OpenAI's Batch API does not serve.
+    assert table.find("anthropic", "claude-haiku-4-5") is not None
+    assert table.find("azure_openai", "claude-haiku-4-5") is None
     # A dated price change is in force from its date on.
     opus = [table.find("anthropic", "claude-opus-4-6", on=dt.date(y, 1, 1)) for y in (2026, 2027)]
     assert all(p is not None for p in opus)

@@ -41,6 +41,10 @@ LIBRARY_PROVIDERS: dict[str, str] = {
     "gemini": "google",
 }
 """Our provider names and the library's provider ids that price them."""
+FALLBACKS: dict[str, tuple[str, ...]] = {"azure_openai": ("openai",)}
+"""The library's providers whose models a provider of ours may fall back to, where the
+library's own list is wider than what the provider serves: Azure OpenAI's Batch API serves
+OpenAI's models, not the other vendors' the library's `azure` also prices."""
 _BATCH = {"processing": "batch"}
 
 
@@ -81,11 +85,20 @@ def _provider(provider: str) -> "Provider | None":
     return next((p for p in _providers() if p.id == library_id), None)
 
 
+def _fallbacks(provider: str, found: "Provider") -> list[str]:
+    """The library provider ids `provider`'s models may fall back to."""
+    allowed = FALLBACKS.get(provider)
+    fallbacks = found.fallback_model_providers or []
+    return [f for f in fallbacks if allowed is None or f in allowed]
+
+
 def _find(provider: str, name: str) -> "ModelInfo | None":
     found = _provider(provider)
     if found is None:
         return None
-    return found.find_model(name, all_providers=_providers())
+    fallbacks = _fallbacks(provider, found)
+    others = [p for p in _providers() if p.id in fallbacks]
+    return found.find_model(name, all_providers=others)
 
 
 @functools.lru_cache(maxsize=256)
@@ -174,7 +187,7 @@ def library_names(provider: str) -> list[str]:
     if found is None:
         return []
     models = list(found.models)
-    for fallback in found.fallback_model_providers or []:
+    for fallback in _fallbacks(provider, found):
         models += [m for p in _providers() if p.id == fallback for m in p.models]
     names = []
     for model in models:
