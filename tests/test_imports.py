@@ -209,3 +209,18 @@ def test_the_local_model_runs_without_torch() -> None:
         "LocalEngine.shared().embed(['hello'])"
     )
     assert loaded.isdisjoint({"torch", "sentence_transformers", "transformers"})
+
+
+def test_storage_on_a_local_folder_never_imports_boto3() -> None:
+    """boto3 is a tenth of a second of every CLI command and run worker; only S3 needs it."""
+    loaded = _loaded_after(
+        "import tempfile\n"
+        "from llm_assets.resources.storage import ArtifactStorage\n"
+        "storage = ArtifactStorage(base_url=tempfile.mkdtemp())\n"
+        "storage.write_bytes('a/b.json', b'{}')\n"
+        "assert storage.read_bytes(storage.uri('a/b.json')) == b'{}'"
+    )
+    assert "boto3" not in loaded and "botocore" not in loaded
+    s3 = "from llm_assets.resources.storage import ArtifactStorage\n"
+    s3 += "ArtifactStorage(base_url='s3://bucket/prefix')._s3()"
+    assert "boto3" in _loaded_after(s3)

@@ -1,4 +1,5 @@
-"""Artifact storage: one API over a local folder or an S3 prefix (`storage_s3`).
+"""Artifact storage: one API over a local folder or an S3 prefix (`storage_s3`, imported on
+first use of S3).
 
 Every write is staged in a temp file and published in one step (``os.replace`` locally,
 ``upload_file`` on S3), so readers never see a partial artifact, even after a crash. A local
@@ -13,13 +14,16 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import dagster as dg
 import pydantic
 
-from llm_assets.resources.storage_s3 import S3Location, S3Objects, parse_s3
+from llm_assets.resources.s3_uri import S3Location, parse_s3
 from llm_assets.util.secrecy import mask_url
+
+if TYPE_CHECKING:
+    from llm_assets.resources.storage_s3 import S3Objects
 
 _STAGING_SUFFIX = ".partial"
 _COPY_CHUNK_BYTES = 1024 * 1024
@@ -274,14 +278,17 @@ class ArtifactStorage(dg.ConfigurableResource):
         description="Bytes read per chunk when streaming lines; memory stays bounded by this.",
     )
 
-    _s3_objects: S3Objects | None = pydantic.PrivateAttr(default=None)
+    _s3_objects: Any = pydantic.PrivateAttr(default=None)
+    """The S3 client's operations (storage_s3.S3Objects), made on first use."""
 
     @property
     def is_s3(self) -> bool:
         return self.base_url.startswith("s3://")
 
-    def _s3(self) -> S3Objects:
+    def _s3(self) -> "S3Objects":
         if self._s3_objects is None:
+            from llm_assets.resources.storage_s3 import S3Objects
+
             self._s3_objects = S3Objects(self.multipart_threshold_bytes)
         return self._s3_objects
 

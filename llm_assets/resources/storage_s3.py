@@ -3,31 +3,17 @@ boto3, with botocore's generic errors turned into ones that name the uri asked f
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import boto3
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
+from llm_assets.resources.s3_uri import S3Location, parse_s3
+
 NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 DENIED_CODES = frozenset({"403", "AccessDenied", "Forbidden"})
-
-
-class S3Location(NamedTuple):
-    bucket: str
-    key: str
-
-    @property
-    def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
-
-
-def parse_s3(uri: str) -> S3Location:
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
-    if not bucket:
-        raise ValueError(f"S3 uri {uri!r} has no bucket")
-    return S3Location(bucket, key)
 
 
 class S3Objects:
