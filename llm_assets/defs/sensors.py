@@ -39,7 +39,8 @@ from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import notify, stuck
 from llm_assets.steps.day_state import day_state
-from llm_assets.steps.executor import PollLimits, job_spec, poll_many
+from llm_assets.steps.executor import job_spec
+from llm_assets.steps.polling import PollLimits, poll_many
 from llm_assets.util.settings import Settings, sensor_interval
 
 TICK_SECONDS = 10

@@ -22,6 +22,8 @@ and converges on the same ledger state. One module per stage:
 - lifecycle: what happens next to a day, decided from the ledger's state (pure)
 - executor: the day's state read from the ledger, the lifecycle's actions carried out, the
   one loop that drives days and waits between rounds
+- polling: status polls of in-flight batches, several at a time, within a deadline on a path
+  that must answer in time
 - in_process: the lifecycle's heavy actions run as step calls in this process (evals)
 - cancel: an operator's cancel of a day or of some of its shards
 - line_ids: request lines read back from shard files by custom_id
@@ -75,7 +77,6 @@ if TYPE_CHECKING:
         StepRuns,
         drive,
         load_state,
-        poll_shards,
     )
     from llm_assets.steps.gate import (
         UNFINISHED,
@@ -119,6 +120,7 @@ if TYPE_CHECKING:
         refuse_if_paused,
         resume_words,
     )
+    from llm_assets.steps.polling import poll_shards
     from llm_assets.steps.reports import (
         CostReport,
         DeadLetterResult,
@@ -178,7 +180,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "price_for",
         "refuse_expired",
     ),
-    "executor": ("DayDriver", "StepRuns", "drive", "load_state", "poll_shards"),
+    "executor": ("DayDriver", "StepRuns", "drive", "load_state"),
+    "polling": ("poll_shards",),
     "gate": (
         "UNFINISHED",
         "GateRecord",
