@@ -19,6 +19,7 @@ and converges on the same ledger state. One module per stage:
 - pause: a paused pipeline, which provider_batches refuses to submit for
 - online: the online worker that provider_batches runs for shards sent one by one
 - imports: batch_results (poll, import, retry planning) and the requeue of dead letters
+- day_model: a day's state as the lifecycle reads it, and its decision (plain values)
 - lifecycle: what happens next to a day, decided from the ledger's state (pure)
 - executor: the day's state read from the ledger, the lifecycle's actions carried out, the
   one loop that drives days and waits between rounds
@@ -71,6 +72,12 @@ if TYPE_CHECKING:
         price_for,
         refuse_expired,
     )
+    from llm_assets.steps.day_model import (
+        Action,
+        DayState,
+        Decision,
+        Step,
+    )
     from llm_assets.steps.estimate import Estimate, Estimator, ShardEstimate
     from llm_assets.steps.executor import (
         DayDriver,
@@ -94,13 +101,7 @@ if TYPE_CHECKING:
         requeue_dead_letters,
         retry_backoff,
     )
-    from llm_assets.steps.lifecycle import (
-        Action,
-        DayState,
-        Decision,
-        Step,
-        decide,
-    )
+    from llm_assets.steps.lifecycle import decide
     from llm_assets.steps.line_ids import (
         line_custom_id,
         lines_with_ids,
@@ -198,7 +199,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "requeue_dead_letters",
         "retry_backoff",
     ),
-    "lifecycle": ("Action", "DayState", "Decision", "Step", "decide"),
+    "day_model": ("Action", "DayState", "Decision", "Step"),
+    "lifecycle": ("decide",),
     "line_ids": ("line_custom_id", "lines_with_ids", "request_lines"),
     "online": ("OnlineInterrupted", "ledger_row", "run_online_shard"),
     "pause": (

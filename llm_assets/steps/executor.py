@@ -32,9 +32,9 @@ from llm_assets.resources.providers.base import (
     ShardState,
 )
 from llm_assets.spec.model import PipelineSpec
-from llm_assets.steps import admission, lifecycle
+from llm_assets.steps import admission, day_model, lifecycle
 from llm_assets.steps.context import StepContext
-from llm_assets.steps.lifecycle import Action, DayState, Decision, ShardView, Step
+from llm_assets.steps.day_model import Action, DayState, Decision, ShardView, Step
 from llm_assets.steps.pause import pause_reason
 from llm_assets.steps.polling import PollLimits, poll_many
 from llm_assets.steps.snapshot import no_source_rows, no_source_rows_reason
@@ -42,7 +42,7 @@ from llm_assets.steps.submit import submission_of
 
 
 class StepRuns(Protocol):
-    """How a path runs a day's heavy steps (lifecycle.HEAVY)."""
+    """How a path runs a day's heavy steps (day_model.HEAVY)."""
 
     def run(self, day: "DayDriver", action: Action) -> None: ...
 
@@ -95,7 +95,7 @@ def job_spec(spec: PipelineSpec, job: JobRecord) -> PipelineSpec:
 
 def _view(ledger: LedgerResource, shard: ShardRecord) -> ShardView:
     online = (shard.provider_batch_id or "").startswith(ONLINE_BATCH_PREFIX)
-    sending = shard.status in lifecycle.WAITING or (online and shard.status in IN_FLIGHT_STATES)
+    sending = shard.status in day_model.WAITING or (online and shard.status in IN_FLIGHT_STATES)
     busy = sending and ledger.submission_held(shard.shard_id)
     return ShardView.of(shard, online=online, busy=busy)
 
@@ -141,7 +141,7 @@ class DayDriver:
             if only is not None and action.step not in only:
                 continue
             signature = (action.step, action.key or ",".join(action.shard_ids))
-            if action.step in lifecycle.HEAVY and signature in self._carried:
+            if action.step in day_model.HEAVY and signature in self._carried:
                 continue
             if self.carry_out(action):
                 carried.add(signature)
@@ -248,13 +248,13 @@ def reconcile(ctx: StepContext, shard_ids: Sequence[str]) -> list[str]:
                 shard = ledger.get_shard(shard_id)
                 if not mine or shard is None or shard.provider_batch_id is not None:
                     continue
-                if shard.submit_intent_at is None or shard.status not in lifecycle.WAITING:
+                if shard.submit_intent_at is None or shard.status not in day_model.WAITING:
                     continue
                 batch_id = provider.find_submitted(submission_of(ctx, shard))
                 if batch_id is None:
                     ledger.update_shard(
                         shard_id,
-                        expect_status=lifecycle.WAITING,
+                        expect_status=day_model.WAITING,
                         submit_intent_at=None,
                         message="no batch was found at the provider for its unfinished "
                         "submission: it was never sent",
@@ -296,7 +296,7 @@ def cancel_batches(ctx: StepContext, shard_ids: Sequence[str]) -> list[str]:
                     ledger.update_shard(
                         shard_id,
                         expect_status=IN_FLIGHT_STATES,
-                        raw_status=lifecycle.CANCELLED,
+                        raw_status=day_model.CANCELLED,
                         **values,
                     )
                 continue
@@ -335,7 +335,7 @@ def close_unsent(ctx: StepContext, shard_ids: Sequence[str]) -> tuple[list[str],
         for shard_id in shard_ids:
             with ledger.submission_lock(shard_id, holder=ctx.created_by) as mine:
                 shard = ledger.get_shard(shard_id)
-                if not mine or shard is None or shard.status not in lifecycle.WAITING:
+                if not mine or shard is None or shard.status not in day_model.WAITING:
                     continue
                 if shard.provider_batch_id is not None or shard.submit_intent_at is not None:
                     continue  # may have a batch: reconciled first
@@ -346,7 +346,7 @@ def close_unsent(ctx: StepContext, shard_ids: Sequence[str]) -> tuple[list[str],
                     from_status=[PENDING],
                     items=lifecycle.cancelled_item(reason),
                     status=ShardState.IMPORTED.value,
-                    raw_status=lifecycle.CANCELLED,
+                    raw_status=day_model.CANCELLED,
                     message=f"cancelled before it was sent: {reason}",
                     cancelled_at=shard.cancelled_at or now,
                     ended_at=now,
