@@ -8,10 +8,11 @@ from llm_assets.defs.eval_jobs import build_eval_job, build_eval_report_asset, h
 from llm_assets.defs.factory import build_pipeline_assets
 from llm_assets.defs.jobs import build_lifecycle_jobs
 from llm_assets.defs.new_data_sensor import build_new_data_sensor
+from llm_assets.defs.notification_sensors import build_notification_sensors
 from llm_assets.defs.pause_jobs import build_pause_jobs
 from llm_assets.defs.retention_jobs import build_retention_schedule
 from llm_assets.defs.schedules import build_schedule
-from llm_assets.defs.sensors import build_batch_status_sensor, build_notification_sensors
+from llm_assets.defs.sensors import build_batch_status_sensor
 from llm_assets.resources import build_resources
 from llm_assets.spec.load import load_specs
 from llm_assets.spec.model import PipelineSpec

@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 
 from llm_assets.defs.factory import asset_key
-from llm_assets.defs.sensors import build_notification_sensors
+from llm_assets.defs.notification_sensors import build_notification_sensors
 from tests.harness import Harness
 
 

@@ -4,8 +4,9 @@ hand and the lifecycle's own decision on them."""
 import pytest
 
 from llm_assets.resources.providers.base import WAITING_FOR_QUOTA
+from llm_assets.steps.day_model import DayState
 from llm_assets.steps.day_state import DAY_STATES, day_state
-from llm_assets.steps.lifecycle import GATED, PAUSED, DayState, decide
+from llm_assets.steps.lifecycle import GATED, PAUSED, decide
 from tests.test_lifecycle import NOW, day, shard
 
 

@@ -3,16 +3,8 @@
 import datetime as dt
 
 from llm_assets.resources.ledger import JobCounts
-from llm_assets.steps.lifecycle import (
-    FRESH_SHARD_GRACE,
-    GATED,
-    PAUSED,
-    DayState,
-    ShardView,
-    Step,
-    decide,
-    next_poll_at,
-)
+from llm_assets.steps.day_model import DayState, ShardView, Step
+from llm_assets.steps.lifecycle import FRESH_SHARD_GRACE, GATED, PAUSED, decide, next_poll_at
 
 NOW = dt.datetime(2026, 11, 2, 12, 0, tzinfo=dt.UTC)
 MINUTE = dt.timedelta(minutes=1)

@@ -20,7 +20,7 @@ from llm_assets.resources.ledger import LedgerResource, QuotaKey, QuotaRecord, s
 from llm_assets.resources.providers.base import WAITING_FOR_QUOTA, BatchProvider
 from llm_assets.resources.providers.bedrock import BedrockBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
-from llm_assets.steps import lifecycle, quota
+from llm_assets.steps import day_model, lifecycle, quota
 from llm_assets.steps.in_process import InProcessRuns
 from tests.conftest import MotoS3
 from tests.fakes.anthropic_server import FakeAnthropic
@@ -165,8 +165,8 @@ def test_the_words_say_how_much_is_in_flight_and_how_the_limit_was_learned() -> 
 # Waking on completion.
 
 
-def _waiting_shard(waited_since: dt.datetime, not_before: dt.datetime) -> lifecycle.ShardView:
-    return lifecycle.ShardView(
+def _waiting_shard(waited_since: dt.datetime, not_before: dt.datetime) -> day_model.ShardView:
+    return day_model.ShardView(
         shard_id="s1",
         status="created",
         round=0,
@@ -190,7 +190,7 @@ def test_a_shard_waiting_for_quota_is_sent_as_soon_as_a_batch_of_its_model_ends(
 ) -> None:
     since = NOW - dt.timedelta(seconds=10)
     shard = _waiting_shard(since, not_before=NOW + dt.timedelta(minutes=1))
-    state = lifecycle.DayState(
+    state = day_model.DayState(
         now=NOW,
         has_job=True,
         shards=(shard,),
@@ -199,9 +199,9 @@ def test_a_shard_waiting_for_quota_is_sent_as_soon_as_a_batch_of_its_model_ends(
     )
     decision = lifecycle.decide(state)
     if freed is not None and freed > 0:
-        assert decision.has(lifecycle.Step.SUBMIT)
+        assert decision.has(day_model.Step.SUBMIT)
     else:
-        assert not decision.has(lifecycle.Step.SUBMIT)
+        assert not decision.has(day_model.Step.SUBMIT)
         assert decision.wait_until == shard.not_before
 
 

@@ -25,7 +25,7 @@ from dagster_graphql.test.utils import (
     infer_repository_selector,
 )
 
-from llm_assets.defs.sensors import build_notification_sensors
+from llm_assets.defs.notification_sensors import build_notification_sensors
 from llm_assets.demo.run import _where_things_are
 from llm_assets.resources import build_resources
 from llm_assets.resources.ledger import LedgerResource

@@ -269,11 +269,12 @@ class PartitionRunner:
     def announce(
         self, day: dt.date, failure: StepFailed | None = None
     ) -> notify.Announcement | None:
-        """Announce the day's outcome once, by the notification sensors' rules (defs/sensors.py):
-        finished once the day is done, with its cost report's summary (which says when the
-        quality gate blocked publication); failed when `failure` is a failed run of the day
-        and nothing under way finishes the day. None when there is nothing to announce: the
-        day is still open, a pause or a gate stopped it between runs, another run holds it."""
+        """Announce the day's outcome once, by the notification sensors' rules
+        (defs/notification_sensors.py): finished once the day is done, with its cost report's
+        summary (which says when the quality gate blocked publication); failed when `failure`
+        is a failed run of the day and nothing under way finishes the day. None when there is
+        nothing to announce: the day is still open, a pause or a gate stopped it between runs,
+        another run holds it."""
         if failure is not None and failure.run_id is not None:
             summary = self.failed_summary(day, failure)
         else:

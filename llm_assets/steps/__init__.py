@@ -19,9 +19,12 @@ and converges on the same ledger state. One module per stage:
 - pause: a paused pipeline, which provider_batches refuses to submit for
 - online: the online worker that provider_batches runs for shards sent one by one
 - imports: batch_results (poll, import, retry planning) and the requeue of dead letters
+- day_model: a day's state as the lifecycle reads it, and its decision (plain values)
 - lifecycle: what happens next to a day, decided from the ledger's state (pure)
 - executor: the day's state read from the ledger, the lifecycle's actions carried out, the
   one loop that drives days and waits between rounds
+- polling: status polls of in-flight batches, several at a time, within a deadline on a path
+  that must answer in time
 - in_process: the lifecycle's heavy actions run as step calls in this process (evals)
 - cancel: an operator's cancel of a day or of some of its shards
 - line_ids: request lines read back from shard files by custom_id
@@ -69,13 +72,18 @@ if TYPE_CHECKING:
         price_for,
         refuse_expired,
     )
+    from llm_assets.steps.day_model import (
+        Action,
+        DayState,
+        Decision,
+        Step,
+    )
     from llm_assets.steps.estimate import Estimate, Estimator, ShardEstimate
     from llm_assets.steps.executor import (
         DayDriver,
         StepRuns,
         drive,
         load_state,
-        poll_shards,
     )
     from llm_assets.steps.gate import (
         UNFINISHED,
@@ -93,13 +101,7 @@ if TYPE_CHECKING:
         requeue_dead_letters,
         retry_backoff,
     )
-    from llm_assets.steps.lifecycle import (
-        Action,
-        DayState,
-        Decision,
-        Step,
-        decide,
-    )
+    from llm_assets.steps.lifecycle import decide
     from llm_assets.steps.line_ids import (
         line_custom_id,
         lines_with_ids,
@@ -119,6 +121,7 @@ if TYPE_CHECKING:
         refuse_if_paused,
         resume_words,
     )
+    from llm_assets.steps.polling import poll_shards
     from llm_assets.steps.reports import (
         CostReport,
         DeadLetterResult,
@@ -178,7 +181,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "price_for",
         "refuse_expired",
     ),
-    "executor": ("DayDriver", "StepRuns", "drive", "load_state", "poll_shards"),
+    "executor": ("DayDriver", "StepRuns", "drive", "load_state"),
+    "polling": ("poll_shards",),
     "gate": (
         "UNFINISHED",
         "GateRecord",
@@ -195,7 +199,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "requeue_dead_letters",
         "retry_backoff",
     ),
-    "lifecycle": ("Action", "DayState", "Decision", "Step", "decide"),
+    "day_model": ("Action", "DayState", "Decision", "Step"),
+    "lifecycle": ("decide",),
     "line_ids": ("line_custom_id", "lines_with_ids", "request_lines"),
     "online": ("OnlineInterrupted", "ledger_row", "run_online_shard"),
     "pause": (

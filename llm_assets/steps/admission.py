@@ -8,7 +8,7 @@ import datetime as dt
 from llm_assets.resources.ledger import LedgerResource, QuotaKey, ShardRecord, utcnow
 from llm_assets.resources.providers.base import WAITING_FOR_QUOTA, BatchProvider, BatchStatus
 from llm_assets.resources.providers.retrying import QuotaRefused
-from llm_assets.steps import lifecycle, quota
+from llm_assets.steps import day_model, quota
 from llm_assets.steps.context import StepContext
 from llm_assets.util.words import plural
 
@@ -31,7 +31,7 @@ def quota_freed_at(ctx: StepContext, shards: list[ShardRecord]) -> dt.datetime |
     """When room last freed under the model's quota, if one of `shards` waits for it. Where
     the provider admits batches after creating them, a start frees room too: submission goes
     by what was seen started until the limit is known."""
-    if not any(s.raw_status == WAITING_FOR_QUOTA and s.status in lifecycle.WAITING for s in shards):
+    if not any(s.raw_status == WAITING_FOR_QUOTA and s.status in day_model.WAITING for s in shards):
         return None
     spec = ctx.spec
     starts = ctx.provider is not None and ctx.provider.refuses_after_create
@@ -147,7 +147,7 @@ def wait_for_quota(ctx: StepContext, shard: ShardRecord, refused: QuotaRefused) 
     wait = provider.quota_wait_seconds if hint is None else min(hint, 3600.0)
     ctx.ledger.update_shard(
         shard.shard_id,
-        expect_status=list(lifecycle.WAITING),
+        expect_status=list(day_model.WAITING),
         raw_status=WAITING_FOR_QUOTA,
         message=str(refused)[:2000],
         not_before=utcnow() + dt.timedelta(seconds=wait),

@@ -6,7 +6,7 @@ day's waiting shards."""
 from pydantic import BaseModel
 
 from llm_assets.resources.ledger import JobRecord, ShardRecord, utcnow
-from llm_assets.steps import lifecycle
+from llm_assets.steps import day_model, lifecycle
 from llm_assets.steps.context import GateBlocked, StepContext
 
 
@@ -42,7 +42,7 @@ def budget_gate(ctx: StepContext, *, approve: bool = False, approved_by: str = "
         return gate.model_copy(
             update={"reason": "no budget.max_usd_per_partition in the spec: the day has no limit"}
         )
-    if not ledger.shards(job.job_id, list(lifecycle.WAITING)):
+    if not ledger.shards(job.job_id, list(day_model.WAITING)):
         return gate.model_copy(update={"reason": "nothing is waiting to be submitted"})
     if committed <= limit:
         return gate.model_copy(
@@ -113,11 +113,11 @@ def hold_for_gate(
     that no path submits them again until an operator acts (an approval, a changed spec);
     the refusal is returned to be raised."""
     if waiting is None:
-        waiting = ctx.ledger.shards(ctx.job_id, list(lifecycle.WAITING))
+        waiting = ctx.ledger.shards(ctx.job_id, list(day_model.WAITING))
     for shard in waiting:
         ctx.ledger.update_shard(
             shard.shard_id,
-            expect_status=list(lifecycle.WAITING),
+            expect_status=list(day_model.WAITING),
             raw_status=lifecycle.GATED,
             message=str(refused)[:2000],
         )

@@ -22,7 +22,7 @@ import json
 from collections import defaultdict
 
 from llm_assets.resources.ledger import JobRecord
-from llm_assets.steps import lifecycle
+from llm_assets.steps import day_model, lifecycle
 from llm_assets.steps.context import MissingPrerequisite, StepContext, artifact_key
 from llm_assets.steps.estimate import Estimate
 from llm_assets.steps.residency import refuse_outside_regions
@@ -160,12 +160,12 @@ def release_slices(ctx: StepContext, job: JobRecord) -> int:
     """Release the day's shards held for a join (under the day's lock); returns how many."""
     held = [
         s
-        for s in ctx.ledger.shards(job.job_id, list(lifecycle.WAITING))
+        for s in ctx.ledger.shards(job.job_id, list(day_model.WAITING))
         if s.raw_status == UNJOINED
     ]
     for shard in held:
         ctx.ledger.update_shard(
-            shard.shard_id, expect_status=list(lifecycle.WAITING), raw_status=None, message=None
+            shard.shard_id, expect_status=list(day_model.WAITING), raw_status=None, message=None
         )
     return len(held)
 

@@ -21,7 +21,8 @@ from llm_assets.resources.ledger import RETRY, ShardRecord, utcnow
 from llm_assets.resources.providers.base import ShardState
 from llm_assets.steps import executor
 from llm_assets.steps.context import StepContext
-from llm_assets.steps.lifecycle import CANCELLED, Step, cancelled_item
+from llm_assets.steps.day_model import CANCELLED, Step
+from llm_assets.steps.lifecycle import cancelled_item
 
 __all__ = ["CANCELLED", "CancelResult", "cancel_day", "cancelled_item", "resolve_shard_ids"]
 

@@ -10,7 +10,7 @@ cancelled, paused, blocked (a gate waits for an operator), waiting for quota, ru
 import dataclasses
 
 from llm_assets.resources.providers.base import WAITING_FOR_QUOTA, ShardState
-from llm_assets.steps import lifecycle
+from llm_assets.steps import day_model, lifecycle
 
 CANCELLED = "cancelled"
 PAUSED = "paused"
@@ -32,7 +32,7 @@ class DayStateView:
     """What the day is doing or waiting for, in one sentence."""
 
 
-def day_state(state: lifecycle.DayState, decision: lifecycle.Decision) -> DayStateView:
+def day_state(state: day_model.DayState, decision: day_model.Decision) -> DayStateView:
     """The day's state as the operator reads it, from the lifecycle's view and decision."""
     counts = state.counts
     answered = f"{counts.total - counts.open} of {counts.total} items ended"
@@ -60,7 +60,7 @@ def day_state(state: lifecycle.DayState, decision: lifecycle.Decision) -> DaySta
     parts = [f"{in_flight} batches in flight"] if in_flight else []
     if quota:
         parts.append(f"{len(quota)} shards wait for quota")
-    steps_due = sorted({a.step.value for a in decision.actions if a.step in lifecycle.HEAVY})
+    steps_due = sorted({a.step.value for a in decision.actions if a.step in day_model.HEAVY})
     if steps_due:
         parts.append(f"next: {', '.join(steps_due)}")
     return DayStateView(RUNNING, "; ".join([*parts, answered]))

@@ -1,20 +1,19 @@
 """The one executor of a day's lifecycle: it reads the day from the ledger (`load_state`), asks
 `lifecycle.decide` what is next and carries it out.
 
-Cheap actions are calls this module makes itself: status polls, cancels at the provider,
-reconciling a create that was never recorded, closing shards that were never sent. The heavy
-ones are steps (building shards, submitting, importing, validating, reporting), and each path
-runs them its own way through `StepRuns`: the CLI as Dagster runs, the batch-status sensor as
-run requests, an eval in this process. `drive` is the one loop that advances days and waits
-between rounds until what they wait for falls due; nothing else sleeps for a day's sake.
+Cheap actions are calls this module makes itself: status polls (steps/polling.py), cancels at
+the provider, reconciling a create that was never recorded, closing shards that were never
+sent. The heavy ones are steps (building shards, submitting, importing, validating,
+reporting), and each path runs them its own way through `StepRuns`: the CLI as Dagster runs,
+the batch-status sensor as run requests, an eval in this process. `drive` is the one loop that
+advances days and waits between rounds until what they wait for falls due; nothing else sleeps
+for a day's sake.
 """
 
-import concurrent.futures
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from llm_assets.resources.ledger import (
@@ -33,128 +32,23 @@ from llm_assets.resources.providers.base import (
     ShardState,
 )
 from llm_assets.spec.model import PipelineSpec
-from llm_assets.steps import admission, lifecycle
+from llm_assets.steps import admission, day_model, lifecycle
 from llm_assets.steps.context import StepContext
-from llm_assets.steps.lifecycle import Action, DayState, Decision, ShardView, Step
+from llm_assets.steps.day_model import Action, DayState, Decision, ShardView, Step
 from llm_assets.steps.pause import pause_reason
+from llm_assets.steps.polling import PollLimits, poll_many
 from llm_assets.steps.snapshot import no_source_rows, no_source_rows_reason
 from llm_assets.steps.submit import submission_of
 
-POLL_WORKERS = 8
-"""Status calls made at once when several batches are due for a poll."""
-
 
 class StepRuns(Protocol):
-    """How a path runs a day's heavy steps (lifecycle.HEAVY)."""
+    """How a path runs a day's heavy steps (day_model.HEAVY)."""
 
     def run(self, day: "DayDriver", action: Action) -> None: ...
 
 
 class TooManyRounds(RuntimeError):
     """A day went through more import rounds than a path allows without finishing."""
-
-
-def poll_shards(
-    ledger: LedgerResource,
-    provider: BatchProvider,
-    shards: Iterable[ShardRecord],
-    *,
-    timeout_seconds: float | None = None,
-) -> list[ShardRecord]:
-    """Ask the provider about in-flight shards (cheap status calls) and record what it says;
-    with `timeout_seconds`, each call is one try bounded by it (`poll_briefly`)."""
-    updated: list[ShardRecord] = []
-    for shard in shards:
-        if (
-            shard.status not in IN_FLIGHT_STATES
-            or shard.provider_batch_id is None
-            or shard.provider_batch_id.startswith(ONLINE_BATCH_PREFIX)  # worked in a step
-        ):
-            updated.append(shard)
-            continue
-        status = (
-            provider.poll(shard.provider_batch_id)
-            if timeout_seconds is None
-            else provider.poll_briefly(shard.provider_batch_id, timeout_seconds)
-        )
-        values: dict[str, Any] = {
-            "status": status.state.value,
-            "raw_status": status.raw_status,
-            "completed_requests": status.completed,
-            "failed_requests": status.failed,
-            "message": status.message,
-        }
-        refused = status.ended and provider.ended_for_quota(status.raw_status, status.message)
-        if status.ended:
-            values["ended_at"] = utcnow()
-        ended = ledger.update_shard(shard.shard_id, expect_status=IN_FLIGHT_STATES, **values)
-        started = (
-            shard.started_at is None
-            and not refused
-            and _started(status)
-            and ledger.mark_started(shard.shard_id)
-        )
-        refreshed = ledger.get_shard(shard.shard_id)
-        assert refreshed is not None
-        updated.append(refreshed)
-        if provider.refuses_after_create and ((ended and refused) or started):
-            admission.learn_from_poll(ledger, provider, refreshed, refused=refused, status=status)
-    return updated
-
-
-def _started(status: BatchStatus) -> bool:
-    """Whether the provider has begun the batch's requests (or ran some before it ended)."""
-    if status.state in (ShardState.RUNNING, ShardState.COMPLETED, ShardState.EXPIRED):
-        return True
-    return status.ended and status.completed + status.failed > 0
-
-
-@dataclasses.dataclass(frozen=True)
-class PollLimits:
-    """How long polling may take on a path that must answer in time (a sensor tick): calls
-    start only while they can end before `deadline` (monotonic), each bounded by
-    `call_timeout_seconds` and not retried; a failed call is reported and asked again later."""
-
-    deadline: float
-    call_timeout_seconds: float
-    report: Callable[[str], None]
-
-
-def poll_many(
-    ledger: LedgerResource,
-    provider: BatchProvider,
-    shards: Sequence[ShardRecord],
-    limits: PollLimits | None = None,
-) -> list[ShardRecord]:
-    """Poll shards, several at a time; with `limits`, only until its deadline (the calls
-    still running are not waited for: their answers are recorded when they come)."""
-    if limits is None and len(shards) <= 1:
-        return poll_shards(ledger, provider, shards)
-    timeout = limits.call_timeout_seconds if limits else None
-
-    def poll(shard: ShardRecord) -> ShardRecord | str | None:
-        if limits is not None and time.monotonic() + limits.call_timeout_seconds > limits.deadline:
-            return None
-        try:
-            [updated] = poll_shards(ledger, provider, [shard], timeout_seconds=timeout)
-        except Exception as exc:
-            if limits is None:
-                raise
-            status = getattr(exc, "status_code", None)
-            http = f", HTTP {status}" if status else ""
-            return f"{shard.shard_id}: status poll failed ({type(exc).__name__}{http})"
-        return updated
-
-    pool = ThreadPoolExecutor(max_workers=POLL_WORKERS)
-    futures = [pool.submit(poll, shard) for shard in shards]
-    wait = None if limits is None else max(0.0, limits.deadline - time.monotonic())
-    done, _ = concurrent.futures.wait(futures, timeout=wait)
-    pool.shutdown(wait=False, cancel_futures=True)
-    answers = [future.result() for future in futures if future in done]
-    if limits is not None:
-        for failure in (a for a in answers if isinstance(a, str)):
-            limits.report(f"{failure}; polled again next time")
-    return [answer for answer in answers if isinstance(answer, ShardRecord)]
 
 
 def load_state(ctx: StepContext) -> DayState:
@@ -201,7 +95,7 @@ def job_spec(spec: PipelineSpec, job: JobRecord) -> PipelineSpec:
 
 def _view(ledger: LedgerResource, shard: ShardRecord) -> ShardView:
     online = (shard.provider_batch_id or "").startswith(ONLINE_BATCH_PREFIX)
-    sending = shard.status in lifecycle.WAITING or (online and shard.status in IN_FLIGHT_STATES)
+    sending = shard.status in day_model.WAITING or (online and shard.status in IN_FLIGHT_STATES)
     busy = sending and ledger.submission_held(shard.shard_id)
     return ShardView.of(shard, online=online, busy=busy)
 
@@ -247,7 +141,7 @@ class DayDriver:
             if only is not None and action.step not in only:
                 continue
             signature = (action.step, action.key or ",".join(action.shard_ids))
-            if action.step in lifecycle.HEAVY and signature in self._carried:
+            if action.step in day_model.HEAVY and signature in self._carried:
                 continue
             if self.carry_out(action):
                 carried.add(signature)
@@ -354,13 +248,13 @@ def reconcile(ctx: StepContext, shard_ids: Sequence[str]) -> list[str]:
                 shard = ledger.get_shard(shard_id)
                 if not mine or shard is None or shard.provider_batch_id is not None:
                     continue
-                if shard.submit_intent_at is None or shard.status not in lifecycle.WAITING:
+                if shard.submit_intent_at is None or shard.status not in day_model.WAITING:
                     continue
                 batch_id = provider.find_submitted(submission_of(ctx, shard))
                 if batch_id is None:
                     ledger.update_shard(
                         shard_id,
-                        expect_status=lifecycle.WAITING,
+                        expect_status=day_model.WAITING,
                         submit_intent_at=None,
                         message="no batch was found at the provider for its unfinished "
                         "submission: it was never sent",
@@ -402,7 +296,7 @@ def cancel_batches(ctx: StepContext, shard_ids: Sequence[str]) -> list[str]:
                     ledger.update_shard(
                         shard_id,
                         expect_status=IN_FLIGHT_STATES,
-                        raw_status=lifecycle.CANCELLED,
+                        raw_status=day_model.CANCELLED,
                         **values,
                     )
                 continue
@@ -441,7 +335,7 @@ def close_unsent(ctx: StepContext, shard_ids: Sequence[str]) -> tuple[list[str],
         for shard_id in shard_ids:
             with ledger.submission_lock(shard_id, holder=ctx.created_by) as mine:
                 shard = ledger.get_shard(shard_id)
-                if not mine or shard is None or shard.status not in lifecycle.WAITING:
+                if not mine or shard is None or shard.status not in day_model.WAITING:
                     continue
                 if shard.provider_batch_id is not None or shard.submit_intent_at is not None:
                     continue  # may have a batch: reconciled first
@@ -452,7 +346,7 @@ def close_unsent(ctx: StepContext, shard_ids: Sequence[str]) -> tuple[list[str],
                     from_status=[PENDING],
                     items=lifecycle.cancelled_item(reason),
                     status=ShardState.IMPORTED.value,
-                    raw_status=lifecycle.CANCELLED,
+                    raw_status=day_model.CANCELLED,
                     message=f"cancelled before it was sent: {reason}",
                     cancelled_at=shard.cancelled_at or now,
                     ended_at=now,

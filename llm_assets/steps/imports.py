@@ -38,9 +38,9 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.breaker import trip_if_over
 from llm_assets.steps.context import StepContext
 from llm_assets.steps.estimate import Estimator
-from llm_assets.steps.executor import poll_shards
 from llm_assets.steps.lifecycle import cancelled_item
 from llm_assets.steps.line_ids import request_lines
+from llm_assets.steps.polling import poll_shards
 from llm_assets.steps.shards import ShardRound, line_offsets, shards_for, write_shard
 from llm_assets.util import parallel
 from llm_assets.util.failpoints import failpoint

@@ -7,9 +7,9 @@ import dataclasses
 
 from llm_assets.steps.build import build_shards
 from llm_assets.steps.context import StepContext
+from llm_assets.steps.day_model import Action, Step
 from llm_assets.steps.executor import DayDriver
 from llm_assets.steps.imports import import_results
-from llm_assets.steps.lifecycle import Action, Step
 from llm_assets.steps.pause import PipelinePaused
 from llm_assets.steps.reports import cost_report, export_dead_letters
 from llm_assets.steps.snapshot import take_snapshot

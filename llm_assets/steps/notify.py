@@ -2,10 +2,10 @@
 
 A `PartitionSummary` is built from the ledger (`summarize`). The cost report carries the
 day's summary as its metadata (`day_summary`, `outcome`), and every path that finishes a day
-announces it with the same summary: the notification sensors (defs/sensors.py) for the code
-location's runs, `run_days` (defs/runner.py) for `llm-assets run` and the demo. `announce`
-claims the summary's fingerprint in the ledger, and only the claimer posts it, when the
-spec's webhook variable is set, as Slack-compatible JSON (`{"text": ...}`, which Slack,
+announces it with the same summary: the notification sensors (defs/notification_sensors.py)
+for the code location's runs, `run_days` (defs/runner.py) for `llm-assets run` and the demo.
+`announce` claims the summary's fingerprint in the ledger, and only the claimer posts it, when
+the spec's webhook variable is set, as Slack-compatible JSON (`{"text": ...}`, which Slack,
 Mattermost, Rocket.Chat and Teams' incoming-webhook bridges accept). So one day state is
 announced once, whichever paths, runs and ticks see it; a day that changes (a requeue
 finishes it again with other counts, a failure after it finished) is announced again.

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from llm_assets.resources.ledger import PRIME_SHARD, ShardRecord
 from llm_assets.resources.providers.base import IN_FLIGHT_STATES
 from llm_assets.spec.model import PipelineSpec
-from llm_assets.steps import lifecycle
+from llm_assets.steps import day_model, lifecycle
 from llm_assets.steps.context import StepContext
 
 
@@ -40,7 +40,7 @@ def split_priming(
 
 def is_open(shard: ShardRecord) -> bool:
     """Whether a priming shard still holds the others: it waits to be sent or is in flight."""
-    return shard.status in lifecycle.WAITING or shard.status in IN_FLIGHT_STATES
+    return shard.status in day_model.WAITING or shard.status in IN_FLIGHT_STATES
 
 
 def hold_for_priming(
@@ -65,7 +65,7 @@ def hold_for_priming(
         if shard.raw_status != lifecycle.PRIMING:
             ctx.ledger.update_shard(
                 shard.shard_id,
-                expect_status=list(lifecycle.WAITING),
+                expect_status=list(day_model.WAITING),
                 raw_status=lifecycle.PRIMING,
                 message=f"held until the priming shard {primer.shard_id} has ended, so that "
                 "it reads the cached prefix",

@@ -25,7 +25,7 @@ from llm_assets.resources.providers.base import (
     ShardSubmission,
 )
 from llm_assets.resources.providers.retrying import QuotaRefused
-from llm_assets.steps import admission, lifecycle, quota
+from llm_assets.steps import admission, day_model, lifecycle, quota
 from llm_assets.steps.budget import budget_gate, hold_for_gate, reserve_pipeline_budget
 from llm_assets.steps.compliance import compliance_gate
 from llm_assets.steps.context import GateBlocked, StepContext
@@ -109,7 +109,7 @@ class _Submitter:
                 return
             current = ledger.get_shard(shard.shard_id)
             if current is not None and self.runs_in_step(current):
-                if current.status in (*IN_FLIGHT_STATES, *lifecycle.WAITING):
+                if current.status in (*IN_FLIGHT_STATES, *day_model.WAITING):
                     self.submitted[shard.shard_id] = run_online_shard(
                         self.ctx,
                         current,
@@ -242,7 +242,7 @@ def _as_pending(ctx: StepContext, shard: ShardRecord) -> ShardRecord | None:
     if not offsets:
         ctx.ledger.update_shard(
             shard.shard_id,
-            expect_status=list(lifecycle.WAITING),
+            expect_status=list(day_model.WAITING),
             status=ShardState.IMPORTED.value,
             raw_status="nothing_pending",
             message="every item took a result before the shard was sent",
@@ -307,7 +307,7 @@ def submit_shards(
     ledger = ctx.ledger
     job = ctx.job()
     refuse_outside_regions(ctx)
-    to_submit = ledger.shards(job.job_id, list(lifecycle.WAITING))
+    to_submit = ledger.shards(job.job_id, list(day_model.WAITING))
     if job.cancelled_at is not None and to_submit:
         raise GateBlocked("cancelled", _cancelled_words(ctx, job))
     if to_submit:
@@ -348,7 +348,7 @@ def submit_shards(
             refuse_if_paused(ctx, to_submit[n:], len(run.submitted))
             run.submit_or_run(shard)
     ledger.refresh_job(job.job_id)
-    still_waiting = ledger.shards(job.job_id, list(lifecycle.WAITING))
+    still_waiting = ledger.shards(job.job_id, list(day_model.WAITING))
     for_quota = [s for s in still_waiting if s.raw_status == WAITING_FOR_QUOTA]
     due = [s.not_before for s in still_waiting if s.not_before and s.not_before > utcnow()]
     return SubmitResult(
