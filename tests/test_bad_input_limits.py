@@ -29,7 +29,8 @@ from llm_assets.items.source import read_file_rows
 from llm_assets.items.source_lines import LineTooLong, bounded_lines
 from llm_assets.items.tokens import EXACT_ENCODINGS, MAX_TOKEN_BYTES, bundled_ranks
 from llm_assets.resources.providers.base import BatchStatus, ShardState
-from llm_assets.resources.storage import ArtifactStorage, split_lines
+from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.resources.storage_lines import split_lines
 from llm_assets.spec.load import parse_spec
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings

@@ -12,13 +12,8 @@ from typing import Any
 
 import pytest
 
-from llm_assets.resources.storage import (
-    ArtifactStorage,
-    WrittenArtifact,
-    line_blocks,
-    split_lines,
-    validate_key,
-)
+from llm_assets.resources.storage import ArtifactStorage, WrittenArtifact, validate_key
+from llm_assets.resources.storage_lines import line_blocks, split_lines
 from tests.conftest import MotoS3
 
 READ_CHUNK = 64

@@ -24,7 +24,7 @@ class LineTooLong(NamedTuple):
 
 
 def bounded_lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes | LineTooLong]:
-    """The lines of a stream of chunks, split on b"\\n" only (as storage.split_lines splits
+    """The lines of a stream of chunks, split on b"\\n" only (as storage_lines.split_lines splits
     them); a line over `limit` bytes comes as LineTooLong. Memory stays within a chunk plus
     `limit`: the pieces of an unfinished line are kept only while it is within the limit.
     Blocks of whole lines are split at once; only a block longer than the limit has its

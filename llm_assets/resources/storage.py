@@ -6,7 +6,6 @@ Every write is staged in a temp file and published in one step (``os.replace`` l
 artifact's mode follows the umask (0o666 less it), like any file a program makes.
 """
 
-import hashlib
 import os
 import re
 import secrets
@@ -14,19 +13,27 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any
 
 import dagster as dg
 import pydantic
 
 from llm_assets.resources.s3_uri import S3Location, parse_s3
+from llm_assets.resources.storage_lines import (
+    HashingWriter,
+    NullSink,
+    copy_counting_lines,
+    line_blocks,
+    lines_at_offsets,
+    split_lines,
+    write_block,
+)
 from llm_assets.util.secrecy import mask_url
 
 if TYPE_CHECKING:
     from llm_assets.resources.storage_s3 import S3Objects
 
 _STAGING_SUFFIX = ".partial"
-_COPY_CHUNK_BYTES = 1024 * 1024
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -71,57 +78,6 @@ def _parse_uri(uri: str) -> S3Location | Path:
     return Path(os.path.abspath(uri))
 
 
-def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Split on b"\\n" only, so local and S3 reads agree byte for byte (no CR/CRLF magic).
-    A block of whole lines is split at once (bytes.split)."""
-    for block in line_blocks(chunks):
-        lines = block.split(b"\n")
-        if block.endswith(b"\n"):
-            lines.pop()  # the empty text after the block's last newline
-        yield from lines
-
-
-def line_blocks(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """The same bytes as `chunks`, cut after a newline: each block is whole lines (with their
-    newlines), except the text after the file's last newline, which comes last on its own.
-    An unfinished line waits, in pieces, for the chunk that ends it (joined once: a line
-    longer than many chunks is not copied again for each of them)."""
-    pending: list[bytes] = []
-    for chunk in chunks:
-        end = chunk.rfind(b"\n") + 1
-        if not end:
-            if chunk:
-                pending.append(chunk)
-            continue
-        if pending:
-            pending.append(chunk[:end])
-            yield b"".join(pending)
-        else:
-            yield chunk[:end]
-        pending = [chunk[end:]] if end < len(chunk) else []
-    if pending:
-        yield b"".join(pending)
-
-
-def _lines_at(blocks: Iterable[bytes], offsets: Iterable[int]) -> Iterator[bytes]:
-    """The lines starting at ascending byte offsets of a stream of whole-line blocks."""
-    chunks = iter(blocks)
-    block: bytes | None = b""
-    start = 0  # where `block` starts in the file
-    for offset in offsets:
-        if offset < start:
-            raise ValueError(f"offsets must ascend: {offset} comes after {start}")
-        while block is not None and offset >= start + len(block):
-            start += len(block)
-            block = next(chunks, None)
-        if block is None:
-            yield b""
-            continue
-        at = offset - start
-        end = block.find(b"\n", at)
-        yield block[at:] if end < 0 else block[at:end]
-
-
 def _open_local(path: Path, uri: str) -> IO[bytes]:
     """A local artifact opened for reading; a missing one is named by its uri."""
     try:
@@ -156,58 +112,6 @@ def _open_staging(target: S3Location | Path) -> tuple[IO[bytes], Path]:
         fd, name = tempfile.mkstemp(prefix="llm-assets-upload-", suffix=_STAGING_SUFFIX)
         path = Path(name)
     return os.fdopen(fd, "wb"), path
-
-
-class _Sink(Protocol):
-    def write(self, data: bytes, /) -> object: ...
-
-
-class _NullSink:
-    """Lets write_file hash an S3-bound source without writing a copy of it."""
-
-    def write(self, data: bytes, /) -> int:
-        return len(data)
-
-
-class _HashingWriter:
-    """Hash and count while writing so nothing has to be read back after publishing."""
-
-    def __init__(self, out: _Sink) -> None:
-        self._out = out
-        self._hash = hashlib.sha256()
-        self.size_bytes = 0
-
-    def write(self, data: bytes) -> None:
-        self._out.write(data)
-        self._hash.update(data)
-        self.size_bytes += len(data)
-
-    @property
-    def sha256(self) -> str:
-        return self._hash.hexdigest()
-
-
-def _write_block(out: _HashingWriter, lines: list[bytes], before: int, key: str) -> int:
-    """Lines written as one block: one write and one hash update per block, not per line, so
-    a million-line file costs a thousand calls. Returns the count of lines written so far."""
-    block = b"\n".join(lines) + b"\n"
-    if block.count(b"\n") != len(lines):
-        bad = before + next(n for n, line in enumerate(lines) if b"\n" in line)
-        raise ValueError(
-            f"line {bad} for key {key!r} contains a newline; pass lines without line terminators"
-        )
-    out.write(block)
-    return before + len(lines)
-
-
-def _copy_counting_lines(source: IO[bytes], out: _HashingWriter) -> int:
-    newlines = 0
-    last = b""
-    while chunk := source.read(_COPY_CHUNK_BYTES):
-        out.write(chunk)
-        newlines += chunk.count(b"\n")
-        last = chunk
-    return newlines + (1 if last and not last.endswith(b"\n") else 0)
 
 
 class StagedArtifact:
@@ -314,7 +218,7 @@ class ArtifactStorage(dg.ConfigurableResource):
     def write_bytes(self, key: str, data: bytes) -> WrittenArtifact:
         """Publish a blob; line_count is 0 because the bytes are opaque here."""
 
-        def fill(out: _HashingWriter) -> int:
+        def fill(out: HashingWriter) -> int:
             out.write(data)
             return 0
 
@@ -330,15 +234,15 @@ class ArtifactStorage(dg.ConfigurableResource):
         Publishing waits for the disk (fsync) where writing does not, so another thread may
         do it while this one goes on."""
 
-        def fill(out: _HashingWriter) -> int:
+        def fill(out: HashingWriter) -> int:
             count = 0
             batch: list[bytes] = []
             for line in lines:
                 batch.append(line)
                 if len(batch) >= 1000:
-                    count = _write_block(out, batch, count, key)
+                    count = write_block(out, batch, count, key)
                     batch = []
-            return _write_block(out, batch, count, key) if batch else count
+            return write_block(out, batch, count, key) if batch else count
 
         return self._stage(key, fill)
 
@@ -351,25 +255,25 @@ class ArtifactStorage(dg.ConfigurableResource):
         target = _parse_uri(uri)
         if isinstance(target, Path):
             with path.open("rb") as source:
-                return self._write(key, lambda out: _copy_counting_lines(source, out))
+                return self._write(key, lambda out: copy_counting_lines(source, out))
 
-        digest = _HashingWriter(_NullSink())
+        digest = HashingWriter(NullSink())
         with path.open("rb") as source:
-            line_count = _copy_counting_lines(source, digest)
+            line_count = copy_counting_lines(source, digest)
         self._s3().upload(path, target)
         return WrittenArtifact(
             uri=uri, size_bytes=digest.size_bytes, line_count=line_count, sha256=digest.sha256
         )
 
-    def _write(self, key: str, fill: Callable[[_HashingWriter], int]) -> WrittenArtifact:
+    def _write(self, key: str, fill: Callable[[HashingWriter], int]) -> WrittenArtifact:
         return self._stage(key, fill).publish()
 
-    def _stage(self, key: str, fill: Callable[[_HashingWriter], int]) -> "StagedArtifact":
+    def _stage(self, key: str, fill: Callable[[HashingWriter], int]) -> "StagedArtifact":
         uri = self.uri(key)
         target = _parse_uri(uri)
         staged, staged_path = _open_staging(target)
         try:
-            out = _HashingWriter(staged)
+            out = HashingWriter(staged)
             line_count = fill(out)
             staged.flush()
         except BaseException:
@@ -396,7 +300,7 @@ class ArtifactStorage(dg.ConfigurableResource):
         target = _parse_uri(uri)
         if isinstance(target, Path):
             return self._local_lines_at(_open_local(target, uri), offsets)
-        return _lines_at(line_blocks(self.open_chunks(uri)), offsets)
+        return lines_at_offsets(line_blocks(self.open_chunks(uri)), offsets)
 
     @staticmethod
     def _local_lines_at(handle: IO[bytes], offsets: Iterable[int]) -> Iterator[bytes]:

@@ -37,7 +37,7 @@ from llm_assets.resources.providers.gemini_requests import (
 )
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.providers.retrying import is_transient
-from llm_assets.resources.storage import line_blocks
+from llm_assets.resources.storage_lines import line_blocks
 from llm_assets.results.rows import Answered
 
 if TYPE_CHECKING:

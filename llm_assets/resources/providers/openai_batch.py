@@ -24,7 +24,7 @@ from llm_assets.resources.providers.base import (
 from llm_assets.resources.providers.openai_lines import read_line
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.providers.retrying import is_transient
-from llm_assets.resources.storage import line_blocks
+from llm_assets.resources.storage_lines import line_blocks
 from llm_assets.results.rows import Answered
 
 if TYPE_CHECKING:
