@@ -128,7 +128,7 @@ def env(tmp_path: Path, fake: FakeOpenAI) -> Iterator[dict[str, str]]:
     }
     ledger = url.set(drivername="postgresql+psycopg", database=databases[1])
     try:
-        yield base | {
+        environment = base | {
             # dagster-celery starts `celery` by name.
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "DAGSTER_HOME": str(dagster_home),
@@ -146,6 +146,17 @@ def env(tmp_path: Path, fake: FakeOpenAI) -> Iterator[dict[str, str]]:
             "LLM_ASSETS_CELERY_BACKEND": BACKEND,
             "LLM_ASSETS_SENSOR_INTERVAL_SECONDS": "1",
         }
+        # Dagster's tables made once, before the workers and `dagster dev` start together
+        # (docs/operations.md): each would create them on its first connection, and two at
+        # the same moment collide.
+        subprocess.run(
+            [str(BIN / "dagster"), "instance", "migrate"],
+            env=environment,
+            capture_output=True,
+            check=True,
+            timeout=120,
+        )
+        yield environment
     finally:
         with admin.connect() as conn:
             for database in databases:
