@@ -5,6 +5,7 @@ linear in the text whatever it holds, and a prompt too long to scan is blocked u
 
 import json
 import time
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llm_assets.cli.main import main
+from llm_assets.compliance import normalize
 from llm_assets.compliance.detect import scan
 from llm_assets.compliance.normalize import view
 from llm_assets.compliance.policy import redacted, screen
@@ -167,6 +169,15 @@ def test_the_view_maps_every_character_back_to_the_original() -> None:
     assert text[slice(*seen.span(3, 5))] == "ﬁ"
     assert text[slice(*seen.span(6, 7))] == "e\u0301"
     assert view("plain ascii").starts is None
+
+
+def test_the_stored_tables_of_the_view_are_the_scan_of_this_unicode_version() -> None:
+    """What the view reads from normalize_tables.json is what scanning every code point
+    gives under this Python's Unicode version; another version's file is not used."""
+    stored = normalize.stored_tables(unicodedata.unidata_version)
+    assert stored is not None, "normalize_tables.json is missing or of another Unicode version"
+    assert stored == normalize.scanned_tables()
+    assert normalize.stored_tables("1.1.0") is None
 
 
 # Scanning time grows with the text, never faster: inputs made of what the patterns match

@@ -19,8 +19,10 @@ redacted with them, never half. Text that is all ASCII, most of it, is its own v
 """
 
 import functools
+import json
 import re
 import unicodedata
+from pathlib import Path
 from typing import NamedTuple
 
 
@@ -71,9 +73,46 @@ class _Tables(NamedTuple):
     """A character with its combining marks, or one of `other`: for text NFKC would compose."""
 
 
+TABLES_FILE = Path(__file__).with_name("normalize_tables.json")
+"""The tables as `write_tables` made them, for the Unicode version they name."""
+
+
 @functools.cache
 def _tables() -> _Tables:
-    """Made on the first non-ASCII text (a twentieth of a second)."""
+    """Made on the first non-ASCII text: read from TABLES_FILE when it was made for this
+    Python's Unicode version, else scanned (a third of a second, which every CLI run, run
+    worker and code server would pay)."""
+    return stored_tables(unicodedata.unidata_version) or scanned_tables()
+
+
+def stored_tables(unidata_version: str) -> _Tables | None:
+    """TABLES_FILE's tables, if it holds those of `unidata_version`."""
+    try:
+        stored = json.loads(TABLES_FILE.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    if stored.get("unidata_version") != unidata_version:
+        return None
+    one = {int(point): out for point, out in stored["one"].items()}
+    return _Tables(one, re.compile(stored["other"]), re.compile(stored["clusters"]))
+
+
+def write_tables(path: Path = TABLES_FILE) -> None:
+    """Store the scanned tables for this Python's Unicode version (run after a Python
+    upgrade changes it: `python -c "from llm_assets.compliance.normalize import
+    write_tables; write_tables()"`)."""
+    tables = scanned_tables()
+    stored = {
+        "unidata_version": unicodedata.unidata_version,
+        "one": {str(point): out for point, out in sorted(tables.one.items())},
+        "other": tables.other.pattern,
+        "clusters": tables.clusters.pattern,
+    }
+    path.write_text(json.dumps(stored, indent=0) + "\n", encoding="utf-8")
+
+
+def scanned_tables() -> _Tables:
+    """The tables from every code point's replacement (`_replacement`)."""
     one: dict[int, str] = {}
     other = [ord(c) for c in _LINE_BREAKS if len(_replacement(c)) != 1]
     marks = []
