@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from llm_assets import names, steps
 from llm_assets.defs.factory import asset_key
 from llm_assets.defs.run_failures import StepFailed
-from llm_assets.resources.ledger import LedgerResource, output_table
+from llm_assets.resources.ledger import JobRecord, LedgerResource, output_table
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
-from llm_assets.steps import judge
+from llm_assets.steps import judge, validate
 from llm_assets.steps.lifecycle import SLICE_JOIN_GRACE, UNJOINED
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, fake_harness, review_spec, truthful
@@ -253,6 +253,51 @@ def test_a_sliced_validation_writes_the_outputs_of_one_step(
         steps.forget_slice(harness.context(), 1)
         with pytest.raises(steps.MissingPrerequisite, match="slice 2/3"):
             steps.join_validation(harness.context())
+
+
+def test_the_slices_of_a_validation_split_the_day_evenly_and_must_agree_on_their_cuts(
+    tmp_path: Path, database_url: str, fake: FakeOpenAI
+) -> None:
+    sharding = {"max_requests_per_shard": 7, "slices": 3}
+    with fake_harness(tmp_path, database_url, fake, reviews=30, sharding=sharding) as harness:
+        assert harness.run_day().done
+        ctx = harness.context()
+        judged = [steps.validate_slice(ctx, n) for n in range(3)]
+        # Ranges of the day's custom_ids cut at row positions 10 and 20, read in order.
+        assert [part.judged for part in judged] == [10, 10, 10]
+        assert steps.join_validation(ctx).result.valid_rows == 30
+        # The day's items change after two slices judged it: the last cuts elsewhere, and
+        # the join refuses to take slices that may judge an item twice and another never.
+        harness.ledger.update_job(harness.job_id(), total_items=60)
+        steps.validate_slice(ctx, 2)
+        with pytest.raises(steps.MissingPrerequisite, match="in different places"):
+            steps.join_validation(ctx)
+
+
+_ID_CHARS = "0123456789abcdef_xyz"
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    ids=st.lists(st.text(_ID_CHARS, max_size=60), max_size=40),
+    count=st.integers(2, 12),
+    total=st.integers(0, 5000),
+)
+def test_every_custom_id_falls_in_exactly_one_slice_whatever_its_form(
+    ids: list[str], count: int, total: int
+) -> None:
+    """Keyed, unsent and legacy ids, or any string: the slices' ranges cover each once."""
+    job = JobRecord.model_construct(partition_date=DAY, total_items=total)
+    cuts = validate.slice_cuts(job, count)
+    keyed = [f"{DAY:%Y%m%d}_{n:08x}_{'ab' * 16}" for n in range(0, total, 97)]
+    for custom_id in [*ids, *keyed]:
+        holding = [
+            number
+            for number in range(count)
+            for low, high in [validate.slice_range(cuts, number)]
+            if (low is None or custom_id >= low) and (high is None or custom_id < high)
+        ]
+        assert len(holding) == 1, (custom_id, cuts)
 
 
 def test_the_slices_of_a_new_day_create_its_job_at_once(

@@ -4,16 +4,18 @@ Parquet and the job's outputs, in one step or in slices joined into the day's on
 In slices: a day's succeeded results judged by `sharding.slices` steps of their own on any
 worker, joined into the day's outputs.
 
-A result falls into a slice by the last two hex digits of its custom_id, which the database
-selects (ledger iter_items `part`); a day's items have one source id each (repeats are dead
-letters from the build on), so the frame check that a source id comes once holds across
-slices as within one. A slice writes nothing to the ledger: it parses and checks its
-results, writes the passing rows to a Parquet part, reads that part back against the frame
-schema, and leaves the part, the output rows and the failures beside it. The join holds the
-day: it checks that the slices judged every result the ledger holds as succeeded now (else
-the day is validated again), then writes the parts into the day's one Parquet, replaces the
-job's outputs and records the quality dead letters in one go, as a validation in one step
-does.
+A slice is a range of the day's custom_ids, cut where the row positions they begin with
+(items/ids.py) split the day's items evenly, and read along the ledger's (job, custom_id)
+index; the ranges cover every string, so every result falls in exactly one slice whatever its
+id. The cuts depend on the job's item count: the join takes the slices only if they all cut
+at the same places. A day's items have one source id each (repeats are dead letters from the
+build on), so the frame check that a source id comes once holds across slices as within one.
+A slice writes nothing to the ledger: it parses and checks its results, writes the passing
+rows to a Parquet part, reads that part back against the frame schema, and leaves the part,
+the output rows and the failures beside it. The join holds the day: it checks that the
+slices judged every result the ledger holds as succeeded now (else the day is validated
+again), then writes the parts into the day's one Parquet, replaces the job's outputs and
+records the quality dead letters in one go, as a validation in one step does.
 """
 
 import tempfile
@@ -41,6 +43,7 @@ __all__ = [
     "ValidateResult",
     "forget_slice",
     "join_validation",
+    "slice_cuts",
     "validate_outputs",
     "validate_slice",
 ]
@@ -94,6 +97,8 @@ class SliceValidation(BaseModel):
     tally: GateTally
     failed_rows: list[dict[str, Any]]
     read_back_failures: list[dict[str, Any]]
+    cuts: list[str] = []
+    """Where the day's custom_ids were cut into slices (slice_cuts)."""
 
 
 class JoinedValidation(BaseModel):
@@ -113,6 +118,20 @@ def _part_key(ctx: StepContext, job: JobRecord, number: int, suffix: str) -> str
     )
 
 
+def slice_cuts(job: JobRecord, count: int) -> list[str]:
+    """The custom_ids where the day's `count` slices begin, the first excepted: at the row
+    positions that split its items evenly (a custom_id is `<yyyymmdd>_<position>_<hash>`)."""
+    day = f"{job.partition_date:%Y%m%d}_"
+    return [f"{day}{number * job.total_items // count:08x}" for number in range(1, count)]
+
+
+def slice_range(cuts: list[str], number: int) -> tuple[str | None, str | None]:
+    """Slice `number`'s custom_ids: from its cut (the first from none) to the next one's."""
+    low = cuts[number - 1] if number > 0 else None
+    high = cuts[number] if number < len(cuts) else None
+    return low, high
+
+
 def validate_slice(ctx: StepContext, number: int) -> SliceValidation:
     """Judge slice `number` (from 0) of the day's succeeded results; its part, output rows
     and result are left in storage for the join. Writes nothing to the ledger."""
@@ -121,6 +140,7 @@ def validate_slice(ctx: StepContext, number: int) -> SliceValidation:
     job = ctx.job()
     refuse_expired(ctx.spec, job)
     count = ctx.spec.sharding.slices
+    cuts = slice_cuts(job, count)
     judged = 0
     with tempfile.TemporaryDirectory() as tmp:
         rows_path = Path(tmp) / "outputs.jsonl"
@@ -135,9 +155,8 @@ def validate_slice(ctx: StepContext, number: int) -> SliceValidation:
 
             def mine() -> Iterator[dict[str, Any]]:
                 nonlocal judged
-                part = (number, count)
                 for item in ctx.ledger.iter_items(
-                    job.job_id, [SUCCEEDED], columns=_WANTED, part=part
+                    job.job_id, [SUCCEEDED], columns=_WANTED, custom_ids=slice_range(cuts, number)
                 ):
                     judged += 1
                     yield item
@@ -151,6 +170,7 @@ def validate_slice(ctx: StepContext, number: int) -> SliceValidation:
         tally=GateTally.of(gate),
         failed_rows=gate.failed_rows,
         read_back_failures=published_frame_failures(ctx, part.uri),
+        cuts=cuts,
     )
     ctx.storage.write_bytes(_part_key(ctx, job, number, ".json"), result.model_dump_json().encode())
     return result
@@ -168,6 +188,11 @@ def join_validation(ctx: StepContext) -> JoinedValidation:
         job = ctx.job()
         refuse_expired(ctx.spec, job)
         parts = _slice_results(ctx, job, count)
+        if any(part.cuts != parts[0].cuts for part in parts):
+            raise MissingPrerequisite(
+                f"{ctx.spec.name} {ctx.day}: the slices cut the day's items in different places "
+                "(its items changed between them); validate the day again"
+            )
         succeeded = ledger.counts(job.job_id).succeeded
         judged = sum(part.judged for part in parts)
         if judged != succeeded:

@@ -250,13 +250,13 @@ def iter_items(
     shard_id: str | None = None,
     columns: Sequence[str] | None = None,
     few: int | None = None,
-    part: tuple[int, int] | None = None,
+    custom_ids: tuple[str | None, str | None] = (None, None),
 ) -> Iterator[dict[str, Any]]:
     """Stream item rows in custom_id order without loading them all.
 
-    `part`: (number, count): only the items of part `number` of `count` (at most 256), by the
-    last two hex digits of their custom_id (every custom_id ends in a hex digest), chosen by
-    the database, in no particular order: a day's validation in slices.
+    `custom_ids`: (low, high): only the items whose custom_id is at least `low` and below
+    `high` (None: no bound), read along the (job, custom_id) index: a slice of a day's
+    validation.
 
     `few`: the caller expects about that many rows at most (the items to retry among a day's,
     say). Up to that many are read by one query, which PostgreSQL can spread over its parallel
@@ -275,13 +275,12 @@ def iter_items(
         query = query.where(result_table.c.status.in_(list(statuses)))
     if shard_id is not None:
         query = query.where(result_table.c.shard_id == shard_id)
-    if part is not None:
-        number, count = part
-        tails = [f"{n:02x}" for n in range(256) if n % count == number]
-        query = query.where(sa.func.substr(key, sa.func.length(key) - 1).in_(tails))
-    else:
-        # A part's rows in no order: one pass over the day's rows, not a walk of the index.
-        query = query.order_by(key)
+    low, high = custom_ids
+    if low is not None:
+        query = query.where(key >= low)
+    if high is not None:
+        query = query.where(key < high)
+    query = query.order_by(key)
     with engine.connect() as conn:
         if few is not None:
             result = conn.execute(query.limit(few + 1))
