@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from llm_assets import names, steps
 from llm_assets.defs.factory import asset_key
 from llm_assets.defs.run_failures import StepFailed
+from llm_assets.items import ids as custom_ids
 from llm_assets.resources.ledger import JobRecord, LedgerResource, output_table
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
@@ -289,15 +290,22 @@ def test_every_custom_id_falls_in_exactly_one_slice_whatever_its_form(
     """Keyed, unsent and legacy ids, or any string: the slices' ranges cover each once."""
     job = JobRecord.model_construct(partition_date=DAY, total_items=total)
     cuts = validate.slice_cuts(job, count)
-    keyed = [f"{DAY:%Y%m%d}_{n:08x}_{'ab' * 16}" for n in range(0, total, 97)]
-    for custom_id in [*ids, *keyed]:
-        holding = [
+
+    def holding(custom_id: str) -> list[int]:
+        return [
             number
             for number in range(count)
             for low, high in [validate.slice_range(cuts, number)]
             if (low is None or custom_id >= low) and (high is None or custom_id < high)
         ]
-        assert len(holding) == 1, (custom_id, cuts)
+
+    for custom_id in ids:
+        assert len(holding(custom_id)) == 1, (custom_id, cuts)
+    # A keyed id falls in the slice of its row's position: the slices split the rows evenly.
+    for position in range(0, total, 97):
+        keyed = custom_ids.custom_id(b"k" * 32, "reviews", DAY, f"R-{position}", position)
+        expected = max(n for n in range(count) if n * total // count <= position)
+        assert holding(keyed) == [expected], (keyed, cuts)
 
 
 def test_the_slices_of_a_new_day_create_its_job_at_once(

@@ -69,6 +69,12 @@ def custom_id(key: bytes, pipeline: str, date: dt.date, source_id: str, position
     return f"{day}_{position:08x}_{keyed.hexdigest()[:ID_HEX]}"
 
 
+def position_bound(date: dt.date, position: int) -> str:
+    """Where the custom_ids of the snapshot row at `position` begin: every keyed id of a row
+    before it sorts below, every one of a row at or after it at or above (custom_id)."""
+    return f"{date:%Y%m%d}_{position:08x}"
+
+
 def unsent_id(pipeline: str, date: dt.date, row_key: str, kind: str) -> str:
     """The custom_id of a row that is never sent (kind `duplicate` or `row`): the date and
     the SHA-256 of (pipeline, date, kind, row key) joined by U+001F, whatever the id key."""

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
+from llm_assets.items import ids
 from llm_assets.resources.ledger import SUCCEEDED, JobRecord, utcnow
 from llm_assets.steps.context import MissingPrerequisite, StepContext, artifact_key, refuse_expired
 from llm_assets.steps.judge import (
@@ -120,9 +121,9 @@ def _part_key(ctx: StepContext, job: JobRecord, number: int, suffix: str) -> str
 
 def slice_cuts(job: JobRecord, count: int) -> list[str]:
     """The custom_ids where the day's `count` slices begin, the first excepted: at the row
-    positions that split its items evenly (a custom_id is `<yyyymmdd>_<position>_<hash>`)."""
-    day = f"{job.partition_date:%Y%m%d}_"
-    return [f"{day}{number * job.total_items // count:08x}" for number in range(1, count)]
+    positions that split its items evenly (keyed custom_ids sort by their row's position)."""
+    day, items = job.partition_date, job.total_items
+    return [ids.position_bound(day, number * items // count) for number in range(1, count)]
 
 
 def slice_range(cuts: list[str], number: int) -> tuple[str | None, str | None]:
