@@ -21,6 +21,7 @@ from llm_assets.resources.providers import provider_resource_key
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings
+from tests import cli_process
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import provider_for, write_reviews
 
@@ -121,6 +122,6 @@ def run_command(
     args: list[str], env: dict[str, str], timeout: float = 600, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`args` run to the end, its output captured as text; a failure is the caller's to judge."""
-    return subprocess.run(
+    return cli_process.run(
         args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
     )

@@ -7,7 +7,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.util.settings import Settings
+from tests.cli_process import CLI as CLI  # the command the tests run, named here too
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.gemini_server import FakeGemini
 from tests.fakes.online_server import FakeOnline
@@ -38,7 +38,6 @@ from tests.fakes.openai_server import FakeOpenAI, user_text
 
 DAY = dt.date(2026, 11, 2)
 POSITIVE = ("good", "great", "love", "excellent")
-CLI = str(Path(sys.executable).parent / "llm-assets")
 _OPENERS = [
     "The blender is {w} and the motor is quiet.",
     "Delivery was slow but the kettle itself is {w}.",

@@ -5,7 +5,6 @@ import datetime as dt
 import http.server
 import json
 import os
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from llm_assets.resources.providers import provider_resource_key
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import notify
 from llm_assets.util.settings import Settings
+from tests import cli_process
 from tests.harness import CLI, review_spec
 
 
@@ -316,7 +316,7 @@ def test_an_unknown_executor_is_refused_by_name(tmp_path: Path) -> None:
     assert Settings.from_env({**environ, "LLM_ASSETS_EXECUTOR": ""}).executor == "in_process"
     assert Settings.from_env({**environ, "LLM_ASSETS_EXECUTOR": "celery"}).executor == "celery"
 
-    said = subprocess.run(
+    said = cli_process.run(
         [CLI, "status", "support_tickets", "--date", "2026-11-02"],
         env={**os.environ, **environ},
         capture_output=True,

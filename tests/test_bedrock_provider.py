@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from llm_assets.resources.providers.bedrock import (
     request_token,
 )
 from llm_assets.resources.storage import ArtifactStorage
+from tests import cli_process
 from tests.conftest import MotoS3
 from tests.fakes.bedrock_server import FakeBedrock, runtime_calls
 from tests.harness import CLI, DAY, POSITIVE, Harness, open_harness, review_spec, write_reviews
@@ -159,7 +159,7 @@ def test_a_kill_after_create_or_mid_import_neither_creates_nor_sends_again(
     args = [CLI, "run", "reviews_bedrock", "--date", DAY.isoformat(), "--wait"]
     args += ["--poll-interval", "0.05", "--json"]
 
-    killed = subprocess.run(
+    killed = cli_process.run(
         args,
         env={**env, "LLM_ASSETS_FAILPOINT": point},
         capture_output=True,
@@ -170,7 +170,7 @@ def test_a_kill_after_create_or_mid_import_neither_creates_nor_sends_again(
     jobs_when_killed = len(fake.jobs())
     assert jobs_when_killed == (1 if point == "submit.after_create" else 2)
 
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    done = cli_process.run(args, env=env, capture_output=True, text=True, timeout=300)
 
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)[0]["succeeded"] == 120

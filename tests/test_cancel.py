@@ -3,7 +3,6 @@ cancelled batches answered is kept and billed once, the rest become `cancelled` 
 that a requeue sends again, and nothing submits a cancelled day until then."""
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from llm_assets import names, steps
 from llm_assets.defs.cancel_job import build_cancel_job
 from llm_assets.resources.ledger import TERMINAL
 from llm_assets.resources.providers.base import BatchStatus
+from tests import cli_process
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.gemini_server import FakeGemini
 from tests.fakes.openai_server import FakeOpenAI
@@ -179,7 +179,7 @@ def test_the_cli_cancels_one_shard_and_the_rest_of_the_day_goes_on(
     env = harness.cli_env(fake)
     args = [CLI, "cancel", harness.spec.name, "--date", DAY.isoformat(), "--shard", short]
 
-    done = subprocess.run(
+    done = cli_process.run(
         [*args, "--poll-interval", "0.05", "--reason", "bad shard"],
         env=env,
         capture_output=True,
@@ -199,7 +199,7 @@ def test_the_cli_cancels_one_shard_and_the_rest_of_the_day_goes_on(
     assert {s.status for s in others} == {"running"}  # not cancelled, still at the provider
     job = harness.ledger.get_job(harness.job_id())
     assert job is not None and job.cancelled_at is None
-    status = subprocess.run(
+    status = cli_process.run(
         [CLI, "status", harness.spec.name, "--date", DAY.isoformat(), "--json"],
         env=env,
         capture_output=True,

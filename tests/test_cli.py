@@ -19,6 +19,7 @@ from llm_assets.cli.text import count_words, home_relative, short_forms, usd
 from llm_assets.demo.data import generate_demo_data
 from llm_assets.resources.ledger import DEAD_LETTER, LedgerResource
 from llm_assets.util.settings import REPO_ROOT
+from tests import cli_process
 from tests.harness import CLI
 from tests.ledger_helpers import set_item_status
 
@@ -69,7 +70,7 @@ class Env:
         }
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return cli_process.run(
             [CLI, *args], env=self.vars, capture_output=True, text=True, timeout=600, check=False
         )
 
@@ -198,7 +199,7 @@ def test_dead_letter_csv_cells_never_run_as_spreadsheet_formulas(env: Env) -> No
         assert moved == 1
 
     # As bytes: text mode would turn the carriage return into a newline.
-    listed = subprocess.run(
+    listed = cli_process.run(
         [CLI, "dead-letter", "support_tickets", *day, "--csv"],
         env=env.vars,
         capture_output=True,

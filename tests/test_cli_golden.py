@@ -31,6 +31,7 @@ import pytest
 import yaml
 from rich.cells import cell_len
 
+from tests import cli_process
 from tests.harness import CLI
 from tests.test_cli import DAY, Env
 
@@ -59,7 +60,7 @@ class GoldenEnv(Env):
         spec_file.write_text(yaml.safe_dump(spec))
 
     def at(self, columns: int, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return cli_process.run(
             [CLI, *args],
             env={**self.vars, "COLUMNS": str(columns)},
             capture_output=True,

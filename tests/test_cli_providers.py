@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 import yaml
 
+from tests import cli_process
 from tests.conftest import running_fake
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, review_spec, truthful, write_reviews
@@ -39,7 +40,7 @@ def run_cli(tmp_path: Path, database_url: str, spec: dict[str, Any], env: dict[s
     }
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return cli_process.run(
             [CLI, *args], env=variables, capture_output=True, text=True, timeout=600, check=False
         )
 
@@ -158,7 +159,7 @@ def test_dead_letters_are_listed_and_requeued_as_new_attempts(
         }
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
+            return cli_process.run(
                 [CLI, *args], env=variables, capture_output=True, text=True, timeout=600
             )
 

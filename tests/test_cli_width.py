@@ -30,6 +30,7 @@ from llm_assets.evaluation.report import EvalReport
 from llm_assets.resources.ledger import DEAD_LETTER, SUCCEEDED, LedgerResource, utcnow
 from llm_assets.spec.load import load_specs
 from llm_assets.util.settings import REPO_ROOT
+from tests import cli_process
 from tests.demo_run import shared_demo
 from tests.harness import CLI
 from tests.ledger_helpers import set_item_status
@@ -72,7 +73,7 @@ class WidthEnv(Env):
         spec_file.write_text(yaml.safe_dump(spec))
 
     def at(self, *args: str, columns: int = COLUMNS) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return cli_process.run(
             [CLI, *args],
             env={**self.vars, "COLUMNS": str(columns)},
             capture_output=True,
@@ -86,7 +87,7 @@ class WidthEnv(Env):
         env = {**self.vars, "COLUMNS": str(columns), "TERM": "xterm-256color"}
         env.pop("NO_COLOR", None)
         main, child = pty.openpty()
-        process = subprocess.Popen([CLI, *args], env=env, stdin=child, stdout=child, stderr=child)
+        process = cli_process.Popen([CLI, *args], env=env, stdin=child, stdout=child, stderr=child)
         os.close(child)
         shown = bytearray()
         while True:

@@ -22,6 +22,7 @@ import yaml
 from llm_assets.resources.ledger import LedgerResource, result_table, shard_table
 from llm_assets.steps import UNFINISHED, GateRecord
 from llm_assets.util.failpoints import POINTS
+from tests import cli_process
 from tests.fakes.azure_openai_server import FakeAzureOpenAI
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI, user_text
@@ -88,7 +89,7 @@ class Partition:
         if failpoint:
             env["LLM_ASSETS_FAILPOINT"] = failpoint
         args = ["run", self.name, "--date", DAY.isoformat(), "--wait", "--poll-interval", "0.02"]
-        return subprocess.run(
+        return cli_process.run(
             [CLI, *args, "--json"], env=env, capture_output=True, text=True, timeout=600
         )
 

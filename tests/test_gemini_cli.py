@@ -20,6 +20,7 @@ from llm_assets import names
 from llm_assets.defs.factory import asset_key
 from llm_assets.resources.ledger import LedgerResource, ShardRecord
 from llm_assets.resources.providers.gemini_batch import GeminiBatchProvider
+from tests import cli_process
 from tests import test_gemini_provider as gemini_tests
 from tests.fakes.gemini_server import FakeGemini
 from tests.harness import CLI, DAY, Harness, cli_env, provider_for, review_spec, write_reviews
@@ -56,7 +57,7 @@ class Day:
             env["LLM_ASSETS_FAILPOINT"] = failpoint
         args = [CLI, "run", self.name, "--date", DAY.isoformat(), "--wait"]
         args += ["--poll-interval", "0.05", "--json"]
-        return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+        return cli_process.run(args, env=env, capture_output=True, text=True, timeout=300)
 
     def shards(self) -> list[ShardRecord]:
         [job] = jobs_for_pipeline(self.ledger, self.name)

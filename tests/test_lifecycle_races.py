@@ -10,7 +10,6 @@ sent after a stop.
 import datetime as dt
 import json
 import shutil
-import subprocess
 import threading
 from collections import Counter
 from pathlib import Path
@@ -23,6 +22,7 @@ import sqlalchemy as sa
 from llm_assets import steps
 from llm_assets.resources.ledger import TERMINAL, QuotaKey
 from llm_assets.steps import quota
+from tests import cli_process
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.common import Gate, held_call
 from tests.fakes.online_server import FakeOnline
@@ -79,7 +79,7 @@ def test_a_cancel_after_a_crash_between_create_and_record_cancels_the_unrecorded
     assert len(unrecorded) == 1
 
     args = ["cancel", partition.name, "--date", DAY.isoformat(), "--poll-interval", "0.02"]
-    cancelled = subprocess.run(
+    cancelled = cli_process.run(
         [CLI, *args], env=partition.env, capture_output=True, text=True, timeout=300
     )
 
@@ -93,9 +93,8 @@ def test_a_cancel_after_a_crash_between_create_and_record_cancels_the_unrecorded
     assert {r["error_class"] for r in rows} == {"cancelled"}  # no batch had run yet
 
     requeue = [CLI, "requeue", partition.name, "--date", DAY.isoformat(), "--class", "cancelled"]
-    assert (
-        subprocess.run(requeue, env=partition.env, capture_output=True, timeout=300).returncode == 0
-    )
+    requeued = cli_process.run(requeue, env=partition.env, capture_output=True, timeout=300)
+    assert requeued.returncode == 0
     finished = partition.run()
     assert finished.returncode == 0, finished.stderr
 

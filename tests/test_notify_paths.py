@@ -25,6 +25,7 @@ from llm_assets.resources.ledger import LedgerResource
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.steps import notify
 from llm_assets.steps.lifecycle import GATED
+from tests import cli_process
 from tests.day_notices import announce, loopback_webhook
 from tests.demo_run import shared_demo
 from tests.eval_harness import run_command
@@ -187,7 +188,7 @@ def test_two_cli_runs_of_one_day_at_once_announce_it_once(
         command = [CLI, "run", harness.spec.name, "--date", DAY.isoformat(), "--wait"]
         env = harness.cli_env(fake)
         runs = [
-            subprocess.Popen(
+            cli_process.Popen(
                 [*command, "--poll-interval", "0"],
                 env=env,
                 stdout=subprocess.PIPE,

@@ -16,6 +16,7 @@ import yaml
 
 from llm_assets.resources.ledger import TERMINAL
 from llm_assets.resources.providers.online import OnlineProvider, parse_duration
+from tests import cli_process
 from tests.fakes.online_server import FakeOnline
 from tests.fakes.openai_server import user_text
 from tests.harness import CLI, DAY, Harness, open_harness, review_spec, truthful, write_reviews
@@ -173,7 +174,7 @@ def test_kill_9_mid_shard_then_resume_sends_only_what_has_no_result(
 ) -> None:
     fake.latency_seconds = 0.02
     env = cli_env(tmp_path, database_url, fake, concurrency=4)
-    killed = subprocess.run(
+    killed = cli_process.run(
         run_args(),
         env={**env, "LLM_ASSETS_FAILPOINT": "online.after_checkpoint:3"},
         capture_output=True,
@@ -185,7 +186,7 @@ def test_kill_9_mid_shard_then_resume_sends_only_what_has_no_result(
     checkpointed = {cid for cid, r in before.items() if r["status"] in TERMINAL}
     assert 15 <= len(checkpointed) < 60  # three checkpoints of five, maybe a fourth
 
-    done = subprocess.run(run_args(), env=env, capture_output=True, text=True, timeout=300)
+    done = cli_process.run(run_args(), env=env, capture_output=True, text=True, timeout=300)
 
     assert done.returncode == 0, done.stderr
     after = ledger_rows(database_url)
@@ -202,7 +203,7 @@ def test_sigterm_finishes_what_is_in_flight_and_checkpoints_it(
 ) -> None:
     fake.latency_seconds = 0.1
     env = cli_env(tmp_path, database_url, fake, concurrency=4, checkpoint_every=25)
-    process = subprocess.Popen(
+    process = cli_process.Popen(
         run_args(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 120
@@ -221,7 +222,7 @@ def test_sigterm_finishes_what_is_in_flight_and_checkpoints_it(
     assert set(fake.successes()) == succeeded
     assert len(succeeded) < 60
 
-    done = subprocess.run(run_args(), env=env, capture_output=True, text=True, timeout=300)
+    done = cli_process.run(run_args(), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     successes = fake.successes()
     assert len(successes) == len(set(successes)) == 60

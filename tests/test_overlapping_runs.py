@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from llm_assets import names
 from llm_assets.defs.factory import asset_key
 from llm_assets.resources.ledger import output_table
+from tests import cli_process
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, fake_harness, first_time, truthful
 from tests.test_sensors import tick
@@ -61,7 +62,7 @@ def test_three_runs_and_the_sensor_on_one_day_send_and_bill_each_item_once(
         env = harness.cli_env(fake)
         command = [CLI, "run", harness.spec.name, "--date", DAY.isoformat(), "--wait"]
         runs = [
-            subprocess.Popen(
+            cli_process.Popen(
                 [*command, "--poll-interval", "0.05", "--json"],
                 env=env,
                 stdout=subprocess.PIPE,

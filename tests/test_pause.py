@@ -2,7 +2,6 @@
 `llm-assets run`), what is in flight still finishes, and a resume lets the held work go."""
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from llm_assets.defs.factory import SKIPPED, asset_key, build_pipeline_assets
 from llm_assets.defs.new_data_sensor import build_new_data_sensor
 from llm_assets.defs.sensors import build_batch_status_sensor
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
+from tests import cli_process
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import (
     CLI,
@@ -242,7 +242,7 @@ def test_run_wait_on_a_paused_pipeline_is_blocked_and_sends_nothing(
     assert again.startswith(f"{name} was already paused by cli:")
     assert REASON in again and "another" not in again
 
-    run = subprocess.run(
+    run = cli_process.run(
         [CLI, "run", name, "--date", day, "--wait", "--poll-interval", "0"],
         env=env,
         capture_output=True,

@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import os
 import re
-import subprocess
 import tomllib
 from decimal import Decimal
 from pathlib import Path
@@ -29,6 +28,7 @@ from llm_assets.resources.pricing import (
 )
 from llm_assets.spec.load import check_specs
 from llm_assets.util.settings import REPO_ROOT
+from tests import cli_process
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, fake_harness, review_spec, truthful
 from tests.test_costs import billed_lines, latest_metadata
@@ -226,7 +226,7 @@ def _prices_env(tmp_path: Path) -> dict[str, str]:
 def test_prices_lists_each_model_with_its_source_as_a_table_and_as_json(tmp_path: Path) -> None:
     env = _prices_env(tmp_path)
     for columns in (80, 200):
-        done = subprocess.run(
+        done = cli_process.run(
             [CLI, "prices", "reviews_openai"],
             env=env | {"COLUMNS": str(columns)},
             capture_output=True,

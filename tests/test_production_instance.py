@@ -9,7 +9,6 @@ test's). Skipped without that variable; under CI=true the suite requires it (con
 import os
 import shutil
 import signal
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from llm_assets.resources.ledger import shard_table
 from llm_assets.resources.providers.local import LocalProvider
 from llm_assets.resources.providers.local_engine import MODEL_NAME
 from llm_assets.util.settings import REPO_ROOT
+from tests import cli_process
 from tests.conftest import PG_URL
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import CLI, DAY, Harness, provider_for, review_spec, truthful
@@ -191,7 +191,7 @@ def test_a_run_killed_after_paying_for_a_batch_is_retried_without_paying_again(
             # ledger recorded it: the one moment a naive retry would pay twice.
             "LLM_ASSETS_FAILPOINT": "submit.after_create",
         }
-        killed = subprocess.run(
+        killed = cli_process.run(
             [CLI, "run", harness.spec.name, "--date", PARTITION],
             env=env,
             capture_output=True,

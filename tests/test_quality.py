@@ -1,7 +1,6 @@
 """The quality gate: garbage that returns 200 OK never reaches validated or published outputs."""
 
 import json
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from llm_assets.results import quality
 from llm_assets.results.validation import parse_output
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.tables import case_table
+from tests import cli_process
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import (
     CLI,
@@ -241,7 +241,7 @@ def test_the_cli_exits_2_with_the_check_reason(
     spec = review_spec("openai", "gpt-4o-mini", quality={"max_failure_rate": 0.05})
     write_reviews(tmp_path / "home", DAY, 24)
     env = cli_env(tmp_path, database_url, spec, fake)
-    result = subprocess.run(
+    result = cli_process.run(
         [CLI, "run", spec["name"], "--date", DAY.isoformat(), "--wait", "--poll-interval", "0"]
         + ["--json"],
         env=env,
@@ -263,10 +263,10 @@ def test_the_cli_exits_2_with_the_check_reason(
 
     # `status` names the gate that holds the day, first, and in its JSON.
     status = [CLI, "status", spec["name"], "--date", DAY.isoformat()]
-    shown = subprocess.run(status, env=env, capture_output=True, text=True, timeout=120)
+    shown = cli_process.run(status, env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[0] == f"{spec['name']} {DAY}: {reason}"
-    report = subprocess.run(
+    report = cli_process.run(
         [*status, "--json"], env=env, capture_output=True, text=True, timeout=120, check=True
     )
     assert json.loads(report.stdout)["blocked"] == reason

@@ -5,7 +5,6 @@ fakes and the moto server seeing no upload and no create."""
 
 import contextlib
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +37,7 @@ from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.providers.remote import RemoteBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
+from tests import cli_process
 from tests.conftest import MotoS3
 from tests.fakes.bedrock_server import FakeBedrock
 from tests.fakes.openai_server import FakeOpenAI
@@ -815,7 +815,7 @@ def test_cli_run_exits_2_naming_the_refused_endpoint(tmp_path: Path, database_ur
     )
     write_reviews(tmp_path / "home", DAY, 6)
     with FakeOpenAI(tmp_path / "fake") as fake:
-        done = subprocess.run(
+        done = cli_process.run(
             [CLI, "run", spec["name"], "--date", DAY.isoformat()],
             env={**cli_env(tmp_path, database_url, spec, fake), "NO_COLOR": "1", "COLUMNS": "300"},
             capture_output=True,

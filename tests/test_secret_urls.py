@@ -7,7 +7,6 @@ import http.server
 import json
 import logging
 import os
-import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import notify
 from llm_assets.util.secrecy import mask_url
 from llm_assets.util.settings import REPO_ROOT, Settings
+from tests import cli_process
 from tests.harness import CLI, review_spec
 
 PASSWORD = "pw-e63a00efb4f3477f88bb27f256cd6d72"
@@ -157,7 +157,7 @@ def test_status_with_an_unreachable_ledger_names_it_with_the_password_masked(
     tmp_path: Path, url: str, why: str
 ) -> None:
     env = {**os.environ, "LLM_ASSETS_HOME": str(tmp_path), "LLM_ASSETS_DATABASE_URL": url}
-    done = subprocess.run(
+    done = cli_process.run(
         [CLI, "status", "support_tickets", "--date", "2026-11-01"],
         env=env,
         capture_output=True,

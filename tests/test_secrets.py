@@ -44,6 +44,7 @@ import sqlalchemy as sa
 import yaml
 from dagster._core.instance.ref import InstanceRef
 
+from tests import cli_process
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.common import ControlFault
 from tests.fakes.openai_server import FakeOpenAI
@@ -208,7 +209,7 @@ class Workspace:
         return self.tmp_path / "dagster"
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
+        done = cli_process.run(
             [CLI, *args], env=self.env, capture_output=True, text=True, timeout=600, check=False
         )
         self.invocations.append(Invocation(" ".join(args), done))
