@@ -7,6 +7,7 @@ forward pass; the weights are read on first use, so importing this module (at Da
 code-location load) stays cheap.
 """
 
+import collections
 import math
 import re
 import threading
@@ -24,6 +25,10 @@ TEMPERATURE = 0.05
 ELLIPSIS = "…"
 
 _BATCH_TOKENS = 4096
+_KEPT_VECTORS = 20_000
+"""Sentence vectors an engine keeps, by text (30 MB at most): a retried shard, a day run
+again and each variant of an evaluation send the same texts again (the demo encodes each text
+about three times)."""
 _CHUNK_TOKENS = 200
 _LABEL_TEMPLATES = (
     "{}",
@@ -108,6 +113,7 @@ class LocalEngine:
         # Fast tokenizers are not safe to share between threads mid-call.
         self._call_lock = threading.RLock()
         self._label_cache: dict[str, np.ndarray] = {}
+        self._vectors: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
 
     @classmethod
     def shared(cls) -> "LocalEngine":
@@ -222,6 +228,31 @@ class LocalEngine:
         return [" ".join(words[i : i + per_piece]) for i in range(0, len(words), per_piece)]
 
     def _encode(self, texts: list[str]) -> np.ndarray:
+        """Unit vectors of texts cut to the model's window; each text encoded once while its
+        vector is among the last _KEPT_VECTORS used."""
+        out = np.zeros((len(texts), self._model.dimension), dtype=np.float32)
+        missing: dict[str, list[int]] = {}
+        with self._call_lock:
+            for row, text in enumerate(texts):
+                kept = self._vectors.get(text)
+                if kept is None:
+                    missing.setdefault(text, []).append(row)
+                else:
+                    self._vectors.move_to_end(text)
+                    out[row] = kept
+        if not missing:
+            return out
+        fresh = list(missing)
+        vectors = self._encode_batches(fresh)
+        with self._call_lock:
+            for text, vector in zip(fresh, vectors, strict=True):
+                out[missing[text]] = vector
+                self._vectors[text] = vector.copy()
+            while len(self._vectors) > _KEPT_VECTORS:
+                self._vectors.popitem(last=False)
+        return out
+
+    def _encode_batches(self, texts: list[str]) -> np.ndarray:
         """Unit vectors of texts cut to the model's window, about _BATCH_TOKENS tokens at a time."""
         out = np.zeros((len(texts), self._model.dimension), dtype=np.float32)
         with self._call_lock:
