@@ -46,6 +46,19 @@ PRELOAD = (
     "boto3",
     "botocore.session",
     "google.genai",
+    # Imported on first use by a command: pandera's strategies (and hypothesis with them),
+    # the price library's data, the ledger's PostgreSQL driver and dialects, Dagster's
+    # storage migrations, the local model's tokenizer and weights reader.
+    "pandera.strategies.pandas_strategies",
+    "pandera.backends.pandas.register",
+    "genai_prices.data",
+    "psycopg",
+    "sqlalchemy.dialects.postgresql",
+    "sqlalchemy.dialects.sqlite",
+    "alembic",
+    "structlog",
+    "tokenizers",
+    "safetensors.numpy",
 )
 
 
