@@ -4,6 +4,7 @@ It is started in its own process group with SIGINT restored (in the background i
 ignore SIGINT and SIGTERM otherwise) and stopped by signalling the whole group.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -180,6 +181,23 @@ def _restore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes started under `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                # After the command's name in parentheses: the state, then the parent's pid.
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
 @contextmanager
 def dagster_dev(env: dict[str, str], log: Path, *, daemon: bool = True) -> Iterator[DagsterDev]:
     """Run `dagster dev -w workspace.yaml` from the repo with `env`; yields once the code
@@ -228,6 +246,8 @@ def dagster_dev(env: dict[str, str], log: Path, *, daemon: bool = True) -> Itera
             server.wait_for("the code location to load", loaded, timeout=180)
             yield server
         finally:
+            # The code server's gRPC process runs in a session of its own, outside the group.
+            family = _descendants(process.pid)
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGINT)
                 try:
@@ -235,3 +255,6 @@ def dagster_dev(env: dict[str, str], log: Path, *, daemon: bool = True) -> Itera
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait(timeout=30)
+            for survivor in family:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(survivor, signal.SIGKILL)
