@@ -59,6 +59,26 @@ PRELOAD = (
     "structlog",
     "tokenizers",
     "safetensors.numpy",
+    # What a run or a report reaches past those: Dagster's instance, run and event storage,
+    # asset graph and daemon modules, the artifact paths, the token counters, the console's
+    # progress bars and Markdown, the personal-data detector.
+    "dagster._core.definitions.freshness_evaluator",
+    "dagster._core.definitions.assets.graph.remote_asset_graph",
+    "dagster._core.storage.base_storage",
+    "dagster._core.storage.local_compute_log_manager",
+    "dagster._core.execution.asset_backfill",
+    "dagster._daemon.controller",
+    "alembic.command",
+    "sqlite3",
+    "upath",
+    "fsspec",
+    "pyarrow.dataset",
+    "openai.pagination",
+    "msgspec",
+    "tiktoken",
+    "rich.progress",
+    "markdown_it",
+    "datafog_core",
 )
 
 
