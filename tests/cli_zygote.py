@@ -3,9 +3,12 @@
 It imports the libraries the command imports -- Dagster, pandas, pyarrow, pandera, SQLAlchemy,
 the provider SDKs -- once, and then forks a child for each command it is sent: the child takes
 its stdin, stdout and stderr, environment, working directory and session from the request and
-runs the console script as `python llm-assets ...` would, importing llm_assets itself after its
-environment is set. Each child is reaped here and its raw wait status sent back on the socket
-that came with the request.
+runs the console script as `python llm-assets ...` would. Of llm_assets, the zygote imports
+the library (no module of it reads the environment, the terminal or the pipelines when
+imported); the command line (whose consoles take the terminal's width), the code location
+(which loads the pipelines) and the demo are imported by the command after its environment
+is set, as the script imports them. Each child is reaped here and its raw wait status sent
+back on the socket that came with the request.
 
 Run as `python -P tests/cli_zygote.py FD` (FD: a SOCK_SEQPACKET socket to the test process), so
 that nothing of the tests' folder is on sys.path: a child's sys.path is made as Python makes a
@@ -18,6 +21,7 @@ import contextlib
 import importlib
 import json
 import os
+import pkgutil
 import select
 import signal
 import socket
@@ -82,9 +86,21 @@ PRELOAD = (
 )
 
 
+IMPORTED_BY_THE_COMMAND = ("llm_assets.cli", "llm_assets.demo", "llm_assets.definitions")
+"""What of llm_assets depends, when imported, on the command's environment and terminal."""
+
+
 def preload() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    packages = [importlib.import_module("llm_assets")]
+    while packages:
+        package = packages.pop()
+        for found in pkgutil.iter_modules(package.__path__, f"{package.__name__}."):
+            if not found.name.startswith(IMPORTED_BY_THE_COMMAND):
+                module = importlib.import_module(found.name)
+                if found.ispkg:
+                    packages.append(module)
     # Forking a process that runs threads copies their locks in whatever state they are in.
     assert threading.active_count() == 1, threading.enumerate()
 
