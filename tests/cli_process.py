@@ -2,11 +2,12 @@
 
 `run` and `Popen` take what subprocess's take. A command whose program is the `llm-assets`
 script (harness.CLI) is forked from a process of this test process that has already imported
-Dagster, pandas, pyarrow, pandera and the SDKs (tests/cli_zygote.py); anything else runs
-through subprocess as usual. The forked command is still a process of its own: its own pid to
-signal and SIGKILL, its own pipes or terminal, environment, working directory and exit status,
-and it imports llm_assets after its environment is set, as `llm-assets ...` does. What it skips
-is two to three CPU-seconds of imports: the suite starts a few hundred commands.
+Dagster, pandas, pyarrow, pandera, the SDKs and the llm_assets library (tests/cli_zygote.py);
+anything else runs through subprocess as usual. The forked command is still a process of its
+own: its own pid to signal and SIGKILL, its own pipes or terminal, environment, working
+directory and exit status, and it imports the command line and the code location after its
+environment is set, as `llm-assets ...` does. What it skips is three to four CPU-seconds of
+imports: the suite starts a few hundred commands.
 """
 
 import atexit
