@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import llm_assets
+from tests.cli_zygote import IMPORTED_BY_THE_COMMAND
 
 PACKAGE = Path(llm_assets.__file__).parent
 TOP = ("defs", "cli", "demo", "definitions")
@@ -138,6 +139,43 @@ def test_domain_packages_never_import_the_top() -> None:
 def test_plain_packages_do_not_import_dagster() -> None:
     wrong = _edges_from(PLAIN, lambda name: name.split(".")[0] == "dagster")
     assert [edge for edge in wrong if edge not in DAGSTER_ALLOWED] == []
+
+
+READ_AT_IMPORT = {"environ", "getenv", "stdin", "stdout", "stderr", "argv", "cwd", "from_env"}
+"""What a module reads of its process's environment, terminal, arguments or folder."""
+
+
+def _read_at_import(path: Path) -> list[str]:
+    """Where the module's code that runs when it is imported (not its functions' bodies, but
+    their decorators and defaults, and class bodies) reads one of READ_AT_IMPORT."""
+    found = []
+    stack: list[ast.AST] = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            stack.extend([*node.decorator_list, *node.args.defaults])
+            stack.extend(d for d in node.args.kw_defaults if d is not None)
+            continue
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Attribute) and node.attr in READ_AT_IMPORT:
+            found.append(f"{path.name}:{node.lineno} .{node.attr}")
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_the_library_reads_no_environment_or_terminal_when_imported() -> None:
+    """The tests' command zygote imports the library before a command's environment and
+    terminal are set (tests/cli_zygote.py): only what it leaves to the command may read them."""
+    reads = {name: _read_at_import(path) for name, path in _modules().items()}
+    library = {
+        name: found
+        for name, found in reads.items()
+        if found and not name.startswith(IMPORTED_BY_THE_COMMAND)
+    }
+    assert library == {}
+    # The scan finds such a read: the console takes the terminal's width when imported.
+    assert any(".stdout" in read for read in reads["llm_assets.cli.console"])
 
 
 def test_the_code_location_loads_from_its_documented_name() -> None:
