@@ -297,23 +297,25 @@ def iter_items(
             yield dict(zip(keys, row, strict=True))
 
 
+_COUNTS = (
+    sa.select(
+        result_table.c.status,
+        result_table.c.error_class,
+        sa.func.count(),
+        sa.func.coalesce(sa.func.sum(result_table.c.input_tokens), 0),
+        sa.func.coalesce(sa.func.sum(result_table.c.output_tokens), 0),
+        sa.func.coalesce(sa.func.sum(result_table.c.cost_usd + result_table.c.prior_cost_usd), 0.0),
+    )
+    .where(result_table.c.job_id == sa.bindparam("job_id"))
+    .group_by(result_table.c.status, result_table.c.error_class)
+)
+"""Built once (every look at a day counts its items); the job is bound at execution."""
+
+
 def counts(engine: Engine, job_id: str) -> JobCounts:
     """A job's items by status and dead letters by error class, with tokens and cost."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(
-                result_table.c.status,
-                result_table.c.error_class,
-                sa.func.count(),
-                sa.func.coalesce(sa.func.sum(result_table.c.input_tokens), 0),
-                sa.func.coalesce(sa.func.sum(result_table.c.output_tokens), 0),
-                sa.func.coalesce(
-                    sa.func.sum(result_table.c.cost_usd + result_table.c.prior_cost_usd), 0.0
-                ),
-            )
-            .where(result_table.c.job_id == job_id)
-            .group_by(result_table.c.status, result_table.c.error_class)
-        ).all()
+        rows = conn.execute(_COUNTS, {"job_id": job_id}).all()
     found = JobCounts()
     by_status: dict[str, int] = {}
     by_class: dict[str, int] = {}

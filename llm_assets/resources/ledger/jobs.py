@@ -15,6 +15,22 @@ from llm_assets.resources.ledger.records import JobCounts, JobRecord, utcnow
 from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import job_table, shard_table
 
+# The reads a day's every step makes, built once: building a statement costs more than SQLite
+# takes to run it. Their values are bound at execution.
+_JOB = sa.select(job_table).where(job_table.c.job_id == sa.bindparam("job_id"))
+_JOB_CANCELLED_AT = sa.select(job_table.c.cancelled_at).where(
+    job_table.c.job_id == sa.bindparam("job_id")
+)
+_ANY_SUBMITTED = (
+    sa.select(sa.literal(1))
+    .where(
+        shard_table.c.job_id == sa.bindparam("job_id"),
+        shard_table.c.provider_batch_id.is_not(None),
+        shard_table.c.provider_batch_id != "",
+    )
+    .limit(1)
+)
+
 
 def get_or_create_job(engine: Engine, **job: Any) -> JobRecord:
     """The job of these key columns, created (status `created`) when there is none. Runs
@@ -34,7 +50,7 @@ def get_or_create_job(engine: Engine, **job: Any) -> JobRecord:
 
 def get_job(engine: Engine, job_id: str) -> JobRecord | None:
     with engine.connect() as conn:
-        row = conn.execute(sa.select(job_table).where(job_table.c.job_id == job_id)).first()
+        row = conn.execute(_JOB, {"job_id": job_id}).first()
     return JobRecord.model_validate(row._mapping) if row else None
 
 
@@ -106,20 +122,14 @@ def refresh_job(engine: Engine, job_id: str) -> JobCounts:
 
 def _cancelled(engine: Engine, job_id: str) -> bool:
     """Whether an operator's cancel of the whole day stands."""
-    query = sa.select(job_table.c.cancelled_at).where(job_table.c.job_id == job_id)
     with engine.connect() as conn:
-        return conn.execute(query).scalar() is not None
+        return conn.execute(_JOB_CANCELLED_AT, {"job_id": job_id}).scalar() is not None
 
 
 def _any_submitted(engine: Engine, job_id: str) -> bool:
     """Whether a shard of the job has a provider batch."""
-    query = sa.select(sa.literal(1)).where(
-        shard_table.c.job_id == job_id,
-        shard_table.c.provider_batch_id.is_not(None),
-        shard_table.c.provider_batch_id != "",
-    )
     with engine.connect() as conn:
-        return conn.execute(query.limit(1)).first() is not None
+        return conn.execute(_ANY_SUBMITTED, {"job_id": job_id}).first() is not None
 
 
 def earlier_jobs(

@@ -83,6 +83,17 @@ def _fenced(fence: Fence) -> Iterator[None]:
         _fences.reset(token)
 
 
+_CHECK_FENCE = (
+    sa.update(lock_lease_table)
+    .where(
+        lock_lease_table.c.name == sa.bindparam("lease"),
+        lock_lease_table.c.generation == sa.bindparam("held"),
+    )
+    .values(checked_at=sa.bindparam("now"))
+)
+"""Built once: every fenced write checks its fences first."""
+
+
 def check_fences(conn: Connection) -> None:
     """Raise LostLock unless every lock the running code holds is still the one it took,
     checked in the caller's transaction (before its first write): on PostgreSQL the check
@@ -91,12 +102,8 @@ def check_fences(conn: Connection) -> None:
     database's write lock."""
     for fence in _fences.get():
         kept = conn.execute(
-            sa.update(lock_lease_table)
-            .where(
-                lock_lease_table.c.name == fence.name,
-                lock_lease_table.c.generation == fence.generation,
-            )
-            .values(checked_at=utcnow())
+            _CHECK_FENCE,
+            {"lease": fence.name, "held": fence.generation, "now": utcnow()},
         ).rowcount
         if kept:
             continue

@@ -13,15 +13,16 @@ from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import pipeline_state_table
 
 _p = pipeline_state_table.c
+_PAUSE = sa.select(pipeline_state_table).where(
+    _p.pipeline == sa.bindparam("pipeline"), _p.paused_at.is_not(None)
+)
+"""Built once: every look at a day asks whether its pipeline is paused."""
 
 
 def pipeline_pause(engine: Engine, pipeline: str) -> PipelinePause | None:
     """The pause in force for the pipeline, None when it is not paused."""
-    query = sa.select(pipeline_state_table).where(
-        _p.pipeline == pipeline, _p.paused_at.is_not(None)
-    )
     with engine.connect() as conn:
-        row = conn.execute(query).first()
+        row = conn.execute(_PAUSE, {"pipeline": pipeline}).first()
     return PipelinePause.model_validate(row._mapping) if row else None
 
 

@@ -60,18 +60,28 @@ def add_shard_with_items(
         return inserted
 
 
+# The reads every look at a day makes, built once: building a statement costs more than
+# SQLite takes to run it. Their values are bound at execution.
+_SHARDS = (
+    sa.select(shard_table)
+    .where(shard_table.c.job_id == sa.bindparam("job_id"))
+    .order_by(shard_table.c.round, shard_table.c.shard_index)
+)
+_SHARDS_IN = _SHARDS.where(shard_table.c.status.in_(sa.bindparam("statuses", expanding=True)))
+_SHARD = sa.select(shard_table).where(shard_table.c.shard_id == sa.bindparam("shard_id"))
+
+
 def shards(engine: Engine, job_id: str, statuses: Iterable[str] | None = None) -> list[ShardRecord]:
-    query = sa.select(shard_table).where(shard_table.c.job_id == job_id)
+    query, values = _SHARDS, {"job_id": job_id}
     if statuses is not None:
-        query = query.where(shard_table.c.status.in_(list(statuses)))
-    query = query.order_by(shard_table.c.round, shard_table.c.shard_index)
+        query, values["statuses"] = _SHARDS_IN, list(statuses)
     with engine.connect() as conn:
-        return [ShardRecord.model_validate(r._mapping) for r in conn.execute(query)]
+        return [ShardRecord.model_validate(r._mapping) for r in conn.execute(query, values)]
 
 
 def get_shard(engine: Engine, shard_id: str) -> ShardRecord | None:
     with engine.connect() as conn:
-        row = conn.execute(sa.select(shard_table).where(shard_table.c.shard_id == shard_id)).first()
+        row = conn.execute(_SHARD, {"shard_id": shard_id}).first()
     return ShardRecord.model_validate(row._mapping) if row else None
 
 
