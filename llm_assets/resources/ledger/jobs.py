@@ -15,8 +15,8 @@ from llm_assets.resources.ledger.records import JobCounts, JobRecord, utcnow
 from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import job_table, shard_table
 
-# The reads a day's every step makes, built once: building a statement costs more than SQLite
-# takes to run it. Their values are bound at execution.
+# Reads that every step of a day makes, built once: building a statement costs more than
+# SQLite takes to run it. Their values are bound at execution.
 _JOB = sa.select(job_table).where(job_table.c.job_id == sa.bindparam("job_id"))
 _JOB_CANCELLED_AT = sa.select(job_table.c.cancelled_at).where(
     job_table.c.job_id == sa.bindparam("job_id")
