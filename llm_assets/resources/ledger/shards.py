@@ -72,7 +72,8 @@ _SHARD = sa.select(shard_table).where(shard_table.c.shard_id == sa.bindparam("sh
 
 
 def shards(engine: Engine, job_id: str, statuses: Iterable[str] | None = None) -> list[ShardRecord]:
-    query, values = _SHARDS, {"job_id": job_id}
+    values: dict[str, Any] = {"job_id": job_id}
+    query = _SHARDS
     if statuses is not None:
         query, values["statuses"] = _SHARDS_IN, list(statuses)
     with engine.connect() as conn:
