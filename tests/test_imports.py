@@ -160,6 +160,8 @@ def _read_at_import(path: Path) -> list[str]:
             continue
         if isinstance(node, ast.Attribute) and node.attr in READ_AT_IMPORT:
             found.append(f"{path.name}:{node.lineno} .{node.attr}")
+        elif isinstance(node, ast.Name) and node.id in READ_AT_IMPORT:  # from os import environ
+            found.append(f"{path.name}:{node.lineno} {node.id}")
         stack.extend(ast.iter_child_nodes(node))
     return found
 
