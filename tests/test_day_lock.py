@@ -2,15 +2,19 @@
 the work done; the wait is bounded; the lock dies with its holder. And the invariants that
 hold even without it: a shard is sent only with exactly its pending items."""
 
+import contextlib
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from llm_assets import steps
 from llm_assets.resources.ledger import DayBusy, LedgerResource, ShardMismatch, utcnow
+from tests.conftest import DATABASES
 from tests.fakes.openai_server import FakeOpenAI
 from tests.harness import DAY, make_harness, truthful
 
@@ -109,6 +113,34 @@ def test_the_lock_dies_with_its_holder(database_url: str, tmp_path: Path) -> Non
             pass
     finally:
         holder.kill()
+
+
+@pytest.mark.parametrize("database_url", [DATABASES[1]], indirect=True)
+def test_a_released_lock_gives_its_connection_back_as_it_found_it(database_url: str) -> None:
+    """On PostgreSQL a holder names its session after itself while it holds a lock (whoever
+    waits reads the name); every pooled connection is unnamed again afterwards and holds no
+    lock."""
+    ledger = LedgerResource(database_url=database_url)
+    holder = f"cli:ana, run {uuid.uuid4().hex[:8]}"
+    name = sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :name")
+    with ledger.day_lock(JOB, holder=holder), ledger.engine.connect() as conn:
+        assert conn.execute(name, {"name": f"llm-assets {holder}"}).scalar() == 1
+        default = conn.execute(sa.text("SELECT current_setting('application_name')")).scalar()
+    pooled = ledger.engine.pool.checkedin()
+    assert pooled >= 2  # the lock's connection and the lease's (or this test's)
+    with contextlib.ExitStack() as stack:
+        for _ in range(pooled):
+            conn = stack.enter_context(ledger.engine.connect())
+            after = conn.execute(
+                sa.text(
+                    "SELECT current_setting('application_name'), "
+                    "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND pid = pg_backend_pid())"
+                )
+            ).one()
+            assert after[0] == default, after
+            assert after[1] == 0, "an advisory lock outlived its block"
+        assert ledger.engine.pool.checkedin() == 0
 
 
 @pytest.fixture

@@ -27,14 +27,16 @@ import hashlib
 import os
 import socket
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from llm_assets.resources.ledger.records import utcnow
-from llm_assets.resources.ledger.schema import dialect_insert
 from llm_assets.resources.ledger.tables import lock_lease_table
 from llm_assets.util import file_lock
 
@@ -125,25 +127,46 @@ def _lease_name(lock: str) -> str:
     return lock.replace("\0", ":")  # PostgreSQL text holds no NUL
 
 
-def _take_lease(engine: Engine, lock: str, holder: str) -> Fence:
-    """The next generation of the lock's lease, recorded for a run that has just taken it."""
-    name = _lease_name(lock)
-    now = utcnow()
+def _lease_upsert(insert: Any) -> Any:
     table = lock_lease_table
+    return (
+        insert(table)
+        .values(
+            name=sa.bindparam("lease"),
+            generation=1,
+            holder=sa.bindparam("by"),
+            taken_at=sa.bindparam("at"),
+        )
+        .on_conflict_do_update(
+            index_elements=["name"],
+            set_={
+                "generation": table.c.generation + 1,
+                "holder": sa.bindparam("by"),
+                "taken_at": sa.bindparam("at"),
+            },
+        )
+    )
+
+
+_TAKE_LEASE = _lease_upsert(postgresql.insert).returning(lock_lease_table.c.generation)
+_TAKE_LEASE_SQLITE = _lease_upsert(sqlite.insert)  # RETURNING needs SQLite 3.35, not 3.33
+_LEASE_GENERATION = sa.select(lock_lease_table.c.generation).where(
+    lock_lease_table.c.name == sa.bindparam("lease")
+)
+"""Built once: every lock taken takes its lease."""
+
+
+def _take_lease(engine: Engine, lock: str, holder: str) -> Fence:
+    """The next generation of the lock's lease, recorded for a run that has just taken it:
+    a lease's first take is generation 1, and each take after adds one."""
+    name = _lease_name(lock)
+    lease = {"lease": name, "by": holder, "at": utcnow()}
     with engine.begin() as conn:
-        conn.execute(
-            dialect_insert(conn, table)
-            .values(name=name, generation=0, holder=holder, taken_at=now)
-            .on_conflict_do_nothing(index_elements=["name"])
-        )
-        conn.execute(
-            sa.update(table)
-            .where(table.c.name == name)
-            .values(generation=table.c.generation + 1, holder=holder, taken_at=now)
-        )
-        generation = conn.execute(
-            sa.select(table.c.generation).where(table.c.name == name)
-        ).scalar_one()
+        if conn.dialect.name == "postgresql":
+            generation = conn.execute(_TAKE_LEASE, lease).scalar_one()
+        else:
+            conn.execute(_TAKE_LEASE_SQLITE, lease)
+            generation = conn.execute(_LEASE_GENERATION, lease).scalar_one()
     return Fence(name=name, generation=int(generation), holder=holder)
 
 
@@ -188,16 +211,10 @@ def is_held(engine: Engine, shard_id: str) -> bool:
     name = _shard_name(shard_id)
     if engine.dialect.name == "postgresql":
         with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             unsigned = _advisory_key(conn, name) & 0xFFFFFFFFFFFFFFFF
-            return bool(
-                conn.execute(
-                    sa.text(
-                        "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                        "AND classid = :high AND objid = :low AND objsubid = 1"
-                    ),
-                    {"high": unsigned >> 32, "low": unsigned & 0xFFFFFFFF},
-                ).first()
-            )
+            halves = {"high": unsigned >> 32, "low": unsigned & 0xFFFFFFFF}
+            return bool(conn.execute(_GRANTED, halves).first())
     with _lock(engine, name, wait=None) as got:
         return not got
 
@@ -327,56 +344,75 @@ def _retrying(attempt: Callable[[], bool], wait: _Wait | None, who: Callable[[],
             return True
 
 
+_schemas: "weakref.WeakKeyDictionary[Engine, str]" = weakref.WeakKeyDictionary()
+"""Each engine's schema, read on its first lock: an engine's connections share one URL, and
+with it one search path."""
+
+
 def _advisory_key(conn: Connection, name: str) -> int:
     """Advisory locks belong to the whole database, so the key includes the ledger's schema:
     two ledgers in one database never block each other."""
-    schema = conn.execute(sa.select(sa.func.current_schema())).scalar() or ""
+    schema = _schemas.get(conn.engine)
+    if schema is None:
+        schema = conn.execute(sa.select(sa.func.current_schema())).scalar() or ""
+        _schemas[conn.engine] = schema
     scoped = hashlib.sha256(f"{schema}\0{name}".encode()).digest()
     return int.from_bytes(scoped[:8], "big", signed=True)
 
 
+_TRY = sa.text("SELECT pg_try_advisory_lock(:key)")
+_TRY_AS = sa.text(
+    "SELECT CASE WHEN pg_try_advisory_lock(:key) "
+    "THEN set_config('application_name', :name, false) IS NOT NULL ELSE false END"
+)
+"""Take the lock and, when taken, name the session after its holder: one round trip."""
+_UNLOCK = sa.text("SELECT pg_advisory_unlock(:key)")
+_UNLOCK_AS = sa.text(
+    "SELECT pg_advisory_unlock(:key), set_config('application_name', reset_val, false) "
+    "FROM pg_settings WHERE name = 'application_name'"
+)
+"""Let the lock go and give the session back its own name (RESET's value): one round trip."""
+_GRANTED = sa.text(
+    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND classid = :high AND objid = :low AND objsubid = 1"
+)
+"""Whether anyone holds the lock: a 64-bit advisory key shows in pg_locks as two 32-bit
+halves."""
+_HOLDER_OF = sa.text(
+    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a "
+    "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+    "AND l.classid = :high AND l.objid = :low AND l.objsubid = 1"
+)
+
+
 @contextlib.contextmanager
 def _advisory_lock(conn: Connection, name: str, wait: _Wait | None, holder: str) -> Iterator[bool]:
+    """A session advisory lock on `conn`, which runs in autocommit: the lock outlives any
+    transaction, and each statement is one round trip with no BEGIN or COMMIT around it."""
+    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
     key = _advisory_key(conn, name)
-    conn.commit()
+    named = {"key": key, "name": f"llm-assets {holder}"[:63]}
 
     def attempt() -> bool:
-        got = bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(key))).scalar())
-        conn.commit()
-        return got
+        if holder:
+            return bool(conn.execute(_TRY_AS, named).scalar())
+        return bool(conn.execute(_TRY, {"key": key}).scalar())
 
     def who() -> str:
-        # A 64-bit advisory key shows in pg_locks as two 32-bit halves.
         unsigned = key & 0xFFFFFFFFFFFFFFFF
         found = conn.execute(
-            sa.text(
-                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a "
-                "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                "AND l.classid = :high AND l.objid = :low AND l.objsubid = 1"
-            ),
-            {"high": unsigned >> 32, "low": unsigned & 0xFFFFFFFF},
+            _HOLDER_OF, {"high": unsigned >> 32, "low": unsigned & 0xFFFFFFFF}
         ).scalar()
-        conn.commit()
         return found or ""
 
-    got = _retrying(attempt, wait, who)
-    if not got:
+    if not _retrying(attempt, wait, who):
         yield False
         return
-    if holder:
-        conn.execute(
-            sa.text("SELECT set_config('application_name', :name, false)"),
-            {"name": f"llm-assets {holder}"[:63]},
-        )
-        conn.commit()
     try:
         yield True
     finally:
         try:
-            if holder:
-                conn.execute(sa.text("RESET application_name"))
-            conn.execute(sa.select(sa.func.pg_advisory_unlock(key)))
-            conn.commit()
+            conn.execute(_UNLOCK_AS if holder else _UNLOCK, {"key": key})
         except sa.exc.DBAPIError:
             # The connection is gone, and the lock with it: the fence stopped any write made
             # after that. The broken connection is not handed back to the pool.
