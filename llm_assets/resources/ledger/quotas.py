@@ -31,10 +31,19 @@ def _where(key: QuotaKey) -> sa.ColumnElement[bool]:
     )
 
 
+_QUOTA = sa.select(quota_table).where(
+    _q.provider == sa.bindparam("provider"),
+    _q.account == sa.bindparam("account"),
+    _q.model_name == sa.bindparam("model_name"),
+    _q.kind == sa.bindparam("kind"),
+)
+"""Built once, as the reads below: submission reads quotas and loads shard by shard."""
+
+
 def quota_record(engine: Engine, key: QuotaKey) -> QuotaRecord:
     """What is known of the quota (a blank record when nothing is)."""
     with engine.connect() as conn:
-        row = conn.execute(sa.select(quota_table).where(_where(key))).first()
+        row = conn.execute(_QUOTA, key.model_dump()).first()
     return QuotaRecord.model_validate(row._mapping) if row else QuotaRecord.new(key)
 
 
@@ -79,13 +88,14 @@ def reset_quotas(engine: Engine, *, provider: str | None = None, model: str | No
         return int(conn.execute(query).rowcount or 0)
 
 
-def _of_model(provider: str, model: str, *conditions: sa.ColumnElement[bool]) -> sa.Select[Any]:
+def _of_model(*conditions: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """The batches of the provider and model bound at execution (`provider`, `model`)."""
     return (
         sa.select(shard_table)
         .join(job_table, _s.job_id == _j.job_id)
         .where(
-            _s.provider == provider,
-            _j.model_name == model,
+            _s.provider == sa.bindparam("provider"),
+            _j.model_name == sa.bindparam("model"),
             _s.provider_batch_id.is_not(None),
             # Shards sent request by request are no batches.
             sa.not_(_s.provider_batch_id.startswith("online-")),
@@ -94,19 +104,32 @@ def _of_model(provider: str, model: str, *conditions: sa.ColumnElement[bool]) ->
     )
 
 
+def _load(*conditions: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    inner = _of_model(_s.status.in_(_IN_FLIGHT), *conditions).subquery()
+    return sa.select(
+        sa.func.count(), sa.func.coalesce(sa.func.sum(inner.c.estimated_input_tokens), 0)
+    )
+
+
+_LOAD = _load()
+_LOAD_STARTED = _load(_s.started_at.is_not(None))
+
+
 def in_flight_load(
     engine: Engine, provider: str, model: str, *, started_only: bool = False
 ) -> tuple[int, int]:
     """(batches, estimated prompt tokens) of a provider's model in flight, every pipeline's:
     what its quota counts. With `started_only`, only batches the provider was seen working on."""
-    extra = (_s.started_at.is_not(None),) if started_only else ()
-    inner = _of_model(provider, model, _s.status.in_(_IN_FLIGHT), *extra).subquery()
-    query = sa.select(
-        sa.func.count(), sa.func.coalesce(sa.func.sum(inner.c.estimated_input_tokens), 0)
-    )
     with engine.connect() as conn:
-        batches, tokens = conn.execute(query).one()
+        batches, tokens = conn.execute(
+            _LOAD_STARTED if started_only else _LOAD, {"provider": provider, "model": model}
+        ).one()
     return int(batches), int(tokens)
+
+
+_of_any = _of_model().subquery()
+_FREED = sa.select(sa.func.max(_of_any.c.ended_at))
+_FREED_OR_STARTED = sa.select(sa.func.max(_of_any.c.ended_at), sa.func.max(_of_any.c.started_at))
 
 
 def model_freed_at(
@@ -114,15 +137,25 @@ def model_freed_at(
 ) -> dt.datetime | None:
     """When a batch of the provider's model last ended (room freed under its quota), or,
     with `starts`, ended or was seen started (admitted, where admission shows at a poll)."""
-    inner = _of_model(provider, model).subquery()
-    columns = [sa.func.max(inner.c.ended_at)]
-    if starts:
-        columns.append(sa.func.max(inner.c.started_at))
+    query = _FREED_OR_STARTED if starts else _FREED
     with engine.connect() as conn:
-        found = [moment for moment in conn.execute(sa.select(*columns)).one() if moment]
+        row = conn.execute(query, {"provider": provider, "model": model}).one()
+    found = [moment for moment in row if moment]
     if not found:
         return None
     return max(m if m.tzinfo else m.replace(tzinfo=dt.UTC) for m in found)
+
+
+_HISTORY = (
+    _of_model(
+        _s.submitted_at.is_not(None),
+        _s.ended_at.is_not(None),
+        _s.started_at.is_not(None),
+    )
+    .with_only_columns(_s.submitted_at, _s.started_at, _s.ended_at)
+    .order_by(_s.ended_at.desc())
+    .limit(sa.bindparam("limit", type_=sa.Integer))
+)
 
 
 def batch_history(
@@ -130,20 +163,8 @@ def batch_history(
 ) -> list[tuple[float, float]]:
     """The latest batches of the model that were seen started and ran to their end: (seconds
     from submission to their start, seconds from submission to their end)."""
-    query = (
-        _of_model(
-            provider,
-            model,
-            _s.submitted_at.is_not(None),
-            _s.ended_at.is_not(None),
-            _s.started_at.is_not(None),
-        )
-        .with_only_columns(_s.submitted_at, _s.started_at, _s.ended_at)
-        .order_by(_s.ended_at.desc())
-        .limit(limit)
-    )
     with engine.connect() as conn:
-        rows = conn.execute(query).all()
+        rows = conn.execute(_HISTORY, {"provider": provider, "model": model, "limit": limit}).all()
     return [
         (
             (r.started_at - r.submitted_at).total_seconds(),
