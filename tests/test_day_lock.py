@@ -115,6 +115,24 @@ def test_the_lock_dies_with_its_holder(database_url: str, tmp_path: Path) -> Non
         holder.kill()
 
 
+def test_a_shard_being_sent_shows_as_held_and_no_other(database_url: str) -> None:
+    """What a day's state reads to tell a shard another run is sending (busy) from one left
+    waiting: the shards whose submission lock is held now, all asked at once."""
+    ledger = LedgerResource(database_url=database_url)
+    shards = [f"{JOB}-{n:04d}" for n in range(5)]
+    assert ledger.submissions_held(shards) == set()
+    with ledger.submission_lock(shards[1], holder="a run") as first:
+        assert first
+        other = LedgerResource(database_url=database_url)
+        with other.submission_lock(shards[3], holder="another run") as second:
+            assert second
+            assert ledger.submissions_held(shards) == {shards[1], shards[3]}
+            assert other.submissions_held(shards[2:]) == {shards[3]}
+        assert ledger.submissions_held(shards) == {shards[1]}
+    assert ledger.submissions_held(shards) == set()
+    assert ledger.submissions_held([]) == set()
+
+
 @pytest.mark.parametrize("database_url", [DATABASES[1]], indirect=True)
 def test_a_released_lock_gives_its_connection_back_as_it_found_it(database_url: str) -> None:
     """On PostgreSQL a holder names its session after itself while it holds a lock (whoever

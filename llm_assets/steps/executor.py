@@ -67,7 +67,8 @@ def load_state(ctx: StepContext) -> DayState:
             flags["no_source_rows"] = no_source_rows_reason(ctx.day)
         return DayState.of(None, (), JobCounts(), now=now, paused=paused, **flags)
     shards = ledger.shards(job.job_id)
-    views = tuple(_view(ledger, shard) for shard in shards)
+    held = ledger.submissions_held(s.shard_id for s in shards if _sending(s))
+    views = tuple(_view(shard, busy=shard.shard_id in held) for shard in shards)
     flags["quota_freed_at"] = admission.quota_freed_at(ctx, shards)
     if any(s.status in IN_FLIGHT_STATES for s in shards):
         took = [total for _, total in ledger.batch_history(job.provider, job.model_name)]
@@ -93,11 +94,19 @@ def job_spec(spec: PipelineSpec, job: JobRecord) -> PipelineSpec:
     )
 
 
-def _view(ledger: LedgerResource, shard: ShardRecord) -> ShardView:
-    online = (shard.provider_batch_id or "").startswith(ONLINE_BATCH_PREFIX)
-    sending = shard.status in day_model.WAITING or (online and shard.status in IN_FLIGHT_STATES)
-    busy = sending and ledger.submission_held(shard.shard_id)
-    return ShardView.of(shard, online=online, busy=busy)
+def _online(shard: ShardRecord) -> bool:
+    return (shard.provider_batch_id or "").startswith(ONLINE_BATCH_PREFIX)
+
+
+def _sending(shard: ShardRecord) -> bool:
+    """Whether a run may be sending the shard now (its submission lock says whether one is)."""
+    return shard.status in day_model.WAITING or (
+        _online(shard) and shard.status in IN_FLIGHT_STATES
+    )
+
+
+def _view(shard: ShardRecord, *, busy: bool) -> ShardView:
+    return ShardView.of(shard, online=_online(shard), busy=busy)
 
 
 @dataclasses.dataclass

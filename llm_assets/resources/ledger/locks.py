@@ -28,7 +28,7 @@ import os
 import socket
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,19 +204,30 @@ def submission_lock(
             yield True
 
 
-def is_held(engine: Engine, shard_id: str) -> bool:
-    """Whether some run holds the shard's submission lock now. On PostgreSQL read from
-    pg_locks; beside SQLite the lock is taken for a moment (a submission waits a moment
-    for a lock it finds taken, see submit.SUBMISSION_LOCK_WAIT_SECONDS)."""
-    name = _shard_name(shard_id)
+def held(engine: Engine, shard_ids: Iterable[str]) -> set[str]:
+    """The shards among `shard_ids` whose submission lock some run holds now. On PostgreSQL
+    read from pg_locks in one query; beside SQLite each lock is taken for a moment (a
+    submission waits a moment for a lock it finds taken, see
+    submit.SUBMISSION_LOCK_WAIT_SECONDS)."""
+    shard_ids = list(shard_ids)
+    if not shard_ids:
+        return set()
     if engine.dialect.name == "postgresql":
         with engine.connect() as conn:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            unsigned = _advisory_key(conn, name) & 0xFFFFFFFFFFFFFFFF
-            halves = {"high": unsigned >> 32, "low": unsigned & 0xFFFFFFFF}
-            return bool(conn.execute(_GRANTED, halves).first())
-    with _lock(engine, name, wait=None) as got:
-        return not got
+            granted = {(row.classid, row.objid) for row in conn.execute(_GRANTED)}
+            found = set()
+            for shard_id in shard_ids:
+                unsigned = _advisory_key(conn, _shard_name(shard_id)) & 0xFFFFFFFFFFFFFFFF
+                if (unsigned >> 32, unsigned & 0xFFFFFFFF) in granted:
+                    found.add(shard_id)
+            return found
+    found = set()
+    for shard_id in shard_ids:
+        with _lock(engine, _shard_name(shard_id), wait=None) as got:
+            if not got:
+                found.add(shard_id)
+    return found
 
 
 @contextlib.contextmanager
@@ -373,11 +384,10 @@ _UNLOCK_AS = sa.text(
 )
 """Let the lock go and give the session back its own name (RESET's value): one round trip."""
 _GRANTED = sa.text(
-    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
-    "AND classid = :high AND objid = :low AND objsubid = 1"
+    "SELECT classid::bigint AS classid, objid::bigint AS objid FROM pg_locks "
+    "WHERE locktype = 'advisory' AND granted AND objsubid = 1"
 )
-"""Whether anyone holds the lock: a 64-bit advisory key shows in pg_locks as two 32-bit
-halves."""
+"""The advisory locks held now: a 64-bit key shows in pg_locks as two 32-bit halves."""
 _HOLDER_OF = sa.text(
     "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a "
     "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "

@@ -243,7 +243,7 @@ class LedgerResource(dg.ConfigurableResource):
 
     quota_lock: ClassVar = _on_engine(locks.quota_lock)
 
-    submission_held: ClassVar = _on_engine(locks.is_held)
+    submissions_held: ClassVar = _on_engine(locks.held)
 
     @contextlib.contextmanager
     def day_lock(
