@@ -6,16 +6,19 @@ every failing row and rule is found at once: the same constraints, non-null colu
 source ids, and any rules a spec adds with its own `DataFrameModel`.
 """
 
+from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-import pandera.pandas as pa
 from pydantic import BaseModel
 
 from llm_assets.results.validation import describe_value
 from llm_assets.spec.checks import load_pandera_model
 from llm_assets.spec.model import FieldSpec, PipelineSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pandera.pandas as pa
 
 LINEAGE = ("job_id", "custom_id", "source_id", "prompt_version", "model")
 _DTYPES: dict[str, Any] = {"str": str, "int": "int64", "float": float, "bool": bool}
@@ -31,7 +34,9 @@ class FrameFailure(BaseModel):
     """The offending value as messages show it: its length for a length rule."""
 
 
-def _checks(field: FieldSpec) -> list[pa.Check]:
+def _checks(field: FieldSpec) -> "list[pa.Check]":
+    import pandera.pandas as pa
+
     checks: list[pa.Check] = []
     if field.isin is not None:
         checks.append(pa.Check.isin(list(field.isin)))
@@ -48,7 +53,12 @@ def _checks(field: FieldSpec) -> list[pa.Check]:
     return checks
 
 
-def frame_schema(spec: PipelineSpec) -> pa.DataFrameSchema:
+def frame_schema(spec: PipelineSpec) -> "pa.DataFrameSchema":
+    """The frame rules of the spec's output schema. pandas and pandera are imported here, on
+    the first validation: a code location, a sensor tick or a command that validates nothing
+    does not pay for them."""
+    import pandera.pandas as pa
+
     columns: dict[str, pa.Column] = {
         name: pa.Column(str, nullable=name != "source_id", unique=name == "source_id")
         for name in LINEAGE
@@ -64,7 +74,7 @@ def frame_schema(spec: PipelineSpec) -> pa.DataFrameSchema:
     return pa.DataFrameSchema(columns, strict=False, coerce=False, name=f"{spec.name}_outputs")
 
 
-def custom_model(spec: PipelineSpec) -> type[pa.DataFrameModel] | None:
+def custom_model(spec: PipelineSpec) -> "type[pa.DataFrameModel] | None":
     """The spec's own DataFrameModel (`output.pandera_model: package.module:Class`)."""
     if not spec.output.pandera_model:
         return None
@@ -72,17 +82,20 @@ def custom_model(spec: PipelineSpec) -> type[pa.DataFrameModel] | None:
 
 
 def validate_frame(
-    spec: PipelineSpec, frame: pd.DataFrame, seen_source_ids: set[str] | None = None
-) -> tuple[pd.DataFrame, list[FrameFailure]]:
+    spec: PipelineSpec, frame: "pd.DataFrame", seen_source_ids: set[str] | None = None
+) -> "tuple[pd.DataFrame, list[FrameFailure]]":
     """Rows that pass every frame rule, and one failure per failing row (its first rule).
 
     `seen_source_ids` carries uniqueness across the chunks of one partition.
     """
+    import pandas as pd
+    import pandera.pandas as pa
+
     if frame.empty:
         return frame, []
     failures: dict[int, FrameFailure] = {}
 
-    def collect(cases: pd.DataFrame) -> None:
+    def collect(cases: "pd.DataFrame") -> None:
         for case in cases.itertuples(index=False):
             index = getattr(case, "index", None)
             if index is None or pd.isna(index):
@@ -137,9 +150,9 @@ def confidence_field(spec: PipelineSpec) -> str | None:
 
 
 def distribution(labels: Iterable[Any]) -> dict[str, float]:
-    counts = pd.Series(list(labels), dtype=object).value_counts()
-    total = float(counts.sum())
-    return {str(k): float(v) / total for k, v in counts.items()} if total else {}
+    counts = Counter(label for label in labels if label is not None and label == label)
+    total = float(sum(counts.values()))
+    return {str(k): v / total for k, v in counts.most_common()} if total else {}
 
 
 def total_variation(a: dict[str, float], b: dict[str, float]) -> float:
