@@ -4,6 +4,9 @@ Each result is first parsed with the spec's pydantic model (types and per-field 
 see validation.py); the parsed rows are then validated as a frame with pandera, lazily, so
 every failing row and rule is found at once: the same constraints, non-null columns, unique
 source ids, and any rules a spec adds with its own `DataFrameModel`.
+
+pandas and pandera are imported by the functions that use them, on the first validation: a
+code location, a sensor tick or a command that validates nothing does not pay for them.
 """
 
 from collections import Counter
@@ -54,9 +57,7 @@ def _checks(field: FieldSpec) -> "list[pa.Check]":
 
 
 def frame_schema(spec: PipelineSpec) -> "pa.DataFrameSchema":
-    """The frame rules of the spec's output schema. pandas and pandera are imported here, on
-    the first validation: a code location, a sensor tick or a command that validates nothing
-    does not pay for them."""
+    """The frame rules of the spec's output schema."""
     import pandera.pandas as pa
 
     columns: dict[str, pa.Column] = {
@@ -150,6 +151,8 @@ def confidence_field(spec: PipelineSpec) -> str | None:
 
 
 def distribution(labels: Iterable[Any]) -> dict[str, float]:
+    """Each label's share, most common first; None and NaN (which is not equal to itself) are
+    no label."""
     counts = Counter(label for label in labels if label is not None and label == label)
     total = float(sum(counts.values()))
     return {str(k): v / total for k, v in counts.most_common()} if total else {}
