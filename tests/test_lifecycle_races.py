@@ -344,7 +344,7 @@ def break_locks(harness: Harness) -> None:
     """Take the day's locks away from whoever holds them while it lives on: on PostgreSQL
     the backends of their connections are terminated (as an idle-session timeout or a
     failover does); beside SQLite the lock files are removed."""
-    from llm_assets.resources.ledger.locks import _advisory_key
+    from llm_assets.resources.ledger.mutex import _advisory_key
 
     engine = harness.ledger.engine
     if engine.dialect.name != "postgresql":

@@ -7,9 +7,9 @@ writes (building shards, submitting, importing with retry planning, requeueing, 
 hold the day's lock, so one run does them at a time and the next finds them done.
 
 On PostgreSQL the locks are session advisory locks, each on a connection held for the hold;
-beside a SQLite ledger file they are flocks on files in a folder next to it. Either way the
-operating system or the database drops a lock when its holder dies, so a crashed run never
-blocks the next one.
+beside a SQLite ledger file they are flocks on files in a folder next to it (mutex.py). Either
+way the operating system or the database drops a lock when its holder dies, so a crashed run
+never blocks the next one.
 
 A lock can also be lost while its holder lives on: the connection's backend is terminated
 (pg_terminate_backend, a failover, an idle-session timeout) or the lock file is removed. Then
@@ -23,28 +23,21 @@ own transaction, that each held lock's generation is still the one this run took
 import contextlib
 import contextvars
 import dataclasses
-import hashlib
 import os
 import socket
-import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from llm_assets.resources.ledger import mutex
 from llm_assets.resources.ledger.records import utcnow
 from llm_assets.resources.ledger.tables import lock_lease_table
-from llm_assets.util import file_lock
 
 DAY_LOCK_WAIT_SECONDS = 1800.0
 """How long a run waits for another run's hold on the same day before it gives up."""
-WAIT_LOG_EVERY_SECONDS = 60.0
-"""A waiting run says again whom it waits for after this long."""
-_POLL_FIRST, _POLL_MOST = 0.05, 1.0
 
 
 class DayBusy(Exception):
@@ -196,7 +189,7 @@ def submission_lock(
     """
     name = _shard_name(shard_id)
     wait = (wait_seconds, lambda _who, _waited: None) if wait_seconds > 0 else None
-    with _lock(engine, name, wait=wait, holder=holder) as got:
+    with mutex.exclusive(engine, name, wait=wait, holder=holder) as got:
         if not got:
             yield False
             return
@@ -205,29 +198,9 @@ def submission_lock(
 
 
 def held(engine: Engine, shard_ids: Iterable[str]) -> set[str]:
-    """The shards among `shard_ids` whose submission lock some run holds now. On PostgreSQL
-    read from pg_locks in one query; beside SQLite each lock is taken for a moment (a
-    submission waits a moment for a lock it finds taken, see
-    submit.SUBMISSION_LOCK_WAIT_SECONDS)."""
-    shard_ids = list(shard_ids)
-    if not shard_ids:
-        return set()
-    if engine.dialect.name == "postgresql":
-        with engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            granted = {(row.classid, row.objid) for row in conn.execute(_GRANTED)}
-            found = set()
-            for shard_id in shard_ids:
-                unsigned = _advisory_key(conn, _shard_name(shard_id)) & 0xFFFFFFFFFFFFFFFF
-                if (unsigned >> 32, unsigned & 0xFFFFFFFF) in granted:
-                    found.add(shard_id)
-            return found
-    found = set()
-    for shard_id in shard_ids:
-        with _lock(engine, _shard_name(shard_id), wait=None) as got:
-            if not got:
-                found.add(shard_id)
-    return found
+    """The shards among `shard_ids` whose submission lock some run holds now."""
+    names = {_shard_name(shard_id): shard_id for shard_id in shard_ids}
+    return {names[name] for name in mutex.held(engine, names)}
 
 
 @contextlib.contextmanager
@@ -288,7 +261,7 @@ def _waited_lock(
                 f"(waited {waited:.0f} s of at most {wait_seconds:.0f} s)"
             )
 
-    with _lock(engine, name, wait=(wait_seconds, waiting), holder=holder) as got:
+    with mutex.exclusive(engine, name, wait=(wait_seconds, waiting), holder=holder) as got:
         if not got:
             raise DayBusy(
                 f"another run has been writing {what} for over {wait_seconds:.0f} s; "
@@ -308,152 +281,5 @@ def quota_lock(
     another run kept it for `wait_seconds`. Not fenced: it orders admissions, and the writes
     made under it are the shard's, fenced by the shard's and the day's locks."""
     wait = (wait_seconds, lambda _who, _waited: None)
-    with _lock(engine, f"quota\0{quota}", wait=wait, holder=holder) as got:
+    with mutex.exclusive(engine, f"quota\0{quota}", wait=wait, holder=holder) as got:
         yield got
-
-
-_Wait = tuple[float, Callable[[str, float], None]]
-
-
-@contextlib.contextmanager
-def _lock(engine: Engine, name: str, *, wait: _Wait | None, holder: str = "") -> Iterator[bool]:
-    """An exclusive lock named `name` in this ledger: yields whether it was taken. Without
-    `wait` it is tried once; with (seconds, report) it is tried until taken or the seconds
-    run out, telling `report` whom it waits for now and then."""
-    if engine.dialect.name == "postgresql":
-        with engine.connect() as conn, _advisory_lock(conn, name, wait, holder) as got:
-            yield got
-        return
-    database = engine.url.database
-    if not database or database == ":memory:":
-        yield True  # one connection, one process: nothing to share it with
-        return
-    with _file_lock(Path(f"{database}.locks"), name, wait, holder) as got:
-        yield got
-
-
-def _retrying(attempt: Callable[[], bool], wait: _Wait | None, who: Callable[[], str]) -> bool:
-    """Call `attempt` until it succeeds or the wait runs out (once without a wait)."""
-    if attempt():
-        return True
-    if wait is None:
-        return False
-    seconds, report = wait
-    started = time.monotonic()
-    said_at = None
-    pause = _POLL_FIRST
-    while True:
-        waited = time.monotonic() - started
-        if said_at is None or waited - said_at >= WAIT_LOG_EVERY_SECONDS:
-            report(who(), waited)
-            said_at = waited
-        if waited >= seconds:
-            return False
-        time.sleep(min(pause, max(seconds - waited, 0.0)))
-        pause = min(pause * 2, _POLL_MOST)
-        if attempt():
-            return True
-
-
-_schemas: "weakref.WeakKeyDictionary[Engine, str]" = weakref.WeakKeyDictionary()
-"""Each engine's schema, read on its first lock: an engine's connections share one URL, and
-with it one search path."""
-
-
-def _advisory_key(conn: Connection, name: str) -> int:
-    """Advisory locks belong to the whole database, so the key includes the ledger's schema:
-    two ledgers in one database never block each other."""
-    schema = _schemas.get(conn.engine)
-    if schema is None:
-        schema = conn.execute(sa.select(sa.func.current_schema())).scalar() or ""
-        _schemas[conn.engine] = schema
-    scoped = hashlib.sha256(f"{schema}\0{name}".encode()).digest()
-    return int.from_bytes(scoped[:8], "big", signed=True)
-
-
-_TRY = sa.text("SELECT pg_try_advisory_lock(:key)")
-_TRY_AS = sa.text(
-    "SELECT CASE WHEN pg_try_advisory_lock(:key) "
-    "THEN set_config('application_name', :name, false) IS NOT NULL ELSE false END"
-)
-"""Take the lock and, when taken, name the session after its holder: one round trip."""
-_UNLOCK = sa.text("SELECT pg_advisory_unlock(:key)")
-_UNLOCK_AS = sa.text(
-    "SELECT pg_advisory_unlock(:key), set_config('application_name', reset_val, false) "
-    "FROM pg_settings WHERE name = 'application_name'"
-)
-"""Let the lock go and give the session back its own name (RESET's value): one round trip."""
-_GRANTED = sa.text(
-    "SELECT classid::bigint AS classid, objid::bigint AS objid FROM pg_locks "
-    "WHERE locktype = 'advisory' AND granted AND objsubid = 1"
-)
-"""The advisory locks held now: a 64-bit key shows in pg_locks as two 32-bit halves."""
-_HOLDER_OF = sa.text(
-    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a "
-    "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-    "AND l.classid = :high AND l.objid = :low AND l.objsubid = 1"
-)
-
-
-@contextlib.contextmanager
-def _advisory_lock(conn: Connection, name: str, wait: _Wait | None, holder: str) -> Iterator[bool]:
-    """A session advisory lock on `conn`, which runs in autocommit: the lock outlives any
-    transaction, and each statement is one round trip with no BEGIN or COMMIT around it."""
-    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-    key = _advisory_key(conn, name)
-    named = {"key": key, "name": f"llm-assets {holder}"[:63]}
-
-    def attempt() -> bool:
-        if holder:
-            return bool(conn.execute(_TRY_AS, named).scalar())
-        return bool(conn.execute(_TRY, {"key": key}).scalar())
-
-    def who() -> str:
-        unsigned = key & 0xFFFFFFFFFFFFFFFF
-        found = conn.execute(
-            _HOLDER_OF, {"high": unsigned >> 32, "low": unsigned & 0xFFFFFFFF}
-        ).scalar()
-        return found or ""
-
-    if not _retrying(attempt, wait, who):
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        try:
-            conn.execute(_UNLOCK_AS if holder else _UNLOCK, {"key": key})
-        except sa.exc.DBAPIError:
-            # The connection is gone, and the lock with it: the fence stopped any write made
-            # after that. The broken connection is not handed back to the pool.
-            conn.invalidate()
-
-
-@contextlib.contextmanager
-def _file_lock(folder: Path, name: str, wait: _Wait | None, holder: str) -> Iterator[bool]:
-    """An flock on a file named by the lock's digest; the holder writes its name into it."""
-    folder.mkdir(exist_ok=True)
-    path = folder / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        stack = contextlib.ExitStack()
-
-        def attempt() -> bool:
-            taken = stack.enter_context(file_lock.exclusive(fd))
-            if not taken:
-                stack.close()
-            return taken
-
-        def who() -> str:
-            return path.read_text(errors="replace").strip() if path.exists() else ""
-
-        with stack:
-            if not _retrying(attempt, wait, who):
-                yield False
-                return
-            if holder:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"llm-assets {holder}\n".encode(), 0)
-            yield True
-    finally:
-        os.close(fd)
