@@ -344,7 +344,7 @@ def break_locks(harness: Harness) -> None:
     """Take the day's locks away from whoever holds them while it lives on: on PostgreSQL
     the backends of their connections are terminated (as an idle-session timeout or a
     failover does); beside SQLite the lock files are removed."""
-    from llm_assets.resources.ledger.mutex import _advisory_key
+    from llm_assets.resources.ledger.mutex import _advisory_key, _halves
 
     engine = harness.ledger.engine
     if engine.dialect.name != "postgresql":
@@ -363,14 +363,14 @@ def break_locks(harness: Harness) -> None:
     with engine.connect() as conn:
         killed = 0
         for name in names:
-            key = _advisory_key(conn, name) & 0xFFFFFFFFFFFFFFFF
+            high, low = _halves(_advisory_key(conn, name))
             killed += len(
                 conn.execute(
                     sa.text(
                         "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = "
                         "'advisory' AND granted AND classid = :high AND objid = :low"
                     ),
-                    {"high": key >> 32, "low": key & 0xFFFFFFFF},
+                    {"high": high, "low": low},
                 ).all()
             )
     assert killed, "the holder's lock connections were found"

@@ -68,7 +68,9 @@ def load_state(ctx: StepContext) -> DayState:
         return DayState.of(None, (), JobCounts(), now=now, paused=paused, **flags)
     shards = ledger.shards(job.job_id)
     held = ledger.submissions_held(s.shard_id for s in shards if _sending(s))
-    views = tuple(_view(shard, busy=shard.shard_id in held) for shard in shards)
+    views = tuple(
+        ShardView.of(shard, online=_online(shard), busy=shard.shard_id in held) for shard in shards
+    )
     flags["quota_freed_at"] = admission.quota_freed_at(ctx, shards)
     if any(s.status in IN_FLIGHT_STATES for s in shards):
         took = [total for _, total in ledger.batch_history(job.provider, job.model_name)]
@@ -103,10 +105,6 @@ def _sending(shard: ShardRecord) -> bool:
     return shard.status in day_model.WAITING or (
         _online(shard) and shard.status in IN_FLIGHT_STATES
     )
-
-
-def _view(shard: ShardRecord, *, busy: bool) -> ShardView:
-    return ShardView.of(shard, online=_online(shard), busy=busy)
 
 
 @dataclasses.dataclass
