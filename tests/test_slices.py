@@ -2,6 +2,7 @@
 submission, with the outcome of a build in one step, whatever the rows and however they
 fall into slices."""
 
+import array
 import concurrent.futures
 import dataclasses
 import datetime as dt
@@ -25,9 +26,11 @@ from llm_assets.items import ids as custom_ids
 from llm_assets.resources.ledger import JobRecord, LedgerResource, output_table
 from llm_assets.resources.providers.openai_batch import OpenAIBatchProvider
 from llm_assets.resources.storage import ArtifactStorage
+from llm_assets.resources.storage_lines import line_blocks
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import judge, validate
 from llm_assets.steps.lifecycle import SLICE_JOIN_GRACE, UNJOINED
+from llm_assets.steps.shards import slice_blocks
 from tests.fakes.openai_server import FakeOpenAI, user_text
 from tests.harness import DAY, fake_harness, review_spec, truthful
 from tests.test_crash import assert_provider_invariants
@@ -107,6 +110,35 @@ def _built(home: Path, lines: list[str], slices: int, keys: bool = True) -> dict
         "unjoined": [s.shard_id for s in shards if s.raw_status == UNJOINED],
         "personal_data": job.personal_data,
     }
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lines=st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=60),
+    cut=st.integers(1, 40),
+    last_newline=st.booleans(),
+    count=st.integers(1, 4),
+    seed=st.randoms(use_true_random=False),
+)
+def test_a_slice_reads_exactly_its_own_lines_with_their_positions(
+    lines: list[bytes], cut: int, last_newline: bool, count: int, seed: Any
+) -> None:
+    """However the file's bytes arrive (chunks cut anywhere, empty lines, a last line with
+    no newline), each slice gets the lines whose key falls to it, in order, numbered by
+    their place in the file, and nothing else."""
+    data = b"\n".join(lines) + (b"\n" if last_newline and lines else b"")
+    if lines and not last_newline and not lines[-1]:
+        lines = lines[:-1]  # an empty last line without its newline is no line
+    keys = array.array("H", (seed.randrange(2**16) for _ in lines))
+    chunks = line_blocks(data[i : i + cut] for i in range(0, len(data), cut))
+    blocks = list(chunks)
+    for number in range(count):
+        got = [
+            (position, line)
+            for positions, block in slice_blocks(blocks, keys, count, number)
+            for position, line in zip(positions, block, strict=True)
+        ]
+        assert got == [(p, line) for p, line in enumerate(lines) if keys[p] % count == number]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -293,21 +293,44 @@ class BuildPart:
 
     def blocks(self, ctx: StepContext, snapshot_uri: str) -> Iterator[Block]:
         """The snapshot's lines this part takes, in blocks with their positions."""
-        lines = ctx.storage.open_lines(snapshot_uri)
         if self.keys is None:
-            yield from numbered_blocks(lines)
-            return
-        keys, count, number = self.keys, self.count, self.number
-        positions, block = array.array("I"), []
-        for position, line in enumerate(lines):
-            if keys[position] % count == number:
-                positions.append(position)
-                block.append(line)
-                if len(block) >= BLOCK_ROWS:
-                    yield positions, block
-                    positions, block = array.array("I"), []
-        if block:
-            yield positions, block
+            return numbered_blocks(ctx.storage.open_lines(snapshot_uri))
+        chunks = ctx.storage.open_line_blocks(snapshot_uri)
+        return slice_blocks(chunks, self.keys, self.count, self.number)
+
+
+def slice_blocks(
+    chunks: Iterable[bytes], keys: Sequence[int], count: int, number: int
+) -> Iterator[Block]:
+    """The lines whose slice key is `number` modulo `count`, in blocks with their positions,
+    from a file's chunks of whole lines (ArtifactStorage.open_line_blocks). Only those lines
+    are cut out of a chunk, where numpy finds its newlines: a slice reads the whole
+    snapshot, and splitting all of its lines cost each slice of a 10M-row day more than
+    twice as much (7.5 s against 2.9)."""
+    import numpy as np
+
+    mine = np.asarray(keys) % count == number
+    at = 0
+    positions: array.array[int] = array.array("I")
+    lines: list[bytes] = []
+    for chunk in chunks:
+        ends = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == ord("\n"))
+        if not chunk.endswith(b"\n"):  # the file's last line, without its newline
+            ends = np.append(ends, len(chunk))
+        if at + len(ends) > len(mine):
+            raise ValueError(
+                f"the snapshot has more rows than its slice keys ({len(mine)}); take it again"
+            )
+        chosen = np.flatnonzero(mine[at : at + len(ends)])
+        starts = np.concatenate(([0], ends[:-1] + 1))[chosen].tolist()
+        lines.extend(map(chunk.__getitem__, map(slice, starts, ends[chosen].tolist())))
+        positions.extend((chosen + at).tolist())
+        at += len(ends)
+        while len(lines) >= BLOCK_ROWS:
+            yield positions[:BLOCK_ROWS], lines[:BLOCK_ROWS]
+            del positions[:BLOCK_ROWS], lines[:BLOCK_ROWS]
+    if lines:
+        yield positions, lines
 
 
 def build_rows(
