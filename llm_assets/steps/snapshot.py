@@ -115,9 +115,12 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     files: set[str] = set()
     digest = hashlib.sha256()
     with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as tmp:
+        # The file's own methods: the temporary file's wrapper adds a Python call to each of
+        # a day's millions of writes (a fifth of this loop's time).
+        write, hash_line, add_file = tmp.file.write, digest.update, files.add
         try:
             for row in rows_for_partition(spec, source_uri, day, storage):
-                files.add(row.file)
+                add_file(row.file)
                 if row.record is not None and not row.record.keys() <= keep:
                     record = {k: v for k, v in row.record.items() if k in keep}
                     row = SourceRow(row.file, row.line, record, row.error)
@@ -126,8 +129,8 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
                 if sliced:
                     keys.append(slice_key(row.record, spec.source.id_field, rows))
                 line += b"\n"
-                digest.update(line)
-                tmp.write(line)
+                hash_line(line)
+                write(line)
                 rows += 1
             tmp.close()
             sha = digest.hexdigest()
