@@ -14,11 +14,14 @@ import. Each (items, database) configuration runs in a fresh subprocess so that 
 RSS is its own; the PostgreSQL database `llm_assets_bench` is dropped and created for each.
 
     .venv/bin/python bench/pipeline_scale.py --items 10000 100000 1000000 \
-        --db sqlite postgres [--profile DIR] [--naive-sample 20000] [--slices 8 --workers 2]
+        --db sqlite postgres [--profile DIR] [--naive-sample 20000] [--slices 8 --workers 2] \
+        [--day-only]
 
 `--slices N --workers W` builds and validates each day in N slices (sharding.slices), each
 slice on one of W worker processes (as Celery workers run slice steps), and joins them in the
-bench's process; the other steps run as without slices.
+bench's process; the other steps run as without slices. `--day-only` leaves out the re-import
+and the naive import after the day (at 10M the naive import's copy of the job takes longer
+than the day).
 
 `--profile DIR` runs every step under pyinstrument (tree, flat self and flat total time per
 step in DIR/<items>-<db>/, and an HTML report); profiled timings are slower than
@@ -652,12 +655,33 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         )
         list(workers.map(_warm, range(args.workers)))
 
+    # A sliced step's seconds in its slices (on the worker processes) and in its join.
+    parts: dict[str, dict[str, float]] = {}
+
+    def in_slices(
+        step: str, run: Callable[[int], dict[str, float]], join: Callable[[], Any]
+    ) -> Any:
+        assert workers is not None
+        started = time.perf_counter()
+        slice_peaks.extend(workers.map(run, range(args.slices)))
+        joined_at = time.perf_counter()
+        result = join()
+        parts[step] = {
+            "slices": joined_at - started,
+            "join": time.perf_counter() - joined_at,
+        }
+        print(
+            f"    {step}: slices {parts[step]['slices']:.2f} s, join {parts[step]['join']:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        return result
+
     def shards() -> Any:
         if workers is None:
             result = steps.build_shards(ctx)
         else:
-            slice_peaks.extend(workers.map(_build_slice, range(args.slices)))
-            result = steps.join_slices(ctx)
+            result = in_slices("shards", _build_slice, lambda: steps.join_slices(ctx))
         steps.budget_gate(ctx)
         return result
 
@@ -675,8 +699,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     def validate() -> Any:
         if workers is None:
             return steps.validate_outputs(ctx)
-        slice_peaks.extend(workers.map(_validate_slice, range(args.slices)))
-        joined = steps.join_validation(ctx)
+        joined = in_slices("validate", _validate_slice, lambda: steps.join_validation(ctx))
         slices_read_back.extend(joined.read_back_failures)
         return joined.result
 
@@ -707,18 +730,19 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     if read_back:
         problems_found.append(f"{len(read_back)} rows fail the read-back check")
     round0 = [s for s in ledger.shards(job.job_id) if s.round == 0]
-    again, changed = reimport_problems(ctx, meter, counts)
-    problems_found += changed
-
-    gc.collect()
-    naive = naive_import(spec, ledger, provider, job, round0, args.naive_sample)
-    print(
-        f"  {'naive import':<20} {naive['seconds']:8.2f} s  {naive['lines']:>9} lines  "
-        f"{naive['lines'] / naive['seconds']:>10.0f}/s"
-        + (f"  (~{naive['estimated_seconds']:.0f} s for all)" if naive["extrapolated"] else ""),
-        file=sys.stderr,
-        flush=True,
-    )
+    again, naive = None, None
+    if not args.day_only:
+        again, changed = reimport_problems(ctx, meter, counts)
+        problems_found += changed
+        gc.collect()
+        naive = naive_import(spec, ledger, provider, job, round0, args.naive_sample)
+        print(
+            f"  {'naive import':<20} {naive['seconds']:8.2f} s  {naive['lines']:>9} lines  "
+            f"{naive['lines'] / naive['seconds']:>10.0f}/s"
+            + (f"  (~{naive['estimated_seconds']:.0f} s for all)" if naive["extrapolated"] else ""),
+            file=sys.stderr,
+            flush=True,
+        )
     return {
         "items": n,
         "db": args.db,
@@ -727,6 +751,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         # The peak of one slice process, and of one worker process of a slice's pool.
         "slice_process_peak_mb": max((p["process_mb"] for p in slice_peaks), default=0.0),
         "slice_pool_peak_mb": max((p["pool_mb"] for p in slice_peaks), default=0.0),
+        "slices_and_joins": parts,
         "steps": meter.rows,
         "token_count_us": token_cost_us(spec, source),
         "naive": naive,
@@ -738,7 +763,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "dead_letters": dead.rows,
         "cost_usd": report.cost_usd,
         "import_lines": first.lines.model_dump(exclude={"duplicate_ids"}),
-        "reimport_lines": again.lines.model_dump(exclude={"duplicate_ids"}),
+        "reimport_lines": again and again.lines.model_dump(exclude={"duplicate_ids"}),
         "day_wall_seconds": day_seconds,
         # The whole process tree: worker processes count against the memory target too.
         "peak_rss_mb": max(
@@ -791,15 +816,21 @@ def markdown(results: list[dict[str, Any]]) -> str:
         provider = sum(s["provider_seconds"] for s in r["steps"])
         imp = by["import"]
         bulk_rate = imp["items"] / imp["seconds"]
-        again = by["re-import (no-op)"]
+        again = by.get("re-import (no-op)")
         naive = r["naive"]
-        naive_rate = naive["lines"] / naive["seconds"]
+        if naive is None:  # --day-only
+            checks = "- | - | - | "
+        else:
+            naive_rate = naive["lines"] / naive["seconds"]
+            checks = (
+                f"{_fmt_rate(again['items'], again['seconds']) if again else '-'} | "
+                f"{naive_rate:,.0f}{' (sample)' if naive['extrapolated'] else ''} | "
+                f"{bulk_rate / naive_rate:.1f}x | "
+            )
         out.append(
             f"| {r['items']:,} | {r['db']} | {e2e:.1f} | {per_item:.0f} | "
             f"{per_item / smallest[r['db']]:.2f}x | {provider:.1f} | {r['peak_rss_mb']:.0f} | "
-            f"{bulk_rate:,.0f} | {_fmt_rate(again['items'], again['seconds'])} | "
-            f"{naive_rate:,.0f}{' (sample)' if naive['extrapolated'] else ''} | "
-            f"{bulk_rate / naive_rate:.1f}x | {r['token_count_us']['request']:.0f} / "
+            f"{bulk_rate:,.0f} | {checks}{r['token_count_us']['request']:.0f} / "
             f"{r['token_count_us']['user']:.0f} |"
         )
     out.append("")
@@ -824,6 +855,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
             )
             continue
         naive = r["naive"]
+        if naive is None:
+            continue
         note = (
             f"first {naive['lines']:,} of {naive['total_lines']:,} lines; all ≈ "
             f"{naive['estimated_seconds']:.0f} s (extrapolated)"
@@ -947,6 +980,11 @@ def main() -> None:
         default=1,
         help="with --slices: worker processes that build the slices, this many at once",
     )
+    parser.add_argument(
+        "--day-only",
+        action="store_true",
+        help="time the day's steps only, not the re-import and naive import after it",
+    )
     parser.add_argument("--json", help="also write the raw results to this file")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -997,6 +1035,7 @@ def main() -> None:
                     str(args.slices),
                     "--workers",
                     str(args.workers),
+                    *(["--day-only"] if args.day_only else []),
                 ]
                 if args.profile:
                     command += ["--profile", str(Path(args.profile).resolve())]
