@@ -314,6 +314,8 @@ def slice_blocks(
     positions: array.array[int] = array.array("I")
     lines: list[bytes] = []
     for chunk in chunks:
+        if not chunk:
+            continue
         ends = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == ord("\n"))
         if not chunk.endswith(b"\n"):  # the file's last line, without its newline
             ends = np.append(ends, len(chunk))

@@ -116,7 +116,7 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     digest = hashlib.sha256()
     with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as tmp:
         # The file's own methods: the temporary file's wrapper adds a Python call to each of
-        # a day's millions of writes (a fifth of this loop's time).
+        # a day's millions of writes.
         write, hash_line, add_file = tmp.file.write, digest.update, files.add
         try:
             for row in rows_for_partition(spec, source_uri, day, storage):
