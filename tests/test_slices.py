@@ -12,6 +12,7 @@ import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pyarrow.parquet as pq
 import pytest
@@ -29,6 +30,7 @@ from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.resources.storage_lines import line_blocks
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps import judge, validate
+from llm_assets.steps import shards as shard_steps
 from llm_assets.steps.lifecycle import SLICE_JOIN_GRACE, UNJOINED
 from llm_assets.steps.shards import slice_blocks
 from tests.fakes.openai_server import FakeOpenAI, user_text
@@ -130,14 +132,15 @@ def test_a_slice_reads_exactly_its_own_lines_with_their_positions(
     if lines and not last_newline and not lines[-1]:
         lines = lines[:-1]  # an empty last line without its newline is no line
     keys = array.array("H", (seed.randrange(2**16) for _ in lines))
-    chunks = line_blocks(data[i : i + cut] for i in range(0, len(data), cut))
-    blocks = list(chunks)
+    chunks = list(line_blocks(data[i : i + cut] for i in range(0, len(data), cut)))
     for number in range(count):
-        got = [
-            (position, line)
-            for positions, block in slice_blocks(blocks, keys, count, number)
-            for position, line in zip(positions, block, strict=True)
-        ]
+        # Blocks of 3 lines, so that a slice's lines are cut into blocks here too.
+        with mock.patch.object(shard_steps, "BLOCK_ROWS", 3):
+            got = [
+                (position, line)
+                for positions, block in slice_blocks(chunks, keys, count, number)
+                for position, line in zip(positions, block, strict=True)
+            ]
         assert got == [(p, line) for p, line in enumerate(lines) if keys[p] % count == number]
 
 
