@@ -250,7 +250,7 @@ def upgraded_from(database_url: str, version: int, *statements: str) -> LedgerRe
 
     upgraded = LedgerResource(database_url=database_url)
 
-    assert schema_version(upgraded) == SCHEMA_VERSION == 13
+    assert schema_version(upgraded) == SCHEMA_VERSION == 14
     return upgraded
 
 
@@ -274,6 +274,14 @@ def test_schema_is_created_on_first_use(ledger: LedgerResource, database_url: st
     inspector = sa.inspect(engine_of(database_url))
     assert inspector.get_foreign_keys("llm_batch_result") == []
     assert inspector.get_foreign_keys("llm_batch_output") == []
+    # An output is its (job_id, custom_id): no serial key to fill per copied row.
+    assert [c["name"] for c in inspector.get_columns("llm_batch_output")][:2] == [
+        "job_id",
+        "custom_id",
+    ]
+    assert inspector.get_pk_constraint("llm_batch_output")["constrained_columns"] == []
+    unique = inspector.get_unique_constraints("llm_batch_output")
+    assert [u["column_names"] for u in unique] == [["job_id", "custom_id"]]
 
 
 def test_schema_creation_is_idempotent(ledger: LedgerResource, database_url: str) -> None:
@@ -1305,7 +1313,7 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
     """Imports rewrite every item's status: without an index on it, and with free space in
     each page, PostgreSQL updates rows in place. An older ledger is upgraded to that: version
     2 had the index, version 3 left less room (fillfactor 70); before version 5 items had no
-    request_offset."""
+    request_offset; before version 14 outputs had a serial key, dropped on PostgreSQL."""
     schema_version(LedgerResource(database_url=database_url))
     postgres = engine_of(database_url).dialect.name == "postgresql"
     statements = [
@@ -1318,6 +1326,8 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
             f"ALTER TABLE {table} ADD FOREIGN KEY (job_id) REFERENCES llm_batch_job"
             for table in ("llm_batch_result", "llm_batch_output")
         ]
+        # and outputs a serial key
+        statements.append("ALTER TABLE llm_batch_output ADD COLUMN id BIGSERIAL PRIMARY KEY")
     if version == 2:
         statements.append("CREATE INDEX ix_result_job_status ON llm_batch_result (job_id, status)")
     if postgres:
@@ -1336,11 +1346,18 @@ def test_an_older_ledger_loses_the_status_index_and_keeps_room_for_updates(
     if postgres:
         assert inspector.get_foreign_keys("llm_batch_result") == []
         assert inspector.get_foreign_keys("llm_batch_output") == []
+        assert "id" not in {c["name"] for c in inspector.get_columns("llm_batch_output")}
         with upgraded.engine.connect() as conn:
             options = conn.execute(
                 sa.text("SELECT reloptions FROM pg_class WHERE oid = 'llm_batch_result'::regclass")
             ).scalar()
         assert f"fillfactor={tables.RESULT_FILLFACTOR}" in (options or [])
+    # Outputs are replaced as before, in the table as it was upgraded.
+    make_job(upgraded)
+    for text in ("first", "second"):
+        with upgraded.replacing_outputs(JOB) as write:
+            write([(cid(n), None, "v1", "m", f"{text} {n}") for n in range(3)])
+    assert sorted(upgraded.job_outputs(JOB)) == [(cid(n), f"second {n}") for n in range(3)]
 
 
 def test_a_version_8_ledger_gains_the_lock_leases_and_the_lifecycle_columns(

@@ -23,7 +23,7 @@ from llm_assets.resources.ledger.tables import (
 )
 from llm_assets.util.secrecy import mask_url
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 TEMP_BUFFERS = "64MB"
 """PostgreSQL temp_buffers of the ledger's sessions: a staged chunk of results stays in memory."""
 SQLITE_MIN = (3, 33, 0)
@@ -261,8 +261,9 @@ def _add_missing_columns(conn: Connection) -> None:
 def _upgrade_indexes(conn: Connection) -> None:
     """Version 3 has no status index on items (see result_table) and leaves room in result
     pages; versions 4 and 5 leave more (RESULT_FILLFACTOR; pages written before keep what they
-    had). From version 5 items and outputs have no foreign key to their job (SQLite keeps it in
-    tables made before: it cannot drop a constraint without rebuilding the table)."""
+    had). From version 5 items and outputs have no foreign key to their job, and from version
+    14 outputs have no surrogate key (SQLite keeps both in tables made before: it cannot drop
+    a constraint or a key column without rebuilding the table; there the key is the rowid)."""
     conn.execute(sa.text("DROP INDEX IF EXISTS ix_result_job_status"))
     if conn.dialect.name == "postgresql":
         conn.execute(
@@ -274,3 +275,4 @@ def _upgrade_indexes(conn: Connection) -> None:
                     f"ALTER TABLE {table.name} DROP CONSTRAINT IF EXISTS {table.name}_job_id_fkey"
                 )
             )
+        conn.execute(sa.text(f"ALTER TABLE {output_table.name} DROP COLUMN IF EXISTS id"))
