@@ -92,6 +92,22 @@ def test_staged_lines_are_published_or_discarded_whole(storage: ArtifactStorage)
     assert storage.list_uris("x") == [staged.written.uri]
 
 
+def test_staged_lines_are_published_under_the_key_their_content_names(
+    storage: ArtifactStorage,
+) -> None:
+    """A file named by its content's hash is staged under a name of its own and published
+    under the one its hash gives; the staged name is never there to be read."""
+    lines = [b"one", b"two"]
+    staged = storage.stage_lines("snap/pending.jsonl", iter(lines))
+    key = f"snap/{staged.written.sha256[:12]}.jsonl"
+    published = staged.publish(key)
+    assert published.uri == storage.uri(key) != staged.written.uri
+    assert published.model_copy(update={"uri": staged.written.uri}) == staged.written
+    assert_matches_stored(storage, published)
+    assert list(storage.open_lines(published.uri)) == lines
+    assert storage.list_uris("snap") == [published.uri]
+
+
 def test_write_lines_empty_and_blank(storage: ArtifactStorage) -> None:
     empty = storage.write_lines("empty.jsonl", [])
     assert (empty.line_count, empty.size_bytes) == (0, 0)

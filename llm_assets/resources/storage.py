@@ -133,24 +133,33 @@ class StagedArtifact:
         self._target = target
         self._storage = storage
 
-    def publish(self) -> WrittenArtifact:
+    def publish(self, key: str | None = None) -> WrittenArtifact:
         """fsync, then a rename beside a local target (and the folder's fsync) or an upload;
-        an exception leaves nothing published and the staged file removed."""
+        an exception leaves nothing published and the staged file removed.
+
+        `key`: published under this key instead of the one it was staged for (a file named by
+        its content's hash, known once it is written). Locally it should be in the same
+        folder, so that publishing stays a rename."""
         assert self._path is not None, "published or discarded already"
         path, self._path = self._path, None
+        target, written = self._target, self.written
+        if key is not None:
+            written = written.model_copy(update={"uri": self._storage.uri(key)})
+            target = _parse_uri(written.uri)
         try:
             with self._staged:
                 os.fsync(self._staged.fileno())
-            if isinstance(self._target, Path):
-                os.replace(path, self._target)
-                _fsync_dir(self._target.parent)
+            if isinstance(target, Path):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+                _fsync_dir(target.parent)
             else:
-                self._storage._s3().upload(path, self._target)
+                self._storage._s3().upload(path, target)
                 path.unlink(missing_ok=True)
         except BaseException:
             path.unlink(missing_ok=True)
             raise
-        return self.written
+        return written
 
     def discard(self) -> None:
         """Remove the staged file, unless it was published or removed already."""

@@ -4,11 +4,9 @@ import array
 import datetime as dt
 import hashlib
 import json
-import os
 import sys
-import tempfile
 import zlib
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -108,40 +106,38 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     keep = {spec.source.id_field, spec.source.date_field, *spec.source.fields}
     if spec.eval.reference_field is not None:
         keep.add(spec.eval.reference_field)  # scored by an evaluation, never sent
-    rows = 0
     unreadable = 0
     keys = array.array("H")
     sliced = spec.sharding.slices > 1
     files: set[str] = set()
-    digest = hashlib.sha256()
-    with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as tmp:
-        # The file's own methods: the temporary file's wrapper adds a Python call to each of
-        # a day's millions of writes.
-        write, hash_line, add_file = tmp.file.write, digest.update, files.add
-        try:
-            for row in rows_for_partition(spec, source_uri, day, storage):
-                add_file(row.file)
-                if row.record is not None and not row.record.keys() <= keep:
-                    record = {k: v for k, v in row.record.items() if k in keep}
-                    row = SourceRow(row.file, row.line, record, row.error)
-                row, line = row.snapshot_line()
-                unreadable += row.record is None
-                if sliced:
-                    keys.append(slice_key(row.record, spec.source.id_field, rows))
-                line += b"\n"
-                hash_line(line)
-                write(line)
-                rows += 1
-            tmp.close()
-            sha = digest.hexdigest()
-            key = artifact_key(snapshot_dir(spec, day), f"{sha[:20]}.jsonl")
-            uri = storage.uri(key)
-            reused = storage.exists(uri)
-            if not reused:
-                storage.write_file(key, Path(tmp.name))
-                failpoint("snapshot.after_write")
-        finally:
-            os.unlink(tmp.name)
+
+    def lines() -> Iterator[bytes]:
+        nonlocal unreadable
+        add_file = files.add
+        for row in rows_for_partition(spec, source_uri, day, storage):
+            add_file(row.file)
+            if row.record is not None and not row.record.keys() <= keep:
+                record = {k: v for k, v in row.record.items() if k in keep}
+                row = SourceRow(row.file, row.line, record, row.error)
+            row, line = row.snapshot_line()
+            unreadable += row.record is None
+            if sliced:
+                keys.append(slice_key(row.record, spec.source.id_field, len(keys)))
+            yield line
+
+    # Written and hashed once, into a staged file published under the name of its hash.
+    staged = storage.stage_lines(artifact_key(snapshot_dir(spec, day), "snapshot.jsonl"), lines())
+    sha = staged.written.sha256
+    key = artifact_key(snapshot_dir(spec, day), f"{sha[:20]}.jsonl")
+    uri = storage.uri(key)
+    try:
+        reused = storage.exists(uri)
+        if not reused:
+            staged.publish(key)
+            failpoint("snapshot.after_write")
+    finally:
+        staged.discard()  # the same content is there already (or the check failed)
+    rows = staged.written.line_count
     sources = {uri: versions[uri] for uri in sorted(files) if versions.get(uri)}
     storage.write_bytes(key.removesuffix(".jsonl") + SOURCES_SUFFIX, json.dumps(sources).encode())
     if sliced:
