@@ -156,32 +156,33 @@ date (a day's rows share a few thousand of them, often) are parsed once."""
 def _jsonl_rows(uri: str, storage: "ArtifactStorage", limit: int) -> Iterator[SourceRow]:
     lines = bounded_lines(storage.open_chunks(uri), limit)
     for number, raw in enumerate(lines, start=1):
-        if isinstance(raw, LineTooLong):
-            yield SourceRow(file=uri, line=number, error=raw.reason(limit))
-            continue
-        if not raw.strip():
-            continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            yield SourceRow(file=uri, line=number, error=f"invalid UTF-8 at byte {exc.start}")
-            continue
-        try:
-            record, clean = fastjson.parse(text)
-        except json.JSONDecodeError as exc:
-            yield SourceRow(file=uri, line=number, error=f"not valid JSON: {exc.msg}")
-            continue
-        except RecursionError:
-            yield SourceRow(file=uri, line=number, error=_TOO_DEEP)
-            continue
-        if not isinstance(record, dict):
-            yield SourceRow(file=uri, line=number, error="not a JSON object")
-            continue
-        if clean:
-            # orjson read it, so its text is valid Unicode: nothing for _checked to find.
-            yield SourceRow(uri, number, record)
-            continue
-        yield _checked(uri, number, record)
+        row = jsonl_row(uri, number, raw, limit)
+        if row is not None:
+            yield row
+
+
+def jsonl_row(uri: str, number: int, raw: bytes | LineTooLong, limit: int) -> SourceRow | None:
+    """Physical line `number` of a JSONL file as its row; None for a blank line."""
+    if isinstance(raw, LineTooLong):
+        return SourceRow(file=uri, line=number, error=raw.reason(limit))
+    if not raw.strip():
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return SourceRow(file=uri, line=number, error=f"invalid UTF-8 at byte {exc.start}")
+    try:
+        record, clean = fastjson.parse(text)
+    except json.JSONDecodeError as exc:
+        return SourceRow(file=uri, line=number, error=f"not valid JSON: {exc.msg}")
+    except RecursionError:
+        return SourceRow(file=uri, line=number, error=_TOO_DEEP)
+    if not isinstance(record, dict):
+        return SourceRow(file=uri, line=number, error="not a JSON object")
+    if clean:
+        # orjson read it, so its text is valid Unicode: nothing for _checked to find.
+        return SourceRow(uri, number, record)
+    return _checked(uri, number, record)
 
 
 def _checked(uri: str, line: int, record: dict[str, Any]) -> SourceRow:
@@ -289,24 +290,33 @@ def _date_in_name(uri: str) -> dt.date | None:
 def _dated_rows(
     spec: PipelineSpec, uri: str, storage: "ArtifactStorage"
 ) -> Iterator[tuple[SourceRow, dt.date | None]]:
-    """A file's rows in file order with their partition date; a row that cannot be dated
-    gets the file's date: from its name, else its earliest dated row (found by reading the
-    file once more first). In file order, so "the first row of an id" is the first line."""
+    """A file's rows in file order with their partition date (`row_date`). In file order, so
+    "the first row of an id" is the first line."""
+    home = file_home(spec, uri, storage)
     tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
-
-    def day_of(row: SourceRow) -> dt.date | None:
-        if row.record is None:
-            return None
-        return parse_date(row.record.get(spec.source.date_field), tz)
-
-    home = _date_in_name(uri)
-    if home is None:
-        home = min(
-            (day for day in map(day_of, read_file_rows(uri, spec, storage)) if day is not None),
-            default=None,
-        )
+    date_field = spec.source.date_field
     for row in read_file_rows(uri, spec, storage):
-        yield row, day_of(row) or home
+        yield row, row_date(row, date_field, tz) or home
+
+
+def row_date(row: SourceRow, date_field: str, tz: zoneinfo.ZoneInfo) -> dt.date | None:
+    """A row's own partition date; None for a row that cannot be dated, which gets its
+    file's (file_home)."""
+    if row.record is None:
+        return None
+    return parse_date(row.record.get(date_field), tz)
+
+
+def file_home(spec: PipelineSpec, uri: str, storage: "ArtifactStorage") -> dt.date | None:
+    """The date of a file's rows that cannot be dated: from its name, else its earliest dated
+    row (found by reading the file once more first)."""
+    home = _date_in_name(uri)
+    if home is not None:
+        return home
+    tz = zoneinfo.ZoneInfo(spec.partitions.timezone)
+    date_field = spec.source.date_field
+    days = (row_date(row, date_field, tz) for row in read_file_rows(uri, spec, storage))
+    return min((day for day in days if day is not None), default=None)
 
 
 def rows_for_partition(

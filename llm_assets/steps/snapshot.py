@@ -5,13 +5,20 @@ import datetime as dt
 import hashlib
 import json
 import sys
-import zlib
 from collections.abc import Iterator
-from typing import Any
 
 from pydantic import BaseModel
 
-from llm_assets.items.source import SourceRow, list_source_files, rows_for_partition
+from llm_assets.items.snapshot_rows import (
+    JsonlDay,
+    SnapshotForm,
+    SnapshotTally,
+    jsonl_file_blocks,
+    row_blocks,
+    slice_key,
+)
+from llm_assets.items.source import SourceRow, file_home, list_source_files, rows_for_partition
+from llm_assets.items.source_lines import bounded_lines
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.context import (
@@ -23,6 +30,7 @@ from llm_assets.steps.context import (
     snapshot_dir,
 )
 from llm_assets.steps.residency import refuse_outside_regions
+from llm_assets.util import parallel
 from llm_assets.util.failpoints import failpoint
 
 SOURCES_SUFFIX = ".sources.json"
@@ -51,18 +59,6 @@ class SnapshotResult(BaseModel):
     def empty(self) -> bool:
         """No source rows for the day: the later steps skip it."""
         return self.rows == 0
-
-
-def slice_key(record: dict[str, Any] | None, id_field: str, position: int) -> int:
-    """A row's slice key: the CRC-32 of its source id, so that every row of an id falls into
-    the same slice (the first of them is kept, the others are repeats, as in a build in one
-    step); a row without a usable id, which repeats nothing, by its position."""
-    value = record.get(id_field) if record is not None else None
-    # The id as the build reads it (items.prepare.as_text).
-    source_id = "" if value is None else value if isinstance(value, str) else str(value)
-    if not source_id.strip() or "\x00" in source_id:
-        return position & 0xFFFF
-    return zlib.crc32(source_id.encode("utf-8", errors="surrogatepass")) & 0xFFFF
 
 
 def _keys_bytes(keys: "array.array[int]") -> bytes:
@@ -106,27 +102,32 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     keep = {spec.source.id_field, spec.source.date_field, *spec.source.fields}
     if spec.eval.reference_field is not None:
         keep.add(spec.eval.reference_field)  # scored by an evaluation, never sent
-    unreadable = 0
-    keys = array.array("H")
     sliced = spec.sharding.slices > 1
-    files: set[str] = set()
+    form = SnapshotForm(frozenset(keep), spec.source.id_field, sliced)
+    tally = SnapshotTally()
 
-    def lines() -> Iterator[bytes]:
-        nonlocal unreadable
-        add_file = files.add
-        for row in rows_for_partition(spec, source_uri, day, storage):
-            add_file(row.file)
-            if row.record is not None and not row.record.keys() <= keep:
-                record = {k: v for k, v in row.record.items() if k in keep}
-                row = SourceRow(row.file, row.line, record, row.error)
-            row, line = row.snapshot_line()
-            unreadable += row.record is None
-            if sliced:
-                keys.append(slice_key(row.record, spec.source.id_field, len(keys)))
-            yield line
+    def jsonl_blocks() -> Iterator[bytes]:
+        with parallel.Workers() as workers:
+            for uri in list_source_files(source_uri, storage):
+                limit = spec.source.max_line_bytes
+                of_day = JsonlDay(
+                    uri,
+                    limit,
+                    spec.partitions.timezone,
+                    spec.source.date_field,
+                    day,
+                    file_home(spec, uri, storage),
+                    form,
+                )
+                lines = bounded_lines(storage.open_chunks(uri), limit)
+                yield from jsonl_file_blocks(workers, of_day, lines, tally)
 
+    if spec.source.kind == "jsonl":
+        blocks = jsonl_blocks()
+    else:
+        blocks = row_blocks(rows_for_partition(spec, source_uri, day, storage), form, tally)
     # Written and hashed once, into a staged file published under the name of its hash.
-    staged = storage.stage_lines(artifact_key(snapshot_dir(spec, day), "snapshot.jsonl"), lines())
+    staged = storage.stage_blocks(artifact_key(snapshot_dir(spec, day), "snapshot.jsonl"), blocks)
     sha = staged.written.sha256
     key = artifact_key(snapshot_dir(spec, day), f"{sha[:20]}.jsonl")
     uri = storage.uri(key)
@@ -138,13 +139,18 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     finally:
         staged.discard()  # the same content is there already (or the check failed)
     rows = staged.written.line_count
-    sources = {uri: versions[uri] for uri in sorted(files) if versions.get(uri)}
+    sources = {uri: versions[uri] for uri in sorted(tally.files) if versions.get(uri)}
     storage.write_bytes(key.removesuffix(".jsonl") + SOURCES_SUFFIX, json.dumps(sources).encode())
     if sliced:
-        storage.write_bytes(key.removesuffix(".jsonl") + SLICE_KEYS_SUFFIX, _keys_bytes(keys))
+        storage.write_bytes(key.removesuffix(".jsonl") + SLICE_KEYS_SUFFIX, _keys_bytes(tally.keys))
     storage.write_bytes(artifact_key(snapshot_dir(spec, day), "CURRENT"), uri.encode())
     return SnapshotResult(
-        uri=uri, sha256=sha, rows=rows, unreadable_rows=unreadable, reused=reused, files=len(files)
+        uri=uri,
+        sha256=sha,
+        rows=rows,
+        unreadable_rows=tally.unreadable,
+        reused=reused,
+        files=len(tally.files),
     )
 
 
