@@ -41,7 +41,7 @@ QUICK_TESTS = tests/test_automation_units.py tests/test_bad_input.py tests/test_
 	tests/test_eval_report.py tests/test_eval_spec.py tests/test_ledger.py \
 	tests/test_lifecycle.py tests/test_pii_forms.py tests/test_provider_contract.py \
 	tests/test_quota_learning.py tests/test_request_lines.py tests/test_secret_urls.py \
-	tests/test_spec.py tests/test_storage.py
+	tests/test_snapshot_rows.py tests/test_spec.py tests/test_storage.py
 test-quick: install bytecode
 	env -u LLM_ASSETS_TEST_DATABASE_URL $(PY) -m pytest -n 2 --dist loadfile \
 		-m "not one_database" -k "not postgresql" $(QUICK_TESTS)
