@@ -3,9 +3,9 @@ pipeline keeps, written as its snapshot line, with its slice key.
 
 A JSONL file's lines are parsed, dated and written in worker processes (util.parallel), in
 blocks of its physical lines numbered from their first, and come back in file order as blocks
-of snapshot lines: reading a large day's file is then a split of its chunks here. Other
-sources are read row by row in the step's process (`snapshot_line`). Both give the same
-bytes for the same rows.
+of snapshot lines (`jsonl_file_blocks`): reading a large day's file is then a split of its
+chunks here. CSV and Parquet sources are read row by row in the step's process
+(`row_blocks`). Both give the same bytes for the same rows.
 """
 
 import array

@@ -106,28 +106,24 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     form = SnapshotForm(frozenset(keep), spec.source.id_field, sliced)
     tally = SnapshotTally()
 
-    def jsonl_blocks() -> Iterator[bytes]:
-        with parallel.Workers() as workers:
-            for uri in list_source_files(source_uri, storage):
-                limit = spec.source.max_line_bytes
-                of_day = JsonlDay(
-                    uri,
-                    limit,
-                    spec.partitions.timezone,
-                    spec.source.date_field,
-                    day,
-                    file_home(spec, uri, storage),
-                    form,
-                )
-                lines = bounded_lines(storage.open_chunks(uri), limit)
-                yield from jsonl_file_blocks(workers, of_day, lines, tally)
+    def jsonl_blocks(workers: parallel.Workers) -> Iterator[bytes]:
+        for uri in list_source_files(source_uri, storage):
+            limit = spec.source.max_line_bytes
+            home = file_home(spec, uri, storage)
+            tz, date_field = spec.partitions.timezone, spec.source.date_field
+            of_day = JsonlDay(uri, limit, tz, date_field, day, home, form)
+            lines = bounded_lines(storage.open_chunks(uri), limit)
+            yield from jsonl_file_blocks(workers, of_day, lines, tally)
 
-    if spec.source.kind == "jsonl":
-        blocks = jsonl_blocks()
-    else:
-        blocks = row_blocks(rows_for_partition(spec, source_uri, day, storage), form, tally)
-    # Written and hashed once, into a staged file published under the name of its hash.
-    staged = storage.stage_blocks(artifact_key(snapshot_dir(spec, day), "snapshot.jsonl"), blocks)
+    # Written and hashed once, into a staged file published under the name of its hash. The
+    # pool starts its processes only for a large JSONL day, and ends with the writing.
+    pending = artifact_key(snapshot_dir(spec, day), "snapshot.jsonl")
+    with parallel.Workers() as workers:
+        if spec.source.kind == "jsonl":
+            blocks = jsonl_blocks(workers)
+        else:
+            blocks = row_blocks(rows_for_partition(spec, source_uri, day, storage), form, tally)
+        staged = storage.stage_blocks(pending, blocks)
     sha = staged.written.sha256
     key = artifact_key(snapshot_dir(spec, day), f"{sha[:20]}.jsonl")
     uri = storage.uri(key)
