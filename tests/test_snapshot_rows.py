@@ -11,15 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llm_assets.items.snapshot_rows import (
-    JsonlDay,
-    SnapshotForm,
-    SnapshotTally,
-    jsonl_file_blocks,
-    row_blocks,
-)
-from llm_assets.items.source import file_home, rows_for_partition
-from llm_assets.items.source_lines import bounded_lines
+from llm_assets.items.snapshot_rows import SnapshotForm, SnapshotTally, jsonl_day_blocks, row_lines
+from llm_assets.items.source import rows_for_partition
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.util import parallel
@@ -78,30 +71,19 @@ _LINE = st.one_of(
 
 
 def _reference(spec: PipelineSpec, source: Path, storage: ArtifactStorage) -> tuple:
-    form = SnapshotForm(
-        frozenset({"review_id", "created_at", "text"}),
-        spec.source.id_field,
-        spec.sharding.slices > 1,
-    )
+    """The day's rows read one by one, as CSV and Parquet sources are."""
     tally = SnapshotTally()
-    data = b"".join(row_blocks(rows_for_partition(spec, str(source), DAY, storage), form, tally))
+    rows = rows_for_partition(spec, str(source), DAY, storage)
+    data = b"".join(line + b"\n" for line in row_lines(rows, SnapshotForm.of(spec), tally))
     return data, tally.unreadable, sorted(tally.files), tally.keys.tolist()
 
 
 def _in_blocks(
     spec: PipelineSpec, source: Path, storage: ArtifactStorage, workers: parallel.Workers
 ) -> tuple:
-    form = SnapshotForm(
-        frozenset({"review_id", "created_at", "text"}),
-        spec.source.id_field,
-        spec.sharding.slices > 1,
-    )
+    """The day's JSONL files in blocks of lines, as the snapshot step reads them."""
     tally = SnapshotTally()
-    data = b""
-    for uri in sorted(str(p) for p in source.iterdir()):
-        of_day = JsonlDay(uri, LIMIT, "UTC", "created_at", DAY, file_home(spec, uri, storage), form)
-        lines = bounded_lines(storage.open_chunks(uri), LIMIT)
-        data += b"".join(jsonl_file_blocks(workers, of_day, lines, tally))
+    data = b"".join(jsonl_day_blocks(workers, spec, str(source), DAY, storage, tally))
     return data, tally.unreadable, sorted(tally.files), tally.keys.tolist()
 
 

@@ -3,9 +3,9 @@ pipeline keeps, written as its snapshot line, with its slice key.
 
 A JSONL file's lines are parsed, dated and written in worker processes (util.parallel), in
 blocks of its physical lines numbered from their first, and come back in file order as blocks
-of snapshot lines (`jsonl_file_blocks`): reading a large day's file is then a split of its
+of snapshot lines (`jsonl_day_blocks`): reading a large day's file is then a split of its
 chunks here. CSV and Parquet sources are read row by row in the step's process
-(`row_blocks`). Both give the same bytes for the same rows.
+(`row_lines`). Both give the same bytes for the same rows.
 """
 
 import array
@@ -13,14 +13,15 @@ import datetime as dt
 import zlib
 import zoneinfo
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from llm_assets.items.source import SourceRow, jsonl_row, row_date
-from llm_assets.items.source_lines import LineTooLong
+from llm_assets.items.source import SourceRow, file_home, jsonl_row, list_source_files, row_date
+from llm_assets.items.source_lines import LineTooLong, bounded_lines
+from llm_assets.spec.model import PipelineSpec
 from llm_assets.util import parallel
 
-BLOCK_LINES = 1000
-"""Lines of rows read in this process written to the snapshot at once."""
+if TYPE_CHECKING:  # Dagster; blocks are made in worker processes without it
+    from llm_assets.resources.storage import ArtifactStorage
 
 
 class SnapshotForm(NamedTuple):
@@ -29,6 +30,15 @@ class SnapshotForm(NamedTuple):
     keep: frozenset[str]
     id_field: str
     sliced: bool
+
+    @classmethod
+    def of(cls, spec: PipelineSpec) -> "SnapshotForm":
+        """The source's id, date and fields, and the evaluation's reference (scored by an
+        evaluation, never sent)."""
+        keep = {spec.source.id_field, spec.source.date_field, *spec.source.fields}
+        if spec.eval.reference_field is not None:
+            keep.add(spec.eval.reference_field)
+        return cls(frozenset(keep), spec.source.id_field, spec.sharding.slices > 1)
 
 
 def slice_key(record: dict[str, Any] | None, id_field: str, position: int) -> int:
@@ -125,23 +135,37 @@ class SnapshotTally:
         """The files that hold rows of the day."""
 
 
-def row_blocks(
+def row_lines(
     rows: Iterable[SourceRow], form: SnapshotForm, tally: SnapshotTally
 ) -> Iterator[bytes]:
-    """The snapshot lines of rows read in this process, in blocks of whole lines."""
-    lines: list[bytes] = []
+    """The snapshot lines (without newlines) of rows read in this process."""
     for row in rows:
         tally.files.add(row.file)
         row, line = snapshot_line(form, row)
         tally.unreadable += row.record is None
         if form.sliced:
             tally.keys.append(slice_key(row.record, form.id_field, len(tally.keys)))
-        lines.append(line)
-        if len(lines) >= BLOCK_LINES:
-            yield b"\n".join(lines) + b"\n"
-            lines = []
-    if lines:
-        yield b"\n".join(lines) + b"\n"
+        yield line
+
+
+def jsonl_day_blocks(
+    workers: parallel.Workers,
+    spec: PipelineSpec,
+    source_uri: str,
+    day: dt.date,
+    storage: "ArtifactStorage",
+    tally: SnapshotTally,
+) -> Iterator[bytes]:
+    """The snapshot lines of the day's rows in the JSONL files of `source_uri`, in blocks of
+    whole lines in file order, made on the workers (`jsonl_file_blocks`)."""
+    form = SnapshotForm.of(spec)
+    limit = spec.source.max_line_bytes
+    for uri in list_source_files(source_uri, storage):
+        home = file_home(spec, uri, storage)
+        tz, date_field = spec.partitions.timezone, spec.source.date_field
+        of_day = JsonlDay(uri, limit, tz, date_field, day, home, form)
+        lines = bounded_lines(storage.open_chunks(uri), limit)
+        yield from jsonl_file_blocks(workers, of_day, lines, tally)
 
 
 def jsonl_file_blocks(

@@ -5,20 +5,17 @@ import datetime as dt
 import hashlib
 import json
 import sys
-from collections.abc import Iterator
 
 from pydantic import BaseModel
 
 from llm_assets.items.snapshot_rows import (
-    JsonlDay,
     SnapshotForm,
     SnapshotTally,
-    jsonl_file_blocks,
-    row_blocks,
+    jsonl_day_blocks,
+    row_lines,
     slice_key,
 )
-from llm_assets.items.source import SourceRow, file_home, list_source_files, rows_for_partition
-from llm_assets.items.source_lines import bounded_lines
+from llm_assets.items.source import SourceRow, list_source_files, rows_for_partition
 from llm_assets.resources.storage import ArtifactStorage
 from llm_assets.spec.model import PipelineSpec
 from llm_assets.steps.context import (
@@ -99,31 +96,18 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     refuse_outside_regions(ctx)
     spec, day, storage = ctx.spec, ctx.day, ctx.storage
     versions = {uri: storage.version(uri) for uri in list_source_files(source_uri, storage)}
-    keep = {spec.source.id_field, spec.source.date_field, *spec.source.fields}
-    if spec.eval.reference_field is not None:
-        keep.add(spec.eval.reference_field)  # scored by an evaluation, never sent
-    sliced = spec.sharding.slices > 1
-    form = SnapshotForm(frozenset(keep), spec.source.id_field, sliced)
+    form = SnapshotForm.of(spec)
     tally = SnapshotTally()
-
-    def jsonl_blocks(workers: parallel.Workers) -> Iterator[bytes]:
-        for uri in list_source_files(source_uri, storage):
-            limit = spec.source.max_line_bytes
-            home = file_home(spec, uri, storage)
-            tz, date_field = spec.partitions.timezone, spec.source.date_field
-            of_day = JsonlDay(uri, limit, tz, date_field, day, home, form)
-            lines = bounded_lines(storage.open_chunks(uri), limit)
-            yield from jsonl_file_blocks(workers, of_day, lines, tally)
-
     # Written and hashed once, into a staged file published under the name of its hash. The
     # pool starts its processes only for a large JSONL day, and ends with the writing.
     pending = artifact_key(snapshot_dir(spec, day), "snapshot.jsonl")
     with parallel.Workers() as workers:
         if spec.source.kind == "jsonl":
-            blocks = jsonl_blocks(workers)
+            blocks = jsonl_day_blocks(workers, spec, source_uri, day, storage, tally)
+            staged = storage.stage_blocks(pending, blocks)
         else:
-            blocks = row_blocks(rows_for_partition(spec, source_uri, day, storage), form, tally)
-        staged = storage.stage_blocks(pending, blocks)
+            read = rows_for_partition(spec, source_uri, day, storage)
+            staged = storage.stage_lines(pending, row_lines(read, form, tally))
     sha = staged.written.sha256
     key = artifact_key(snapshot_dir(spec, day), f"{sha[:20]}.jsonl")
     uri = storage.uri(key)
@@ -137,7 +121,7 @@ def take_snapshot(ctx: StepContext, source_uri: str) -> SnapshotResult:
     rows = staged.written.line_count
     sources = {uri: versions[uri] for uri in sorted(tally.files) if versions.get(uri)}
     storage.write_bytes(key.removesuffix(".jsonl") + SOURCES_SUFFIX, json.dumps(sources).encode())
-    if sliced:
+    if form.sliced:
         storage.write_bytes(key.removesuffix(".jsonl") + SLICE_KEYS_SUFFIX, _keys_bytes(tally.keys))
     storage.write_bytes(artifact_key(snapshot_dir(spec, day), "CURRENT"), uri.encode())
     return SnapshotResult(
