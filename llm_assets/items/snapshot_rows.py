@@ -160,9 +160,9 @@ def jsonl_day_blocks(
     whole lines in file order, made on the workers (`jsonl_file_blocks`)."""
     form = SnapshotForm.of(spec)
     limit = spec.source.max_line_bytes
+    tz, date_field = spec.partitions.timezone, spec.source.date_field
     for uri in list_source_files(source_uri, storage):
         home = file_home(spec, uri, storage)
-        tz, date_field = spec.partitions.timezone, spec.source.date_field
         of_day = JsonlDay(uri, limit, tz, date_field, day, home, form)
         lines = bounded_lines(storage.open_chunks(uri), limit)
         yield from jsonl_file_blocks(workers, of_day, lines, tally)

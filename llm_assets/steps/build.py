@@ -3,14 +3,14 @@
 In slices: the snapshot's rows split into `sharding.slices` parts, each built by a step of
 its own on any worker, joined before submission.
 
-A row falls into a slice by its slice key (snapshot.slice_key: its source id's, so every row
-of an id is in the same slice and the first of them is kept, the others repeats, as in a
-build in one step). A slice reads the snapshot's lines but parses and renders only its own
-rows, numbered by their place in the whole snapshot, so its items get the custom_ids a build
-in one step gives them. It records its shards, items and dead letters as that build does,
-under a lock of its own: the slices of a day are built at once, each by one run at a time
-(a second run waits, then finds its rows known). Its shards are recorded held (raw status
-`unjoined`): nothing submits them until the join has run.
+A row falls into a slice by its slice key (items.snapshot_rows.slice_key: its source id's,
+so every row of an id is in the same slice and the first of them is kept, the others
+repeats, as in a build in one step). A slice reads the snapshot's lines but parses and
+renders only its own rows, numbered by their place in the whole snapshot, so its items get
+the custom_ids a build in one step gives them. It records its shards, items and dead letters
+as that build does, under a lock of its own: the slices of a day are built at once, each by
+one run at a time (a second run waits, then finds its rows known). Its shards are recorded
+held (raw status `unjoined`): nothing submits them until the join has run.
 
 The join holds the day: it releases the slices' shards and sums their results, and the
 budget and personal-data gates follow it. A build that stopped before its join leaves its

@@ -36,9 +36,9 @@ rows of to their versions (ArtifactStorage.version) as they were when the rows w
 
 SLICE_KEYS_SUFFIX = ".slices.bin"
 """Next to the snapshot of a sliced pipeline (sharding.slices above 1), `<hash>.slices.bin`
-holds each row's slice key (`slice_key`), two bytes a row, little-endian: a slice of the
-day's build (steps/build.py) takes the rows whose key falls to it without reading the others'
-records."""
+holds each row's slice key (`items.snapshot_rows.slice_key`), two bytes a row,
+little-endian: a slice of the day's build (steps/build.py) takes the rows whose key falls to
+it without reading the others' records."""
 
 EMPTY_SNAPSHOT = f"{hashlib.sha256(b'').hexdigest()[:20]}.jsonl"
 """The file name of a snapshot with no rows: snapshots are named by the hash of their content."""
