@@ -28,6 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llm_assets import steps
 from llm_assets.defs.factory import asset_key
@@ -809,6 +811,9 @@ def test_snapshot_lines_are_written_as_pydantic_writes_them(record: Any) -> None
         '{"a": NaN, "b": Infinity}',
         '{"big": 123456789012345678901234567890, "id": 9223372036854775808}',
         '{"s": "\\udc80"}',
+        '{"a": "x", "b": {"c": [1, "y", {"d": 12345678901234567890123}]}}',
+        '[["x", 2.5, [null, true, 1e300]]]',
+        "-9223372036854775809",
     ],
 )
 def test_source_lines_orjson_cannot_read_are_read_as_json_reads_them(text: str) -> None:
@@ -817,6 +822,28 @@ def test_source_lines_orjson_cannot_read_are_read_as_json_reads_them(text: str) 
     assert repr(json_loads(text)) == repr(json.loads(text))
     with pytest.raises(json.JSONDecodeError, match="Expecting value"):
         json_loads('{"review_id": "J-1", "created_at": ')
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=json_values)
+def test_any_json_value_reads_as_json_reads_it(value: Any) -> None:
+    """orjson's reading is kept only where it is json's: integers past 64 bits, at any depth,
+    are read again by json."""
+    from llm_assets.util.fastjson import json_loads
+
+    text = json.dumps(value)
+    assert repr(json_loads(text)) == repr(json.loads(text))
 
 
 WORKER_PARENT = """

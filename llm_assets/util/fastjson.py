@@ -33,14 +33,19 @@ def _has_huge_float(value: Any) -> bool:
     if kind is float:
         return not -_HUGE < value < _HUGE
     if kind is dict:
-        for item in value.values():
-            if _has_huge_float(item):
-                return True
+        values = value.values()
     elif kind is list:
-        for item in value:
-            if _has_huge_float(item):
-                return True
+        values = value
+    else:
+        return False
+    for item in values:
+        # Strings, integers and nulls (most values of a row) are passed over without a call.
+        if type(item) in _DEEPER and _has_huge_float(item):
+            return True
     return False
+
+
+_DEEPER = frozenset({float, dict, list})
 
 
 def json_string(text: str) -> bytes:
