@@ -405,6 +405,46 @@ def database_url(db: str, home: Path, name: str = PG_DATABASE, *, fresh: bool = 
     return sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(False)
 
 
+SERVER_SETTINGS = ("shared_buffers", "max_wal_size", "checkpoint_timeout", "wal_compression")
+"""PostgreSQL settings that move a large day's time (docs/operations.md): printed with the
+figures, which are only comparable on the same ones."""
+
+
+def server_activity(ledger: Any) -> dict[str, Any] | None:
+    """The server's SERVER_SETTINGS, the WAL it has written and the checkpoints it has made
+    (all databases: the bench's runs alone on the server); None for SQLite."""
+    import sqlalchemy as sa
+
+    if ledger.engine.dialect.name != "postgresql":
+        return None
+    with ledger.engine.connect() as conn:
+        settings = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(:names)"
+                ),
+                {"names": list(SERVER_SETTINGS)},
+            ).all()
+        )
+        wal = conn.execute(sa.text("SELECT wal_bytes FROM pg_stat_wal")).scalar_one()
+        checkpoints = conn.execute(
+            sa.text("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")
+        ).scalar_one()
+    return {"settings": settings, "wal_bytes": int(wal), "checkpoints": int(checkpoints)}
+
+
+def server_during(before: dict[str, Any] | None, after: dict[str, Any] | None) -> Any:
+    """The server's settings, and the WAL (GB) and checkpoints of the day, from the
+    server_activity before and after it."""
+    if before is None or after is None:
+        return None
+    return {
+        "settings": after["settings"],
+        "wal_gb": round((after["wal_bytes"] - before["wal_bytes"]) / 1e9, 2),
+        "checkpoints": after["checkpoints"] - before["checkpoints"],
+    }
+
+
 def token_cost_us(spec: Any, source: Path, sample: int = 5000) -> dict[str, float]:
     """Microseconds per item of the exact input-token count (o200k_base) on real rows: of
     the whole request (system prompt, user text, framing) and of the user text alone."""
@@ -635,6 +675,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "cost_report",
     ):
         getattr(steps, step)
+    server_before = server_activity(ledger)
     started_all = time.perf_counter()
 
     meter.run("snapshot", n, lambda: steps.take_snapshot(ctx, str(source)))
@@ -717,6 +758,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     dead = meter.run("dead letters", lambda r: r.rows, lambda: steps.export_dead_letters(ctx))
     report = meter.run("cost report", n, lambda: steps.cost_report(ctx))
     day_seconds = time.perf_counter() - started_all
+    server_after = server_activity(ledger)
 
     job = ctx.job()
     counts = ledger.counts(job.job_id)
@@ -765,6 +807,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "import_lines": first.lines.model_dump(exclude={"duplicate_ids"}),
         "reimport_lines": again and again.lines.model_dump(exclude={"duplicate_ids"}),
         "day_wall_seconds": day_seconds,
+        "postgres": server_during(server_before, server_after),
         # The whole process tree: worker processes count against the memory target too.
         "peak_rss_mb": max(
             [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]
@@ -883,6 +926,12 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 f"process peaked at {r['slice_process_peak_mb']:.0f} MB, a worker of its pool "
                 f"at {r['slice_pool_peak_mb']:.0f} MB"
                 if r.get("slices", 1) > 1
+                else ""
+            )
+            + (
+                f"; PostgreSQL {r['postgres']['settings']}: the run wrote "
+                f"{r['postgres']['wal_gb']} GB of WAL, {r['postgres']['checkpoints']} checkpoints"
+                if r.get("postgres")
                 else ""
             )
         )
