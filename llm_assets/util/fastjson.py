@@ -38,8 +38,9 @@ def _has_huge_float(value: Any) -> bool:
         values = value
     else:
         return False
-    for item in values:
-        # Strings, integers and nulls (most values of a row) are passed over without a call.
+    # Strings, integers and nulls (most values of a row) are passed over without a call; a
+    # loop, not any() over a generator, which takes twice as long on a row of six values.
+    for item in values:  # noqa: SIM110
         if type(item) in _DEEPER and _has_huge_float(item):
             return True
     return False
