@@ -1219,6 +1219,42 @@ def test_shard_totals_attribute_items_tokens_and_cost(
     assert ledger.shard_totals(JOB)[-1]["items_now"] == 0
 
 
+def test_job_cost_rows_of_a_window_sum_only_its_jobs_items(ledger: LedgerResource) -> None:
+    """A window's rows are the full history's rows of its dates, each with its own job's
+    items; the cost report's month is the days of the report's month up to its day."""
+    from llm_assets.steps.reports import month_so_far
+
+    days = [dt.date(2024, 4, 30), dt.date(2024, 5, 1), dt.date(2024, 5, 2), dt.date(2024, 5, 3)]
+    for n, day in enumerate(days):
+        job = f"reviews-{day:%Y%m%d}-abc"
+        make_job(ledger, job, partition_date=day)
+        ledger.add_items(
+            [
+                item_row(f"{day:%Y%m%d}_item-{k:03d}", job_id=job, status=SUCCEEDED)
+                for k in range(n + 1)
+            ]
+            + [item_row(f"{day:%Y%m%d}_dead", job_id=job, status=DEAD_LETTER)]
+        )
+    make_job(ledger, "other-20240501-abc", pipeline="other")
+    ledger.add_items([item_row("x", job_id="other-20240501-abc", status=SUCCEEDED)])
+
+    history = ledger.job_cost_rows("reviews")
+    assert [(r["date"], r["items"], r["succeeded"], r["dead_letters"]) for r in history] == [
+        (day.isoformat(), n + 2, n + 1, 1) for n, day in enumerate(days)
+    ]
+    for start in (None, *days):
+        for end in (None, *days):
+            window = ledger.job_cost_rows("reviews", start, end)
+            assert window == [
+                r
+                for r in history
+                if (start is None or r["date"] >= start.isoformat())
+                and (end is None or r["date"] <= end.isoformat())
+            ]
+    assert [r["date"] for r in month_so_far(history, days[2])] == ["2024-05-01", "2024-05-02"]
+    assert [r["date"] for r in month_so_far(history, days[0])] == ["2024-04-30"]
+
+
 def test_update_shard_is_compare_and_set(ledger: LedgerResource, database_url: str) -> None:
     sid = job_with_shard(ledger, 1)
     before = snapshot(database_url)

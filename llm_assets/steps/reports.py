@@ -228,6 +228,12 @@ def cache_savings(ctx: StepContext, price: ModelPrice) -> dict[str, Any]:
 _TOTALLED = ("items", "succeeded", "input_tokens", "output_tokens", "cost_usd", "retry_cost_usd")
 
 
+def month_so_far(rows: list[dict[str, Any]], day: dt.date) -> list[dict[str, Any]]:
+    """The job cost rows (ledger.job_cost_rows) of the days of `day`'s month up to it."""
+    first = day.replace(day=1).isoformat()
+    return [r for r in rows if first <= r["date"] <= day.isoformat()]
+
+
 def _pipeline_totals(rows: list[dict[str, Any]], key: Callable[[str], str]) -> list[dict[str, Any]]:
     """Job cost rows summed per period (`key` of the row's date)."""
     totals: dict[str, dict[str, Any]] = {}
@@ -257,7 +263,10 @@ def cost_report(ctx: StepContext) -> CostReport:
     spec, day, ledger = ctx.spec, ctx.day, ctx.ledger
     counts = ledger.refresh_job(ctx.job().job_id)
     job = ctx.job()
-    (row,) = [r for r in ledger.job_cost_rows(spec.name, day, day) if r["job_id"] == job.job_id]
+    # The pipeline's jobs up to the day, read once: the day's row and the totals of its month
+    # and of every month are taken from them (each read sums the jobs' items).
+    history = ledger.job_cost_rows(spec.name, None, day)
+    (row,) = [r for r in history if r["job_id"] == job.job_id]
     n = counts.succeeded or 1
     price = ctx.price()
     report = CostReport(
@@ -287,12 +296,8 @@ def cost_report(ctx: StepContext) -> CostReport:
         zero_cost_reason=zero_price_reason(price) if counts.cost_usd == 0 else None,
         computed_at=utcnow(),
         shards=ledger.shard_totals(job.job_id),
-        pipeline_days=_pipeline_totals(
-            ledger.job_cost_rows(spec.name, day.replace(day=1), day), lambda d: d
-        ),
-        pipeline_months=_pipeline_totals(
-            ledger.job_cost_rows(spec.name, None, day), lambda d: d[:7]
-        ),
+        pipeline_days=_pipeline_totals(month_so_far(history, day), lambda d: d),
+        pipeline_months=_pipeline_totals(history, lambda d: d[:7]),
         drift=cost_drift(ctx, job),
         day_summary=notify.summarize(
             spec,

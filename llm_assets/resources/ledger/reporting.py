@@ -99,7 +99,12 @@ def job_cost_rows(
 ) -> list[dict[str, Any]]:
     """Per job of a pipeline (one per day, prompt version and model): items, billed tokens
     and cost, retry overhead and the estimate, from the shards' settled numbers."""
+    # Only the window's jobs are summed: their items, not the pipeline's whole history.
     jobs = sa.select(_j.job_id).where(_j.pipeline == pipeline)
+    if start is not None:
+        jobs = jobs.where(_j.partition_date >= start)
+    if end is not None:
+        jobs = jobs.where(_j.partition_date <= end)
     live = _live_job_totals(jobs)
     billed = _billed_job_totals(jobs)
     query = (
