@@ -6,6 +6,8 @@ from typing import Any
 import orjson
 
 _HUGE = float(2**63)
+_DEEPER = frozenset({float, dict, list})
+"""The kinds of value that are or may hold a float past 64 bits."""
 
 
 def parse(text: str | bytes) -> tuple[Any, bool]:
@@ -44,9 +46,6 @@ def _has_huge_float(value: Any) -> bool:
         if type(item) in _DEEPER and _has_huge_float(item):
             return True
     return False
-
-
-_DEEPER = frozenset({float, dict, list})
 
 
 def json_string(text: str) -> bytes:
