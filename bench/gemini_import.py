@@ -9,7 +9,7 @@ OpenAI takes 50,000 per batch, so the same day is several shards and output file
 
 The import runs in a fresh process of its own, as the `batch_results` run does, so its memory
 is the import's alone: the RSS it starts with (Python, the SDKs, the ledger), its peak
-(VmHWM), and its peak with its worker processes (its RSS plus their PSS, sampled every
+(VmHWM), and its peak with its worker processes (its RSS plus theirs, sampled every
 50 ms; `llm_assets.util.parallel` starts them once the import has read 50,000 rows' worth of
 results, about 50 MB).
 The fake servers run in this process, so their own memory (they build a whole file before
