@@ -1181,7 +1181,7 @@ def test_shard_totals_attribute_items_tokens_and_cost(
         ],
     )
     ledger.reassign_items_to_shard(JOB, shard_row(1, 0, item_count=1), [(cid(2), 0)])
-    totals = ledger.shard_totals(JOB)
+    totals = ledger.shard_report(JOB).shards
     assert [t["shard_id"] for t in totals] == [s0, s1, shard_id(1, 0)]
     by_id = {t["shard_id"]: t for t in totals}
     assert by_id[s0] | {"cost_usd": 0} == {
@@ -1216,7 +1216,49 @@ def test_shard_totals_attribute_items_tokens_and_cost(
     )
     # A shard with no items left still shows up, with zeros.
     ledger.add_shard_with_items(shard_row(2, 0), [])
-    assert ledger.shard_totals(JOB)[-1]["items_now"] == 0
+    assert ledger.shard_report(JOB).shards[-1]["items_now"] == 0
+
+
+def test_shard_report_estimate_error_and_cache_use_over_billed_and_succeeded_items(
+    ledger: LedgerResource,
+) -> None:
+    """The estimate's error counts the items billed (their last attempt) whatever their
+    outcome; cache use counts succeeded items only, per shard with the prices it recorded."""
+    make_job(ledger)
+    estimates = {0: 10, 1: 20, 2: 30, 3: 16, 10: 40, 11: 7}
+    for index, first, n in ((0, 0, 4), (1, 10, 2)):
+        sid = shard_id(0, index)
+        ids = range(first, first + n)
+        ledger.add_shard_with_items(
+            shard_row(0, index, item_count=n) | {"price_json": f'{{"shard": {index}}}'},
+            [item_row(cid(i), shard=sid, estimated_input_tokens=estimates[i]) for i in ids],
+        )
+        ledger.mark_submitted(sid, f"batch-{index}", SUBMITTED)
+    ledger.add_items([item_row(cid(50), status=DEAD_LETTER, error_class="input")])  # no shard
+
+    def cached(row: dict[str, Any], read: int, written: int) -> dict[str, Any]:
+        return row | {"cached_input_tokens": read, "cache_write_input_tokens": written}
+
+    quality_failure = result_row(cid(3), DEAD_LETTER, error_class="quality", input_tokens=16)
+    ledger.upsert_results(
+        JOB,
+        [
+            cached(ok(cid(0), tokens=12), 5, 0),
+            cached(ok(cid(1), tokens=18), 0, 4),
+            dead(cid(2)),  # never billed
+            cached(quality_failure, 9, 0),  # billed, its cache use not the day's saving
+            ok(cid(10), tokens=44),
+            retry(cid(11)),
+        ],
+    )
+    report = ledger.shard_report(JOB)
+    assert report.input_token_estimate_error == pytest.approx((12 + 18 + 16 + 44) / 86 - 1)
+    assert report.cache_usage == [("batch-0", '{"shard": 0}', 5, 4)]
+    assert [t["succeeded"] for t in report.shards] == [2, 1]
+    # No item billed yet: no error to report.
+    assert ledger.shard_report("no-such-job") == L.ShardReport(
+        shards=[], input_token_estimate_error=None, cache_usage=[]
+    )
 
 
 def test_job_cost_rows_of_a_window_sum_only_its_jobs_items(ledger: LedgerResource) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from llm_assets.resources.ledger import JobRecord, utcnow
+from llm_assets.resources.ledger import JobRecord, ShardReport, utcnow
 from llm_assets.resources.pricing import (
     ModelPrice,
     load_price_table,
@@ -204,14 +204,14 @@ class CostReport(BaseModel):
         )
 
 
-def cache_savings(ctx: StepContext, price: ModelPrice) -> dict[str, Any]:
+def cache_savings(ctx: StepContext, price: ModelPrice, shards: ShardReport) -> dict[str, Any]:
     """The day's prompt-cache tokens and what the cache saved: per shard, at the prices it
     recorded at submission (the spec's today when it recorded none), in a batch or not as
     the shard was sent."""
     adapter = adapter_class(ctx.spec.model.provider).model_construct()
     read = written = 0
     saved = Decimal(0)
-    for batch_id, price_json, shard_read, shard_written in ctx.ledger.shard_cache_usage(ctx.job_id):
+    for batch_id, price_json, shard_read, shard_written in shards.cache_usage:
         charged = ModelPrice.model_validate_json(price_json) if price_json else price
         batch = adapter.priced_as_batch and not adapter.runs_shard_in_step(ctx.spec, 0, batch_id)
         plain, cached, write, _ = charged.per_mtok(batch=batch)
@@ -267,6 +267,7 @@ def cost_report(ctx: StepContext) -> CostReport:
     # and of every month are taken from them (each read sums the jobs' items).
     history = ledger.job_cost_rows(spec.name, None, day)
     (row,) = [r for r in history if r["job_id"] == job.job_id]
+    shards = ledger.shard_report(job.job_id)
     n = counts.succeeded or 1
     price = ctx.price()
     report = CostReport(
@@ -282,20 +283,20 @@ def cost_report(ctx: StepContext) -> CostReport:
         estimated_input_tokens=row["estimated_input_tokens"],
         estimated_cost_usd=row["estimated_cost_usd"],
         estimated_cost_upper_usd=row["estimated_cost_upper_usd"],
-        input_token_estimate_error=ledger.estimate_accuracy(job.job_id),
+        input_token_estimate_error=shards.input_token_estimate_error,
         cost_estimate_error=(counts.cost_usd / row["estimated_cost_usd"] - 1)
         if row["estimated_cost_usd"] and counts.open == 0
         else None,
         input_tokens_per_item=job.input_tokens / n,
         output_tokens_per_item=job.output_tokens / n,
         cost_per_1k_items_usd=counts.cost_usd / n * 1000,
-        **cache_savings(ctx, price),
+        **cache_savings(ctx, price, shards),
         prices_as_of=str(price.as_of or load_price_table().prices_as_of),
         price_source=price_source(price),
         price=price,
         zero_cost_reason=zero_price_reason(price) if counts.cost_usd == 0 else None,
         computed_at=utcnow(),
-        shards=ledger.shard_totals(job.job_id),
+        shards=shards.shards,
         pipeline_days=_pipeline_totals(month_so_far(history, day), lambda d: d),
         pipeline_months=_pipeline_totals(history, lambda d: d[:7]),
         drift=cost_drift(ctx, job),

@@ -3,7 +3,7 @@ pipeline pauses."""
 
 import datetime as dt
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
@@ -214,3 +214,19 @@ class QuotaRecord(BaseModel):
     @classmethod
     def new(cls, key: QuotaKey) -> "QuotaRecord":
         return cls(**key.model_dump())
+
+
+class ShardReport(BaseModel):
+    """A job's shards as the cost report shows them, with what it derives from their items;
+    shard_report reads them in one pass over the job's items."""
+
+    shards: list[dict[str, Any]]
+    """Per shard, in round and index order: its state, estimate and the tokens and cost it
+    was billed."""
+    input_token_estimate_error: float | None
+    """Billed over estimated input tokens, minus one, over the items that were billed (their
+    last attempt): how far the token count before submission was off."""
+    cache_usage: list[tuple[str | None, str | None, int, int]]
+    """Per shard with prompt-cache use, over its succeeded items' last attempts: its provider
+    batch id, the prices it recorded at submission (`price_json`), and the tokens read from
+    and written to the cache."""

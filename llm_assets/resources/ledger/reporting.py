@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from llm_assets.resources.ledger import limits
-from llm_assets.resources.ledger.records import JobRecord, ShardRecord, as_utc
+from llm_assets.resources.ledger.records import JobRecord, ShardRecord, ShardReport, as_utc
 from llm_assets.resources.ledger.tables import (
     REQUEUE_SHARD,
     RETRY_SHARD,
@@ -47,29 +47,19 @@ def _count_of(condition: Any) -> Any:
     return sa.func.sum(sa.case((condition, 1), else_=0))
 
 
-def _live_totals(key: Any, where: Any, *sums: Any) -> Any:
-    """The result rows under `where`, grouped by `key` (a job or a shard): how many there are
-    (`n_items`), how many succeeded, and `sums`."""
-    return (
-        sa.select(
-            key,
-            sa.func.count().label("n_items"),
-            _count_of(_r.status == SUCCEEDED).label("succeeded"),
-            *sums,
-        )
-        .where(where)
-        .group_by(key)
-        .subquery()
-    )
-
-
 def _live_job_totals(jobs: Any) -> Any:
     """Per job: its items now, by outcome, and the cost of all their attempts."""
-    return _live_totals(
-        _r.job_id,
-        _r.job_id.in_(jobs),
-        _count_of(_r.status == DEAD_LETTER).label("dead_letters"),
-        sa.func.sum(_r.cost_usd + _r.prior_cost_usd).label("cost_usd"),
+    return (
+        sa.select(
+            _r.job_id,
+            sa.func.count().label("n_items"),
+            _count_of(_r.status == SUCCEEDED).label("succeeded"),
+            _count_of(_r.status == DEAD_LETTER).label("dead_letters"),
+            sa.func.sum(_r.cost_usd + _r.prior_cost_usd).label("cost_usd"),
+        )
+        .where(_r.job_id.in_(jobs))
+        .group_by(_r.job_id)
+        .subquery()
     )
 
 
@@ -148,60 +138,77 @@ def _job_cost_row(values: Sequence[Any]) -> dict[str, Any]:
     return row
 
 
-def _live_shard_totals(job_id: str) -> Any:
-    """Per shard, the items now in it and their last attempt's tokens and cost."""
-    return _live_totals(
-        _r.shard_id,
-        sa.and_(_r.job_id == job_id, _r.shard_id.is_not(None)),
-        sa.func.coalesce(sa.func.sum(_r.input_tokens), 0).label("input_tokens"),
-        sa.func.coalesce(sa.func.sum(_r.output_tokens), 0).label("output_tokens"),
-        sa.func.coalesce(sa.func.sum(_r.cost_usd), 0.0).label("cost_usd"),
-    )
+def _sum(column: Any, where: Any = None) -> Any:
+    """The column's sum over a group's rows (those under `where`), 0 for none."""
+    summed = column if where is None else sa.case((where, column), else_=0)
+    return sa.func.coalesce(sa.func.sum(summed), 0)
 
 
-def shard_totals(engine: Engine, job_id: str) -> list[dict[str, Any]]:
-    """Per shard: its state, estimate and the tokens and cost it was billed.
+def shard_report(engine: Engine, job_id: str) -> ShardReport:
+    """The job's shards with their items' totals, its token estimate's error and its prompt
+    cache use, from one read of its items grouped by shard.
 
-    Billed numbers are frozen when the shard is imported (`close_shard`), because items may
-    later move to retry or requeue shards; before that they are the live sums.
+    A shard's billed numbers are frozen when it is imported (`close_shard`), because items may
+    later move to retry or requeue shards; before that they are the live sums of its items.
     """
-    live = _live_shard_totals(job_id)
-    columns = {
-        "shard_id": _s.shard_id,
-        "kind": _s.kind,
-        "round": _s.round,
-        "status": _s.status,
-        "provider_batch_id": _s.provider_batch_id,
-        "requests": _s.item_count,
-        "items_now": sa.func.coalesce(live.c.n_items, 0),
-        "succeeded": sa.func.coalesce(live.c.succeeded, 0),
-        "estimated_input_tokens": _s.estimated_input_tokens,
-        "input_tokens": sa.func.coalesce(_s.actual_input_tokens, live.c.input_tokens, 0),
-        "output_tokens": sa.func.coalesce(_s.actual_output_tokens, live.c.output_tokens, 0),
-        "estimated_cost_usd": _s.estimated_cost_usd,
-        "estimated_cost_upper_usd": _s.estimated_cost_upper_usd,
-        "cost_usd": sa.func.coalesce(_s.actual_cost_usd, live.c.cost_usd, 0.0),
+    billed = sa.and_(_r.input_tokens > 0, _r.estimated_input_tokens > 0)
+    succeeded = _r.status == SUCCEEDED
+    sums = {
+        "items_now": sa.func.count(),
+        "succeeded": _count_of(succeeded),
+        "input_tokens": _sum(_r.input_tokens),
+        "output_tokens": _sum(_r.output_tokens),
+        "cost_usd": _sum(_r.cost_usd),
+        "billed_estimate": _sum(_r.estimated_input_tokens, billed),
+        "billed_input": _sum(_r.input_tokens, billed),
+        "cache_read": _sum(_r.cached_input_tokens, succeeded),
+        "cache_written": _sum(_r.cache_write_input_tokens, succeeded),
     }
-    query = (
-        sa.select(*columns.values())
-        .select_from(shard_table.outerjoin(live, live.c.shard_id == _s.shard_id))
-        .where(_s.job_id == job_id)
-        .order_by(_s.round, _s.shard_index)
+    per_shard = (
+        sa.select(_r.shard_id, *sums.values()).where(_r.job_id == job_id).group_by(_r.shard_id)
     )
+    shards = sa.select(shard_table).where(_s.job_id == job_id).order_by(_s.round, _s.shard_index)
     with engine.connect() as conn:
-        return [dict(zip(columns, row, strict=True)) for row in conn.execute(query)]
+        live = {row[0]: dict(zip(sums, row[1:], strict=True)) for row in conn.execute(per_shard)}
+        shard_rows = list(conn.execute(shards))
+    estimated = sum(int(group["billed_estimate"]) for group in live.values())
+    billed_input = sum(int(group["billed_input"]) for group in live.values())
+    empty = dict.fromkeys(sums, 0)
+    rows: list[dict[str, Any]] = []
+    cache: list[tuple[str | None, str | None, int, int]] = []
+    for shard in shard_rows:
+        items = live.get(shard.shard_id, empty)
+        rows.append(
+            {
+                "shard_id": shard.shard_id,
+                "kind": shard.kind,
+                "round": shard.round,
+                "status": shard.status,
+                "provider_batch_id": shard.provider_batch_id,
+                "requests": shard.item_count,
+                "items_now": int(items["items_now"]),
+                "succeeded": int(items["succeeded"]),
+                "estimated_input_tokens": shard.estimated_input_tokens,
+                "input_tokens": _settled(shard.actual_input_tokens, int(items["input_tokens"])),
+                "output_tokens": _settled(shard.actual_output_tokens, int(items["output_tokens"])),
+                "estimated_cost_usd": shard.estimated_cost_usd,
+                "estimated_cost_upper_usd": shard.estimated_cost_upper_usd,
+                "cost_usd": _settled(shard.actual_cost_usd, float(items["cost_usd"])),
+            }
+        )
+        read, written = int(items["cache_read"]), int(items["cache_written"])
+        if read or written:
+            cache.append((shard.provider_batch_id, shard.price_json, read, written))
+    return ShardReport(
+        shards=rows,
+        input_token_estimate_error=billed_input / estimated - 1 if estimated else None,
+        cache_usage=cache,
+    )
 
 
-def estimate_accuracy(engine: Engine, job_id: str) -> float | None:
-    """Billed over estimated input tokens, minus one, over the items that were billed (their
-    last attempt): how far the token count before submission was off."""
-    query = sa.select(
-        sa.func.coalesce(sa.func.sum(_r.estimated_input_tokens), 0),
-        sa.func.coalesce(sa.func.sum(_r.input_tokens), 0),
-    ).where(_r.job_id == job_id, _r.input_tokens > 0, _r.estimated_input_tokens > 0)
-    with engine.connect() as conn:
-        estimated, billed = conn.execute(query).one()
-    return int(billed) / int(estimated) - 1 if estimated else None
+def _settled(frozen: Any, live: Any) -> Any:
+    """A shard's billed number: frozen at its import, its items' live sum before."""
+    return live if frozen is None else frozen
 
 
 def output_tokens_per_billed_item(engine: Engine, job_ids: Sequence[str]) -> dict[str, float]:
@@ -227,26 +234,6 @@ def cache_usage(engine: Engine, job_ids: Sequence[str]) -> tuple[int, int, int]:
     with engine.connect() as conn:
         tokens, read, written = conn.execute(query).one()
     return int(tokens), int(read), int(written)
-
-
-def shard_cache_usage(engine: Engine, job_id: str) -> list[tuple[str | None, str | None, int, int]]:
-    """Per shard of the job with cache use, over its succeeded items' last attempts: its
-    provider batch id, the prices it recorded at submission (`price_json`), and the tokens
-    read from and written to the provider's prompt cache."""
-    read = sa.func.coalesce(sa.func.sum(_r.cached_input_tokens), 0)
-    written = sa.func.coalesce(sa.func.sum(_r.cache_write_input_tokens), 0)
-    query = (
-        sa.select(_s.provider_batch_id, _s.price_json, read, written)
-        .select_from(result_table.join(shard_table, _s.shard_id == _r.shard_id))
-        .where(
-            _r.job_id == job_id,
-            _r.status == SUCCEEDED,
-            sa.or_(_r.cached_input_tokens > 0, _r.cache_write_input_tokens > 0),
-        )
-        .group_by(_s.shard_id, _s.provider_batch_id, _s.price_json)
-    )
-    with engine.connect() as conn:
-        return [(batch, price, int(r), int(w)) for batch, price, r, w in conn.execute(query)]
 
 
 def pipeline_shards(

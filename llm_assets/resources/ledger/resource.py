@@ -307,13 +307,10 @@ class LedgerResource(dg.ConfigurableResource):
 
     # Reporting
 
-    shard_totals: ClassVar = _on_engine(reporting.shard_totals)
-
-    estimate_accuracy: ClassVar = _on_engine(reporting.estimate_accuracy)
+    shard_report: ClassVar = _on_engine(reporting.shard_report)
 
     output_tokens_per_billed_item: ClassVar = _on_engine(reporting.output_tokens_per_billed_item)
     cache_usage: ClassVar = _on_engine(reporting.cache_usage)
-    shard_cache_usage: ClassVar = _on_engine(reporting.shard_cache_usage)
 
     job_cost_rows: ClassVar = _on_engine(reporting.job_cost_rows)
 
