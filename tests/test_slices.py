@@ -358,3 +358,72 @@ def test_the_slices_of_a_new_day_create_its_job_at_once(
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
                 made = [f.result() for f in [pool.submit(create) for _ in range(4)]]
             assert made == [ctx.job_id] * 4
+
+
+def test_a_slice_step_renders_in_its_own_process_unless_given_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slice step runs beside the day's other slices, which take the other cores: it
+    renders and counts its rows in its own process, with a pool of its own only when
+    LLM_ASSETS_SLICE_WORKERS asks for one (a build in one step keeps the step's pool), and
+    its shards are the same either way."""
+    from llm_assets.util import parallel
+
+    # Small blocks and chunks, and workers started after the first rows: a "large" day.
+    monkeypatch.setattr(shard_steps, "BLOCK_ROWS", 4)
+    monkeypatch.setattr(parallel, "CHUNK_ROWS", 4)
+    monkeypatch.setattr(parallel, "INLINE_ROWS", 4)
+    monkeypatch.setenv("LLM_ASSETS_WORKERS", "1")
+    pools: list[int | None] = []
+    real_pool = concurrent.futures.ProcessPoolExecutor
+
+    def counted_pool(*args: Any, **kwargs: Any) -> concurrent.futures.ProcessPoolExecutor:
+        pools.append(kwargs.get("max_workers", args[0] if args else None))
+        return real_pool(*args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", counted_pool)
+    lines = [
+        json.dumps(
+            {
+                "review_id": f"r{n}",
+                "created_at": f"{DAY.isoformat()}T00:00:{n % 60:02d}Z",
+                "text": f"Review {n}: the kettle is {'good' if n % 2 else 'bad'}.",
+            }
+        )
+        for n in range(60)
+    ]
+
+    def slice_shards(name: str, workers: str | None) -> list[bytes]:
+        if workers is None:
+            monkeypatch.delenv("LLM_ASSETS_SLICE_WORKERS", raising=False)
+        else:
+            monkeypatch.setenv("LLM_ASSETS_SLICE_WORKERS", workers)
+        home = tmp_path / name
+        (home / "reviews").mkdir(parents=True)
+        (home / "reviews" / f"reviews-{DAY}.jsonl").write_text("\n".join(lines) + "\n")
+        spec = PipelineSpec.model_validate(
+            review_spec(
+                "openai",
+                "gpt-4o-mini",
+                sharding={"max_requests_per_shard": 7, "slices": 2},
+                source={"uri": str(home / "reviews" / "*.jsonl")},
+            )
+        )
+        ledger = LedgerResource(database_url=f"sqlite:///{home / 'ledger.db'}", id_key="k" * 32)
+        storage = ArtifactStorage(base_url=str(home / "artifacts"))
+        provider = OpenAIBatchProvider(api_key="unused", base_url="http://127.0.0.1:9/v1")
+        ctx = steps.StepContext(spec, DAY, ledger, storage, provider)
+        steps.take_snapshot(ctx, spec.source.uri)
+        pools.clear()  # the snapshot's, a step's pool on a "large" day
+        built = [steps.build_slice(ctx, number) for number in range(2)]
+        ledger.engine.dispose()
+        return [storage.read_bytes(uri) for result in built for uri in result.shard_uris]
+
+    alone = slice_shards("alone", None)
+    assert pools == []
+    assert slice_shards("pooled", "1") == alone
+    assert pools == [1, 1]  # one pool per slice step
+    assert sum(len(shard.splitlines()) for shard in alone) == 60
+    monkeypatch.setenv("LLM_ASSETS_SLICE_WORKERS", "-1")
+    with pytest.raises(ValueError, match="LLM_ASSETS_SLICE_WORKERS must be 0 or more"):
+        parallel.slice_worker_count()

@@ -304,17 +304,22 @@ def prepare_items(preparer: Preparer, lines: Iterable[bytes]) -> Iterator[Prepar
     return prepare_blocks(preparer, parallel.numbered_blocks(lines))
 
 
-def prepare_blocks(preparer: Preparer, blocks: Iterable[Block]) -> Iterator[PreparedItem]:
+def prepare_blocks(
+    preparer: Preparer, blocks: Iterable[Block], workers: int | None = None
+) -> Iterator[PreparedItem]:
     """Blocks of snapshot lines → one outcome per row, in order; rows are assessed in worker
-    processes when the day is large (llm_assets.util.parallel). Of rows sharing a source id
-    the first is kept and the others are `duplicate_id` dead letters, whatever else is wrong
-    with them."""
+    processes when the day is large (llm_assets.util.parallel: `workers` of them, None for
+    its default). Of rows sharing a source id the first is kept and the others are
+    `duplicate_id` dead letters, whatever else is wrong with them."""
     # Where each id was first seen, as file number << 32 | line: a million ids take a third
     # of the memory that their "file:line" strings would.
     first_seen: dict[str, int] = {}
     files: dict[str, int] = {}
     duplicates: dict[str, int] = {}
-    for assessed in parallel.ordered_map(assess_lines, preparer, blocks, weight=_block_size):
+    assessing = parallel.ordered_map(
+        assess_lines, preparer, blocks, workers=workers, weight=_block_size
+    )
+    for assessed in assessing:
         for row in assessed:
             # The item is the rest of the flat row, made a PreparedItem without the call of
             # its __new__ (three times the cost, for every item of the day, in this process).

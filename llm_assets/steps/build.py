@@ -28,6 +28,7 @@ from llm_assets.steps.estimate import Estimate
 from llm_assets.steps.residency import refuse_outside_regions
 from llm_assets.steps.shards import BuildPart, ShardsResult, build_rows
 from llm_assets.steps.snapshot import slice_keys
+from llm_assets.util import parallel
 from llm_assets.util.failpoints import failpoint
 
 UNJOINED = lifecycle.UNJOINED
@@ -39,12 +40,12 @@ def build_shards(ctx: StepContext) -> ShardsResult:
     Holds the day: a second run waits, then finds the snapshot rows known and adds nothing.
     Nothing is written while a place the day would go or rest is outside
     compliance.allowed_regions (the residency gate). A spec with `sharding.slices` above 1
-    builds its slices one after another here, then joins them (below); Dagster
-    runs them as steps of their own.
+    builds its slices one after another here (each with the step's worker processes), then
+    joins them (below); Dagster runs them as steps of their own.
     """
     if ctx.spec.sharding.slices > 1:
         for number in range(ctx.spec.sharding.slices):
-            build_slice(ctx, number)
+            build_slice(ctx, number, workers=parallel.worker_count())
         return join_slices(ctx)
     refuse_outside_regions(ctx)
     with ctx.day_lock():
@@ -91,9 +92,13 @@ def _result_key(ctx: StepContext, job: JobRecord, snapshot_uri: str, number: int
     )
 
 
-def build_slice(ctx: StepContext, number: int) -> ShardsResult:
+def build_slice(ctx: StepContext, number: int, *, workers: int | None = None) -> ShardsResult:
     """Build slice `number` (from 0) of the day: its rows the ledger has not seen into
-    shards held for the join, and input dead letters. Holds the slice, not the day."""
+    shards held for the join, and input dead letters. Holds the slice, not the day.
+
+    Its rows are rendered and counted on `workers` processes of its own; by default
+    parallel.slice_worker_count's, none unless configured: as a step of its own it runs
+    beside the day's other slices, which take the other cores."""
     refuse_outside_regions(ctx)
     snapshot_uri = ctx.snapshot_uri()
     count = ctx.spec.sharding.slices
@@ -109,6 +114,7 @@ def build_slice(ctx: StepContext, number: int) -> ShardsResult:
             round_no=round_no,
             first_k=first_k,
             beside_shards=others,
+            workers=parallel.slice_worker_count() if workers is None else workers,
         )
         result, found = build_rows(ctx, job, snapshot_uri, part)
         ctx.ledger.add_personal_data(job.job_id, found)

@@ -287,6 +287,9 @@ class BuildPart:
     beside_shards: Sequence[str] = ()
     """The other slices' shards held for the join: their items are not this part's rows, and
     are not read to know which of its rows the ledger holds."""
+    workers: int | None = None
+    """Worker processes that render and count its rows (None: llm_assets.util.parallel's
+    default)."""
 
     def shard_index(self, k: int) -> int:
         return self.number + (self.first_k + k) * self.count
@@ -355,7 +358,8 @@ def build_rows(
         ledger.item_id_key(),
         KnownIds(unsent=intake.known_unsent),
     )
-    requests = intake.requests(prepare_blocks(preparer, part.blocks(ctx, snapshot_uri)))
+    prepared = prepare_blocks(preparer, part.blocks(ctx, snapshot_uri), part.workers)
+    requests = intake.requests(prepared)
     round_no = ledger.next_round(job.job_id) if part.round_no is None else part.round_no
     # Mappings of items never recorded can only be left by versions that wrote them apart
     # from their items; only a job with some has them dropped as its new items are recorded.

@@ -43,19 +43,34 @@ QUEUED_PER_WORKER = 6
 next one while this process writes a shard file or works a chunk itself."""
 
 
+def _configured(name: str) -> int | None:
+    """The whole number 0 or more in environment variable `name`; None when it is unset."""
+    configured = os.environ.get(name, "").strip()
+    if not configured:
+        return None
+    try:
+        count = int(configured)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {configured!r}") from None
+    if count < 0:
+        raise ValueError(f"{name} must be 0 or more, got {count}")
+    return count
+
+
 def worker_count() -> int:
-    configured = os.environ.get("LLM_ASSETS_WORKERS", "").strip()
-    if configured:
-        try:
-            count = int(configured)
-        except ValueError:
-            raise ValueError(
-                f"LLM_ASSETS_WORKERS must be a whole number, got {configured!r}"
-            ) from None
-        if count < 0:
-            raise ValueError(f"LLM_ASSETS_WORKERS must be 0 or more, got {count}")
-        return count
-    return max((os.cpu_count() or 1) - 1, 0)
+    """A step's worker processes: `LLM_ASSETS_WORKERS`, by default one fewer than the cores."""
+    configured = _configured("LLM_ASSETS_WORKERS")
+    return max((os.cpu_count() or 1) - 1, 0) if configured is None else configured
+
+
+def slice_worker_count() -> int:
+    """A slice step's worker processes: `LLM_ASSETS_SLICE_WORKERS`, by default none. The
+    slices are the day's parallelism: an executor or a Celery worker runs as many steps at once
+    as the machine has cores, and a pool in each would put two processes on every core. On
+    2 cores, two slice steps at once build their slices of a 1M day in about 0.8 of the time
+    without pools of their own as with them (bench/README.md)."""
+    configured = _configured("LLM_ASSETS_SLICE_WORKERS")
+    return 0 if configured is None else configured
 
 
 def chunked(
