@@ -15,11 +15,13 @@ RSS is its own; the PostgreSQL database `llm_assets_bench` is dropped and create
 
     .venv/bin/python bench/pipeline_scale.py --items 10000 100000 1000000 \
         --db sqlite postgres [--profile DIR] [--naive-sample 20000] [--slices 8 --workers 2] \
-        [--day-only]
+        [--slice-pool P] [--day-only]
 
 `--slices N --workers W` builds and validates each day in N slices (sharding.slices), each
 slice on one of W worker processes (as Celery workers run slice steps), and joins them in the
-bench's process; the other steps run as without slices. `--day-only` leaves out the re-import
+bench's process; the other steps run as without slices. A build slice renders and counts its
+rows in its own process, as a slice step does by default; `--slice-pool P` gives each P worker
+processes of its own (LLM_ASSETS_SLICE_WORKERS). `--day-only` leaves out the re-import
 and the naive import after the day (at 10M the naive import's copy of the job takes longer
 than the day).
 
@@ -589,10 +591,14 @@ def bench_context(args: argparse.Namespace, source: Path, *, fresh: bool = True)
 _slice_ctx: Any = None
 
 
-def _slice_process(db: str, source: str, slices: int) -> None:
+def _slice_process(db: str, source: str, slices: int, pool: int | None) -> None:
     """A worker process's setup (outside the timings): the steps' modules and the day's
-    context, as a Celery worker has them loaded when it takes a step."""
+    context, as a Celery worker has them loaded when it takes a step; `pool` worker
+    processes of its own for a slice step's rows (LLM_ASSETS_SLICE_WORKERS; None: the
+    default, none)."""
     global _slice_ctx
+    if pool is not None:
+        os.environ["LLM_ASSETS_SLICE_WORKERS"] = str(pool)
     from llm_assets import steps
 
     steps.build_slice  # noqa: B018
@@ -692,7 +698,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
             args.workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_slice_process,
-            initargs=(args.db, str(source), args.slices),
+            initargs=(args.db, str(source), args.slices, args.slice_pool),
         )
         list(workers.map(_warm, range(args.workers)))
 
@@ -790,6 +796,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "db": args.db,
         "slices": args.slices,
         "workers": args.workers if args.slices > 1 else 1,
+        "slice_pool": args.slice_pool,
         # The peak of one slice process, and of one worker process of a slice's pool.
         "slice_process_peak_mb": max((p["process_mb"] for p in slice_peaks), default=0.0),
         "slice_pool_peak_mb": max((p["pool_mb"] for p in slice_peaks), default=0.0),
@@ -922,9 +929,14 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"{r['reimport_lines']}; cost ${r['cost_usd']:.2f}"
             + (f"; PROBLEMS: {r['problems']}" if r["problems"] else "")
             + (
-                f"; {r['slices']} slices on {r['workers']} worker process(es): a slice's "
-                f"process peaked at {r['slice_process_peak_mb']:.0f} MB, a worker of its pool "
-                f"at {r['slice_pool_peak_mb']:.0f} MB"
+                f"; {r['slices']} slices on {r['workers']} worker process(es)"
+                + (
+                    f" with {r['slice_pool']} of its own each"
+                    if r.get("slice_pool") is not None
+                    else ""
+                )
+                + f": a slice's process peaked at {r['slice_process_peak_mb']:.0f} MB, a "
+                f"worker of its pool at {r['slice_pool_peak_mb']:.0f} MB"
                 if r.get("slices", 1) > 1
                 else ""
             )
@@ -1030,6 +1042,12 @@ def main() -> None:
         help="with --slices: worker processes that build the slices, this many at once",
     )
     parser.add_argument(
+        "--slice-pool",
+        type=int,
+        help="with --slices: each build slice's own worker processes "
+        "(LLM_ASSETS_SLICE_WORKERS; default none)",
+    )
+    parser.add_argument(
         "--day-only",
         action="store_true",
         help="time the day's steps only, not the re-import and naive import after it",
@@ -1084,6 +1102,11 @@ def main() -> None:
                     str(args.slices),
                     "--workers",
                     str(args.workers),
+                    *(
+                        ["--slice-pool", str(args.slice_pool)]
+                        if args.slice_pool is not None
+                        else []
+                    ),
                     *(["--day-only"] if args.day_only else []),
                 ]
                 if args.profile:
