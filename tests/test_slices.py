@@ -70,24 +70,31 @@ def _rows(draw: st.DrawFn) -> list[str]:
     return lines
 
 
-def _built(home: Path, lines: list[str], slices: int, keys: bool = True) -> dict[str, Any]:
-    """Build the day from `lines` with `slices` slices (in this process, as the eval replay
-    does), and what the ledger and the shard files then hold. Without `keys`, the snapshot is
-    taken while the pipeline is not sliced yet (no slice keys beside it)."""
+def _day_of(home: Path, lines: list[str], **sharding: Any) -> steps.StepContext:
+    """The context of a review pipeline with `sharding` whose day is `lines`, under `home`:
+    a SQLite ledger, local artifacts, a provider never called."""
     (home / "reviews").mkdir(parents=True)
     (home / "reviews" / f"reviews-{DAY}.jsonl").write_text("\n".join(lines) + "\n")
     spec = PipelineSpec.model_validate(
         review_spec(
             "openai",
             "gpt-4o-mini",
-            sharding={"max_requests_per_shard": 3, "slices": slices},
+            sharding=sharding,
             source={"uri": str(home / "reviews" / "*.jsonl")},
         )
     )
     ledger = LedgerResource(database_url=f"sqlite:///{home / 'ledger.db'}", id_key="k" * 32)
     storage = ArtifactStorage(base_url=str(home / "artifacts"))
     provider = OpenAIBatchProvider(api_key="unused", base_url="http://127.0.0.1:9/v1")
-    ctx = steps.StepContext(spec, DAY, ledger, storage, provider)
+    return steps.StepContext(spec, DAY, ledger, storage, provider)
+
+
+def _built(home: Path, lines: list[str], slices: int, keys: bool = True) -> dict[str, Any]:
+    """Build the day from `lines` with `slices` slices (in this process, as the eval replay
+    does), and what the ledger and the shard files then hold. Without `keys`, the snapshot is
+    taken while the pipeline is not sliced yet (no slice keys beside it)."""
+    ctx = _day_of(home, lines, max_requests_per_shard=3, slices=slices)
+    spec, ledger, storage = ctx.spec, ctx.ledger, ctx.storage
     unsliced = spec.model_copy(update={"sharding": spec.sharding.model_copy(update={"slices": 1})})
     steps.take_snapshot(ctx if keys else dataclasses.replace(ctx, spec=unsliced), spec.source.uri)
     steps.build_shards(ctx)
@@ -398,26 +405,12 @@ def test_a_slice_step_renders_in_its_own_process_unless_given_workers(
             monkeypatch.delenv("LLM_ASSETS_SLICE_WORKERS", raising=False)
         else:
             monkeypatch.setenv("LLM_ASSETS_SLICE_WORKERS", workers)
-        home = tmp_path / name
-        (home / "reviews").mkdir(parents=True)
-        (home / "reviews" / f"reviews-{DAY}.jsonl").write_text("\n".join(lines) + "\n")
-        spec = PipelineSpec.model_validate(
-            review_spec(
-                "openai",
-                "gpt-4o-mini",
-                sharding={"max_requests_per_shard": 7, "slices": 2},
-                source={"uri": str(home / "reviews" / "*.jsonl")},
-            )
-        )
-        ledger = LedgerResource(database_url=f"sqlite:///{home / 'ledger.db'}", id_key="k" * 32)
-        storage = ArtifactStorage(base_url=str(home / "artifacts"))
-        provider = OpenAIBatchProvider(api_key="unused", base_url="http://127.0.0.1:9/v1")
-        ctx = steps.StepContext(spec, DAY, ledger, storage, provider)
-        steps.take_snapshot(ctx, spec.source.uri)
+        ctx = _day_of(tmp_path / name, lines, max_requests_per_shard=7, slices=2)
+        steps.take_snapshot(ctx, ctx.spec.source.uri)
         pools.clear()  # the snapshot's, a step's pool on a "large" day
         built = [steps.build_slice(ctx, number) for number in range(2)]
-        ledger.engine.dispose()
-        return [storage.read_bytes(uri) for result in built for uri in result.shard_uris]
+        ctx.ledger.engine.dispose()
+        return [ctx.storage.read_bytes(uri) for result in built for uri in result.shard_uris]
 
     alone = slice_shards("alone", None)
     assert pools == []
