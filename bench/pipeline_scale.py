@@ -929,14 +929,16 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"{r['reimport_lines']}; cost ${r['cost_usd']:.2f}"
             + (f"; PROBLEMS: {r['problems']}" if r["problems"] else "")
             + (
-                f"; {r['slices']} slices on {r['workers']} worker process(es)"
+                f"; {r['slices']} slices on {r['workers']} worker process(es): a slice's "
+                f"process peaked at {r['slice_process_peak_mb']:.0f} MB"
+                # Without a pool the children's peak is only a spawn's fork, the slice's own
+                # pages before its exec: no worker's memory.
                 + (
-                    f" with {r['slice_pool']} of its own each"
-                    if r.get("slice_pool") is not None
+                    f", a worker of its pool ({r['slice_pool']} each) at "
+                    f"{r['slice_pool_peak_mb']:.0f} MB"
+                    if r.get("slice_pool")
                     else ""
                 )
-                + f": a slice's process peaked at {r['slice_process_peak_mb']:.0f} MB, a "
-                f"worker of its pool at {r['slice_pool_peak_mb']:.0f} MB"
                 if r.get("slices", 1) > 1
                 else ""
             )
